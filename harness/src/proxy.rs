@@ -1,0 +1,558 @@
+//! The emulated Envoy: listeners from the bootstrap, worker threads each with their own VM per
+//! distinct (vm_id, vm configuration, code), and an HTTP stream's path through the filter
+//! chain, the router and back, with Envoy's order of callbacks.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::bootstrap::{Bootstrap, BootstrapError, FailurePolicy, Listener, RouteAction, WasmPlugin};
+use crate::host::{self, HeaderMap, LocalReply, LogRecord, Shared};
+use crate::http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
+use crate::vm::{LoadedModule, PluginStartError, Runtime, Vm, VmError};
+
+/// Why the emulated proxy could not start: Envoy would refuse this configuration.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Bootstrap(#[from] BootstrapError),
+    #[error(transparent)]
+    Vm(#[from] VmError),
+    #[error("configuration rejected by the canary VM: {0}")]
+    Rejected(#[from] PluginStartError),
+    #[error("cannot create the Wasm runtime: {0}")]
+    Runtime(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ProxyOptions {
+    /// Envoy's `--concurrency`: each worker has its own VM instances.
+    pub workers: usize,
+}
+
+impl Default for ProxyOptions {
+    fn default() -> Self {
+        Self { workers: 2 }
+    }
+}
+
+/// Envoy shares one VM (per worker) between plugins with the same vm_id, VM configuration and
+/// code; the runtime is not part of the key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct VmKey {
+    vm_id: String,
+    vm_configuration: Vec<u8>,
+    code: PathBuf,
+}
+
+impl VmKey {
+    fn of(p: &WasmPlugin) -> Self {
+        Self {
+            vm_id: p.vm_id.clone(),
+            vm_configuration: p.vm_configuration.clone(),
+            code: p.code.clone(),
+        }
+    }
+}
+
+/// A plugin as placed on one worker: which VM, which root context.
+#[derive(Debug, Clone, Copy)]
+struct PluginSlot {
+    vm: usize,
+    root: u32,
+}
+
+struct Worker {
+    vms: Vec<Vm>,
+    /// Per listener, per Wasm filter in chain order. `None`: the plugin failed to start on
+    /// this worker and the failure policy applies.
+    slots: Vec<Vec<Option<PluginSlot>>>,
+}
+
+pub struct Proxy {
+    pub bootstrap: Bootstrap,
+    runtime: Runtime,
+    shared: Arc<Shared>,
+    workers: Vec<Worker>,
+    requests_sent: usize,
+}
+
+impl Proxy {
+    pub fn from_bootstrap(path: &Path, options: &ProxyOptions) -> Result<Self, StartError> {
+        let bootstrap = Bootstrap::load(path)?;
+        Self::new(bootstrap, options)
+    }
+
+    pub fn new(bootstrap: Bootstrap, options: &ProxyOptions) -> Result<Self, StartError> {
+        let runtime = Runtime::new().map_err(|e| StartError::Runtime(format!("{e:#}")))?;
+        let shared = Arc::new(Shared::default());
+        let mut modules: HashMap<PathBuf, Arc<LoadedModule>> = HashMap::new();
+        for l in &bootstrap.listeners {
+            for p in &l.http.filters {
+                if !modules.contains_key(&p.code) {
+                    modules.insert(p.code.clone(), runtime.load(&p.code)?);
+                }
+            }
+        }
+        let mut proxy = Self {
+            bootstrap,
+            runtime,
+            shared,
+            workers: Vec::new(),
+            requests_sent: 0,
+        };
+        // Envoy first starts every plugin on a throw-away canary; a refusal there rejects the
+        // whole configuration before any worker sees it.
+        proxy.place_plugins(&modules, None, true)?;
+        for w in 0..options.workers.max(1) {
+            let worker = proxy.place_plugins(&modules, Some(w), false)?;
+            proxy.workers.push(worker);
+        }
+        Ok(proxy)
+    }
+
+    fn place_plugins(
+        &self,
+        modules: &HashMap<PathBuf, Arc<LoadedModule>>,
+        worker: Option<usize>,
+        canary: bool,
+    ) -> Result<Worker, StartError> {
+        let mut vms: Vec<Vm> = Vec::new();
+        let mut keys: Vec<VmKey> = Vec::new();
+        let mut slots = Vec::new();
+        for l in &self.bootstrap.listeners {
+            let mut listener_slots = Vec::new();
+            for p in &l.http.filters {
+                let key = VmKey::of(p);
+                let vm = match keys.iter().position(|k| *k == key) {
+                    Some(i) => i,
+                    None => {
+                        let vm = Vm::start(
+                            &self.runtime,
+                            &modules[&p.code],
+                            self.shared.clone(),
+                            worker,
+                            p,
+                        )?;
+                        vms.push(vm);
+                        keys.push(key);
+                        vms.len() - 1
+                    }
+                };
+                match vms[vm].start_plugin(Arc::new(p.clone())) {
+                    Ok(root) => listener_slots.push(Some(PluginSlot { vm, root })),
+                    Err(e) if canary => return Err(e.into()),
+                    Err(_) => listener_slots.push(None),
+                }
+            }
+            slots.push(listener_slots);
+        }
+        Ok(Worker { vms, slots })
+    }
+
+    pub fn workers(&self) -> usize {
+        self.workers.len()
+    }
+
+    /// Every log line so far, in order, from all VMs (the canary's first).
+    pub fn logs(&self) -> Vec<LogRecord> {
+        self.shared
+            .log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    pub fn log_len(&self) -> usize {
+        self.shared.log.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Sends one request to a listener. Without `worker`, requests go round-robin.
+    pub fn send(
+        &mut self,
+        listener: Option<&str>,
+        worker: Option<usize>,
+        request: &Request,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+    ) -> Result<Exchange, String> {
+        let li = match listener {
+            None => 0,
+            Some(name) => self
+                .bootstrap
+                .listeners
+                .iter()
+                .position(|l| l.name == name)
+                .ok_or_else(|| format!("no listener named {name:?} in the bootstrap"))?,
+        };
+        let w = worker.unwrap_or(self.requests_sent % self.workers.len());
+        if w >= self.workers.len() {
+            return Err(format!(
+                "worker {w} does not exist (the harness runs {} workers)",
+                self.workers.len()
+            ));
+        }
+        self.requests_sent += 1;
+        let request_id = format!("{:08x}-0000-4000-8000-{:012x}", 0x5eed, self.requests_sent);
+        let listener = self.bootstrap.listeners[li].clone();
+        let worker_state = &mut self.workers[w];
+        let mut stream = HttpStream {
+            worker: worker_state,
+            listener: &listener,
+            listener_index: li,
+            contexts: Vec::new(),
+        };
+        let mut exchange = stream.run(request, &request_id, &self.bootstrap, upstream);
+        exchange.worker = w;
+        Ok(exchange)
+    }
+}
+
+/// One HTTP stream on one worker.
+struct HttpStream<'a> {
+    worker: &'a mut Worker,
+    listener: &'a Listener,
+    listener_index: usize,
+    /// Per Wasm filter: the stream context created for it, if the filter is active.
+    contexts: Vec<Option<(usize, u32)>>,
+}
+
+/// How a callback's result (after the failure policy) tells the chain to go on.
+enum Step {
+    Continue,
+    Stop(StopReason),
+}
+
+enum StopReason {
+    LocalReply(LocalReplySource, LocalReply),
+    Stalled(String),
+}
+
+impl HttpStream<'_> {
+    fn plugin(&self, i: usize) -> &WasmPlugin {
+        &self.listener.http.filters[i]
+    }
+
+    fn fail_stream(&self, i: usize) -> Step {
+        let plugin = self.plugin(i);
+        match plugin.failure_policy {
+            FailurePolicy::FailOpen => Step::Continue,
+            _ => Step::Stop(StopReason::LocalReply(
+                LocalReplySource::FailurePolicy {
+                    plugin: plugin.name.clone(),
+                },
+                LocalReply {
+                    status: 503,
+                    details: "wasm_fail_stream".into(),
+                    body: Vec::new(),
+                    headers: Vec::new(),
+                    grpc_status: Some(14),
+                },
+            )),
+        }
+    }
+
+    /// Creates the stream contexts lazily, as Envoy does at the first decode callback.
+    fn setup(&mut self) {
+        let slots = &self.worker.slots[self.listener_index];
+        self.contexts = vec![None; slots.len()];
+        for (i, slot) in slots.clone().into_iter().enumerate() {
+            if let Some(slot) = slot {
+                if self.worker.vms[slot.vm].failed.is_none() {
+                    let ctx = self.worker.vms[slot.vm].create_http_context(slot.root);
+                    self.contexts[i] = Some((slot.vm, ctx));
+                }
+            }
+        }
+    }
+
+    /// Runs one callback on filter `i` and turns its result into a step, applying local
+    /// replies, the failure policy and pauses as Envoy does.
+    fn callback(
+        &mut self,
+        i: usize,
+        phase: &str,
+        call: &mut dyn FnMut(&mut Vm, u32) -> Option<i32>,
+    ) -> Step {
+        let Some((vm, ctx)) = self.contexts[i] else {
+            return self.fail_stream(i);
+        };
+        let name = self.plugin(i).name.clone();
+        if self.worker.vms[vm].failed.is_some() {
+            return self.fail_stream(i);
+        }
+        let result = call(&mut self.worker.vms[vm], ctx);
+        if self.worker.vms[vm].failed.is_some() {
+            return self.fail_stream(i);
+        }
+        let vm = &mut self.worker.vms[vm];
+        let s = vm.http_state(ctx).expect("stream context exists while the stream runs");
+        if let Some(reply) = s.local_reply.take() {
+            s.stop_forced = false;
+            return Step::Stop(StopReason::LocalReply(
+                LocalReplySource::Plugin {
+                    plugin: name,
+                    details: reply.details.clone(),
+                },
+                reply,
+            ));
+        }
+        let resumed = std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
+        match result {
+            // 0 Continue; 2 ContinueAndEndStream, which Envoy's converter treats as Continue.
+            None | Some(0) | Some(2) => Step::Continue,
+            Some(_) if resumed => Step::Continue,
+            Some(code) => Step::Stop(StopReason::Stalled(format!(
+                "plugin {name:?} paused the stream in {phase} (returned {code}) and nothing resumed it; Envoy would hold the request until a timeout"
+            ))),
+        }
+    }
+
+    fn run(
+        &mut self,
+        request: &Request,
+        request_id: &str,
+        bootstrap: &Bootstrap,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+    ) -> Exchange {
+        self.setup();
+        let mut exchange = Exchange {
+            worker: 0,
+            upstream: None,
+            response: None,
+            local_reply: None,
+            stalled: None,
+        };
+        let n = self.contexts.len();
+        // What Envoy's connection manager puts in front of the filters.
+        let mut headers: HeaderMap = vec![
+            (":authority".into(), request.authority.clone().into_bytes()),
+            (":path".into(), request.path.clone().into_bytes()),
+            (":method".into(), request.method.clone().into_bytes()),
+            (":scheme".into(), b"http".to_vec()),
+        ];
+        headers.extend(request.headers.iter().cloned());
+        if !request.body.is_empty() && host::headers::get(&headers, "content-length").is_none() {
+            headers.push(("content-length".into(), request.body.len().to_string().into_bytes()));
+        }
+        host::headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
+        if host::headers::get(&headers, "x-request-id").is_none() {
+            headers.push(("x-request-id".into(), request_id.as_bytes().to_vec()));
+        }
+        let mut body = request.body.clone();
+        let body_eos = body.is_empty();
+
+        let mut stop = None;
+        'decode: {
+            for i in 0..n {
+                let hn = headers.len();
+                let snapshot = headers.clone();
+                let unplaced = self.put(i, std::mem::take(&mut headers), |s, h| {
+                    s.request_headers = Some(h);
+                    s.request_snapshot = snapshot;
+                });
+                let step = self.callback(i, "on_http_request_headers", &mut |vm, ctx| {
+                    vm.on_request_headers(ctx, hn, body_eos)
+                });
+                headers = unplaced
+                    .or_else(|| self.take(i, |s| s.request_headers.take()))
+                    .unwrap_or_default();
+                if let Step::Stop(r) = step {
+                    stop = Some((i, r));
+                    break 'decode;
+                }
+            }
+            if !body.is_empty() {
+                for i in 0..n {
+                    let len = body.len();
+                    let unplaced = self.put(i, std::mem::take(&mut body), |s, b| s.request_body = b);
+                    let step = self.callback(i, "on_http_request_body", &mut |vm, ctx| {
+                        vm.on_request_body(ctx, len, true)
+                    });
+                    body = unplaced
+                        .or_else(|| self.take(i, |s| Some(std::mem::take(&mut s.request_body))))
+                        .unwrap_or_default();
+                    if let Step::Stop(r) = step {
+                        stop = Some((i, r));
+                        break 'decode;
+                    }
+                }
+            }
+        }
+
+        let (mut response, encode_from) = match stop {
+            Some((_, StopReason::Stalled(why))) => {
+                exchange.stalled = Some(why);
+                self.finish();
+                return exchange;
+            }
+            Some((i, StopReason::LocalReply(source, reply))) => {
+                exchange.local_reply = Some(source);
+                (local_reply_response(&reply), i)
+            }
+            None => {
+                let authority = String::from_utf8_lossy(host::headers::get(&headers, ":authority").unwrap_or_default()).into_owned();
+                let path = String::from_utf8_lossy(host::headers::get(&headers, ":path").unwrap_or_default()).into_owned();
+                let resp = match self.listener.http.routes.route(&authority, &path).map(|r| r.action.clone()) {
+                    None => {
+                        exchange.local_reply = Some(LocalReplySource::NoRoute);
+                        plain_response(404, Vec::new())
+                    }
+                    Some(RouteAction::Direct { status, body }) => {
+                        exchange.local_reply = Some(LocalReplySource::DirectResponse);
+                        plain_response(status, body)
+                    }
+                    Some(RouteAction::Cluster(cluster)) if bootstrap.cluster(&cluster).is_none() => {
+                        exchange.local_reply = Some(LocalReplySource::NoCluster { cluster });
+                        plain_response(503, Vec::new())
+                    }
+                    Some(RouteAction::Cluster(cluster)) => {
+                        host::headers::replace(&mut headers, "x-envoy-expected-rq-timeout-ms", b"15000".to_vec());
+                        let seen = SeenRequest { cluster, headers: headers.clone(), body: body.clone() };
+                        let reply = upstream(&seen);
+                        exchange.upstream = Some(seen);
+                        upstream_response(reply)
+                    }
+                };
+                (resp, n.saturating_sub(1))
+            }
+        };
+
+        // Encode: the response runs back through the filters, last to first, starting at the
+        // one that produced a local reply.
+        if n > 0 {
+            let mut i = encode_from as isize;
+            while i >= 0 {
+                let idx = i as usize;
+                let resp_eos = response.body.is_empty();
+                let hn = response.headers.len();
+                let code = response.status;
+                let unplaced = self.put(idx, std::mem::take(&mut response.headers), |s, h| {
+                    s.response_headers = Some(h);
+                    s.response_code = Some(code);
+                });
+                let step = self.callback(idx, "on_http_response_headers", &mut |vm, ctx| {
+                    vm.on_response_headers(ctx, hn, resp_eos)
+                });
+                response.headers = unplaced
+                    .or_else(|| self.take(idx, |s| s.response_headers.take()))
+                    .unwrap_or_default();
+                if let Some(r) = self.encode_stop(step, &mut exchange) {
+                    response = r;
+                    break;
+                }
+                if !response.body.is_empty() {
+                    let len = response.body.len();
+                    let unplaced =
+                        self.put(idx, std::mem::take(&mut response.body), |s, b| s.response_body = b);
+                    let step = self.callback(idx, "on_http_response_body", &mut |vm, ctx| {
+                        vm.on_response_body(ctx, len, true)
+                    });
+                    response.body = unplaced
+                        .or_else(|| self.take(idx, |s| Some(std::mem::take(&mut s.response_body))))
+                        .unwrap_or_default();
+                    if let Some(r) = self.encode_stop(step, &mut exchange) {
+                        response = r;
+                        break;
+                    }
+                }
+                i -= 1;
+            }
+        }
+        if exchange.stalled.is_none() {
+            finalize_downstream(&mut response);
+            exchange.response = Some(response);
+        }
+        self.finish();
+        exchange
+    }
+
+    /// A stop while encoding: a local reply replaces the response (Envoy can still do so
+    /// before the headers went out); a pause stalls it.
+    fn encode_stop(&mut self, step: Step, exchange: &mut Exchange) -> Option<Response> {
+        match step {
+            Step::Continue => None,
+            Step::Stop(StopReason::LocalReply(source, reply)) => {
+                exchange.local_reply = Some(source);
+                Some(local_reply_response(&reply))
+            }
+            Step::Stop(StopReason::Stalled(why)) => {
+                exchange.stalled = Some(why);
+                None
+            }
+        }
+    }
+
+    /// Hands `value` to filter `i`'s stream state; gives it back when the filter has no
+    /// context (a plugin that failed to start, under fail-open).
+    fn put<T>(
+        &mut self,
+        i: usize,
+        value: T,
+        f: impl FnOnce(&mut host::HttpStreamState, T),
+    ) -> Option<T> {
+        match self.contexts[i].and_then(|(vm, ctx)| self.worker.vms[vm].http_state(ctx)) {
+            Some(s) => {
+                f(s, value);
+                None
+            }
+            None => Some(value),
+        }
+    }
+
+    fn take<T>(&mut self, i: usize, f: impl FnOnce(&mut host::HttpStreamState) -> Option<T>) -> Option<T> {
+        let (vm, ctx) = self.contexts[i]?;
+        self.worker.vms[vm].http_state(ctx).and_then(f)
+    }
+
+    /// Stream end: `on_log`, `on_done`, `on_delete` on every filter's context.
+    fn finish(&mut self) {
+        for c in std::mem::take(&mut self.contexts).into_iter().flatten() {
+            self.worker.vms[c.0].finish_stream(c.1);
+        }
+    }
+}
+
+fn plain_response(status: u16, body: Vec<u8>) -> Response {
+    let mut headers: HeaderMap = vec![(":status".into(), status.to_string().into_bytes())];
+    if !body.is_empty() {
+        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
+        headers.push(("content-type".into(), b"text/plain".to_vec()));
+    }
+    Response { status, headers, body }
+}
+
+/// Envoy's `sendLocalReply`: `:status`, the plugin's headers, then length and type.
+fn local_reply_response(reply: &LocalReply) -> Response {
+    let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
+    for (k, v) in &reply.headers {
+        host::headers::add(&mut headers, k, v.clone());
+    }
+    if !reply.body.is_empty() {
+        host::headers::replace(&mut headers, "content-length", reply.body.len().to_string().into_bytes());
+        if host::headers::get(&headers, "content-type").is_none() {
+            headers.push(("content-type".into(), b"text/plain".to_vec()));
+        }
+    }
+    Response { status: reply.status, headers, body: reply.body.clone() }
+}
+
+fn upstream_response(reply: UpstreamReply) -> Response {
+    let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
+    for (k, v) in reply.headers {
+        host::headers::add(&mut headers, &k, v);
+    }
+    if host::headers::get(&headers, "content-length").is_none() {
+        headers.push(("content-length".into(), reply.body.len().to_string().into_bytes()));
+    }
+    // The router stamps upstream responses before the filters see them.
+    host::headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
+    Response { status: reply.status, headers, body: reply.body }
+}
+
+/// What the connection manager does after the filters, on the way to the client.
+fn finalize_downstream(response: &mut Response) {
+    response.status = host::headers::get(&response.headers, ":status")
+        .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok())
+        .unwrap_or(response.status);
+    host::headers::replace(&mut response.headers, "server", b"envoy".to_vec());
+}

@@ -1,0 +1,416 @@
+//! One wasmtime engine per host, one VM instance per (worker, vm key), and the guard rails
+//! Envoy's host has: a trap marks the instance failed and every later call into it is skipped,
+//! a callback that runs too long is interrupted (epoch deadline), memory growth is capped.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use wasmtime::{
+    Engine, Instance, InstancePre, Linker, Module, Store, StoreLimits, StoreLimitsBuilder,
+    TypedFunc, WasmParams, WasmResults,
+};
+
+use crate::abi::{AbiVersion, LogLevel};
+use crate::bootstrap::WasmPlugin;
+use crate::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
+
+/// How often the epoch ticks; deadlines are whole ticks.
+const EPOCH_TICK: Duration = Duration::from_millis(10);
+/// Envoy's cap on a VM's linear memory (`PROXY_WASM_HOST_MAX_WASM_MEMORY_SIZE_BYTES`).
+pub const MAX_MEMORY_BYTES: usize = 1 << 30;
+/// Default time one callback may run before the harness interrupts it. Envoy has no such
+/// limit (a looping guest hangs its worker); the harness reports it instead of hanging.
+pub const DEFAULT_CALLBACK_DEADLINE: Duration = Duration::from_secs(1);
+
+#[derive(Debug, thiserror::Error)]
+pub enum VmError {
+    #[error("cannot read Wasm module {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("Wasm module {path} failed to compile: {message}")]
+    Compile { path: PathBuf, message: String },
+    #[error("Wasm module {path}: Missing or unknown Proxy-Wasm ABI version (no proxy_abi_version_* export)")]
+    NoAbiVersion { path: PathBuf },
+    #[error("Wasm module {path} failed to link: {message}")]
+    Link { path: PathBuf, message: String },
+    #[error("Wasm module {path} failed to start: {message}")]
+    Start { path: PathBuf, message: String },
+    #[error("Wasm module {path} is missing malloc function (export malloc or proxy_on_memory_allocate)")]
+    NoAllocator { path: PathBuf },
+}
+
+/// The engine, the linker with every hostcall, and the thread that advances the epoch.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<HostState>,
+    pub callback_deadline: Duration,
+}
+
+impl Runtime {
+    pub fn new() -> wasmtime::Result<Self> {
+        let mut config = wasmtime::Config::new();
+        config.epoch_interruption(true);
+        let engine = Engine::new(&config)?;
+        let weak = engine.weak();
+        std::thread::Builder::new()
+            .name("wasm-harness-epoch".into())
+            .spawn(move || {
+                while let Some(engine) = weak.upgrade() {
+                    engine.increment_epoch();
+                    drop(engine);
+                    std::thread::sleep(EPOCH_TICK);
+                }
+            })?;
+        let mut linker = Linker::new(&engine);
+        host::add_to_linker(&mut linker)?;
+        Ok(Self {
+            engine,
+            linker,
+            callback_deadline: DEFAULT_CALLBACK_DEADLINE,
+        })
+    }
+
+    pub fn load(&self, path: &Path) -> Result<Arc<LoadedModule>, VmError> {
+        let bytes = std::fs::read(path).map_err(|source| VmError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let module = Module::new(&self.engine, &bytes).map_err(|e| VmError::Compile {
+            path: path.to_path_buf(),
+            message: format!("{e:#}"),
+        })?;
+        let abi = AbiVersion::detect(
+            module
+                .exports()
+                .filter(|e| e.ty().func().is_some())
+                .map(|e| e.name()),
+        )
+        .ok_or_else(|| VmError::NoAbiVersion {
+            path: path.to_path_buf(),
+        })?;
+        let pre = self
+            .linker
+            .instantiate_pre(&module)
+            .map_err(|e| VmError::Link {
+                path: path.to_path_buf(),
+                message: format!("{e:#}"),
+            })?;
+        Ok(Arc::new(LoadedModule {
+            path: path.to_path_buf(),
+            abi,
+            pre,
+        }))
+    }
+}
+
+pub struct LoadedModule {
+    pub path: PathBuf,
+    pub abi: AbiVersion,
+    pre: InstancePre<HostState>,
+}
+
+/// The exports the host calls, looked up once by name and signature. As with cpp-host's
+/// wasmtime backend, an export with the wrong signature counts as absent.
+#[derive(Default)]
+struct Exports {
+    on_context_create: Option<TypedFunc<(i32, i32), ()>>,
+    on_vm_start: Option<TypedFunc<(i32, i32), i32>>,
+    on_configure: Option<TypedFunc<(i32, i32), i32>>,
+    on_request_headers: Option<TypedFunc<(i32, i32, i32), i32>>,
+    on_request_headers_v010: Option<TypedFunc<(i32, i32), i32>>,
+    on_request_body: Option<TypedFunc<(i32, i32, i32), i32>>,
+    on_response_headers: Option<TypedFunc<(i32, i32, i32), i32>>,
+    on_response_headers_v010: Option<TypedFunc<(i32, i32), i32>>,
+    on_response_body: Option<TypedFunc<(i32, i32, i32), i32>>,
+    on_log: Option<TypedFunc<i32, ()>>,
+    on_done: Option<TypedFunc<i32, i32>>,
+    on_delete: Option<TypedFunc<i32, ()>>,
+}
+
+impl Exports {
+    fn lookup(instance: &Instance, store: &mut Store<HostState>) -> Self {
+        macro_rules! get {
+            ($name:literal) => {
+                instance.get_typed_func(&mut *store, $name).ok()
+            };
+        }
+        Self {
+            on_context_create: get!("proxy_on_context_create"),
+            on_vm_start: get!("proxy_on_vm_start"),
+            on_configure: get!("proxy_on_configure"),
+            on_request_headers: get!("proxy_on_request_headers"),
+            on_request_headers_v010: get!("proxy_on_request_headers"),
+            on_request_body: get!("proxy_on_request_body"),
+            on_response_headers: get!("proxy_on_response_headers"),
+            on_response_headers_v010: get!("proxy_on_response_headers"),
+            on_response_body: get!("proxy_on_response_body"),
+            on_log: get!("proxy_on_log"),
+            on_done: get!("proxy_on_done"),
+            on_delete: get!("proxy_on_delete"),
+        }
+    }
+}
+
+/// Why a plugin did not start on a VM; Envoy rejects the configuration for each.
+#[derive(Debug, thiserror::Error)]
+pub enum PluginStartError {
+    #[error("plugin {plugin:?}: proxy_on_vm_start returned false")]
+    VmStartFailed { plugin: String },
+    #[error("plugin {plugin:?}: proxy_on_configure returned false (the plugin rejected its configuration)")]
+    ConfigureFailed { plugin: String },
+    #[error("plugin {plugin:?}: the VM trapped while starting: {message}")]
+    Trapped { plugin: String, message: String },
+}
+
+/// One VM instance: a store, its instance's exports, and whether it has failed.
+pub struct Vm {
+    store: Store<HostState>,
+    exports: Exports,
+    abi: AbiVersion,
+    next_context_id: u32,
+    deadline_ticks: u64,
+    /// Set by the first trap; every later call into this instance is skipped, as in Envoy.
+    pub failed: Option<String>,
+}
+
+
+impl Vm {
+    /// Instantiates the module and runs its start functions the way cpp-host does
+    /// (`_initialize`, then `main(0, 0)` or `__main_void`; `_start` only without `_initialize`).
+    pub fn start(
+        runtime: &Runtime,
+        module: &LoadedModule,
+        shared: Arc<Shared>,
+        worker: Option<usize>,
+        plugin: &WasmPlugin,
+    ) -> Result<Self, VmError> {
+        let start_err = |e: wasmtime::Error| VmError::Start {
+            path: module.path.clone(),
+            message: format!("{e:#}"),
+        };
+        let state = HostState::new(
+            shared,
+            worker,
+            module.abi,
+            Arc::new(plugin.vm_configuration.clone()),
+            plugin.environment.clone(),
+        );
+        let mut store = Store::new(&runtime.engine, state);
+        store.limiter(|s| &mut s.limits);
+        let deadline_ticks =
+            (runtime.callback_deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
+        store.set_epoch_deadline(deadline_ticks);
+        store.epoch_deadline_trap();
+        let instance = module.pre.instantiate(&mut store).map_err(start_err)?;
+        let memory = instance.get_memory(&mut store, "memory");
+        let allocator = instance
+            .get_typed_func::<i32, i32>(&mut store, "malloc")
+            .or_else(|_| instance.get_typed_func::<i32, i32>(&mut store, "proxy_on_memory_allocate"))
+            .map_err(|_| VmError::NoAllocator {
+                path: module.path.clone(),
+            })?;
+        store.data_mut().memory = memory;
+        store.data_mut().allocator = Some(allocator);
+        if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
+            init.call(&mut store, ()).map_err(start_err)?;
+            if let Ok(main) = instance.get_typed_func::<(i32, i32), i32>(&mut store, "main") {
+                main.call(&mut store, (0, 0)).map_err(start_err)?;
+            } else if let Ok(main) = instance.get_typed_func::<(), i32>(&mut store, "__main_void") {
+                main.call(&mut store, ()).map_err(start_err)?;
+            }
+        } else if let Ok(start) = instance.get_typed_func::<(), ()>(&mut store, "_start") {
+            start.call(&mut store, ()).map_err(start_err)?;
+        }
+        let exports = Exports::lookup(&instance, &mut store);
+        Ok(Self {
+            store,
+            exports,
+            abi: module.abi,
+            next_context_id: 1,
+            deadline_ticks,
+            failed: None,
+        })
+    }
+
+    pub fn state(&self) -> &HostState {
+        self.store.data()
+    }
+
+    pub fn state_mut(&mut self) -> &mut HostState {
+        self.store.data_mut()
+    }
+
+    fn alloc_context_id(&mut self) -> u32 {
+        let id = self.next_context_id;
+        self.next_context_id += 1;
+        id
+    }
+
+    /// Calls one export on behalf of context `ctx`. Returns `None` when the export is absent,
+    /// the VM has already failed, or the call trapped (which fails the VM and logs the trap
+    /// as Envoy does: `Function: <name> failed: <message>`).
+    fn call<P: WasmParams, R: WasmResults>(
+        &mut self,
+        name: &str,
+        func: Option<TypedFunc<P, R>>,
+        ctx: u32,
+        args: P,
+    ) -> Option<R> {
+        if self.failed.is_some() {
+            return None;
+        }
+        let func = func?;
+        let (prev_current, prev_effective) = {
+            let s = self.store.data_mut();
+            let prev = (s.current, s.effective);
+            s.current = ctx;
+            s.effective = None;
+            prev
+        };
+        self.store.set_epoch_deadline(self.deadline_ticks);
+        let result = func.call(&mut self.store, args);
+        let s = self.store.data_mut();
+        s.current = prev_current;
+        s.effective = prev_effective;
+        match result {
+            Ok(r) => Some(r),
+            Err(e) => {
+                let message = describe_trap(&e);
+                let s = self.store.data();
+                let saved = (s.current, s.effective);
+                self.store.data_mut().current = ctx;
+                logging::record(
+                    self.store.data(),
+                    LogLevel::Critical,
+                    format!("Function: {name} failed: {message}"),
+                );
+                self.store.data_mut().current = saved.0;
+                self.failed = Some(format!("{name}: {message}"));
+                None
+            }
+        }
+    }
+
+    /// Creates the plugin's root context and runs `on_context_create`, `on_vm_start` and
+    /// `on_configure` on it (cpp-host's `WasmBase::start` + `configure`).
+    pub fn start_plugin(&mut self, plugin: Arc<WasmPlugin>) -> Result<u32, PluginStartError> {
+        let id = self.alloc_context_id();
+        let name = plugin.name.clone();
+        let vm_config_len = self.state().vm_configuration.len() as i32;
+        let config_len = plugin.configuration.len() as i32;
+        self.state_mut()
+            .contexts
+            .insert(id, ContextKind::Root(RootInfo { plugin }));
+        let trapped = |vm: &Self| PluginStartError::Trapped {
+            plugin: name.clone(),
+            message: vm.failed.clone().unwrap_or_default(),
+        };
+        let f = self.exports.on_context_create.clone();
+        self.call("proxy_on_context_create", f, id, (id as i32, 0));
+        if self.failed.is_some() {
+            return Err(trapped(self));
+        }
+        let f = self.exports.on_vm_start.clone();
+        let started = self.call("proxy_on_vm_start", f, id, (id as i32, vm_config_len));
+        if self.failed.is_some() {
+            return Err(trapped(self));
+        }
+        if started == Some(0) {
+            return Err(PluginStartError::VmStartFailed { plugin: name });
+        }
+        self.state_mut().configuring = Some(id);
+        let f = self.exports.on_configure.clone();
+        let configured = self.call("proxy_on_configure", f, id, (id as i32, config_len));
+        self.state_mut().configuring = None;
+        if self.failed.is_some() {
+            return Err(trapped(self));
+        }
+        if configured == Some(0) {
+            return Err(PluginStartError::ConfigureFailed { plugin: name });
+        }
+        Ok(id)
+    }
+
+    /// A new HTTP stream context under `root` (`proxy_on_context_create(stream, root)`).
+    pub fn create_http_context(&mut self, root: u32) -> u32 {
+        let id = self.alloc_context_id();
+        self.state_mut().contexts.insert(
+            id,
+            ContextKind::Http(Box::new(host::HttpStreamState {
+                root,
+                ..Default::default()
+            })),
+        );
+        let f = self.exports.on_context_create.clone();
+        self.call("proxy_on_context_create", f, id, (id as i32, root as i32));
+        id
+    }
+
+    pub fn on_request_headers(&mut self, ctx: u32, n: usize, eos: bool) -> Option<i32> {
+        if self.abi == AbiVersion::V0_1_0 {
+            let f = self.exports.on_request_headers_v010.clone();
+            return self.call("proxy_on_request_headers", f, ctx, (ctx as i32, n as i32));
+        }
+        let f = self.exports.on_request_headers.clone();
+        self.call("proxy_on_request_headers", f, ctx, (ctx as i32, n as i32, eos as i32))
+    }
+
+    pub fn on_request_body(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
+        let f = self.exports.on_request_body.clone();
+        self.call("proxy_on_request_body", f, ctx, (ctx as i32, size as i32, eos as i32))
+    }
+
+    pub fn on_response_headers(&mut self, ctx: u32, n: usize, eos: bool) -> Option<i32> {
+        if self.abi == AbiVersion::V0_1_0 {
+            let f = self.exports.on_response_headers_v010.clone();
+            return self.call("proxy_on_response_headers", f, ctx, (ctx as i32, n as i32));
+        }
+        let f = self.exports.on_response_headers.clone();
+        self.call("proxy_on_response_headers", f, ctx, (ctx as i32, n as i32, eos as i32))
+    }
+
+    pub fn on_response_body(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
+        let f = self.exports.on_response_body.clone();
+        self.call("proxy_on_response_body", f, ctx, (ctx as i32, size as i32, eos as i32))
+    }
+
+    /// Envoy's stream end for HTTP: `on_log`, `on_done`, `on_delete`, then the context is gone.
+    pub fn finish_stream(&mut self, ctx: u32) {
+        let f = self.exports.on_log.clone();
+        self.call("proxy_on_log", f, ctx, ctx as i32);
+        let f = self.exports.on_done.clone();
+        self.call("proxy_on_done", f, ctx, ctx as i32);
+        let f = self.exports.on_delete.clone();
+        self.call("proxy_on_delete", f, ctx, ctx as i32);
+        self.state_mut().contexts.remove(&ctx);
+    }
+
+    pub fn http_state(&mut self, ctx: u32) -> Option<&mut host::HttpStreamState> {
+        match self.state_mut().contexts.get_mut(&ctx)? {
+            ContextKind::Http(s) => Some(s),
+            ContextKind::Root(_) => None,
+        }
+    }
+}
+
+/// A trap's message as a user needs it: the cause first, then the guest backtrace if any.
+fn describe_trap(e: &wasmtime::Error) -> String {
+    if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
+        if *trap == wasmtime::Trap::Interrupt {
+            return "interrupted: the callback ran longer than the harness's deadline (an infinite loop?)".into();
+        }
+        if *trap == wasmtime::Trap::UnreachableCodeReached {
+            return "unreachable (the guest panicked or aborted)".into();
+        }
+    }
+    format!("{e:#}").replace('\n', " ")
+}
+
+impl HostState {
+    pub fn default_limits() -> StoreLimits {
+        StoreLimitsBuilder::new().memory_size(MAX_MEMORY_BYTES).build()
+    }
+}
