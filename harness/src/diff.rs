@@ -6,15 +6,17 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::envoy::{self, RealEnvoy};
+use crate::envoy::RealEnvoy;
 use crate::http::Exchange;
-use crate::run::{self, ScenarioReport, Verdict};
+use crate::run::{self, RunOptions, ScenarioReport, Verdict};
 use crate::scenario::{self, Scenario};
 
 /// Headers whose values legitimately differ between two runs (clock, ids, timing); only
-/// their presence is compared. `date` is Envoy's wall clock, which the harness does not add.
+/// their presence is compared.
 const VOLATILE: &[&str] = &["x-request-id", "x-envoy-upstream-service-time"];
-const IGNORED: &[&str] = &["date"];
+/// Not compared at all: `date` is Envoy's wall clock, which the harness does not add, and an
+/// HTTP/1.1 upstream cannot observe `:scheme`.
+const IGNORED: &[&str] = &["date", ":scheme"];
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DiffCase {
@@ -111,8 +113,8 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
 }
 
 /// Runs `path` in the harness and in real Envoy with the same worker count.
-pub fn run_differential(envoy_bin: &Path, path: &Path, workers: Option<usize>) -> DiffReport {
-    let harness = run::run_scenario(path, workers);
+pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> DiffReport {
+    let harness = run::run_scenario(path, opts);
     let mut report = DiffReport {
         harness,
         envoy_error: None,
@@ -127,8 +129,8 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, workers: Option<usize>) -
             return report;
         }
     };
-    let workers = workers.or(scenario.workers).unwrap_or(2);
-    let mut real = match RealEnvoy::start(envoy_bin, &scenario.bootstrap_path(), workers) {
+    let workers = opts.workers.or(scenario.workers).unwrap_or(2);
+    let mut real = match RealEnvoy::start(envoy_bin, &opts.bootstrap_for(&scenario), workers) {
         Ok(r) => r,
         Err(e) => {
             // Both refusing the configuration is agreement; anything else is not.
@@ -174,10 +176,6 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, workers: Option<usize>) -
     report
 }
 
-/// Finds Envoy and runs the differential; a missing Envoy is a start failure.
-pub fn run_with_found_envoy(path: &Path, workers: Option<usize>) -> Result<DiffReport, envoy::EnvoyError> {
-    Ok(run_differential(&envoy::find_envoy()?, path, workers))
-}
 
 impl std::fmt::Display for DiffReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use wasm_harness::bootstrap::Bootstrap;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
-use wasm_harness::run::{self, Verdict};
+use wasm_harness::run::{self, RunOptions, Verdict};
 use wasm_harness::{diff, envoy};
 
 #[derive(Parser)]
@@ -32,6 +32,9 @@ enum Command {
         /// Print a machine-readable JSON report.
         #[arg(long)]
         json: bool,
+        /// Use this bootstrap instead of the one each scenario names.
+        #[arg(long)]
+        bootstrap: Option<PathBuf>,
     },
     /// Check a bootstrap and start its modules (canary and workers) without sending requests.
     Validate {
@@ -53,13 +56,14 @@ fn main() -> ExitCode {
             workers,
             envoy: with_envoy,
             json,
-        } => run_all(&scenarios, workers, with_envoy, json),
+            bootstrap,
+        } => run_all(&scenarios, &RunOptions { workers, bootstrap }, with_envoy, json),
         Command::Validate { bootstrap, workers } => validate(&bootstrap, workers),
     };
     ExitCode::from(code.exit_code() as u8)
 }
 
-fn run_all(scenarios: &[PathBuf], workers: Option<usize>, with_envoy: bool, json: bool) -> Verdict {
+fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, json: bool) -> Verdict {
     let mut worst = Verdict::Passed;
     let mut reports = Vec::new();
     let envoy_bin = if with_envoy {
@@ -76,11 +80,11 @@ fn run_all(scenarios: &[PathBuf], workers: Option<usize>, with_envoy: bool, json
     for path in scenarios {
         let (verdict, value, text) = match &envoy_bin {
             Some(bin) => {
-                let r = diff::run_differential(bin, path, workers);
+                let r = diff::run_differential(bin, path, opts);
                 (r.verdict, serde_json::to_value(&r), r.to_string())
             }
             None => {
-                let r = run::run_scenario(path, workers);
+                let r = run::run_scenario(path, opts);
                 (r.verdict, serde_json::to_value(&r), r.to_string())
             }
         };

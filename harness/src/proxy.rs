@@ -133,6 +133,7 @@ impl Proxy {
                             self.shared.clone(),
                             worker,
                             p,
+                            Arc::new(self.bootstrap.clusters.iter().map(|c| c.name.clone()).collect()),
                         )?;
                         vms.push(vm);
                         keys.push(key);

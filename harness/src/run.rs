@@ -43,8 +43,26 @@ pub struct ScenarioReport {
     pub cases: Vec<CaseReport>,
 }
 
-/// Runs one scenario file in the harness. `workers` overrides the scenario's own count.
-pub fn run_scenario(path: &Path, workers: Option<usize>) -> ScenarioReport {
+/// What a caller may change about a scenario without editing it.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Overrides the scenario's worker count.
+    pub workers: Option<usize>,
+    /// Runs the scenario against this bootstrap instead of the one it names (for example a
+    /// copy whose module path points into the fetcher's cache).
+    pub bootstrap: Option<PathBuf>,
+}
+
+impl RunOptions {
+    pub fn bootstrap_for(&self, scenario: &Scenario) -> PathBuf {
+        self.bootstrap
+            .clone()
+            .unwrap_or_else(|| scenario.bootstrap_path())
+    }
+}
+
+/// Runs one scenario file in the harness.
+pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
     let mut report = ScenarioReport {
         scenario: path.to_path_buf(),
         verdict: Verdict::CannotStart,
@@ -60,9 +78,12 @@ pub fn run_scenario(path: &Path, workers: Option<usize>) -> ScenarioReport {
         }
     };
     let options = ProxyOptions {
-        workers: workers.or(scenario.workers).unwrap_or(ProxyOptions::default().workers),
+        workers: opts
+            .workers
+            .or(scenario.workers)
+            .unwrap_or(ProxyOptions::default().workers),
     };
-    let mut proxy = match Proxy::from_bootstrap(&scenario.bootstrap_path(), &options) {
+    let mut proxy = match Proxy::from_bootstrap(&opts.bootstrap_for(&scenario), &options) {
         Ok(p) => p,
         Err(e) => {
             report.error = Some(e.to_string());
@@ -103,6 +124,9 @@ impl std::fmt::Display for ScenarioReport {
         writeln!(f, "scenario {}", self.scenario.display())?;
         if let Some(e) = &self.error {
             return writeln!(f, "  cannot start: {e}");
+        }
+        for line in &self.startup_logs {
+            writeln!(f, "  {line}")?;
         }
         for case in &self.cases {
             let mark = if case.failures.is_empty() { "ok  " } else { "FAIL" };

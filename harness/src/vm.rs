@@ -186,18 +186,13 @@ impl Vm {
         shared: Arc<Shared>,
         worker: Option<usize>,
         plugin: &WasmPlugin,
+        clusters: Arc<Vec<String>>,
     ) -> Result<Self, VmError> {
         let start_err = |e: wasmtime::Error| VmError::Start {
             path: module.path.clone(),
             message: format!("{e:#}"),
         };
-        let state = HostState::new(
-            shared,
-            worker,
-            module.abi,
-            Arc::new(plugin.vm_configuration.clone()),
-            plugin.environment.clone(),
-        );
+        let state = HostState::new(shared, worker, module.abi, plugin, clusters);
         let mut store = Store::new(&runtime.engine, state);
         store.limiter(|s| &mut s.limits);
         let deadline_ticks =

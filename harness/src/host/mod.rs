@@ -5,10 +5,14 @@
 //! set by `proxy_set_effective_context` during the current call, else the one the host called.
 
 pub mod buffers;
+pub mod callouts;
 pub mod headers;
 pub mod logging;
 pub mod memory;
+pub mod metrics;
 pub mod properties;
+pub mod queues;
+pub mod shared_data;
 pub mod stream;
 pub mod time;
 pub mod wasi;
@@ -31,6 +35,8 @@ pub type HeaderMap = Vec<(String, Vec<u8>)>;
 pub struct Shared {
     pub log: Mutex<Vec<LogRecord>>,
     pub clock: Mutex<time::VirtualClock>,
+    pub data: Mutex<shared_data::SharedData>,
+    pub queues: Mutex<queues::Queues>,
 }
 
 /// What a worker's VM knows about one plugin (one root context).
@@ -100,6 +106,11 @@ pub struct HostState {
     pub tick_periods: HashMap<u32, u32>,
     pub rng: u64,
     pub limits: StoreLimits,
+    /// The VM's own vm_id (for hostcalls made outside any plugin context).
+    pub vm_id: String,
+    /// Cluster names of the bootstrap: callouts may only target these.
+    pub clusters: Arc<Vec<String>>,
+    pub metrics: metrics::Metrics,
 }
 
 impl HostState {
@@ -107,8 +118,8 @@ impl HostState {
         shared: Arc<Shared>,
         worker: Option<usize>,
         abi: AbiVersion,
-        vm_configuration: Arc<Vec<u8>>,
-        environment: Vec<(String, String)>,
+        plugin: &WasmPlugin,
+        clusters: Arc<Vec<String>>,
     ) -> Self {
         Self {
             shared,
@@ -116,8 +127,8 @@ impl HostState {
             abi,
             memory: None,
             allocator: None,
-            vm_configuration,
-            environment,
+            vm_configuration: Arc::new(plugin.vm_configuration.clone()),
+            environment: plugin.environment.clone(),
             contexts: HashMap::new(),
             current: 0,
             effective: None,
@@ -126,6 +137,9 @@ impl HostState {
             // Fixed seed: runs are reproducible; each worker draws its own sequence.
             rng: 0x9E37_79B9_7F4A_7C15 ^ worker.map_or(0, |w| w as u64 + 1),
             limits: HostState::default_limits(),
+            vm_id: plugin.vm_id.clone(),
+            clusters,
+            metrics: metrics::Metrics::default(),
         }
     }
 
@@ -214,6 +228,10 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     headers::add_to_linker(linker)?;
     stream::add_to_linker(linker)?;
     properties::add_to_linker(linker)?;
+    shared_data::add_to_linker(linker)?;
+    queues::add_to_linker(linker)?;
+    callouts::add_to_linker(linker)?;
+    metrics::add_to_linker(linker)?;
     wasi::add_to_linker(linker)?;
     Ok(())
 }

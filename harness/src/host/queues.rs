@@ -1,0 +1,170 @@
+//! Shared queues, keyed by (vm_id, name) across all VMs. Each enqueue notifies the root
+//! context that registered the queue last; the harness delivers those notifications after the
+//! current callback, as Envoy posts them to the registrant's thread.
+
+use std::collections::{HashMap, VecDeque};
+
+use wasmtime::{Caller, Linker};
+
+use super::{finish, memory, shared_data::vm_id, HostState};
+use crate::abi::Status;
+
+#[derive(Debug)]
+pub struct Queue {
+    pub vm_id: String,
+    pub name: String,
+    pub items: VecDeque<Vec<u8>>,
+    /// (worker, root context id) of the last registrant.
+    pub receiver: (Option<usize>, u32),
+}
+
+#[derive(Debug)]
+pub struct Queues {
+    pub by_token: HashMap<u32, Queue>,
+    next_token: u32,
+    /// Notifications to deliver: (worker, root, token).
+    pub ready: VecDeque<(Option<usize>, u32, u32)>,
+}
+
+impl Default for Queues {
+    fn default() -> Self {
+        Self {
+            by_token: HashMap::new(),
+            next_token: 1,
+            ready: VecDeque::new(),
+        }
+    }
+}
+
+impl Queues {
+    pub fn find(&self, vm_id: &str, name: &str) -> Option<u32> {
+        self.by_token
+            .iter()
+            .find(|(_, q)| q.vm_id == vm_id && q.name == name)
+            .map(|(t, _)| *t)
+    }
+
+    /// Creates the queue or re-opens it keeping its items; either way the caller becomes the
+    /// receiver of its notifications.
+    pub fn register(&mut self, vm_id: &str, name: &str, receiver: (Option<usize>, u32)) -> u32 {
+        if let Some(t) = self.find(vm_id, name) {
+            if let Some(q) = self.by_token.get_mut(&t) {
+                q.receiver = receiver;
+            }
+            return t;
+        }
+        let token = self.next_token;
+        self.next_token = self.next_token.wrapping_add(1).max(1);
+        self.by_token.insert(
+            token,
+            Queue {
+                vm_id: vm_id.to_string(),
+                name: name.to_string(),
+                items: VecDeque::new(),
+                receiver,
+            },
+        );
+        token
+    }
+}
+
+fn proxy_register_shared_queue(
+    mut caller: Caller<'_, HostState>,
+    name_ptr: i32,
+    name_size: i32,
+    ret_token: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let name = memory::read_string(&caller, name_ptr, name_size)?;
+        let state = caller.data();
+        let root = state.root_of(state.context_id()).unwrap_or(0);
+        let token = state
+            .shared
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .register(&vm_id(state), &name, (state.worker, root));
+        memory::write_u32(&mut caller, ret_token, token)
+    })())
+}
+
+fn proxy_resolve_shared_queue(
+    mut caller: Caller<'_, HostState>,
+    vm_ptr: i32,
+    vm_size: i32,
+    name_ptr: i32,
+    name_size: i32,
+    ret_token: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let mut vm = memory::read_string(&caller, vm_ptr, vm_size)?;
+        let name = memory::read_string(&caller, name_ptr, name_size)?;
+        if vm.is_empty() {
+            vm = vm_id(caller.data());
+        }
+        let token = caller
+            .data()
+            .shared
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .find(&vm, &name)
+            .ok_or(Status::NotFound)?;
+        memory::write_u32(&mut caller, ret_token, token)
+    })())
+}
+
+fn proxy_enqueue_shared_queue(
+    caller: Caller<'_, HostState>,
+    token: i32,
+    value_ptr: i32,
+    value_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let value = memory::read(&caller, value_ptr, value_size)?;
+        let mut queues = caller
+            .data()
+            .shared
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let token = token as u32;
+        let q = queues.by_token.get_mut(&token).ok_or(Status::NotFound)?;
+        q.items.push_back(value);
+        let (worker, root) = q.receiver;
+        queues.ready.push_back((worker, root, token));
+        Ok(())
+    })())
+}
+
+fn proxy_dequeue_shared_queue(
+    mut caller: Caller<'_, HostState>,
+    token: i32,
+    ret_ptr: i32,
+    ret_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let item = {
+            let mut queues = caller
+                .data()
+                .shared
+                .queues
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let q = queues
+                .by_token
+                .get_mut(&(token as u32))
+                .ok_or(Status::NotFound)?;
+            q.items.pop_front().ok_or(Status::Empty)?
+        };
+        memory::copy_out(&mut caller, &item, ret_ptr, ret_size)
+    })())
+}
+
+pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.func_wrap("env", "proxy_register_shared_queue", proxy_register_shared_queue)?;
+    linker.func_wrap("env", "proxy_resolve_shared_queue", proxy_resolve_shared_queue)?;
+    linker.func_wrap("env", "proxy_enqueue_shared_queue", proxy_enqueue_shared_queue)?;
+    linker.func_wrap("env", "proxy_dequeue_shared_queue", proxy_dequeue_shared_queue)?;
+    Ok(())
+}
