@@ -1,0 +1,160 @@
+//! The content-addressed module cache: `<dir>/modules/sha256/<hex>.wasm`.
+//!
+//! A module becomes visible only whole and verified: bytes stream into a temp file in
+//! `<dir>/tmp/` (same filesystem) while being hashed, the header and the pin are checked, the
+//! file is synced, made world-readable (0644, so an Envoy running as another user can read it)
+//! and renamed into place. Any failure drops the temp file; nothing half-written remains.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256 as Hasher};
+
+use crate::error::FetchError;
+use crate::verify::{self, Sha256};
+
+#[derive(Debug, Clone)]
+pub struct Cache {
+    root: PathBuf,
+}
+
+fn cache_err(path: &Path, e: impl std::fmt::Display) -> FetchError {
+    FetchError::Cache {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+impl Cache {
+    /// `$WASM_CACHE_DIR`, else `$XDG_CACHE_HOME/wasm-fetcher`, else `~/.cache/wasm-fetcher`.
+    pub fn default_dir() -> PathBuf {
+        if let Some(d) = std::env::var_os("WASM_CACHE_DIR").filter(|d| !d.is_empty()) {
+            return PathBuf::from(d);
+        }
+        if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
+            return PathBuf::from(d).join("wasm-fetcher");
+        }
+        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+        home.join(".cache").join("wasm-fetcher")
+    }
+
+    pub fn open(root: &Path) -> Result<Self, FetchError> {
+        let root = std::path::absolute(root).map_err(|e| cache_err(root, e))?;
+        for d in [root.join("modules").join("sha256"), root.join("tmp")] {
+            std::fs::create_dir_all(&d).map_err(|e| cache_err(&d, e))?;
+        }
+        Ok(Self { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn module_path(&self, sha: &Sha256) -> PathBuf {
+        self.root
+            .join("modules")
+            .join("sha256")
+            .join(format!("{}.wasm", sha.hex()))
+    }
+
+    /// The cached module with this digest, if present.
+    pub fn lookup(&self, sha: &Sha256) -> Option<PathBuf> {
+        let p = self.module_path(sha);
+        p.is_file().then_some(p)
+    }
+
+    /// A temp file to stream a download into.
+    pub fn staging(&self, max_size: u64) -> Result<Staging, FetchError> {
+        let dir = self.root.join("tmp");
+        let file = tempfile::Builder::new()
+            .prefix("download-")
+            .suffix(".part")
+            .tempfile_in(&dir)
+            .map_err(|e| cache_err(&dir, e))?;
+        Ok(Staging {
+            file,
+            hasher: Hasher::new(),
+            head: Vec::with_capacity(8),
+            size: 0,
+            max_size,
+        })
+    }
+
+    /// Verifies a finished download and moves it into place; returns its path and digest.
+    pub fn commit(
+        &self,
+        staging: Staging,
+        expected: Option<&Sha256>,
+    ) -> Result<(PathBuf, Sha256), FetchError> {
+        let Staging {
+            file, hasher, head, ..
+        } = staging;
+        verify::check_wasm_header(&head)?;
+        let actual = Sha256(hasher.finalize().into());
+        verify::check_pin(expected, &actual)?;
+        let dest = self.module_path(&actual);
+        file.as_file().sync_all().map_err(|e| cache_err(file.path(), e))?;
+        set_mode_0644(file.path())?;
+        file.persist(&dest).map_err(|e| cache_err(&dest, e.error))?;
+        if let Some(dir) = dest.parent() {
+            if let Ok(d) = std::fs::File::open(dir) {
+                let _ = d.sync_all();
+            }
+        }
+        Ok((dest, actual))
+    }
+}
+
+#[cfg(unix)]
+fn set_mode_0644(path: &Path) -> Result<(), FetchError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+        .map_err(|e| cache_err(path, e))
+}
+
+#[cfg(not(unix))]
+fn set_mode_0644(_path: &Path) -> Result<(), FetchError> {
+    Ok(())
+}
+
+/// A download in progress: bytes go to the temp file and through the hash in one pass.
+pub struct Staging {
+    file: tempfile::NamedTempFile,
+    hasher: Hasher,
+    head: Vec<u8>,
+    size: u64,
+    max_size: u64,
+}
+
+impl Staging {
+    pub fn write(&mut self, chunk: &[u8]) -> Result<(), FetchError> {
+        self.size += chunk.len() as u64;
+        if self.size > self.max_size {
+            return Err(FetchError::TooLarge {
+                limit: self.max_size,
+            });
+        }
+        if self.head.len() < 8 {
+            let take = (8 - self.head.len()).min(chunk.len());
+            self.head.extend_from_slice(&chunk[..take]);
+        }
+        self.hasher.update(chunk);
+        self.file.write_all(chunk)?;
+        Ok(())
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Starts over (a retried HTTP attempt).
+    pub fn reset(&mut self) -> Result<(), FetchError> {
+        self.file.as_file_mut().set_len(0)?;
+        use std::io::Seek;
+        self.file.as_file_mut().seek(std::io::SeekFrom::Start(0))?;
+        self.hasher = Hasher::new();
+        self.head.clear();
+        self.size = 0;
+        Ok(())
+    }
+}

@@ -1,0 +1,42 @@
+//! One error type for the library. Each message starts with stable words scripts can match
+//! (`checksum mismatch`, `not a Wasm module`, `HTTP 404`, `no such file`, ...); the CLI prints
+//! it after the URL.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum FetchError {
+    #[error("checksum mismatch (expected sha256 {expected}, got {actual}): the module changed or the pin is wrong")]
+    ChecksumMismatch { expected: String, actual: String },
+    #[error("not a Wasm module ({reason})")]
+    NotWasm { reason: String },
+    #[error("exceeds size limit of {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES)")]
+    TooLarge { limit: u64 },
+    #[error("unsupported scheme {scheme:?}: use file://, http:// or https://")]
+    UnsupportedScheme { scheme: String },
+    #[error("invalid URL: {reason}")]
+    BadUrl { reason: String },
+    #[error("no such file: {path}")]
+    NoSuchFile { path: PathBuf },
+    #[error("HTTP {status}{}", if reason.is_empty() { String::new() } else { format!(" {reason}") })]
+    HttpStatus { status: u16, reason: String },
+    #[error("timed out after {attempts} attempt(s) of {per_attempt:?} each (WASM_HTTP_REQUEST_TIMEOUT)")]
+    TimedOut {
+        attempts: u32,
+        per_attempt: std::time::Duration,
+    },
+    #[error("truncated download: got {got} of {expected} bytes")]
+    Truncated { got: u64, expected: u64 },
+    #[error("network error after {attempts} attempt(s): {message}")]
+    Network { attempts: u32, message: String },
+    #[error("cache error at {path}: {message}")]
+    Cache { path: PathBuf, message: String },
+    #[error("invalid setting {name}={value:?}: {reason}")]
+    Setting {
+        name: &'static str,
+        value: String,
+        reason: String,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}

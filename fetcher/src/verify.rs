@@ -1,0 +1,105 @@
+//! What makes bytes a module we will hand to Envoy: the pinned sha256, and the Wasm header of
+//! a core module (a component is refused by name, since Envoy cannot run one).
+
+use crate::error::FetchError;
+
+/// A sha256 digest, parsed from 64 hex characters (case-insensitive, optional `sha256:`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Sha256(pub [u8; 32]);
+
+impl Sha256 {
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let hex_part = s.strip_prefix("sha256:").unwrap_or(s);
+        if hex_part.len() != 64 {
+            return Err(format!(
+                "{s:?} is not a sha256: expected 64 hex characters, got {}",
+                hex_part.len()
+            ));
+        }
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(hex_part, &mut out)
+            .map_err(|_| format!("{s:?} is not a sha256: it has non-hex characters"))?;
+        Ok(Self(out))
+    }
+
+    pub fn hex(&self) -> String {
+        hex::encode(self.0)
+    }
+}
+
+impl std::fmt::Display for Sha256 {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.hex())
+    }
+}
+
+impl std::str::FromStr for Sha256 {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+const MAGIC: &[u8; 4] = b"\0asm";
+const CORE_VERSION: [u8; 4] = [1, 0, 0, 0];
+/// Component model binaries: version 0x0d, layer 1.
+const COMPONENT_VERSION: [u8; 4] = [0x0d, 0, 1, 0];
+
+/// Checks the first 8 bytes of a module.
+pub fn check_wasm_header(head: &[u8]) -> Result<(), FetchError> {
+    if head.len() < 8 || &head[..4] != MAGIC {
+        let shown: String = head
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        return Err(FetchError::NotWasm {
+            reason: format!("it does not start with \\0asm; first bytes: [{shown}]"),
+        });
+    }
+    match &head[4..8] {
+        v if v == CORE_VERSION => Ok(()),
+        v if v == COMPONENT_VERSION => Err(FetchError::NotWasm {
+            reason: "it is a Wasm component, not a core module; Envoy runs core modules only".into(),
+        }),
+        v => Err(FetchError::NotWasm {
+            reason: format!("unknown Wasm version {v:02x?}"),
+        }),
+    }
+}
+
+pub fn check_pin(expected: Option<&Sha256>, actual: &Sha256) -> Result<(), FetchError> {
+    match expected {
+        Some(e) if e != actual => Err(FetchError::ChecksumMismatch {
+            expected: e.hex(),
+            actual: actual.hex(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_sha256_in_any_case_and_with_prefix() {
+        let lower = "ab".repeat(32);
+        assert_eq!(Sha256::parse(&lower).unwrap().hex(), lower);
+        assert_eq!(Sha256::parse(&lower.to_uppercase()).unwrap().hex(), lower);
+        assert_eq!(Sha256::parse(&format!("sha256:{lower}")).unwrap().hex(), lower);
+        assert!(Sha256::parse("abc").unwrap_err().contains("64 hex"));
+        assert!(Sha256::parse(&"zz".repeat(32)).unwrap_err().contains("non-hex"));
+    }
+
+    #[test]
+    fn wasm_header_checks() {
+        assert!(check_wasm_header(b"\0asm\x01\0\0\0").is_ok());
+        let e = check_wasm_header(b"<html>hello").unwrap_err().to_string();
+        assert!(e.starts_with("not a Wasm module"), "{e}");
+        let e = check_wasm_header(b"\0asm\x0d\0\x01\0").unwrap_err().to_string();
+        assert!(e.contains("Wasm component"), "{e}");
+        assert!(check_wasm_header(b"\0as").is_err());
+    }
+}
