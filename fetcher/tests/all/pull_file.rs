@@ -1,0 +1,116 @@
+//! `pull file://...`: success, pinning, cache hits, and each failure leaving nothing behind.
+
+use std::os::unix::fs::PermissionsExt;
+
+use crate::support::*;
+
+#[test]
+fn pulls_a_file_into_the_cache_with_mode_0644() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.wasm");
+    let bytes = module("file");
+    std::fs::write(&src, &bytes).unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("file://{}", src.display());
+    let sha = sha256_hex(&bytes);
+    let o = pull(&cache, &[&url, "--sha256", &sha]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let path = stdout_path(&o);
+    assert!(path.is_absolute());
+    assert!(path.starts_with(&cache));
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644);
+    assert!(path.to_string_lossy().ends_with(&format!("{sha}.wasm")));
+}
+
+#[test]
+fn a_pinned_module_in_the_cache_is_served_without_reading_the_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.wasm");
+    let bytes = module("cached");
+    std::fs::write(&src, &bytes).unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("file://{}", src.display());
+    let sha = sha256_hex(&bytes);
+    let first = pull(&cache, &[&url, "--sha256", &sha]);
+    assert_eq!(first.status.code(), Some(0), "{}", stderr(&first));
+    std::fs::remove_file(&src).unwrap();
+    let second = pull(&cache, &[&url, "--sha256", &sha, "--json"]);
+    assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
+    let v: serde_json::Value = serde_json::from_slice(&second.stdout).unwrap();
+    assert_eq!(v["from_cache"], true);
+    assert_eq!(v["path"].as_str().unwrap(), stdout_path(&first).to_str().unwrap());
+}
+
+#[test]
+fn wrong_sha256_fails_and_caches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.wasm");
+    std::fs::write(&src, module("x")).unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("file://{}", src.display());
+    let o = pull(&cache, &[&url, "--sha256", &"0".repeat(64)]);
+    assert_failed(&o, &cache, &url, "checksum mismatch");
+}
+
+#[test]
+fn a_non_wasm_file_fails_and_caches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("index.html");
+    std::fs::write(&src, "<html>not a module</html>").unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("file://{}", src.display());
+    assert_failed(&pull(&cache, &[&url]), &cache, &url, "not a Wasm module");
+}
+
+#[test]
+fn a_wasm_component_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("c.wasm");
+    std::fs::write(&src, b"\0asm\x0d\0\x01\0").unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("file://{}", src.display());
+    assert_failed(&pull(&cache, &[&url]), &cache, &url, "Wasm component");
+}
+
+#[test]
+fn a_missing_file_fails_and_caches_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let url = "file:///nonexistent/filter.wasm";
+    assert_failed(&pull(&cache, &[url]), &cache, url, "no such file");
+}
+
+#[test]
+fn an_unsupported_scheme_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let url = "ftp://127.0.0.1/x.wasm";
+    assert_failed(&pull(&cache, &[url]), &cache, url, "unsupported scheme");
+}
+
+#[test]
+fn a_malformed_sha256_is_a_usage_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = pull(dir.path(), &["file:///x.wasm", "--sha256", "abc"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("64 hex"), "{}", stderr(&o));
+}
+
+#[test]
+fn a_module_over_the_size_limit_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("big.wasm");
+    let mut bytes = module("big");
+    bytes.resize(4096, 0);
+    std::fs::write(&src, &bytes).unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("file://{}", src.display());
+    let o = fetcher()
+        .env("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", "1000")
+        .args(["pull", &url, "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert_failed(&o, &cache, &url, "exceeds size limit");
+}

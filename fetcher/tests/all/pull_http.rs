@@ -1,0 +1,135 @@
+//! `pull http://...` against a loopback server that misbehaves on purpose.
+
+use std::time::Duration;
+
+use crate::support::*;
+
+#[test]
+fn pulls_over_http() {
+    let bytes = module("http");
+    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(bytes.clone()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let o = pull(dir.path(), &[&server.url("/m.wasm"), "--sha256", &sha256_hex(&bytes)]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), bytes);
+}
+
+#[test]
+fn a_cache_hit_makes_no_request() {
+    let bytes = module("hit");
+    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(bytes.clone()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let sha = sha256_hex(&bytes);
+    assert_eq!(pull(dir.path(), &[&server.url("/m.wasm"), "--sha256", &sha]).status.code(), Some(0));
+    assert_eq!(server.hits("/m.wasm"), 1);
+    let o = pull(dir.path(), &[&server.url("/m.wasm"), "--sha256", &sha]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(server.hits("/m.wasm"), 1, "the second pull must not touch the network");
+}
+
+#[test]
+fn http_404_fails_without_retry_and_caches_nothing() {
+    let server = Server::start(vec![]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/missing.wasm");
+    assert_failed(&pull(dir.path(), &[&url]), dir.path(), &url, "HTTP 404");
+    assert_eq!(server.hits("/missing.wasm"), 1, "a 404 is not retried");
+}
+
+#[test]
+fn a_503_then_200_succeeds_after_retries() {
+    let bytes = module("flaky");
+    let server = Server::start(vec![("/flaky.wasm", Behaviour::FailThenOk(2, bytes.clone()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let o = pull(dir.path(), &[&server.url("/flaky.wasm")]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(server.hits("/flaky.wasm"), 3);
+    assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), bytes);
+}
+
+#[test]
+fn attempts_are_bounded_by_the_retry_setting() {
+    let server = Server::start(vec![("/down.wasm", Behaviour::Status(503))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/down.wasm");
+    let o = fetcher()
+        .env("WASM_HTTP_REQUEST_MAX_RETRIES", "3")
+        .args(["pull", &url, "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_failed(&o, dir.path(), &url, "HTTP 503");
+    assert_eq!(server.hits("/down.wasm"), 3);
+}
+
+#[test]
+fn a_501_is_not_retried() {
+    let server = Server::start(vec![("/x.wasm", Behaviour::Status(501))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/x.wasm");
+    assert_failed(&pull(dir.path(), &[&url]), dir.path(), &url, "HTTP 501");
+    assert_eq!(server.hits("/x.wasm"), 1);
+}
+
+#[test]
+fn a_truncated_body_fails_and_caches_nothing() {
+    let mut bytes = module("trunc");
+    bytes.resize(1000, 7);
+    let server = Server::start(vec![("/t.wasm", Behaviour::Truncate(bytes, 100))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/t.wasm");
+    let o = fetcher()
+        .env("WASM_HTTP_REQUEST_MAX_RETRIES", "2")
+        .args(["pull", &url, "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_failed(&o, dir.path(), &url, "truncated download");
+    assert_eq!(server.hits("/t.wasm"), 2, "a truncated body is retried");
+}
+
+#[test]
+fn a_slow_server_times_out() {
+    let server = Server::start(vec![("/slow.wasm", Behaviour::Slow(Duration::from_secs(3), module("slow")))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/slow.wasm");
+    let o = fetcher()
+        .env("WASM_HTTP_REQUEST_TIMEOUT", "300ms")
+        .env("WASM_HTTP_REQUEST_MAX_RETRIES", "2")
+        .args(["pull", &url, "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_failed(&o, dir.path(), &url, "timed out");
+}
+
+#[test]
+fn html_instead_of_wasm_fails() {
+    let server = Server::start(vec![("/page.wasm", Behaviour::Ok(b"<html>login</html>".to_vec()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/page.wasm");
+    assert_failed(&pull(dir.path(), &[&url]), dir.path(), &url, "not a Wasm module");
+}
+
+#[test]
+fn wrong_checksum_over_http_fails() {
+    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(module("tampered")))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/m.wasm");
+    let o = pull(dir.path(), &[&url, "--sha256", &sha256_hex(&module("original"))]);
+    assert_failed(&o, dir.path(), &url, "checksum mismatch");
+}
+
+#[test]
+fn a_bad_duration_setting_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let url = "http://127.0.0.1:9/x.wasm";
+    let o = fetcher()
+        .env("WASM_HTTP_REQUEST_TIMEOUT", "15")
+        .args(["pull", url, "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("WASM_HTTP_REQUEST_TIMEOUT"), "{}", stderr(&o));
+}
