@@ -34,7 +34,9 @@ impl Cache {
         if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
             return PathBuf::from(d).join("wasm-fetcher");
         }
-        let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+        let home = std::env::var_os("HOME")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("."));
         home.join(".cache").join("wasm-fetcher")
     }
 
@@ -93,7 +95,9 @@ impl Cache {
         let actual = Sha256(hasher.finalize().into());
         verify::check_pin(expected, &actual)?;
         let dest = self.module_path(&actual);
-        file.as_file().sync_all().map_err(|e| cache_err(file.path(), e))?;
+        file.as_file()
+            .sync_all()
+            .map_err(|e| cache_err(file.path(), e))?;
         set_mode_0644(file.path())?;
         file.persist(&dest).map_err(|e| cache_err(&dest, e.error))?;
         if let Some(dir) = dest.parent() {

@@ -20,7 +20,9 @@ pub enum FetchError {
     NoSuchFile { path: PathBuf },
     #[error("HTTP {status}{}", if reason.is_empty() { String::new() } else { format!(" {reason}") })]
     HttpStatus { status: u16, reason: String },
-    #[error("timed out after {attempts} attempt(s) of {per_attempt:?} each (WASM_HTTP_REQUEST_TIMEOUT)")]
+    #[error(
+        "timed out after {attempts} attempt(s) of {per_attempt:?} each (WASM_HTTP_REQUEST_TIMEOUT)"
+    )]
     TimedOut {
         attempts: u32,
         per_attempt: std::time::Duration,

@@ -43,7 +43,11 @@ pub struct Pulled {
 }
 
 /// Serves a pinned module from the cache when present; otherwise fetches, verifies and stores.
-pub async fn pull(req: &PullRequest, cache: &Cache, settings: &Settings) -> Result<Pulled, FetchError> {
+pub async fn pull(
+    req: &PullRequest,
+    cache: &Cache,
+    settings: &Settings,
+) -> Result<Pulled, FetchError> {
     let url = url::Url::parse(&req.url).map_err(|e| FetchError::BadUrl {
         reason: e.to_string(),
     })?;

@@ -9,7 +9,11 @@ use clap::{Parser, Subcommand};
 use wasm_fetcher::{bootstrap, pull, Cache, PullRequest, Settings, Sha256};
 
 #[derive(Parser)]
-#[command(name = "wasm-fetcher", version, about = "Pull Wasm modules for Envoy into a verified local cache")]
+#[command(
+    name = "wasm-fetcher",
+    version,
+    about = "Pull Wasm modules for Envoy into a verified local cache"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -74,7 +78,12 @@ fn main() -> ExitCode {
     ExitCode::SUCCESS
 }
 
-fn run_pull(url: &str, sha256: Option<Sha256>, cache_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+fn run_pull(
+    url: &str,
+    sha256: Option<Sha256>,
+    cache_dir: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<()> {
     let settings = Settings::from_env()?;
     let cache = Cache::open(&cache_dir.unwrap_or_else(Cache::default_dir))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -97,13 +106,20 @@ fn run_pull(url: &str, sha256: Option<Sha256>, cache_dir: Option<PathBuf>, json:
     Ok(())
 }
 
-fn run_rewrite(path: &std::path::Path, module: &std::path::Path, output: Option<&std::path::Path>) -> anyhow::Result<()> {
+fn run_rewrite(
+    path: &std::path::Path,
+    module: &std::path::Path,
+    output: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(path).context("cannot read")?;
-    let mut doc: serde_json::Value = serde_norway::from_str(&text).context("not valid YAML or JSON")?;
+    let mut doc: serde_json::Value =
+        serde_norway::from_str(&text).context("not valid YAML or JSON")?;
     bootstrap::point_wasm_code_at(&mut doc, module)?;
     let yaml = serde_norway::to_string(&doc)?;
     match output {
-        Some(out) => std::fs::write(out, yaml).with_context(|| format!("cannot write {}", out.display()))?,
+        Some(out) => {
+            std::fs::write(out, yaml).with_context(|| format!("cannot write {}", out.display()))?
+        }
         None => print!("{yaml}"),
     }
     Ok(())

@@ -96,7 +96,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "s" => 1e9,
             "m" => 60e9,
             "h" => 3600e9,
-            u => return Err(format!("{s:?}: unknown unit {u:?} (use ns, us, ms, s, m or h)")),
+            u => {
+                return Err(format!(
+                    "{s:?}: unknown unit {u:?} (use ns, us, ms, s, m or h)"
+                ))
+            }
         };
         total += number * nanos_per;
         rest = &rest[unit_len..];

@@ -61,7 +61,8 @@ pub fn check_wasm_header(head: &[u8]) -> Result<(), FetchError> {
     match &head[4..8] {
         v if v == CORE_VERSION => Ok(()),
         v if v == COMPONENT_VERSION => Err(FetchError::NotWasm {
-            reason: "it is a Wasm component, not a core module; Envoy runs core modules only".into(),
+            reason: "it is a Wasm component, not a core module; Envoy runs core modules only"
+                .into(),
         }),
         v => Err(FetchError::NotWasm {
             reason: format!("unknown Wasm version {v:02x?}"),
@@ -88,9 +89,14 @@ mod tests {
         let lower = "ab".repeat(32);
         assert_eq!(Sha256::parse(&lower).unwrap().hex(), lower);
         assert_eq!(Sha256::parse(&lower.to_uppercase()).unwrap().hex(), lower);
-        assert_eq!(Sha256::parse(&format!("sha256:{lower}")).unwrap().hex(), lower);
+        assert_eq!(
+            Sha256::parse(&format!("sha256:{lower}")).unwrap().hex(),
+            lower
+        );
         assert!(Sha256::parse("abc").unwrap_err().contains("64 hex"));
-        assert!(Sha256::parse(&"zz".repeat(32)).unwrap_err().contains("non-hex"));
+        assert!(Sha256::parse(&"zz".repeat(32))
+            .unwrap_err()
+            .contains("non-hex"));
     }
 
     #[test]
@@ -98,7 +104,9 @@ mod tests {
         assert!(check_wasm_header(b"\0asm\x01\0\0\0").is_ok());
         let e = check_wasm_header(b"<html>hello").unwrap_err().to_string();
         assert!(e.starts_with("not a Wasm module"), "{e}");
-        let e = check_wasm_header(b"\0asm\x0d\0\x01\0").unwrap_err().to_string();
+        let e = check_wasm_header(b"\0asm\x0d\0\x01\0")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("Wasm component"), "{e}");
         assert!(check_wasm_header(b"\0as").is_err());
     }

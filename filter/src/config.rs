@@ -38,17 +38,24 @@ mod tests {
 
     #[test]
     fn picks_the_role() {
-        let c = PluginConfig::parse(br#"{"role":"http-header-operation","request":{"remove":["X-A"]}}"#).unwrap();
+        let c = PluginConfig::parse(
+            br#"{"role":"http-header-operation","request":{"remove":["X-A"]}}"#,
+        )
+        .unwrap();
         assert_eq!(c.role(), "http-header-operation");
     }
 
     #[test]
     fn rejects_empty_unknown_role_and_unknown_field() {
         assert!(PluginConfig::parse(b"  ").unwrap_err().contains("empty"));
-        assert!(PluginConfig::parse(br#"{"role":"nope"}"#).unwrap_err().contains("unknown variant `nope`"));
-        let e = PluginConfig::parse(br#"{"role":"http-header-operation","reqest":{}}"#).unwrap_err();
+        assert!(PluginConfig::parse(br#"{"role":"nope"}"#)
+            .unwrap_err()
+            .contains("unknown variant `nope`"));
+        let e =
+            PluginConfig::parse(br#"{"role":"http-header-operation","reqest":{}}"#).unwrap_err();
         assert!(e.contains("unknown field `reqest`"), "{e}");
-        let e = PluginConfig::parse(br#"{"role":"http-header-operation","request":{"sett":[]}}"#).unwrap_err();
+        let e = PluginConfig::parse(br#"{"role":"http-header-operation","request":{"sett":[]}}"#)
+            .unwrap_err();
         assert!(e.contains("unknown field `sett`"), "{e}");
     }
 }

@@ -19,8 +19,20 @@ proxy_wasm::main! {{
 mod hostcall {
     #[link(wasm_import_module = "env")]
     extern "C" {
-        fn proxy_replace_header_map_value(t: u32, k: *const u8, kl: usize, v: *const u8, vl: usize) -> u32;
-        fn proxy_add_header_map_value(t: u32, k: *const u8, kl: usize, v: *const u8, vl: usize) -> u32;
+        fn proxy_replace_header_map_value(
+            t: u32,
+            k: *const u8,
+            kl: usize,
+            v: *const u8,
+            vl: usize,
+        ) -> u32;
+        fn proxy_add_header_map_value(
+            t: u32,
+            k: *const u8,
+            kl: usize,
+            v: *const u8,
+            vl: usize,
+        ) -> u32;
         fn proxy_remove_header_map_value(t: u32, k: *const u8, kl: usize) -> u32;
         fn proxy_log(level: u32, m: *const u8, ml: usize) -> u32;
     }
@@ -35,8 +47,12 @@ mod hostcall {
         unsafe {
             match *e {
                 super::Edit::Remove(k) => proxy_remove_header_map_value(map, k.as_ptr(), k.len()),
-                super::Edit::Set(k, v) => proxy_replace_header_map_value(map, k.as_ptr(), k.len(), v.as_ptr(), v.len()),
-                super::Edit::Add(k, v) => proxy_add_header_map_value(map, k.as_ptr(), k.len(), v.as_ptr(), v.len()),
+                super::Edit::Set(k, v) => {
+                    proxy_replace_header_map_value(map, k.as_ptr(), k.len(), v.as_ptr(), v.len())
+                }
+                super::Edit::Add(k, v) => {
+                    proxy_add_header_map_value(map, k.as_ptr(), k.len(), v.as_ptr(), v.len())
+                }
             }
         }
     }
@@ -67,7 +83,10 @@ impl RootContext for Root {
                 true
             }
             Err(e) => {
-                hostcall::log(ERROR, &format!("wasm-filter: invalid plugin configuration: {e}"));
+                hostcall::log(
+                    ERROR,
+                    &format!("wasm-filter: invalid plugin configuration: {e}"),
+                );
                 false
             }
         }
@@ -92,7 +111,12 @@ impl HeaderFilter {
         for e in ops.edits() {
             let status = hostcall::edit(map as u32, &e);
             if status != 0 {
-                hostcall::log(WARN, &format!("wasm-filter: {e:?} failed with host status {status}; request continues"));
+                hostcall::log(
+                    WARN,
+                    &format!(
+                        "wasm-filter: {e:?} failed with host status {status}; request continues"
+                    ),
+                );
             }
         }
     }

@@ -44,9 +44,8 @@ pub enum Edit<'a> {
 /// RFC 9110 `tchar`.
 fn is_token(s: &str) -> bool {
     !s.is_empty()
-        && s.bytes().all(|b| {
-            b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
-        })
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
 
 impl HeaderOperation {
@@ -80,7 +79,10 @@ impl Ops {
                 let at = format!("{side}.{op}[{i}]");
                 check_name(&format!("{at}.name"), &h.name, pseudo_ok)?;
                 if h.value.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
-                    return Err(format!("{at}.value {:?}: a header value must not contain CR, LF or NUL", h.value));
+                    return Err(format!(
+                        "{at}.value {:?}: a header value must not contain CR, LF or NUL",
+                        h.value
+                    ));
                 }
                 h.name = h.name.to_ascii_lowercase();
             }
@@ -120,7 +122,9 @@ fn check_name(at: &str, name: &str, pseudo_ok: bool) -> Result<(), String> {
     }
     if let Some(rest) = name.strip_prefix(':') {
         if !pseudo_ok {
-            return Err(format!("{at} {name:?}: pseudo-headers can only be set, not added or removed"));
+            return Err(format!(
+                "{at} {name:?}: pseudo-headers can only be set, not added or removed"
+            ));
         }
         if is_token(rest) {
             return Ok(());
@@ -143,7 +147,10 @@ mod tests {
     }
 
     fn h(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -153,9 +160,17 @@ mod tests {
             "set":[{"name":"x-env","value":"demo"}],
             "remove":["X-TAG"]}}"#)
         .unwrap();
-        let mut headers = h(&[("x-tag", "theirs"), ("x-env", "a"), ("X-Env", "b"), ("keep", "1")]);
+        let mut headers = h(&[
+            ("x-tag", "theirs"),
+            ("x-env", "a"),
+            ("X-Env", "b"),
+            ("keep", "1"),
+        ]);
         o.request.apply(&mut headers);
-        assert_eq!(headers, h(&[("keep", "1"), ("x-env", "demo"), ("x-tag", "ours")]));
+        assert_eq!(
+            headers,
+            h(&[("keep", "1"), ("x-env", "demo"), ("x-tag", "ours")])
+        );
     }
 
     #[test]
@@ -170,14 +185,25 @@ mod tests {
     #[test]
     fn errors_name_the_field() {
         let e = ops(r#"{"role":"http-header-operation","request":{"add":[{"name":"bad name","value":"x"}]}}"#).unwrap_err();
-        assert!(e.contains("request.add[0].name \"bad name\": not a valid HTTP header name"), "{e}");
-        let e = ops(r#"{"role":"http-header-operation","response":{"set":[{"name":"x","value":"a\nb"}]}}"#).unwrap_err();
+        assert!(
+            e.contains("request.add[0].name \"bad name\": not a valid HTTP header name"),
+            "{e}"
+        );
+        let e = ops(
+            r#"{"role":"http-header-operation","response":{"set":[{"name":"x","value":"a\nb"}]}}"#,
+        )
+        .unwrap_err();
         assert!(e.contains("response.set[0].value"), "{e}");
-        let e = ops(r#"{"role":"http-header-operation","request":{"remove":[":path"]}}"#).unwrap_err();
-        assert!(e.contains("request.remove[0]") && e.contains("pseudo-headers"), "{e}");
+        let e =
+            ops(r#"{"role":"http-header-operation","request":{"remove":[":path"]}}"#).unwrap_err();
+        assert!(
+            e.contains("request.remove[0]") && e.contains("pseudo-headers"),
+            "{e}"
+        );
         let e = ops(r#"{"role":"http-header-operation","request":{"remove":[""]}}"#).unwrap_err();
         assert!(e.contains("must not be empty"), "{e}");
-        let e = ops(r#"{"role":"http-header-operation","request":{"add":[{"name":"x"}]}}"#).unwrap_err();
+        let e = ops(r#"{"role":"http-header-operation","request":{"add":[{"name":"x"}]}}"#)
+            .unwrap_err();
         assert!(e.contains("missing field `value`"), "{e}");
     }
 

@@ -280,7 +280,10 @@ mod tests {
     #[test]
     fn abi_detection_takes_first_marker() {
         let names = ["memory", "proxy_abi_version_0_2_1", "malloc"];
-        assert_eq!(AbiVersion::detect(names.into_iter()), Some(AbiVersion::V0_2_1));
+        assert_eq!(
+            AbiVersion::detect(names.into_iter()),
+            Some(AbiVersion::V0_2_1)
+        );
         assert_eq!(AbiVersion::detect(["_start"].into_iter()), None);
     }
 }

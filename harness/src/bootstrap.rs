@@ -145,11 +145,17 @@ impl Bootstrap {
         let resources = doc.get("static_resources");
         let mut listeners = Vec::new();
         for (i, l) in array(resources, "listeners").iter().enumerate() {
-            listeners.push(parse_listener(&format!("static_resources.listeners[{i}]"), l)?);
+            listeners.push(parse_listener(
+                &format!("static_resources.listeners[{i}]"),
+                l,
+            )?);
         }
         let mut clusters = Vec::new();
         for (i, c) in array(resources, "clusters").iter().enumerate() {
-            clusters.push(parse_cluster(&format!("static_resources.clusters[{i}]"), c)?);
+            clusters.push(parse_cluster(
+                &format!("static_resources.clusters[{i}]"),
+                c,
+            )?);
         }
         if listeners.is_empty() {
             return Err(invalid("static_resources.listeners", "no listener defined"));
@@ -369,13 +375,19 @@ fn data_source(at: &str, v: Option<&Value>) -> Result<Vec<u8>, BootstrapError> {
     if let Some(b) = str_field(v, "inline_bytes") {
         return base64_decode(&b).ok_or_else(|| invalid(at, "inline_bytes is not valid base64"));
     }
-    Err(invalid(at, "only inline_string and inline_bytes are supported"))
+    Err(invalid(
+        at,
+        "only inline_string and inline_bytes are supported",
+    ))
 }
 
 fn parse_cluster(at: &str, c: &Value) -> Result<Cluster, BootstrapError> {
     let name = str_field(c, "name").ok_or_else(|| invalid(at, "name is required"))?;
     let mut endpoints = Vec::new();
-    for (i, e) in array(c.get("load_assignment"), "endpoints").iter().enumerate() {
+    for (i, e) in array(c.get("load_assignment"), "endpoints")
+        .iter()
+        .enumerate()
+    {
         for (j, lb) in array(Some(e), "lb_endpoints").iter().enumerate() {
             let eat = format!("{at}.load_assignment.endpoints[{i}].lb_endpoints[{j}]");
             let sock = lb
@@ -421,9 +433,7 @@ fn parse_plugin(at: &str, config: &Value) -> Result<WasmPlugin, BootstrapError> 
                 "only one of fail_open or failure_policy can be set",
             ))
         }
-        None | Some("UNSPECIFIED") | Some("FAIL_CLOSED") if !fail_open => {
-            FailurePolicy::FailClosed
-        }
+        None | Some("UNSPECIFIED") | Some("FAIL_CLOSED") if !fail_open => FailurePolicy::FailClosed,
         None => FailurePolicy::FailOpen,
         Some("FAIL_OPEN") => FailurePolicy::FailOpen,
         Some("FAIL_RELOAD") => FailurePolicy::FailReload,
@@ -501,14 +511,20 @@ impl RouteConfig {
         let exact = self
             .virtual_hosts
             .iter()
-            .find(|vh| vh.domains.iter().any(|d| *d == host));
+            .find(|vh| vh.domains.contains(&host));
         if exact.is_some() {
             return exact;
         }
         let best = |pick: &dyn Fn(&str) -> Option<usize>| {
             self.virtual_hosts
                 .iter()
-                .filter_map(|vh| vh.domains.iter().filter_map(|d| pick(d)).max().map(|n| (n, vh)))
+                .filter_map(|vh| {
+                    vh.domains
+                        .iter()
+                        .filter_map(|d| pick(d))
+                        .max()
+                        .map(|n| (n, vh))
+                })
                 .max_by_key(|(n, _)| *n)
                 .map(|(_, vh)| vh)
         };
@@ -629,9 +645,15 @@ static_resources:
             rc.route("x.test", "/local").unwrap().action,
             RouteAction::Direct { status: 200, .. }
         ));
-        assert!(matches!(&rc.route("x.test", "/local/more?q").unwrap().action, RouteAction::Cluster(c) if c == "backend"));
-        assert!(matches!(&rc.route("API.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api"));
-        assert!(matches!(&rc.route("www.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api"));
+        assert!(
+            matches!(&rc.route("x.test", "/local/more?q").unwrap().action, RouteAction::Cluster(c) if c == "backend")
+        );
+        assert!(
+            matches!(&rc.route("API.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
+        );
+        assert!(
+            matches!(&rc.route("www.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
+        );
     }
 
     #[test]

@@ -52,18 +52,29 @@ fn normalize(headers: &[(String, Vec<u8>)]) -> BTreeMap<String, Vec<String>> {
     out
 }
 
-fn diff_headers(what: &str, harness: &[(String, Vec<u8>)], envoy: &[(String, Vec<u8>)], out: &mut Vec<String>) {
+fn diff_headers(
+    what: &str,
+    harness: &[(String, Vec<u8>)],
+    envoy: &[(String, Vec<u8>)],
+    out: &mut Vec<String>,
+) {
     let (h, e) = (normalize(harness), normalize(envoy));
     for (k, hv) in &h {
         match e.get(k) {
-            None => out.push(format!("{what} header {k:?}: harness {hv:?}, envoy has none")),
-            Some(ev) if ev != hv => out.push(format!("{what} header {k:?}: harness {hv:?}, envoy {ev:?}")),
+            None => out.push(format!(
+                "{what} header {k:?}: harness {hv:?}, envoy has none"
+            )),
+            Some(ev) if ev != hv => {
+                out.push(format!("{what} header {k:?}: harness {hv:?}, envoy {ev:?}"))
+            }
             _ => {}
         }
     }
     for (k, ev) in &e {
         if !h.contains_key(k) {
-            out.push(format!("{what} header {k:?}: envoy {ev:?}, harness has none"));
+            out.push(format!(
+                "{what} header {k:?}: envoy {ev:?}, harness has none"
+            ));
         }
     }
 }
@@ -74,7 +85,10 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
     match (&harness.upstream, &envoy.upstream) {
         (Some(h), Some(e)) => {
             if h.cluster != e.cluster {
-                out.push(format!("upstream cluster: harness {:?}, envoy {:?}", h.cluster, e.cluster));
+                out.push(format!(
+                    "upstream cluster: harness {:?}, envoy {:?}",
+                    h.cluster, e.cluster
+                ));
             }
             diff_headers("upstream request", &h.headers, &e.headers, &mut out);
             if h.body != e.body {
@@ -88,7 +102,10 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
     match (&harness.response, &envoy.response) {
         (Some(h), Some(e)) => {
             if h.status != e.status {
-                out.push(format!("response status: harness {}, envoy {}", h.status, e.status));
+                out.push(format!(
+                    "response status: harness {}, envoy {}",
+                    h.status, e.status
+                ));
             }
             diff_headers("response", &h.headers, &e.headers, &mut out);
             if h.body != e.body {
@@ -153,11 +170,19 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
         // Envoy's log is not split per request, and it cannot say who made a local reply.
         expect.logs.clear();
         expect.local_reply = None;
-        let result = real.send(case.listener.as_deref(), &case.to_request(), &case.upstream_reply());
+        let result = real.send(
+            case.listener.as_deref(),
+            &case.to_request(),
+            &case.upstream_reply(),
+        );
         let (envoy_failures, differences, envoy) = match result {
             Ok(ex) => {
                 let failures = scenario::check(&expect, &ex, &[]);
-                let diffs = hcase.exchange.as_ref().map(|h| compare(h, &ex)).unwrap_or_default();
+                let diffs = hcase
+                    .exchange
+                    .as_ref()
+                    .map(|h| compare(h, &ex))
+                    .unwrap_or_default();
                 (failures, diffs, Some(ex))
             }
             Err(e) => (vec![e], Vec::new(), None),
@@ -176,10 +201,13 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
     report
 }
 
-
 impl std::fmt::Display for DiffReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "scenario {} — harness vs real Envoy", self.harness.scenario.display())?;
+        writeln!(
+            f,
+            "scenario {} — harness vs real Envoy",
+            self.harness.scenario.display()
+        )?;
         if let Some(e) = &self.harness.error {
             writeln!(f, "  harness: cannot start: {e}")?;
         }
@@ -190,14 +218,16 @@ impl std::fmt::Display for DiffReport {
             let agree = d.differences.is_empty();
             let ok = h.failures.is_empty() && d.envoy_failures.is_empty() && agree;
             writeln!(f, "  {} {}", if ok { "ok  " } else { "FAIL" }, h.name)?;
-            let status = |ex: &Option<Exchange>| match ex.as_ref().and_then(|e| e.response.as_ref()) {
+            let status = |ex: &Option<Exchange>| match ex.as_ref().and_then(|e| e.response.as_ref())
+            {
                 Some(r) => format!("{} {:?}", r.status, String::from_utf8_lossy(&r.body)),
                 None => "no response".into(),
             };
-            let reached = |ex: &Option<Exchange>| match ex.as_ref().and_then(|e| e.upstream.as_ref()) {
-                Some(u) => format!("upstream {:?}", u.cluster),
-                None => "no upstream".into(),
-            };
+            let reached =
+                |ex: &Option<Exchange>| match ex.as_ref().and_then(|e| e.upstream.as_ref()) {
+                    Some(u) => format!("upstream {:?}", u.cluster),
+                    None => "no upstream".into(),
+                };
             writeln!(
                 f,
                 "       harness: {:<28} {:<20} | envoy: {:<28} {}",
@@ -221,8 +251,15 @@ impl std::fmt::Display for DiffReport {
             .cases
             .iter()
             .zip(&self.cases)
-            .filter(|(h, d)| !(h.failures.is_empty() && d.envoy_failures.is_empty() && d.differences.is_empty()))
+            .filter(|(h, d)| {
+                !(h.failures.is_empty() && d.envoy_failures.is_empty() && d.differences.is_empty())
+            })
             .count();
-        writeln!(f, "  {} passed, {} failed", self.cases.len() - failed, failed)
+        writeln!(
+            f,
+            "  {} passed, {} failed",
+            self.cases.len() - failed,
+            failed
+        )
     }
 }

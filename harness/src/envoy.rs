@@ -54,7 +54,14 @@ pub fn find_envoy() -> Result<PathBuf, EnvoyError> {
 /// `envoy --mode validate`: Envoy's own verdict on a bootstrap.
 pub fn validate(envoy: &Path, bootstrap: &Path) -> Result<(), EnvoyError> {
     let out = Command::new(envoy)
-        .args(["--mode", "validate", "--disable-hot-restart", "-l", "error", "-c"])
+        .args([
+            "--mode",
+            "validate",
+            "--disable-hot-restart",
+            "-l",
+            "error",
+            "-c",
+        ])
         .arg(bootstrap)
         .output()
         .map_err(|e| io(&format!("cannot run {}", envoy.display()), e))?;
@@ -84,7 +91,10 @@ struct Upstream {
 impl Upstream {
     fn start(cluster: String, state: Arc<Mutex<UpstreamState>>) -> Result<Self, EnvoyError> {
         let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| io("upstream bind", e))?;
-        let port = listener.local_addr().map_err(|e| io("upstream addr", e))?.port();
+        let port = listener
+            .local_addr()
+            .map_err(|e| io("upstream addr", e))?
+            .port();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
                 let state = state.clone();
@@ -113,8 +123,14 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
             return;
         }
         let mut headers: HeaderMap = vec![
-            (":method".into(), req.method.unwrap_or_default().as_bytes().to_vec()),
-            (":path".into(), req.path.unwrap_or_default().as_bytes().to_vec()),
+            (
+                ":method".into(),
+                req.method.unwrap_or_default().as_bytes().to_vec(),
+            ),
+            (
+                ":path".into(),
+                req.path.unwrap_or_default().as_bytes().to_vec(),
+            ),
         ];
         for h in req.headers.iter() {
             let name = h.name.to_ascii_lowercase();
@@ -163,8 +179,10 @@ fn read_message(reader: &mut impl BufRead, is_request: bool) -> Option<(Vec<u8>,
     }
     let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
     let header = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_string()))
+        text.lines().find_map(|l| {
+            l.strip_prefix(&format!("{name}:"))
+                .map(|v| v.trim().to_string())
+        })
     };
     let mut body = Vec::new();
     if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
@@ -244,8 +262,7 @@ impl RealEnvoy {
             }
         }
         if doc.get("admin").is_some() {
-            doc["admin"]["address"] =
-                serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": free_port()?}});
+            doc["admin"]["address"] = serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": free_port()?}});
         }
         absolutize_wasm_paths(&mut doc);
         let dir = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
@@ -341,7 +358,8 @@ impl RealEnvoy {
                 (k.clone(), s.seen.len())
             })
             .collect();
-        let response = http1_exchange(port, request).map_err(|e| format!("request to envoy failed: {e}"))?;
+        let response =
+            http1_exchange(port, request).map_err(|e| format!("request to envoy failed: {e}"))?;
         let upstream = self.upstreams.iter().find_map(|(k, s)| {
             let s = s.lock().unwrap_or_else(|e| e.into_inner());
             s.seen.get(before[k]).cloned()

@@ -10,7 +10,11 @@ use wasm_harness::run::{self, RunOptions, Verdict};
 use wasm_harness::{diff, envoy};
 
 #[derive(Parser)]
-#[command(name = "wasm-harness", version, about = "A proxy-wasm host on wasmtime with Envoy's semantics")]
+#[command(
+    name = "wasm-harness",
+    version,
+    about = "A proxy-wasm host on wasmtime with Envoy's semantics"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -57,7 +61,12 @@ fn main() -> ExitCode {
             envoy: with_envoy,
             json,
             bootstrap,
-        } => run_all(&scenarios, &RunOptions { workers, bootstrap }, with_envoy, json),
+        } => run_all(
+            &scenarios,
+            &RunOptions { workers, bootstrap },
+            with_envoy,
+            json,
+        ),
         Command::Validate { bootstrap, workers } => validate(&bootstrap, workers),
     };
     ExitCode::from(code.exit_code() as u8)
@@ -106,7 +115,10 @@ fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {
     let options = ProxyOptions {
         workers: workers.unwrap_or(ProxyOptions::default().workers),
     };
-    match Bootstrap::load(path).map_err(Into::into).and_then(|b| Proxy::new(b, &options)) {
+    match Bootstrap::load(path)
+        .map_err(Into::into)
+        .and_then(|b| Proxy::new(b, &options))
+    {
         Ok(proxy) => {
             for line in proxy.logs() {
                 println!("{line}");

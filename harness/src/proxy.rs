@@ -6,7 +6,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::bootstrap::{Bootstrap, BootstrapError, FailurePolicy, Listener, RouteAction, WasmPlugin};
+use crate::bootstrap::{
+    Bootstrap, BootstrapError, FailurePolicy, Listener, RouteAction, WasmPlugin,
+};
 use crate::host::{self, HeaderMap, LocalReply, LogRecord, Shared};
 use crate::http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
 use crate::vm::{LoadedModule, PluginStartError, Runtime, Vm, VmError};
@@ -133,7 +135,13 @@ impl Proxy {
                             self.shared.clone(),
                             worker,
                             p,
-                            Arc::new(self.bootstrap.clusters.iter().map(|c| c.name.clone()).collect()),
+                            Arc::new(
+                                self.bootstrap
+                                    .clusters
+                                    .iter()
+                                    .map(|c| c.name.clone())
+                                    .collect(),
+                            ),
                         )?;
                         vms.push(vm);
                         keys.push(key);
@@ -165,7 +173,11 @@ impl Proxy {
     }
 
     pub fn log_len(&self) -> usize {
-        self.shared.log.lock().unwrap_or_else(|e| e.into_inner()).len()
+        self.shared
+            .log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .len()
     }
 
     /// Sends one request to a listener. Without `worker`, requests go round-robin.
@@ -286,7 +298,9 @@ impl HttpStream<'_> {
             return self.fail_stream(i);
         }
         let vm = &mut self.worker.vms[vm];
-        let s = vm.http_state(ctx).expect("stream context exists while the stream runs");
+        let s = vm
+            .http_state(ctx)
+            .expect("stream context exists while the stream runs");
         if let Some(reply) = s.local_reply.take() {
             s.stop_forced = false;
             return Step::Stop(StopReason::LocalReply(
@@ -297,7 +311,8 @@ impl HttpStream<'_> {
                 reply,
             ));
         }
-        let resumed = std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
+        let resumed =
+            std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
         match result {
             // 0 Continue; 2 ContinueAndEndStream, which Envoy's converter treats as Continue.
             None | Some(0) | Some(2) => Step::Continue,
@@ -333,7 +348,10 @@ impl HttpStream<'_> {
         ];
         headers.extend(request.headers.iter().cloned());
         if !request.body.is_empty() && host::headers::get(&headers, "content-length").is_none() {
-            headers.push(("content-length".into(), request.body.len().to_string().into_bytes()));
+            headers.push((
+                "content-length".into(),
+                request.body.len().to_string().into_bytes(),
+            ));
         }
         host::headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
         if host::headers::get(&headers, "x-request-id").is_none() {
@@ -365,7 +383,8 @@ impl HttpStream<'_> {
             if !body.is_empty() {
                 for i in 0..n {
                     let len = body.len();
-                    let unplaced = self.put(i, std::mem::take(&mut body), |s, b| s.request_body = b);
+                    let unplaced =
+                        self.put(i, std::mem::take(&mut body), |s, b| s.request_body = b);
                     let step = self.callback(i, "on_http_request_body", &mut |vm, ctx| {
                         vm.on_request_body(ctx, len, true)
                     });
@@ -391,9 +410,21 @@ impl HttpStream<'_> {
                 (local_reply_response(&reply), i)
             }
             None => {
-                let authority = String::from_utf8_lossy(host::headers::get(&headers, ":authority").unwrap_or_default()).into_owned();
-                let path = String::from_utf8_lossy(host::headers::get(&headers, ":path").unwrap_or_default()).into_owned();
-                let resp = match self.listener.http.routes.route(&authority, &path).map(|r| r.action.clone()) {
+                let authority = String::from_utf8_lossy(
+                    host::headers::get(&headers, ":authority").unwrap_or_default(),
+                )
+                .into_owned();
+                let path = String::from_utf8_lossy(
+                    host::headers::get(&headers, ":path").unwrap_or_default(),
+                )
+                .into_owned();
+                let resp = match self
+                    .listener
+                    .http
+                    .routes
+                    .route(&authority, &path)
+                    .map(|r| r.action.clone())
+                {
                     None => {
                         exchange.local_reply = Some(LocalReplySource::NoRoute);
                         plain_response(404, Vec::new())
@@ -402,13 +433,23 @@ impl HttpStream<'_> {
                         exchange.local_reply = Some(LocalReplySource::DirectResponse);
                         plain_response(status, body)
                     }
-                    Some(RouteAction::Cluster(cluster)) if bootstrap.cluster(&cluster).is_none() => {
+                    Some(RouteAction::Cluster(cluster))
+                        if bootstrap.cluster(&cluster).is_none() =>
+                    {
                         exchange.local_reply = Some(LocalReplySource::NoCluster { cluster });
                         plain_response(503, Vec::new())
                     }
                     Some(RouteAction::Cluster(cluster)) => {
-                        host::headers::replace(&mut headers, "x-envoy-expected-rq-timeout-ms", b"15000".to_vec());
-                        let seen = SeenRequest { cluster, headers: headers.clone(), body: body.clone() };
+                        host::headers::replace(
+                            &mut headers,
+                            "x-envoy-expected-rq-timeout-ms",
+                            b"15000".to_vec(),
+                        );
+                        let seen = SeenRequest {
+                            cluster,
+                            headers: headers.clone(),
+                            body: body.clone(),
+                        };
                         let reply = upstream(&seen);
                         exchange.upstream = Some(seen);
                         upstream_response(reply)
@@ -443,8 +484,9 @@ impl HttpStream<'_> {
                 }
                 if !response.body.is_empty() {
                     let len = response.body.len();
-                    let unplaced =
-                        self.put(idx, std::mem::take(&mut response.body), |s, b| s.response_body = b);
+                    let unplaced = self.put(idx, std::mem::take(&mut response.body), |s, b| {
+                        s.response_body = b
+                    });
                     let step = self.callback(idx, "on_http_response_body", &mut |vm, ctx| {
                         vm.on_response_body(ctx, len, true)
                     });
@@ -500,7 +542,11 @@ impl HttpStream<'_> {
         }
     }
 
-    fn take<T>(&mut self, i: usize, f: impl FnOnce(&mut host::HttpStreamState) -> Option<T>) -> Option<T> {
+    fn take<T>(
+        &mut self,
+        i: usize,
+        f: impl FnOnce(&mut host::HttpStreamState) -> Option<T>,
+    ) -> Option<T> {
         let (vm, ctx) = self.contexts[i]?;
         self.worker.vms[vm].http_state(ctx).and_then(f)
     }
@@ -519,7 +565,11 @@ fn plain_response(status: u16, body: Vec<u8>) -> Response {
         headers.push(("content-length".into(), body.len().to_string().into_bytes()));
         headers.push(("content-type".into(), b"text/plain".to_vec()));
     }
-    Response { status, headers, body }
+    Response {
+        status,
+        headers,
+        body,
+    }
 }
 
 /// Envoy's `sendLocalReply`: `:status`, the plugin's headers, then length and type.
@@ -529,12 +579,20 @@ fn local_reply_response(reply: &LocalReply) -> Response {
         host::headers::add(&mut headers, k, v.clone());
     }
     if !reply.body.is_empty() {
-        host::headers::replace(&mut headers, "content-length", reply.body.len().to_string().into_bytes());
+        host::headers::replace(
+            &mut headers,
+            "content-length",
+            reply.body.len().to_string().into_bytes(),
+        );
         if host::headers::get(&headers, "content-type").is_none() {
             headers.push(("content-type".into(), b"text/plain".to_vec()));
         }
     }
-    Response { status: reply.status, headers, body: reply.body.clone() }
+    Response {
+        status: reply.status,
+        headers,
+        body: reply.body.clone(),
+    }
 }
 
 fn upstream_response(reply: UpstreamReply) -> Response {
@@ -543,11 +601,18 @@ fn upstream_response(reply: UpstreamReply) -> Response {
         host::headers::add(&mut headers, &k, v);
     }
     if host::headers::get(&headers, "content-length").is_none() {
-        headers.push(("content-length".into(), reply.body.len().to_string().into_bytes()));
+        headers.push((
+            "content-length".into(),
+            reply.body.len().to_string().into_bytes(),
+        ));
     }
     // The router stamps upstream responses before the filters see them.
     host::headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
-    Response { status: reply.status, headers, body: reply.body }
+    Response {
+        status: reply.status,
+        headers,
+        body: reply.body,
+    }
 }
 
 /// What the connection manager does after the filters, on the way to the client.

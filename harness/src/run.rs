@@ -101,7 +101,10 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
             &case.to_request(),
             &mut |_| reply.clone(),
         );
-        let logs: Vec<String> = proxy.logs()[before..].iter().map(ToString::to_string).collect();
+        let logs: Vec<String> = proxy.logs()[before..]
+            .iter()
+            .map(ToString::to_string)
+            .collect();
         let (failures, exchange) = match result {
             Ok(ex) => (scenario::check(&case.expect, &ex, &logs), Some(ex)),
             Err(e) => (vec![e], None),
@@ -129,12 +132,21 @@ impl std::fmt::Display for ScenarioReport {
             writeln!(f, "  {line}")?;
         }
         for case in &self.cases {
-            let mark = if case.failures.is_empty() { "ok  " } else { "FAIL" };
+            let mark = if case.failures.is_empty() {
+                "ok  "
+            } else {
+                "FAIL"
+            };
             let worker = case.exchange.as_ref().map(|e| e.worker).unwrap_or_default();
             writeln!(f, "  {mark} {} (worker {worker})", case.name)?;
             if let Some(ex) = &case.exchange {
                 if let Some(resp) = &ex.response {
-                    writeln!(f, "       response: {} {}", resp.status, summary_body(&resp.body))?;
+                    writeln!(
+                        f,
+                        "       response: {} {}",
+                        resp.status,
+                        summary_body(&resp.body)
+                    )?;
                 }
                 match &ex.upstream {
                     Some(seen) => writeln!(
@@ -158,7 +170,12 @@ impl std::fmt::Display for ScenarioReport {
             }
         }
         let failed = self.cases.iter().filter(|c| !c.failures.is_empty()).count();
-        writeln!(f, "  {} passed, {} failed", self.cases.len() - failed, failed)
+        writeln!(
+            f,
+            "  {} passed, {} failed",
+            self.cases.len() - failed,
+            failed
+        )
     }
 }
 

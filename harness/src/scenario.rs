@@ -298,15 +298,22 @@ fn check_headers(
             .collect();
         if !values.iter().any(|got| got == v) {
             if values.is_empty() {
-                failures.push(format!("{what} header {k:?}: expected {v:?}, but it is missing"));
+                failures.push(format!(
+                    "{what} header {k:?}: expected {v:?}, but it is missing"
+                ));
             } else {
-                failures.push(format!("{what} header {k:?}: expected {v:?}, saw {values:?}"));
+                failures.push(format!(
+                    "{what} header {k:?}: expected {v:?}, saw {values:?}"
+                ));
             }
         }
     }
     for k in absent {
         if let Some(v) = http::header(map, k) {
-            failures.push(format!("{what} header {k:?}: expected absent, saw {:?}", show(v)));
+            failures.push(format!(
+                "{what} header {k:?}: expected absent, saw {:?}",
+                show(v)
+            ));
         }
     }
 }
@@ -319,7 +326,9 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[String]) -> Vec<String> {
         failures.push(format!("the request never completed: {why}"));
         return failures;
     }
-    let must_reach = expect.reached_upstream.or(expect.upstream.as_ref().map(|_| true));
+    let must_reach = expect
+        .reached_upstream
+        .or(expect.upstream.as_ref().map(|_| true));
     match (must_reach, &ex.upstream) {
         (Some(true), None) => failures.push(format!(
             "expected the request to reach the upstream, but it did not (local reply: {:?})",
@@ -332,10 +341,19 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[String]) -> Vec<String> {
         _ => {}
     }
     if let (Some(want), Some(seen)) = (&expect.upstream, &ex.upstream) {
-        check_headers("upstream request", &seen.headers, &want.headers, &want.absent, &mut failures);
+        check_headers(
+            "upstream request",
+            &seen.headers,
+            &want.headers,
+            &want.absent,
+            &mut failures,
+        );
         if let Some(body) = &want.body {
             if seen.body != body.as_bytes() {
-                failures.push(format!("upstream request body: expected {body:?}, saw {:?}", show(&seen.body)));
+                failures.push(format!(
+                    "upstream request body: expected {body:?}, saw {:?}",
+                    show(&seen.body)
+                ));
             }
         }
     }
@@ -345,13 +363,25 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[String]) -> Vec<String> {
             Some(resp) => {
                 if let Some(status) = want.status {
                     if resp.status != status {
-                        failures.push(format!("response status: expected {status}, saw {}", resp.status));
+                        failures.push(format!(
+                            "response status: expected {status}, saw {}",
+                            resp.status
+                        ));
                     }
                 }
-                check_headers("response", &resp.headers, &want.headers, &want.absent, &mut failures);
+                check_headers(
+                    "response",
+                    &resp.headers,
+                    &want.headers,
+                    &want.absent,
+                    &mut failures,
+                );
                 if let Some(body) = &want.body {
                     if resp.body != body.as_bytes() {
-                        failures.push(format!("response body: expected {body:?}, saw {:?}", show(&resp.body)));
+                        failures.push(format!(
+                            "response body: expected {body:?}, saw {:?}",
+                            show(&resp.body)
+                        ));
                     }
                 }
             }
@@ -360,12 +390,18 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[String]) -> Vec<String> {
     if let Some(kind) = expect.local_reply {
         let got = LocalReplyKind::of(ex.local_reply.as_ref());
         if got != kind {
-            failures.push(format!("local reply: expected {kind:?}, saw {got:?} ({:?})", ex.local_reply));
+            failures.push(format!(
+                "local reply: expected {kind:?}, saw {got:?} ({:?})",
+                ex.local_reply
+            ));
         }
     }
     for needle in &expect.logs {
         if !logs.iter().any(|l| l.contains(needle.as_str())) {
-            failures.push(format!("log: expected a line containing {needle:?}, saw {} lines: {logs:?}", logs.len()));
+            failures.push(format!(
+                "log: expected a line containing {needle:?}, saw {} lines: {logs:?}",
+                logs.len()
+            ));
         }
     }
     failures

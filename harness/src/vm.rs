@@ -38,7 +38,9 @@ pub enum VmError {
     Link { path: PathBuf, message: String },
     #[error("Wasm module {path} failed to start: {message}")]
     Start { path: PathBuf, message: String },
-    #[error("Wasm module {path} is missing malloc function (export malloc or proxy_on_memory_allocate)")]
+    #[error(
+        "Wasm module {path} is missing malloc function (export malloc or proxy_on_memory_allocate)"
+    )]
     NoAllocator { path: PathBuf },
 }
 
@@ -176,7 +178,6 @@ pub struct Vm {
     pub failed: Option<String>,
 }
 
-
 impl Vm {
     /// Instantiates the module and runs its start functions the way cpp-host does
     /// (`_initialize`, then `main(0, 0)` or `__main_void`; `_start` only without `_initialize`).
@@ -203,7 +204,9 @@ impl Vm {
         let memory = instance.get_memory(&mut store, "memory");
         let allocator = instance
             .get_typed_func::<i32, i32>(&mut store, "malloc")
-            .or_else(|_| instance.get_typed_func::<i32, i32>(&mut store, "proxy_on_memory_allocate"))
+            .or_else(|_| {
+                instance.get_typed_func::<i32, i32>(&mut store, "proxy_on_memory_allocate")
+            })
             .map_err(|_| VmError::NoAllocator {
                 path: module.path.clone(),
             })?;
@@ -350,12 +353,22 @@ impl Vm {
             return self.call("proxy_on_request_headers", f, ctx, (ctx as i32, n as i32));
         }
         let f = self.exports.on_request_headers.clone();
-        self.call("proxy_on_request_headers", f, ctx, (ctx as i32, n as i32, eos as i32))
+        self.call(
+            "proxy_on_request_headers",
+            f,
+            ctx,
+            (ctx as i32, n as i32, eos as i32),
+        )
     }
 
     pub fn on_request_body(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
         let f = self.exports.on_request_body.clone();
-        self.call("proxy_on_request_body", f, ctx, (ctx as i32, size as i32, eos as i32))
+        self.call(
+            "proxy_on_request_body",
+            f,
+            ctx,
+            (ctx as i32, size as i32, eos as i32),
+        )
     }
 
     pub fn on_response_headers(&mut self, ctx: u32, n: usize, eos: bool) -> Option<i32> {
@@ -364,12 +377,22 @@ impl Vm {
             return self.call("proxy_on_response_headers", f, ctx, (ctx as i32, n as i32));
         }
         let f = self.exports.on_response_headers.clone();
-        self.call("proxy_on_response_headers", f, ctx, (ctx as i32, n as i32, eos as i32))
+        self.call(
+            "proxy_on_response_headers",
+            f,
+            ctx,
+            (ctx as i32, n as i32, eos as i32),
+        )
     }
 
     pub fn on_response_body(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
         let f = self.exports.on_response_body.clone();
-        self.call("proxy_on_response_body", f, ctx, (ctx as i32, size as i32, eos as i32))
+        self.call(
+            "proxy_on_response_body",
+            f,
+            ctx,
+            (ctx as i32, size as i32, eos as i32),
+        )
     }
 
     /// Envoy's stream end for HTTP: `on_log`, `on_done`, `on_delete`, then the context is gone.
@@ -406,6 +429,8 @@ fn describe_trap(e: &wasmtime::Error) -> String {
 
 impl HostState {
     pub fn default_limits() -> StoreLimits {
-        StoreLimitsBuilder::new().memory_size(MAX_MEMORY_BYTES).build()
+        StoreLimitsBuilder::new()
+            .memory_size(MAX_MEMORY_BYTES)
+            .build()
     }
 }

@@ -16,7 +16,11 @@ fn backoff(attempt: u32) -> Duration {
     Duration::from_millis(100u64 << attempt.min(4))
 }
 
-pub async fn fetch(url: &url::Url, staging: &mut Staging, settings: &Settings) -> Result<(), FetchError> {
+pub async fn fetch(
+    url: &url::Url,
+    staging: &mut Staging,
+    settings: &Settings,
+) -> Result<(), FetchError> {
     let client = reqwest::Client::builder()
         .timeout(settings.http_timeout)
         .build()
@@ -75,7 +79,10 @@ fn classify(e: reqwest::Error, settings: &Settings) -> FetchError {
             message.push_str(&s.to_string());
             source = s.source();
         }
-        FetchError::Network { attempts: 1, message }
+        FetchError::Network {
+            attempts: 1,
+            message,
+        }
     }
 }
 
@@ -117,7 +124,9 @@ async fn attempt_once(
             Err(e) => {
                 let got = staging.size();
                 return Err(Attempt::Retry(match expected {
-                    Some(exp) if got < exp && !e.is_timeout() => FetchError::Truncated { got, expected: exp },
+                    Some(exp) if got < exp && !e.is_timeout() => {
+                        FetchError::Truncated { got, expected: exp }
+                    }
                     _ => classify(e, settings),
                 }));
             }

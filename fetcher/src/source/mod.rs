@@ -8,7 +8,11 @@ use crate::error::FetchError;
 use crate::settings::Settings;
 
 /// Streams the resource at `url` into `staging`.
-pub async fn fetch(url: &url::Url, staging: &mut Staging, settings: &Settings) -> Result<(), FetchError> {
+pub async fn fetch(
+    url: &url::Url,
+    staging: &mut Staging,
+    settings: &Settings,
+) -> Result<(), FetchError> {
     match url.scheme() {
         "file" => file::fetch(url, staging).await,
         "http" | "https" => http::fetch(url, staging, settings).await,

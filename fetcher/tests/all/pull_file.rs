@@ -19,7 +19,10 @@ fn pulls_a_file_into_the_cache_with_mode_0644() {
     assert!(path.is_absolute());
     assert!(path.starts_with(&cache));
     assert_eq!(std::fs::read(&path).unwrap(), bytes);
-    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o644);
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o644
+    );
     assert!(path.to_string_lossy().ends_with(&format!("{sha}.wasm")));
 }
 
@@ -39,7 +42,10 @@ fn a_pinned_module_in_the_cache_is_served_without_reading_the_source() {
     assert_eq!(second.status.code(), Some(0), "{}", stderr(&second));
     let v: serde_json::Value = serde_json::from_slice(&second.stdout).unwrap();
     assert_eq!(v["from_cache"], true);
-    assert_eq!(v["path"].as_str().unwrap(), stdout_path(&first).to_str().unwrap());
+    assert_eq!(
+        v["path"].as_str().unwrap(),
+        stdout_path(&first).to_str().unwrap()
+    );
 }
 
 #[test]

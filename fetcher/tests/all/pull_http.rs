@@ -9,7 +9,10 @@ fn pulls_over_http() {
     let bytes = module("http");
     let server = Server::start(vec![("/m.wasm", Behaviour::Ok(bytes.clone()))]);
     let dir = tempfile::tempdir().unwrap();
-    let o = pull(dir.path(), &[&server.url("/m.wasm"), "--sha256", &sha256_hex(&bytes)]);
+    let o = pull(
+        dir.path(),
+        &[&server.url("/m.wasm"), "--sha256", &sha256_hex(&bytes)],
+    );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), bytes);
 }
@@ -20,11 +23,20 @@ fn a_cache_hit_makes_no_request() {
     let server = Server::start(vec![("/m.wasm", Behaviour::Ok(bytes.clone()))]);
     let dir = tempfile::tempdir().unwrap();
     let sha = sha256_hex(&bytes);
-    assert_eq!(pull(dir.path(), &[&server.url("/m.wasm"), "--sha256", &sha]).status.code(), Some(0));
+    assert_eq!(
+        pull(dir.path(), &[&server.url("/m.wasm"), "--sha256", &sha])
+            .status
+            .code(),
+        Some(0)
+    );
     assert_eq!(server.hits("/m.wasm"), 1);
     let o = pull(dir.path(), &[&server.url("/m.wasm"), "--sha256", &sha]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
-    assert_eq!(server.hits("/m.wasm"), 1, "the second pull must not touch the network");
+    assert_eq!(
+        server.hits("/m.wasm"),
+        1,
+        "the second pull must not touch the network"
+    );
 }
 
 #[test]
@@ -39,7 +51,10 @@ fn http_404_fails_without_retry_and_caches_nothing() {
 #[test]
 fn a_503_then_200_succeeds_after_retries() {
     let bytes = module("flaky");
-    let server = Server::start(vec![("/flaky.wasm", Behaviour::FailThenOk(2, bytes.clone()))]);
+    let server = Server::start(vec![(
+        "/flaky.wasm",
+        Behaviour::FailThenOk(2, bytes.clone()),
+    )]);
     let dir = tempfile::tempdir().unwrap();
     let o = pull(dir.path(), &[&server.url("/flaky.wasm")]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -90,7 +105,10 @@ fn a_truncated_body_fails_and_caches_nothing() {
 
 #[test]
 fn a_slow_server_times_out() {
-    let server = Server::start(vec![("/slow.wasm", Behaviour::Slow(Duration::from_secs(3), module("slow")))]);
+    let server = Server::start(vec![(
+        "/slow.wasm",
+        Behaviour::Slow(Duration::from_secs(3), module("slow")),
+    )]);
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/slow.wasm");
     let o = fetcher()
@@ -105,10 +123,18 @@ fn a_slow_server_times_out() {
 
 #[test]
 fn html_instead_of_wasm_fails() {
-    let server = Server::start(vec![("/page.wasm", Behaviour::Ok(b"<html>login</html>".to_vec()))]);
+    let server = Server::start(vec![(
+        "/page.wasm",
+        Behaviour::Ok(b"<html>login</html>".to_vec()),
+    )]);
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/page.wasm");
-    assert_failed(&pull(dir.path(), &[&url]), dir.path(), &url, "not a Wasm module");
+    assert_failed(
+        &pull(dir.path(), &[&url]),
+        dir.path(),
+        &url,
+        "not a Wasm module",
+    );
 }
 
 #[test]
@@ -116,7 +142,10 @@ fn wrong_checksum_over_http_fails() {
     let server = Server::start(vec![("/m.wasm", Behaviour::Ok(module("tampered")))]);
     let dir = tempfile::tempdir().unwrap();
     let url = server.url("/m.wasm");
-    let o = pull(dir.path(), &[&url, "--sha256", &sha256_hex(&module("original"))]);
+    let o = pull(
+        dir.path(),
+        &[&url, "--sha256", &sha256_hex(&module("original"))],
+    );
     assert_failed(&o, dir.path(), &url, "checksum mismatch");
 }
 
@@ -131,5 +160,9 @@ fn a_bad_duration_setting_is_named() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(1));
-    assert!(stderr(&o).contains("WASM_HTTP_REQUEST_TIMEOUT"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("WASM_HTTP_REQUEST_TIMEOUT"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -3,7 +3,10 @@
 use crate::support::*;
 
 fn workspace() -> std::path::PathBuf {
-    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 #[test]
@@ -19,9 +22,15 @@ fn rewrites_the_shipped_bootstrap() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let text = std::fs::read_to_string(&out).unwrap();
-    assert!(text.contains("filename: /cache/modules/sha256/abc.wasm"), "{text}");
+    assert!(
+        text.contains("filename: /cache/modules/sha256/abc.wasm"),
+        "{text}"
+    );
     assert!(!text.contains("wasm_filter.wasm"), "{text}");
-    assert!(text.contains("x-added-by"), "the plugin configuration is kept: {text}");
+    assert!(
+        text.contains("x-added-by"),
+        "the plugin configuration is kept: {text}"
+    );
 }
 
 #[test]

@@ -48,8 +48,12 @@ impl Server {
     pub fn start(routes: Vec<(&str, Behaviour)>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let routes: Arc<HashMap<String, Behaviour>> =
-            Arc::new(routes.into_iter().map(|(p, b)| (p.to_string(), b)).collect());
+        let routes: Arc<HashMap<String, Behaviour>> = Arc::new(
+            routes
+                .into_iter()
+                .map(|(p, b)| (p.to_string(), b))
+                .collect(),
+        );
         let hits = Arc::new(Mutex::new(HashMap::new()));
         let h = hits.clone();
         std::thread::spawn(move || {
@@ -83,7 +87,11 @@ fn serve(conn: TcpStream, routes: &HashMap<String, Behaviour>, hits: &Mutex<Hash
             break;
         }
     }
-    let path = request_line.split_whitespace().nth(1).unwrap_or("/").to_string();
+    let path = request_line
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("/")
+        .to_string();
     let n = {
         let mut h = hits.lock().unwrap();
         let e = h.entry(path.clone()).or_insert(0);
@@ -180,9 +188,20 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
 pub fn assert_failed(o: &Output, cache: &Path, url: &str, words: &str) {
     let err = stderr(o);
     assert_eq!(o.status.code(), Some(1), "stderr: {err}");
-    assert!(err.starts_with(&format!("wasm-fetcher: {url}: ")), "stderr: {err}");
+    assert!(
+        err.starts_with(&format!("wasm-fetcher: {url}: ")),
+        "stderr: {err}"
+    );
     assert!(err.contains(words), "expected {words:?} in: {err}");
-    assert_eq!(err.trim_end().lines().count(), 1, "one line expected: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "one line expected: {err}"
+    );
     assert!(o.stdout.is_empty(), "nothing on stdout on failure");
-    assert_eq!(files_under(cache), Vec::<PathBuf>::new(), "the cache must stay empty");
+    assert_eq!(
+        files_under(cache),
+        Vec::<PathBuf>::new(),
+        "the cache must stay empty"
+    );
 }

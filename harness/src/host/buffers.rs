@@ -49,7 +49,9 @@ fn proxy_get_buffer_bytes(
         let slice = if start >= bytes.len() {
             &[][..]
         } else {
-            let end = start.saturating_add(max_size as u32 as usize).min(bytes.len());
+            let end = start
+                .saturating_add(max_size as u32 as usize)
+                .min(bytes.len());
             &bytes[start..end]
         };
         memory::copy_out(&mut caller, slice, ret_ptr, ret_size)

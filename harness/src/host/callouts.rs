@@ -74,25 +74,65 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         "env",
         "proxy_grpc_call",
-        |mut c: Caller<'_, HostState>, up: i32, ups: i32, s: i32, ss: i32, m: i32, ms: i32, md: i32, mds: i32, msg: i32, msgs: i32, _timeout: i32, _tok: i32| {
-            finish(memory::read(&c, msg, msgs).map_err(Into::into).and_then(|_| grpc_open(&mut c, up, ups, (s, ss), (m, ms), (md, mds))))
+        |mut c: Caller<'_, HostState>,
+         up: i32,
+         ups: i32,
+         s: i32,
+         ss: i32,
+         m: i32,
+         ms: i32,
+         md: i32,
+         mds: i32,
+         msg: i32,
+         msgs: i32,
+         _timeout: i32,
+         _tok: i32| {
+            finish(
+                memory::read(&c, msg, msgs)
+                    .and_then(|_| grpc_open(&mut c, up, ups, (s, ss), (m, ms), (md, mds))),
+            )
         },
     )?;
     linker.func_wrap(
         "env",
         "proxy_grpc_stream",
-        |mut c: Caller<'_, HostState>, up: i32, ups: i32, s: i32, ss: i32, m: i32, ms: i32, md: i32, mds: i32, _tok: i32| {
-            finish(grpc_open(&mut c, up, ups, (s, ss), (m, ms), (md, mds)))
-        },
+        |mut c: Caller<'_, HostState>,
+         up: i32,
+         ups: i32,
+         s: i32,
+         ss: i32,
+         m: i32,
+         ms: i32,
+         md: i32,
+         mds: i32,
+         _tok: i32| { finish(grpc_open(&mut c, up, ups, (s, ss), (m, ms), (md, mds))) },
     )?;
     // No callout is ever open, so every token is unknown.
-    linker.func_wrap("env", "proxy_grpc_send", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32| Status::NotFound.code())?;
-    linker.func_wrap("env", "proxy_grpc_cancel", |_: Caller<'_, HostState>, _: i32| Status::NotFound.code())?;
-    linker.func_wrap("env", "proxy_grpc_close", |_: Caller<'_, HostState>, _: i32| Status::NotFound.code())?;
+    linker.func_wrap(
+        "env",
+        "proxy_grpc_send",
+        |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32| Status::NotFound.code(),
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_grpc_cancel",
+        |_: Caller<'_, HostState>, _: i32| Status::NotFound.code(),
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_grpc_close",
+        |_: Caller<'_, HostState>, _: i32| Status::NotFound.code(),
+    )?;
     linker.func_wrap(
         "env",
         "proxy_call_foreign_function",
-        |c: Caller<'_, HostState>, name: i32, name_size: i32, args: i32, args_size: i32, _ret: i32, _ret_size: i32| {
+        |c: Caller<'_, HostState>,
+         name: i32,
+         name_size: i32,
+         args: i32,
+         args_size: i32,
+         _ret: i32,
+         _ret_size: i32| {
             finish((|| {
                 memory::read(&c, name, name_size)?;
                 memory::read(&c, args, args_size)?;

@@ -153,7 +153,14 @@ fn proxy_add_header_map_value(
     value_ptr: i32,
     value_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish(edit(&mut caller, ty, key_ptr, key_size, Some((value_ptr, value_size)), add))
+    finish(edit(
+        &mut caller,
+        ty,
+        key_ptr,
+        key_size,
+        Some((value_ptr, value_size)),
+        add,
+    ))
 }
 
 fn proxy_replace_header_map_value(
@@ -164,7 +171,14 @@ fn proxy_replace_header_map_value(
     value_ptr: i32,
     value_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish(edit(&mut caller, ty, key_ptr, key_size, Some((value_ptr, value_size)), replace))
+    finish(edit(
+        &mut caller,
+        ty,
+        key_ptr,
+        key_size,
+        Some((value_ptr, value_size)),
+        replace,
+    ))
 }
 
 fn proxy_remove_header_map_value(
@@ -173,7 +187,9 @@ fn proxy_remove_header_map_value(
     key_ptr: i32,
     key_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish(edit(&mut caller, ty, key_ptr, key_size, None, |m, k, _| remove(m, k)))
+    finish(edit(&mut caller, ty, key_ptr, key_size, None, |m, k, _| {
+        remove(m, k)
+    }))
 }
 
 /// Envoy answers with `HeaderMap::byteSize()` (keys plus values), not the serialized size.
@@ -203,10 +219,26 @@ fn proxy_get_header_map_size(
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    linker.func_wrap("env", "proxy_get_header_map_pairs", proxy_get_header_map_pairs)?;
-    linker.func_wrap("env", "proxy_set_header_map_pairs", proxy_set_header_map_pairs)?;
-    linker.func_wrap("env", "proxy_get_header_map_value", proxy_get_header_map_value)?;
-    linker.func_wrap("env", "proxy_add_header_map_value", proxy_add_header_map_value)?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_header_map_pairs",
+        proxy_get_header_map_pairs,
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_set_header_map_pairs",
+        proxy_set_header_map_pairs,
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_header_map_value",
+        proxy_get_header_map_value,
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_add_header_map_value",
+        proxy_add_header_map_value,
+    )?;
     linker.func_wrap(
         "env",
         "proxy_replace_header_map_value",
@@ -217,7 +249,11 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "proxy_remove_header_map_value",
         proxy_remove_header_map_value,
     )?;
-    linker.func_wrap("env", "proxy_get_header_map_size", proxy_get_header_map_size)?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_header_map_size",
+        proxy_get_header_map_size,
+    )?;
     Ok(())
 }
 

@@ -54,10 +54,20 @@ pub fn record(state: &HostState, level: LogLevel, message: String) {
         message,
     };
     tracing::debug!(target: "wasm", "{rec}");
-    state.shared.log.lock().unwrap_or_else(|e| e.into_inner()).push(rec);
+    state
+        .shared
+        .log
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(rec);
 }
 
-fn proxy_log(caller: Caller<'_, HostState>, level: i32, ptr: i32, len: i32) -> wasmtime::Result<i32> {
+fn proxy_log(
+    caller: Caller<'_, HostState>,
+    level: i32,
+    ptr: i32,
+    len: i32,
+) -> wasmtime::Result<i32> {
     finish((|| {
         let level = LogLevel::from_raw(level).ok_or(Status::BadArgument)?;
         let msg = memory::read_string(&caller, ptr, len)?;

@@ -97,17 +97,39 @@ fn proxy_define_metric(
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap("env", "proxy_define_metric", proxy_define_metric)?;
-    linker.func_wrap("env", "proxy_increment_metric", |mut c: Caller<'_, HostState>, id: i32, delta: i64| {
-        finish(c.data_mut().metrics.increment(id as u32, delta).map_err(Into::into))
-    })?;
-    linker.func_wrap("env", "proxy_record_metric", |mut c: Caller<'_, HostState>, id: i32, value: i64| {
-        finish(c.data_mut().metrics.record(id as u32, value as u64).map_err(Into::into))
-    })?;
-    linker.func_wrap("env", "proxy_get_metric", |mut c: Caller<'_, HostState>, id: i32, ret: i32| {
-        finish((|| {
-            let v = c.data().metrics.get(id as u32)?;
-            memory::write_u64(&mut c, ret, v)
-        })())
-    })?;
+    linker.func_wrap(
+        "env",
+        "proxy_increment_metric",
+        |mut c: Caller<'_, HostState>, id: i32, delta: i64| {
+            finish(
+                c.data_mut()
+                    .metrics
+                    .increment(id as u32, delta)
+                    .map_err(Into::into),
+            )
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_record_metric",
+        |mut c: Caller<'_, HostState>, id: i32, value: i64| {
+            finish(
+                c.data_mut()
+                    .metrics
+                    .record(id as u32, value as u64)
+                    .map_err(Into::into),
+            )
+        },
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_get_metric",
+        |mut c: Caller<'_, HostState>, id: i32, ret: i32| {
+            finish((|| {
+                let v = c.data().metrics.get(id as u32)?;
+                memory::write_u64(&mut c, ret, v)
+            })())
+        },
+    )?;
     Ok(())
 }

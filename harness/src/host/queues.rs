@@ -162,9 +162,25 @@ fn proxy_dequeue_shared_queue(
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
-    linker.func_wrap("env", "proxy_register_shared_queue", proxy_register_shared_queue)?;
-    linker.func_wrap("env", "proxy_resolve_shared_queue", proxy_resolve_shared_queue)?;
-    linker.func_wrap("env", "proxy_enqueue_shared_queue", proxy_enqueue_shared_queue)?;
-    linker.func_wrap("env", "proxy_dequeue_shared_queue", proxy_dequeue_shared_queue)?;
+    linker.func_wrap(
+        "env",
+        "proxy_register_shared_queue",
+        proxy_register_shared_queue,
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_resolve_shared_queue",
+        proxy_resolve_shared_queue,
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_enqueue_shared_queue",
+        proxy_enqueue_shared_queue,
+    )?;
+    linker.func_wrap(
+        "env",
+        "proxy_dequeue_shared_queue",
+        proxy_dequeue_shared_queue,
+    )?;
     Ok(())
 }

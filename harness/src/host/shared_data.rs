@@ -36,7 +36,11 @@ impl SharedData {
     }
 
     pub fn set(&mut self, vm_id: &str, key: &str, value: Vec<u8>, cas: u32) -> Result<(), Status> {
-        let exists = self.by_vm.get(vm_id).and_then(|m| m.get(key)).map(|(_, c)| *c);
+        let exists = self
+            .by_vm
+            .get(vm_id)
+            .and_then(|m| m.get(key))
+            .map(|(_, c)| *c);
         if let Some(current) = exists {
             if cas != 0 && cas != current {
                 return Err(Status::CasMismatch);
@@ -134,7 +138,10 @@ mod tests {
         d.set("vm", "k", b"a".to_vec(), 42).unwrap(); // missing key: written whatever the cas
         let (_, c1) = d.get("vm", "k").unwrap();
         assert_eq!(c1, 1);
-        assert_eq!(d.set("vm", "k", b"b".to_vec(), c1 + 7), Err(Status::CasMismatch));
+        assert_eq!(
+            d.set("vm", "k", b"b".to_vec(), c1 + 7),
+            Err(Status::CasMismatch)
+        );
         d.set("vm", "k", b"b".to_vec(), c1).unwrap();
         assert_eq!(d.get("vm", "k").unwrap(), (b"b".to_vec(), 2));
         d.set("vm", "k", b"c".to_vec(), 0).unwrap(); // 0: unconditional

@@ -38,7 +38,9 @@ fn proxy_send_local_response(
                     .collect(),
                 body,
                 headers,
-                grpc_status: (0..=16).contains(&grpc_status).then_some(grpc_status as u32),
+                grpc_status: (0..=16)
+                    .contains(&grpc_status)
+                    .then_some(grpc_status as u32),
             });
         }
         Ok(())
@@ -128,13 +130,21 @@ fn proxy_get_status(
 
 pub fn add_to_linker(linker: &mut wasmtime::Linker<HostState>) -> wasmtime::Result<()> {
     let l: &mut Linker<HostState> = linker;
-    l.func_wrap("env", "proxy_send_local_response", proxy_send_local_response)?;
+    l.func_wrap(
+        "env",
+        "proxy_send_local_response",
+        proxy_send_local_response,
+    )?;
     l.func_wrap("env", "proxy_continue_stream", proxy_continue_stream)?;
     l.func_wrap("env", "proxy_close_stream", proxy_close_stream)?;
     l.func_wrap("env", "proxy_continue_request", proxy_continue_request)?;
     l.func_wrap("env", "proxy_continue_response", proxy_continue_response)?;
     l.func_wrap("env", "proxy_clear_route_cache", proxy_clear_route_cache)?;
-    l.func_wrap("env", "proxy_set_effective_context", proxy_set_effective_context)?;
+    l.func_wrap(
+        "env",
+        "proxy_set_effective_context",
+        proxy_set_effective_context,
+    )?;
     l.func_wrap("env", "proxy_done", proxy_done)?;
     l.func_wrap("env", "proxy_get_status", proxy_get_status)?;
     Ok(())

@@ -8,16 +8,10 @@ use super::{finish, memory, HostState};
 /// 2026-01-01T00:00:00Z: the wall clock every run starts at.
 pub const START_WALL_NANOS: u64 = 1_767_225_600_000_000_000;
 
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub struct VirtualClock {
     /// Nanoseconds since the harness started; wall time is `START_WALL_NANOS` plus this.
     pub elapsed_nanos: u64,
-}
-
-impl Default for VirtualClock {
-    fn default() -> Self {
-        Self { elapsed_nanos: 0 }
-    }
 }
 
 impl VirtualClock {

@@ -66,13 +66,23 @@ fn write_std(
         text.pop();
     }
     if !text.is_empty() {
-        let level = if fd == 1 { LogLevel::Info } else { LogLevel::Error };
+        let level = if fd == 1 {
+            LogLevel::Info
+        } else {
+            LogLevel::Error
+        };
         logging::record(caller.data(), level, text);
     }
     errno(memory::write_u32(&mut caller, nwritten, bytes.len() as u32))
 }
 
-fn fd_write(c: Caller<'_, HostState>, fd: i32, iovs: i32, n: i32, nw: i32) -> wasmtime::Result<i32> {
+fn fd_write(
+    c: Caller<'_, HostState>,
+    fd: i32,
+    iovs: i32,
+    n: i32,
+    nw: i32,
+) -> wasmtime::Result<i32> {
     write_std(c, fd, iovs, n, nw)
 }
 
@@ -116,12 +126,20 @@ fn fd_readdir(
 }
 
 fn fd_renumber(_c: Caller<'_, HostState>, fd: i32, to: i32) -> wasmtime::Result<i32> {
-    Ok(if is_std(fd) && is_std(to) { NOTSUP } else { BADF })
+    Ok(if is_std(fd) && is_std(to) {
+        NOTSUP
+    } else {
+        BADF
+    })
 }
 
 /// `fd_seek` and `fd_close` log an error in Envoy and report success.
 fn log_unsupported(caller: &Caller<'_, HostState>, what: &str) -> wasmtime::Result<i32> {
-    logging::record(caller.data(), LogLevel::Error, format!("wasi {what} is not supported"));
+    logging::record(
+        caller.data(),
+        LogLevel::Error,
+        format!("wasi {what} is not supported"),
+    );
     Ok(SUCCESS)
 }
 
@@ -133,7 +151,11 @@ fn environ(state: &HostState) -> Vec<Vec<u8>> {
         .collect()
 }
 
-fn environ_sizes_get(mut caller: Caller<'_, HostState>, count: i32, size: i32) -> wasmtime::Result<i32> {
+fn environ_sizes_get(
+    mut caller: Caller<'_, HostState>,
+    count: i32,
+    size: i32,
+) -> wasmtime::Result<i32> {
     let env = environ(caller.data());
     let total: usize = env.iter().map(Vec::len).sum();
     errno(
@@ -155,9 +177,14 @@ fn environ_get(mut caller: Caller<'_, HostState>, array: i32, buf: i32) -> wasmt
     })())
 }
 
-fn args_sizes_get(mut caller: Caller<'_, HostState>, argc: i32, size: i32) -> wasmtime::Result<i32> {
+fn args_sizes_get(
+    mut caller: Caller<'_, HostState>,
+    argc: i32,
+    size: i32,
+) -> wasmtime::Result<i32> {
     errno(
-        memory::write_u32(&mut caller, argc, 0).and_then(|_| memory::write_u32(&mut caller, size, 0)),
+        memory::write_u32(&mut caller, argc, 0)
+            .and_then(|_| memory::write_u32(&mut caller, size, 0)),
     )
 }
 
@@ -215,57 +242,186 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     for m in ["wasi_snapshot_preview1", "wasi_unstable"] {
         linker.func_wrap(m, "fd_write", fd_write)?;
         linker.func_wrap(m, "fd_pwrite", fd_pwrite)?;
-        linker.func_wrap(m, "fd_read", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32| NOSYS)?;
-        linker.func_wrap(m, "fd_pread", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i64, _: i32| NOSYS)?;
-        linker.func_wrap(m, "fd_seek", |c: Caller<'_, HostState>, _: i32, _: i64, _: i32, _: i32| log_unsupported(&c, "fd_seek"))?;
-        linker.func_wrap(m, "fd_close", |c: Caller<'_, HostState>, _: i32| log_unsupported(&c, "fd_close"))?;
+        linker.func_wrap(
+            m,
+            "fd_read",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32| NOSYS,
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_pread",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i64, _: i32| NOSYS,
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_seek",
+            |c: Caller<'_, HostState>, _: i32, _: i64, _: i32, _: i32| {
+                log_unsupported(&c, "fd_seek")
+            },
+        )?;
+        linker.func_wrap(m, "fd_close", |c: Caller<'_, HostState>, _: i32| {
+            log_unsupported(&c, "fd_close")
+        })?;
         linker.func_wrap(m, "fd_fdstat_get", fd_fdstat_get)?;
-        linker.func_wrap(m, "fd_fdstat_set_flags", |_: Caller<'_, HostState>, _: i32, _: i32| NOSYS)?;
-        linker.func_wrap(m, "fd_prestat_get", |_: Caller<'_, HostState>, _: i32, _: i32| BADF)?;
-        linker.func_wrap(m, "fd_prestat_dir_name", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOSYS)?;
-        linker.func_wrap(m, "fd_filestat_get", |_: Caller<'_, HostState>, _: i32, _: i32| BADF)?;
-        linker.func_wrap(m, "fd_advise", |_: Caller<'_, HostState>, _: i32, _: i64, _: i64, _: i32| SUCCESS)?;
+        linker.func_wrap(
+            m,
+            "fd_fdstat_set_flags",
+            |_: Caller<'_, HostState>, _: i32, _: i32| NOSYS,
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_prestat_get",
+            |_: Caller<'_, HostState>, _: i32, _: i32| BADF,
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_prestat_dir_name",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOSYS,
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_filestat_get",
+            |_: Caller<'_, HostState>, _: i32, _: i32| BADF,
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_advise",
+            |_: Caller<'_, HostState>, _: i32, _: i64, _: i64, _: i32| SUCCESS,
+        )?;
         let std_ok = |fd: i32| if is_std(fd) { SUCCESS } else { BADF };
-        linker.func_wrap(m, "fd_allocate", move |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64| std_ok(fd))?;
-        linker.func_wrap(m, "fd_datasync", move |_: Caller<'_, HostState>, fd: i32| std_ok(fd))?;
-        linker.func_wrap(m, "fd_sync", move |_: Caller<'_, HostState>, fd: i32| std_ok(fd))?;
-        linker.func_wrap(m, "fd_fdstat_set_rights", move |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64| std_ok(fd))?;
-        linker.func_wrap(m, "fd_filestat_set_size", move |_: Caller<'_, HostState>, fd: i32, _: i64| std_ok(fd))?;
-        linker.func_wrap(m, "fd_filestat_set_times", move |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64, _: i32| std_ok(fd))?;
+        linker.func_wrap(
+            m,
+            "fd_allocate",
+            move |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64| std_ok(fd),
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_datasync",
+            move |_: Caller<'_, HostState>, fd: i32| std_ok(fd),
+        )?;
+        linker.func_wrap(m, "fd_sync", move |_: Caller<'_, HostState>, fd: i32| {
+            std_ok(fd)
+        })?;
+        linker.func_wrap(
+            m,
+            "fd_fdstat_set_rights",
+            move |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64| std_ok(fd),
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_filestat_set_size",
+            move |_: Caller<'_, HostState>, fd: i32, _: i64| std_ok(fd),
+        )?;
+        linker.func_wrap(
+            m,
+            "fd_filestat_set_times",
+            move |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64, _: i32| std_ok(fd),
+        )?;
         linker.func_wrap(m, "fd_tell", fd_tell)?;
         linker.func_wrap(m, "fd_readdir", fd_readdir)?;
         linker.func_wrap(m, "fd_renumber", fd_renumber)?;
-        linker.func_wrap(m, "path_open", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i64, _: i64, _: i32, _: i32| NOENT)?;
-        linker.func_wrap(m, "path_filestat_get", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "path_create_directory", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "path_filestat_set_times", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i64, _: i64, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "path_link", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "path_readlink", |mut c: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32, ret: i32| {
-            let _ = memory::write_u32(&mut c, ret, 0);
-            NOTSUP
-        })?;
-        linker.func_wrap(m, "path_remove_directory", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "path_rename", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "path_symlink", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "path_unlink_file", |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOTSUP)?;
-        linker.func_wrap(m, "sock_accept", |mut c: Caller<'_, HostState>, _: i32, _: i32, ret: i32| {
-            let _ = memory::write_u32(&mut c, ret, 0);
-            NOTSUP
-        })?;
-        linker.func_wrap(m, "sock_recv", |mut c: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, len: i32, flags: i32| {
-            let _ = memory::write_u32(&mut c, len, 0);
-            let _ = memory::write(&mut c, flags, &[0, 0]);
-            NOTSUP
-        })?;
-        linker.func_wrap(m, "sock_send", |mut c: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, len: i32| {
-            let _ = memory::write_u32(&mut c, len, 0);
-            NOTSUP
-        })?;
-        linker.func_wrap(m, "sock_shutdown", |_: Caller<'_, HostState>, _: i32, _: i32| NOTSUP)?;
+        linker.func_wrap(
+            m,
+            "path_open",
+            |_: Caller<'_, HostState>,
+             _: i32,
+             _: i32,
+             _: i32,
+             _: i32,
+             _: i32,
+             _: i64,
+             _: i64,
+             _: i32,
+             _: i32| NOENT,
+        )?;
+        linker.func_wrap(
+            m,
+            "path_filestat_get",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32| NOTSUP,
+        )?;
+        linker.func_wrap(
+            m,
+            "path_create_directory",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOTSUP,
+        )?;
+        linker.func_wrap(
+            m,
+            "path_filestat_set_times",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i64, _: i64, _: i32| {
+                NOTSUP
+            },
+        )?;
+        linker.func_wrap(
+            m,
+            "path_link",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| {
+                NOTSUP
+            },
+        )?;
+        linker.func_wrap(
+            m,
+            "path_readlink",
+            |mut c: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32, ret: i32| {
+                let _ = memory::write_u32(&mut c, ret, 0);
+                NOTSUP
+            },
+        )?;
+        linker.func_wrap(
+            m,
+            "path_remove_directory",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOTSUP,
+        )?;
+        linker.func_wrap(
+            m,
+            "path_rename",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32, _: i32| NOTSUP,
+        )?;
+        linker.func_wrap(
+            m,
+            "path_symlink",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, _: i32| NOTSUP,
+        )?;
+        linker.func_wrap(
+            m,
+            "path_unlink_file",
+            |_: Caller<'_, HostState>, _: i32, _: i32, _: i32| NOTSUP,
+        )?;
+        linker.func_wrap(
+            m,
+            "sock_accept",
+            |mut c: Caller<'_, HostState>, _: i32, _: i32, ret: i32| {
+                let _ = memory::write_u32(&mut c, ret, 0);
+                NOTSUP
+            },
+        )?;
+        linker.func_wrap(
+            m,
+            "sock_recv",
+            |mut c: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, len: i32, flags: i32| {
+                let _ = memory::write_u32(&mut c, len, 0);
+                let _ = memory::write(&mut c, flags, &[0, 0]);
+                NOTSUP
+            },
+        )?;
+        linker.func_wrap(
+            m,
+            "sock_send",
+            |mut c: Caller<'_, HostState>, _: i32, _: i32, _: i32, _: i32, len: i32| {
+                let _ = memory::write_u32(&mut c, len, 0);
+                NOTSUP
+            },
+        )?;
+        linker.func_wrap(
+            m,
+            "sock_shutdown",
+            |_: Caller<'_, HostState>, _: i32, _: i32| NOTSUP,
+        )?;
         linker.func_wrap(m, "environ_sizes_get", environ_sizes_get)?;
         linker.func_wrap(m, "environ_get", environ_get)?;
         linker.func_wrap(m, "args_sizes_get", args_sizes_get)?;
-        linker.func_wrap(m, "args_get", |_: Caller<'_, HostState>, _: i32, _: i32| SUCCESS)?;
+        linker.func_wrap(m, "args_get", |_: Caller<'_, HostState>, _: i32, _: i32| {
+            SUCCESS
+        })?;
         linker.func_wrap(m, "clock_time_get", clock_time_get)?;
         linker.func_wrap(m, "clock_res_get", clock_res_get)?;
         linker.func_wrap(m, "random_get", random_get)?;
@@ -274,7 +430,15 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         linker.func_wrap(m, "proc_exit", proc_exit)?;
     }
     // Always linked by cpp-host for emscripten-built guests.
-    linker.func_wrap("env", "pthread_equal", |_: Caller<'_, HostState>, a: i32, b: i32| i32::from(a == b))?;
-    linker.func_wrap("env", "emscripten_notify_memory_growth", |_: Caller<'_, HostState>, _: i32| ())?;
+    linker.func_wrap(
+        "env",
+        "pthread_equal",
+        |_: Caller<'_, HostState>, a: i32, b: i32| i32::from(a == b),
+    )?;
+    linker.func_wrap(
+        "env",
+        "emscripten_notify_memory_growth",
+        |_: Caller<'_, HostState>, _: i32| (),
+    )?;
     Ok(())
 }

@@ -1,0 +1,147 @@
+//! Real Envoy: every shipped bootstrap validates, the harness and Envoy agree on the shipped
+//! scenarios, and the build -> pull -> run path of `make run` works end to end.
+
+use std::process::Command;
+
+use wasm_harness::diff;
+use wasm_harness::run::{RunOptions, Verdict};
+
+use crate::support::*;
+
+#[test]
+fn every_shipped_bootstrap_passes_envoy_validate() {
+    filter_wasm();
+    let mut checked = 0;
+    for entry in std::fs::read_dir(root().join("envoy-config")).unwrap() {
+        let path = entry.unwrap().path();
+        if !matches!(
+            path.extension().and_then(|e| e.to_str()),
+            Some("yaml" | "yml" | "json")
+        ) {
+            continue;
+        }
+        if std::fs::read_to_string(&path)
+            .unwrap()
+            .contains("kind: WasmPlugin")
+        {
+            continue; // Istio resources, not Envoy bootstraps
+        }
+        let o = Command::new(envoy())
+            .current_dir(root())
+            .args([
+                "--mode",
+                "validate",
+                "--disable-hot-restart",
+                "-l",
+                "error",
+                "-c",
+            ])
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{} failed envoy --mode validate:\n{}",
+            path.display(),
+            text(&o)
+        );
+        checked += 1;
+    }
+    assert!(checked >= 1);
+}
+
+#[test]
+fn harness_and_envoy_agree_on_the_demo() {
+    filter_wasm();
+    let dir = tempfile::tempdir().unwrap();
+    // Absolute module path: Envoy and the harness resolve relative ones against their cwd.
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
+    let report = diff::run_differential(
+        &envoy(),
+        &root().join("testdata/scenarios/demo.yaml"),
+        &RunOptions {
+            workers: None,
+            bootstrap: Some(b),
+        },
+    );
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 3);
+    for case in &report.cases {
+        assert!(case.differences.is_empty(), "{report}");
+        let seen = case.envoy.as_ref().unwrap();
+        assert!(seen.response.is_some());
+    }
+}
+
+#[test]
+fn a_difference_between_harness_and_envoy_is_reported() {
+    // Take the harness's real exchange, drop a header its upstream saw, and compare with
+    // Envoy's: the differential must name the header only Envoy's upstream saw.
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
+    let report = diff::run_differential(
+        &envoy(),
+        &root().join("testdata/scenarios/demo.yaml"),
+        &RunOptions {
+            workers: Some(1),
+            bootstrap: Some(b),
+        },
+    );
+    let harness_ex = report.harness.cases[0].exchange.clone().unwrap();
+    let mut tampered = harness_ex.clone();
+    tampered
+        .upstream
+        .as_mut()
+        .unwrap()
+        .headers
+        .retain(|(k, _)| k != "x-added-by");
+    let diffs = diff::compare(&tampered, report.cases[0].envoy.as_ref().unwrap());
+    assert!(
+        diffs
+            .iter()
+            .any(|d| d.contains("x-added-by") && d.contains("harness has none")),
+        "{diffs:?}"
+    );
+    assert!(diff::compare(&harness_ex, report.cases[0].envoy.as_ref().unwrap()).is_empty());
+}
+
+#[test]
+fn build_pull_and_run_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = filter_wasm();
+    let sha = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(std::fs::read(&module).unwrap()))
+    };
+    // Pull through the fetcher exactly as `make run` does: file:// with the sha256 pin.
+    let cache = wasm_fetcher::Cache::open(&dir.path().join("cache")).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pulled = rt
+        .block_on(wasm_fetcher::pull(
+            &wasm_fetcher::PullRequest {
+                url: format!("file://{}", module.display()),
+                sha256: Some(wasm_fetcher::Sha256::parse(&sha).unwrap()),
+            },
+            &cache,
+            &wasm_fetcher::Settings::default(),
+        ))
+        .unwrap();
+    assert!(pulled.path.starts_with(dir.path()));
+    let b = bootstrap_variant(dir.path(), &pulled.path, None, |_| {});
+    assert!(std::fs::read_to_string(&b)
+        .unwrap()
+        .contains(pulled.path.to_str().unwrap()));
+    let o = harness(&[
+        "run",
+        "--envoy",
+        "--bootstrap",
+        b.to_str().unwrap(),
+        "testdata/scenarios/demo.yaml",
+    ]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("harness vs real Envoy"), "{}", text(&o));
+    assert!(text(&o).contains("3 passed, 0 failed"), "{}", text(&o));
+}

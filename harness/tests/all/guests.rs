@@ -1,0 +1,86 @@
+//! Small hand-written guests: the failure policy after a trap, a guest that never returns,
+//! and a configuration refused by the canary.
+
+use crate::support::*;
+
+fn run_guest(
+    guest_file: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+    requests: &str,
+) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest(guest_file), None, edit);
+    let s = scenario(dir.path(), &b, requests);
+    harness(&["run", s.to_str().unwrap()])
+}
+
+fn set_plugin_field(
+    key: &'static str,
+    value: serde_json::Value,
+) -> impl FnOnce(&mut serde_json::Value) {
+    move |doc| {
+        doc.pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
+            .unwrap()[key] = value;
+    }
+}
+
+#[test]
+fn a_wat_guest_adds_a_header() {
+    let o = run_guest(
+        "add-header.wat",
+        |_| {},
+        "  - {name: wat, request: {path: /}, expect: {upstream: {headers: {x-wat: '1'}}, logs: [wat guest saw request headers]}}\n",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn a_trap_fails_closed_with_503_then_keeps_failing() {
+    let o = run_guest(
+        "trap.wat",
+        |_| {},
+        "  - {name: first, worker: 0, request: {path: /}, expect: {reached_upstream: false, response: {status: 503}, local_reply: failure_policy}}\n  - {name: again, worker: 0, request: {path: /}, expect: {reached_upstream: false, response: {status: 503}, local_reply: failure_policy}}\n",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("Function: proxy_on_request_headers failed: unreachable"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_trap_under_fail_open_passes_the_request() {
+    let o = run_guest(
+        "trap.wat",
+        set_plugin_field("fail_open", serde_json::json!(true)),
+        "  - {name: open, request: {path: /}, expect: {reached_upstream: true, response: {status: 200}, local_reply: none}}\n",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn an_infinite_loop_is_interrupted() {
+    let o = run_guest(
+        "loop.wat",
+        |_| {},
+        "  - {name: loop, request: {path: /}, expect: {response: {status: 503}, local_reply: failure_policy}}\n",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("interrupted"), "{}", text(&o));
+}
+
+#[test]
+fn a_configure_refusal_is_a_start_failure() {
+    let o = run_guest(
+        "reject-config.wat",
+        |_| {},
+        "  - {name: x, request: {path: /}}\n",
+    );
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("configuration rejected by the canary VM"),
+        "{}",
+        text(&o)
+    );
+}

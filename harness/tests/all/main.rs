@@ -1,0 +1,10 @@
+//! The harness's integration tests: the CLI on scenarios, misbehaving guests, and real Envoy
+//! (validation, differential runs, and the build -> pull -> run path of `make run`).
+//!
+//! They need the filter built (`make filter`) and Envoy installed (`make envoy`); `make test`
+//! does both first.
+
+mod cli;
+mod envoy;
+mod guests;
+mod support;

@@ -1,0 +1,103 @@
+//! Paths to what the build made, and builders for bootstrap and scenario variants.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The project's filter, built by `make filter`.
+pub fn filter_wasm() -> PathBuf {
+    let p = root().join("target/wasm32-wasip1/wasm-release/wasm_filter.wasm");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `make filter` (or `make test`)",
+        p.display()
+    );
+    p
+}
+
+pub fn guest(name: &str) -> PathBuf {
+    root().join("testdata/guests").join(name)
+}
+
+/// Real Envoy: `$ENVOY_BIN`, else the project's `.venv` (`make envoy`).
+pub fn envoy() -> PathBuf {
+    let p = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/envoy"));
+    assert!(
+        p.exists(),
+        "envoy not found at {}: run `make envoy` (or `make test`)",
+        p.display()
+    );
+    p
+}
+
+pub fn shipped_bootstrap() -> Value {
+    let text = std::fs::read_to_string(root().join("envoy-config/bootstrap.yaml")).unwrap();
+    serde_norway::from_str(&text).unwrap()
+}
+
+/// The shipped bootstrap with its Wasm filter pointed at `module` (absolute), and optionally
+/// another plugin configuration or other edits.
+pub fn bootstrap_variant(
+    dir: &Path,
+    module: &Path,
+    config: Option<&str>,
+    edit: impl FnOnce(&mut Value),
+) -> PathBuf {
+    let mut doc = shipped_bootstrap();
+    wasm_fetcher::bootstrap::point_wasm_code_at(&mut doc, module).unwrap();
+    let plugin = doc
+        .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
+        .unwrap();
+    if let Some(c) = config {
+        plugin["configuration"]["value"] = Value::String(c.to_string());
+    }
+    edit(&mut doc);
+    let path = dir.join("bootstrap.yaml");
+    std::fs::write(&path, serde_norway::to_string(&doc).unwrap()).unwrap();
+    path
+}
+
+/// A scenario beside `bootstrap` with these requests (YAML list).
+pub fn scenario(dir: &Path, bootstrap: &Path, requests: &str) -> PathBuf {
+    let path = dir.join("scenario.yaml");
+    std::fs::write(
+        &path,
+        format!("bootstrap: {}\nrequests:\n{requests}", bootstrap.display()),
+    )
+    .unwrap();
+    path
+}
+
+/// Runs `wasm-harness` from the workspace root, as a user would.
+pub fn harness(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wasm-harness"))
+        .current_dir(root())
+        .env("ENVOY_BIN", envoy_if_present())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn envoy_if_present() -> PathBuf {
+    std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/envoy"))
+}
+
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}

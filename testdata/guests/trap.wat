@@ -1,0 +1,12 @@
+;; Traps in proxy_on_request_headers (as a Rust guest does after a panic), to exercise the
+;; failure policy: fail-closed answers 503, fail-open passes the request through.
+(module
+  (memory (export "memory") 1)
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "malloc") (param i32) (result i32) (i32.const 1024))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32)
+    unreachable)
+)
