@@ -65,6 +65,23 @@ impl Cache {
         p.is_file().then_some(p)
     }
 
+    /// An exclusive lock on one source (held until dropped), so concurrent processes pulling
+    /// the same module make one download.
+    pub fn lock_source(&self, url: &str) -> Result<std::fs::File, FetchError> {
+        let dir = self.root.join("locks");
+        std::fs::create_dir_all(&dir).map_err(|e| cache_err(&dir, e))?;
+        let name = hex::encode(Hasher::digest(url.as_bytes()));
+        let path = dir.join(format!("{}.lock", &name[..32]));
+        let f = std::fs::File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| cache_err(&path, e))?;
+        f.lock().map_err(|e| cache_err(&path, e))?;
+        Ok(f)
+    }
+
     /// A temp file to stream a download into.
     pub fn staging(&self, max_size: u64) -> Result<Staging, FetchError> {
         let dir = self.root.join("tmp");
@@ -149,6 +166,15 @@ impl Staging {
 
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    pub fn max_size(&self) -> u64 {
+        self.max_size
+    }
+
+    /// The sha256 of what was written so far.
+    pub fn digest_so_far(&self) -> Sha256 {
+        Sha256(self.hasher.clone().finalize().into())
     }
 
     /// Starts over (a retried HTTP attempt).

@@ -39,6 +39,18 @@ pub enum FetchError {
         value: String,
         reason: String,
     },
+    #[error("unauthorized: registry {registry} refused the credentials (or asked for some); pass --pull-secret with a Docker config JSON that has an entry for {registry}")]
+    Unauthorized { registry: String },
+    #[error("not found: {what}")]
+    NotFound { what: String },
+    #[error("unsupported layout: the image's layers have media types [{}]; accepted: one layer of application/wasm, application/vnd.wasm.content.layer.v1+wasm or application/vnd.module.wasm.content.layer.v1+wasm, Istio's 2-layer artifact, or an image whose last layer is a tar.gz holding plugin.wasm", found.join(", "))]
+    UnsupportedLayout { found: Vec<String> },
+    #[error("not in cache: pull policy Never forbids fetching, and no cached module matches; pre-pull it with `wasm-fetcher pull` and policy IfNotPresent")]
+    NotInCache,
+    #[error("registry error: {message}")]
+    Registry { message: String },
+    #[error("unsupported: {0}")]
+    Unsupported(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

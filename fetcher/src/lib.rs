@@ -6,7 +6,7 @@
 //! use wasm_fetcher::{pull, Cache, PullRequest, Settings};
 //! let cache = Cache::open("/var/cache/wasm".as_ref())?;
 //! let pulled = pull(
-//!     &PullRequest { url: "https://example.com/filter.wasm".into(), sha256: None },
+//!     &PullRequest { url: "https://example.com/filter.wasm".into(), ..Default::default() },
 //!     &cache,
 //!     &Settings::from_env()?,
 //! ).await?;
@@ -14,9 +14,13 @@
 //! # Ok(()) }
 //! ```
 
+pub mod auth;
 pub mod bootstrap;
 pub mod cache;
 pub mod error;
+pub mod index;
+pub mod policy;
+pub mod reference;
 pub mod settings;
 pub mod source;
 pub mod verify;
@@ -25,52 +29,291 @@ use std::path::PathBuf;
 
 pub use cache::Cache;
 pub use error::FetchError;
+pub use policy::PullPolicy;
 pub use settings::Settings;
 pub use verify::Sha256;
 
-#[derive(Debug, Clone)]
+use index::{IndexFile, ModuleEntry, SourceEntry};
+use reference::Source;
+
+#[derive(Debug, Clone, Default)]
 pub struct PullRequest {
     pub url: String,
-    /// The sha256 the module must have (the module's bytes, for file and HTTP sources).
+    /// A pin: for file and HTTP the module's sha256; for OCI the image manifest digest, the
+    /// index digest, or the module's sha256.
     pub sha256: Option<Sha256>,
+    pub policy: Option<PullPolicy>,
+    /// The resource the module is for (an Envoy extension config); defaults to the URL.
+    pub resource: Option<String>,
+    /// Its version: `Always` re-pulls when it changes, and on every pull when absent.
+    pub resource_version: Option<String>,
+    /// `os/arch` to pick from an image index.
+    pub platform: Option<String>,
+    /// Docker config JSON with registry credentials.
+    pub pull_secret: Option<PathBuf>,
+}
+
+/// Which pin a module was matched against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PinMatch {
+    ModuleSha256,
+    ManifestDigest,
+    IndexDigest,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Pulled {
     pub path: PathBuf,
+    pub source: String,
     pub sha256: String,
+    pub manifest_digest: Option<String>,
+    pub pin: Option<PinMatch>,
+    /// No module bytes were downloaded (a tag may still have been checked).
     pub from_cache: bool,
 }
 
-/// Serves a pinned module from the cache when present; otherwise fetches, verifies and stores.
+fn digest_str(s: &Sha256) -> String {
+    format!("sha256:{}", s.hex())
+}
+
+/// What the cache alone can answer, under `policy`.
+fn from_cache(
+    idx: &index::Index,
+    cache: &Cache,
+    req: &PullRequest,
+    source: &Source,
+    policy: PullPolicy,
+    resource: &str,
+) -> Option<Pulled> {
+    let hit = |sha: &str, pin: Option<PinMatch>| -> Option<Pulled> {
+        let path = cache.lookup(&Sha256::parse(sha).ok()?)?;
+        Some(Pulled {
+            path,
+            source: req.url.clone(),
+            sha256: sha.to_string(),
+            manifest_digest: idx.modules.get(sha).and_then(|m| m.manifest_digest.clone()),
+            pin,
+            from_cache: true,
+        })
+    };
+    let by_digest = |d: &str| {
+        idx.modules.iter().find_map(|(sha, m)| {
+            if m.manifest_digest.as_deref() == Some(d) {
+                Some((sha.clone(), PinMatch::ManifestDigest))
+            } else if m.index_digest.as_deref() == Some(d) {
+                Some((sha.clone(), PinMatch::IndexDigest))
+            } else {
+                None
+            }
+        })
+    };
+    for pin in req.sha256.iter().chain(source.pinned_digest().as_ref()) {
+        if let Some(p) = hit(&pin.hex(), Some(PinMatch::ModuleSha256)) {
+            return Some(p);
+        }
+        if let Some((sha, m)) = by_digest(&digest_str(pin)) {
+            return hit(&sha, Some(m));
+        }
+    }
+    if req.sha256.is_some() || source.pinned_digest().is_some() {
+        return None;
+    }
+    let known = idx.sources.get(&req.url)?;
+    match policy {
+        PullPolicy::IfNotPresent | PullPolicy::Never => hit(&known.sha256, None),
+        PullPolicy::Always => {
+            let version = req.resource_version.as_ref()?;
+            (idx.resources.get(resource) == Some(version)).then(|| hit(&known.sha256, None))?
+        }
+    }
+}
+
+/// Resolves the pull policy, serves from the cache when it may, otherwise fetches, verifies,
+/// stores and records the module. A pull never deletes anything.
 pub async fn pull(
     req: &PullRequest,
     cache: &Cache,
     settings: &Settings,
 ) -> Result<Pulled, FetchError> {
-    let url = url::Url::parse(&req.url).map_err(|e| FetchError::BadUrl {
-        reason: e.to_string(),
-    })?;
-    if !matches!(url.scheme(), "file" | "http" | "https") {
-        return Err(FetchError::UnsupportedScheme {
-            scheme: url.scheme().to_string(),
-        });
+    let source = Source::parse(&req.url)?;
+    let pinned = req.sha256.is_some() || source.pinned_digest().is_some();
+    let policy = policy::effective(req.policy, &source, pinned);
+    let resource = req.resource.clone().unwrap_or_else(|| req.url.clone());
+    let index = IndexFile::new(cache.root());
+    if let Some(p) = from_cache(&index.load()?, cache, req, &source, policy, &resource) {
+        return record(&index, req, &resource, p, None);
     }
-    if let Some(sha) = &req.sha256 {
-        if let Some(path) = cache.lookup(sha) {
-            return Ok(Pulled {
-                path,
-                sha256: sha.hex(),
-                from_cache: true,
-            });
+    if policy == PullPolicy::Never {
+        return Err(FetchError::NotInCache);
+    }
+    // One download per source across processes: whoever waited finds it cached.
+    let _lock = cache.lock_source(&req.url)?;
+    if policy != PullPolicy::Always || req.resource_version.is_some() {
+        if let Some(p) = from_cache(&index.load()?, cache, req, &source, policy, &resource) {
+            return record(&index, req, &resource, p, None);
         }
     }
     let mut staging = cache.staging(settings.max_size)?;
-    source::fetch(&url, &mut staging, settings).await?;
+    let (pulled, index_digest) = match &source {
+        Source::File(url) => {
+            source::file::fetch(url, &mut staging).await?;
+            (commit(cache, staging, req, None)?, None)
+        }
+        Source::Http(url) => {
+            source::http::fetch(url, &mut staging, settings).await?;
+            (commit(cache, staging, req, None)?, None)
+        }
+        Source::Oci(r) => {
+            let secret = req.pull_secret.clone().or_else(auth::default_docker_config);
+            let creds = match &secret {
+                Some(p) => auth::from_docker_config(p, &r.registry)?,
+                None => oci_client::secrets::RegistryAuth::Anonymous,
+            };
+            let registry = source::oci::Registry::new(r, creds, settings);
+            let resolved = registry.resolve(r, req.platform.as_deref()).await?;
+            // A pin may name the manifest or the index instead of the module.
+            let digest_pin = req.sha256.as_ref().map(digest_str).and_then(|pin| {
+                if pin == resolved.manifest_digest {
+                    Some(PinMatch::ManifestDigest)
+                } else if Some(&pin) == resolved.index_digest.as_ref() {
+                    Some(PinMatch::IndexDigest)
+                } else {
+                    None
+                }
+            });
+            let url_pin = source.pinned_digest().map(|d| digest_str(&d));
+            if let Some(d) = &url_pin {
+                if *d != resolved.manifest_digest && Some(d) != resolved.index_digest.as_ref() {
+                    return Err(FetchError::ChecksumMismatch {
+                        expected: d.clone(),
+                        actual: resolved.manifest_digest.clone(),
+                    });
+                }
+            }
+            // The tag still points at the manifest we have: no layer download.
+            let idx = index.load()?;
+            let unchanged = idx.modules.iter().find(|(sha, m)| {
+                m.manifest_digest.as_deref() == Some(&resolved.manifest_digest)
+                    && Sha256::parse(sha)
+                        .ok()
+                        .and_then(|s| cache.lookup(&s))
+                        .is_some()
+            });
+            let module_pin = if digest_pin.is_some() {
+                None
+            } else {
+                req.sha256
+            };
+            match unchanged {
+                Some((sha, _)) if module_pin.is_none_or(|p| p.hex() == *sha) => {
+                    let sha = Sha256::parse(sha).map_err(|e| FetchError::Cache {
+                        path: cache.root().to_path_buf(),
+                        message: e,
+                    })?;
+                    (
+                        Pulled {
+                            path: cache.module_path(&sha),
+                            source: req.url.clone(),
+                            sha256: sha.hex(),
+                            manifest_digest: Some(resolved.manifest_digest.clone()),
+                            pin: digest_pin.or(module_pin.map(|_| PinMatch::ModuleSha256)),
+                            from_cache: true,
+                        },
+                        resolved.index_digest.clone(),
+                    )
+                }
+                _ => {
+                    registry
+                        .download(&resolved, &mut staging, settings.max_size)
+                        .await?;
+                    let (path, sha) = cache.commit(staging, module_pin.as_ref())?;
+                    let pin = digest_pin
+                        .or(module_pin.map(|_| PinMatch::ModuleSha256))
+                        .or(url_pin.map(|d| {
+                            if Some(&d) == resolved.index_digest.as_ref() {
+                                PinMatch::IndexDigest
+                            } else {
+                                PinMatch::ManifestDigest
+                            }
+                        }));
+                    (
+                        Pulled {
+                            path,
+                            source: req.url.clone(),
+                            sha256: sha.hex(),
+                            manifest_digest: Some(resolved.manifest_digest.clone()),
+                            pin,
+                            from_cache: false,
+                        },
+                        resolved.index_digest.clone(),
+                    )
+                }
+            }
+        }
+    };
+    record(&index, req, &resource, pulled, index_digest)
+}
+
+fn commit(
+    cache: &Cache,
+    staging: cache::Staging,
+    req: &PullRequest,
+    manifest_digest: Option<String>,
+) -> Result<Pulled, FetchError> {
     let (path, sha) = cache.commit(staging, req.sha256.as_ref())?;
     Ok(Pulled {
         path,
+        source: req.url.clone(),
         sha256: sha.hex(),
+        manifest_digest,
+        pin: req.sha256.map(|_| PinMatch::ModuleSha256),
         from_cache: false,
     })
+}
+
+/// Records a successful pull: the module's use, what the source resolved to, and (only now,
+/// after success) the resource version.
+fn record(
+    index: &IndexFile,
+    req: &PullRequest,
+    resource: &str,
+    pulled: Pulled,
+    index_digest: Option<String>,
+) -> Result<Pulled, FetchError> {
+    let now = index::now();
+    let size = std::fs::metadata(&pulled.path)
+        .map(|m| m.len())
+        .unwrap_or_default();
+    index.update(|idx| {
+        let entry = idx
+            .modules
+            .entry(pulled.sha256.clone())
+            .or_insert_with(|| ModuleEntry {
+                source: req.url.clone(),
+                manifest_digest: pulled.manifest_digest.clone(),
+                index_digest: index_digest.clone(),
+                size,
+                pulled_at: now,
+                last_used: now,
+            });
+        entry.last_used = now;
+        if pulled.manifest_digest.is_some() {
+            entry.manifest_digest = pulled.manifest_digest.clone();
+        }
+        if index_digest.is_some() {
+            entry.index_digest = index_digest.clone();
+        }
+        idx.sources.insert(
+            req.url.clone(),
+            SourceEntry {
+                sha256: pulled.sha256.clone(),
+                manifest_digest: pulled.manifest_digest.clone(),
+            },
+        );
+        if let Some(v) = &req.resource_version {
+            idx.resources.insert(resource.to_string(), v.clone());
+        }
+    })?;
+    Ok(pulled)
 }

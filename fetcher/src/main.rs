@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use wasm_fetcher::{bootstrap, pull, Cache, PullRequest, Settings, Sha256};
+use wasm_fetcher::{bootstrap, pull, settings, Cache, PullPolicy, PullRequest, Settings, Sha256};
 
 #[derive(Parser)]
 #[command(
@@ -30,7 +30,28 @@ enum Command {
         /// Cache directory [default: $WASM_CACHE_DIR, else ~/.cache/wasm-fetcher].
         #[arg(long)]
         cache_dir: Option<PathBuf>,
-        /// Print a JSON object (path, sha256, from_cache) instead of the path.
+        /// IfNotPresent | Always | Never [default: IfNotPresent; Always for an OCI `latest` or untagged reference; a pin makes it IfNotPresent].
+        #[arg(long, value_enum)]
+        pull_policy: Option<PullPolicy>,
+        /// The resource the module is for [default: the URL].
+        #[arg(long)]
+        resource: Option<String>,
+        /// The resource's version: with Always, the source is checked again only when it changes.
+        #[arg(long)]
+        resource_version: Option<String>,
+        /// Docker config JSON with registry credentials (a decoded .dockerconfigjson).
+        #[arg(long)]
+        pull_secret: Option<PathBuf>,
+        /// Image index platform, os/arch (e.g. wasip1/wasm, linux/amd64).
+        #[arg(long)]
+        platform: Option<String>,
+        /// Bound on the whole pull, Go duration syntax.
+        #[arg(long, default_value = "30s", value_parser = settings::parse_duration)]
+        timeout: std::time::Duration,
+        /// Extra trusted CA certificates (PEM) for HTTPS sources and registries.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// Print a JSON object (path, source, sha256, manifest_digest, pin, from_cache).
         #[arg(long)]
         json: bool,
     },
@@ -56,9 +77,25 @@ fn main() -> ExitCode {
             url,
             sha256,
             cache_dir,
+            pull_policy,
+            resource,
+            resource_version,
+            pull_secret,
+            platform,
+            timeout,
+            ca_file,
             json,
         } => {
-            let result = run_pull(&url, sha256, cache_dir, json);
+            let req = PullRequest {
+                url: url.clone(),
+                sha256,
+                policy: pull_policy,
+                resource,
+                resource_version,
+                platform,
+                pull_secret,
+            };
+            let result = run_pull(&req, cache_dir, timeout, ca_file, json);
             if let Err(e) = result {
                 eprintln!("wasm-fetcher: {url}: {e:#}");
                 return ExitCode::from(1);
@@ -79,25 +116,26 @@ fn main() -> ExitCode {
 }
 
 fn run_pull(
-    url: &str,
-    sha256: Option<Sha256>,
+    req: &PullRequest,
     cache_dir: Option<PathBuf>,
+    timeout: std::time::Duration,
+    ca_file: Option<PathBuf>,
     json: bool,
 ) -> anyhow::Result<()> {
-    let settings = Settings::from_env()?;
+    let mut settings = Settings::from_env()?;
+    if let Some(ca) = ca_file {
+        let pem = std::fs::read(&ca)
+            .with_context(|| format!("cannot read --ca-file {}", ca.display()))?;
+        settings.add_ca_pem(pem);
+    }
     let cache = Cache::open(&cache_dir.unwrap_or_else(Cache::default_dir))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let pulled = runtime.block_on(pull(
-        &PullRequest {
-            url: url.to_string(),
-            sha256,
-        },
-        &cache,
-        &settings,
-    ))?;
+    let pulled = runtime
+        .block_on(async { tokio::time::timeout(timeout, pull(req, &cache, &settings)).await })
+        .map_err(|_| anyhow::anyhow!("timed out after {timeout:?} (--timeout)"))??;
     if json {
         println!("{}", serde_json::to_string(&pulled)?);
     } else {

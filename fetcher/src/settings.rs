@@ -13,6 +13,26 @@ pub struct Settings {
     pub http_attempts: u32,
     /// `ISTIO_WASM_MAX_BINARY_SIZE_BYTES`.
     pub max_size: u64,
+    /// `WASM_INSECURE_REGISTRIES`: `host:port` entries, or `*` for all.
+    pub insecure_registries: Vec<String>,
+    /// Extra trusted roots (`--ca-file`).
+    pub extra_roots: Vec<oci_client::client::Certificate>,
+}
+
+impl Settings {
+    /// Trusts the PEM certificates of `--ca-file` for HTTPS sources and registries.
+    pub fn add_ca_pem(&mut self, pem: Vec<u8>) {
+        self.extra_roots.push(oci_client::client::Certificate {
+            encoding: oci_client::client::CertificateEncoding::Pem,
+            data: pem,
+        });
+    }
+
+    pub fn is_insecure_registry(&self, registry: &str) -> bool {
+        self.insecure_registries
+            .iter()
+            .any(|r| r == "*" || r == registry)
+    }
 }
 
 impl Default for Settings {
@@ -21,6 +41,8 @@ impl Default for Settings {
             http_timeout: Duration::from_secs(15),
             http_attempts: 5,
             max_size: 256 << 20,
+            insecure_registries: Vec::new(),
+            extra_roots: Vec::new(),
         }
     }
 }
@@ -58,6 +80,13 @@ impl Settings {
                     value: v.clone(),
                     reason: "expected a positive number of bytes".into(),
                 })?;
+        }
+        if let Some(v) = var("WASM_INSECURE_REGISTRIES") {
+            s.insecure_registries = v
+                .split(',')
+                .map(|r| r.trim().to_string())
+                .filter(|r| !r.is_empty())
+                .collect();
         }
         Ok(s)
     }

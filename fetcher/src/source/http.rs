@@ -21,13 +21,21 @@ pub async fn fetch(
     staging: &mut Staging,
     settings: &Settings,
 ) -> Result<(), FetchError> {
-    let client = reqwest::Client::builder()
-        .timeout(settings.http_timeout)
-        .build()
-        .map_err(|e| FetchError::Network {
-            attempts: 0,
-            message: format!("cannot build HTTP client: {e}"),
-        })?;
+    let mut builder = reqwest::Client::builder().timeout(settings.http_timeout);
+    for ca in &settings.extra_roots {
+        for cert in
+            reqwest::Certificate::from_pem_bundle(&ca.data).map_err(|e| FetchError::Network {
+                attempts: 0,
+                message: format!("--ca-file is not PEM: {e}"),
+            })?
+        {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    let client = builder.build().map_err(|e| FetchError::Network {
+        attempts: 0,
+        message: format!("cannot build HTTP client: {e}"),
+    })?;
     let mut last = None;
     for attempt in 1..=settings.http_attempts {
         if attempt > 1 {

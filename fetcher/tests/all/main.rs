@@ -3,5 +3,6 @@
 
 mod pull_file;
 mod pull_http;
+mod registry;
 mod rewrite;
 mod support;

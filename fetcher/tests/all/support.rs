@@ -166,7 +166,8 @@ pub fn stdout_path(o: &Output) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
 }
 
-/// Every regular file under `dir`: after a failed pull there must be none.
+/// Every regular file under `dir` except lock files (kept on purpose: removing a lock file
+/// others may be waiting on breaks the lock): after a failed pull there must be none.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -175,6 +176,8 @@ pub fn files_under(dir: &Path) -> Vec<PathBuf> {
             let p = e.path();
             if p.is_dir() {
                 stack.push(p);
+            } else if p.extension().is_some_and(|e| e == "lock") {
+                continue;
             } else {
                 out.push(p);
             }

@@ -124,6 +124,7 @@ fn build_pull_and_run_end_to_end() {
             &wasm_fetcher::PullRequest {
                 url: format!("file://{}", module.display()),
                 sha256: Some(wasm_fetcher::Sha256::parse(&sha).unwrap()),
+                ..Default::default()
             },
             &cache,
             &wasm_fetcher::Settings::default(),

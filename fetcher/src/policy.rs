@@ -1,0 +1,80 @@
+//! Pull policy: Istio's rules plus Kubernetes' `Never`, decided in one place.
+//!
+//! Differences from Istio, on purpose: an OCI reference with no tag counts as `latest` (Istio
+//! treats only a literal `:latest` so), and `Always` records a resource version only after a
+//! successful pull (Istio records it first, so a failed pull is never retried for that version).
+
+use crate::reference::Source;
+
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+pub enum PullPolicy {
+    #[value(name = "IfNotPresent")]
+    IfNotPresent,
+    #[value(name = "Always")]
+    Always,
+    #[value(name = "Never")]
+    Never,
+}
+
+/// The policy that applies: `Never` stays `Never`; a pin (a sha256 or a digest in the
+/// reference) makes it `IfNotPresent`; without a policy a moving OCI tag means `Always`.
+pub fn effective(requested: Option<PullPolicy>, source: &Source, pinned: bool) -> PullPolicy {
+    match requested {
+        Some(PullPolicy::Never) => PullPolicy::Never,
+        _ if pinned => PullPolicy::IfNotPresent,
+        Some(p) => p,
+        None => match source {
+            Source::Oci(r) if r.is_latest() => PullPolicy::Always,
+            _ => PullPolicy::IfNotPresent,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PullPolicy::*;
+    use super::*;
+
+    fn src(s: &str) -> Source {
+        Source::parse(s).unwrap()
+    }
+
+    #[test]
+    fn istio_rules_plus_never() {
+        assert_eq!(effective(None, &src("oci://r/a:1.0"), false), IfNotPresent);
+        assert_eq!(effective(None, &src("oci://r/a:latest"), false), Always);
+        assert_eq!(
+            effective(None, &src("oci://r/a"), false),
+            Always,
+            "no tag counts as latest"
+        );
+        assert_eq!(
+            effective(None, &src("https://h/a:latest"), false),
+            IfNotPresent
+        );
+        assert_eq!(
+            effective(Some(Always), &src("oci://r/a:1.0"), false),
+            Always
+        );
+        assert_eq!(
+            effective(Some(Always), &src("oci://r/a:1.0"), true),
+            IfNotPresent,
+            "a pin wins over Always"
+        );
+        assert_eq!(
+            effective(None, &src("oci://r/a:latest"), true),
+            IfNotPresent,
+            "a pin wins over latest"
+        );
+        assert_eq!(
+            effective(Some(Never), &src("oci://r/a:latest"), true),
+            Never
+        );
+        assert_eq!(
+            effective(Some(IfNotPresent), &src("oci://r/a:latest"), false),
+            IfNotPresent
+        );
+    }
+}

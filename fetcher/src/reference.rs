@@ -1,0 +1,193 @@
+//! What a module URL names: the scheme decides the source; an `oci://` URL is an image
+//! reference (`oci://host[:port]/repo[:tag][@sha256:hex]`) whose tag and digest feed the pull
+//! policy and pinning.
+
+use crate::error::FetchError;
+use crate::verify::Sha256;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
+    File(url::Url),
+    Http(url::Url),
+    Oci(OciRef),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OciRef {
+    /// `host[:port]`.
+    pub registry: String,
+    pub repository: String,
+    pub tag: Option<String>,
+    pub digest: Option<Sha256>,
+}
+
+impl OciRef {
+    /// The reference oci-client takes: `registry/repository[:tag][@sha256:…]`, tag defaulting
+    /// to `latest` when there is neither tag nor digest (as every registry client does).
+    pub fn to_reference(&self) -> oci_client::Reference {
+        match (&self.tag, &self.digest) {
+            (_, Some(d)) => oci_client::Reference::with_digest(
+                self.registry.clone(),
+                self.repository.clone(),
+                format!("sha256:{}", d.hex()),
+            ),
+            (Some(t), None) => oci_client::Reference::with_tag(
+                self.registry.clone(),
+                self.repository.clone(),
+                t.clone(),
+            ),
+            (None, None) => oci_client::Reference::with_tag(
+                self.registry.clone(),
+                self.repository.clone(),
+                "latest".into(),
+            ),
+        }
+    }
+
+    /// A tag that may move: `latest`, or no tag and no digest.
+    pub fn is_latest(&self) -> bool {
+        self.digest.is_none() && self.tag.as_deref().is_none_or(|t| t == "latest")
+    }
+
+    /// Loopback registries get plain HTTP and unverified TLS, as Istio allows.
+    pub fn is_loopback(&self) -> bool {
+        let host = self
+            .registry
+            .rsplit_once(':')
+            .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+            .map_or(self.registry.as_str(), |(h, _)| h);
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    }
+}
+
+impl Source {
+    pub fn parse(url: &str) -> Result<Self, FetchError> {
+        if let Some(rest) = url.strip_prefix("oci://") {
+            return parse_oci(rest).map(Source::Oci);
+        }
+        let parsed = url::Url::parse(url).map_err(|e| FetchError::BadUrl {
+            reason: format!("{e} (expected oci://, https://, http:// or file://)"),
+        })?;
+        match parsed.scheme() {
+            "file" => Ok(Source::File(parsed)),
+            "http" | "https" => Ok(Source::Http(parsed)),
+            other => Err(FetchError::UnsupportedScheme {
+                scheme: other.to_string(),
+            }),
+        }
+    }
+
+    /// The digest the URL itself pins (`oci://…@sha256:…`).
+    pub fn pinned_digest(&self) -> Option<Sha256> {
+        match self {
+            Source::Oci(r) => r.digest,
+            _ => None,
+        }
+    }
+}
+
+fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
+    let bad = |reason: &str| FetchError::BadUrl {
+        reason: format!("oci://{rest}: {reason}"),
+    };
+    let (name, digest) = match rest.split_once('@') {
+        Some((n, d)) => {
+            let hex = d
+                .strip_prefix("sha256:")
+                .ok_or_else(|| bad("only sha256 digests are supported"))?;
+            (n, Some(Sha256::parse(hex).map_err(|e| bad(&e))?))
+        }
+        None => (rest, None),
+    };
+    let (registry, path) = name
+        .split_once('/')
+        .ok_or_else(|| bad("expected oci://registry/repository[:tag]"))?;
+    if registry.is_empty() || path.is_empty() {
+        return Err(bad("expected oci://registry/repository[:tag]"));
+    }
+    let (repository, tag) = match path.rsplit_once(':') {
+        Some((repo, tag)) if !tag.contains('/') => (repo, Some(tag.to_string())),
+        _ => (path, None),
+    };
+    if repository.is_empty()
+        || !repository
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c))
+    {
+        return Err(bad(
+            "the repository must be lower-case letters, digits, '.', '_', '-' and '/'",
+        ));
+    }
+    if let Some(t) = &tag {
+        if t.is_empty()
+            || t.len() > 128
+            || !t
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(bad("invalid tag"));
+        }
+    }
+    Ok(OciRef {
+        registry: registry.to_string(),
+        repository: repository.to_string(),
+        tag,
+        digest,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn oci(s: &str) -> OciRef {
+        match Source::parse(s).unwrap() {
+            Source::Oci(r) => r,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn parses_oci_references() {
+        let r = oci("oci://127.0.0.1:5000/team/filter:1.0");
+        assert_eq!(
+            (r.registry.as_str(), r.repository.as_str(), r.tag.as_deref()),
+            ("127.0.0.1:5000", "team/filter", Some("1.0"))
+        );
+        assert!(!r.is_latest() && r.is_loopback());
+        let r = oci("oci://ghcr.io/a/b");
+        assert!(r.tag.is_none() && r.is_latest() && !r.is_loopback());
+        assert_eq!(r.to_reference().whole(), "ghcr.io/a/b:latest");
+        let d = "ab".repeat(32);
+        let r = oci(&format!("oci://localhost:5000/a:v1@sha256:{d}"));
+        assert_eq!(r.digest.unwrap().hex(), d);
+        assert!(!r.is_latest());
+        assert_eq!(
+            r.to_reference().whole(),
+            format!("localhost:5000/a@sha256:{d}")
+        );
+    }
+
+    #[test]
+    fn rejects_bad_references() {
+        for bad in [
+            "oci://host",
+            "oci://host/Repo",
+            "oci://host/a@md5:00",
+            "oci://host/a:bad tag",
+        ] {
+            assert!(
+                matches!(Source::parse(bad), Err(FetchError::BadUrl { .. })),
+                "{bad}"
+            );
+        }
+        assert!(matches!(
+            Source::parse("ftp://x/y"),
+            Err(FetchError::UnsupportedScheme { .. })
+        ));
+    }
+}
