@@ -82,6 +82,23 @@ impl Cache {
         Ok(f)
     }
 
+    /// Removes downloads older than `age` from `tmp/`: a live download is younger, so what is
+    /// left is from a process that was killed.
+    pub fn remove_stale_temp_files(&self, age: std::time::Duration) {
+        let dir = self.root.join("tmp");
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|a| a >= age);
+            if old {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+
     /// A temp file to stream a download into.
     pub fn staging(&self, max_size: u64) -> Result<Staging, FetchError> {
         let dir = self.root.join("tmp");

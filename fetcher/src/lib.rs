@@ -317,3 +317,63 @@ fn record(
     })?;
     Ok(pulled)
 }
+
+/// One cached module as `wasm-fetcher ls` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Listed {
+    pub sha256: String,
+    pub path: PathBuf,
+    pub source: String,
+    pub manifest_digest: Option<String>,
+    pub size: u64,
+    /// Unix seconds.
+    pub last_used: u64,
+    /// Unix seconds after which `purge` removes it if unused.
+    pub expires: u64,
+}
+
+/// Every module the index knows and whose file is present.
+pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchError> {
+    let idx = IndexFile::new(cache.root()).load()?;
+    Ok(idx
+        .modules
+        .iter()
+        .filter_map(|(sha, m)| {
+            let path = cache.lookup(&Sha256::parse(sha).ok()?)?;
+            Some(Listed {
+                sha256: sha.clone(),
+                path,
+                source: m.source.clone(),
+                manifest_digest: m.manifest_digest.clone(),
+                size: m.size,
+                last_used: m.last_used,
+                expires: m.last_used + settings.module_expiry.as_secs(),
+            })
+        })
+        .collect())
+}
+
+/// Removes modules unused for longer than `WASM_MODULE_EXPIRY`, with their index entries, and
+/// temp files a killed process left behind. Returns the removed modules' digests.
+pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<String>, FetchError> {
+    let now = index::now();
+    let expiry = settings.module_expiry.as_secs();
+    let removed = IndexFile::new(cache.root()).update(|idx| {
+        let expired: Vec<String> = idx
+            .modules
+            .iter()
+            .filter(|(_, m)| now.saturating_sub(m.last_used) >= expiry)
+            .map(|(sha, _)| sha.clone())
+            .collect();
+        for sha in &expired {
+            idx.modules.remove(sha);
+            if let Ok(s) = Sha256::parse(sha) {
+                let _ = std::fs::remove_file(cache.module_path(&s));
+            }
+        }
+        idx.sources.retain(|_, s| !expired.contains(&s.sha256));
+        expired
+    })?;
+    cache.remove_stale_temp_files(settings.purge_interval);
+    Ok(removed)
+}

@@ -55,6 +55,18 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Remove modules unused for longer than WASM_MODULE_EXPIRY (default 24h).
+    Purge {
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+    },
+    /// List cached modules: source, digests, size, last use, expiry.
+    Ls {
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Point every Wasm plugin of an Envoy bootstrap at a local module; writes YAML.
     Rewrite {
         bootstrap: PathBuf,
@@ -101,6 +113,18 @@ fn main() -> ExitCode {
                 return ExitCode::from(1);
             }
         }
+        Command::Purge { cache_dir } => {
+            if let Err(e) = run_purge(cache_dir) {
+                eprintln!("wasm-fetcher: purge: {e:#}");
+                return ExitCode::from(1);
+            }
+        }
+        Command::Ls { cache_dir, json } => {
+            if let Err(e) = run_ls(cache_dir, json) {
+                eprintln!("wasm-fetcher: ls: {e:#}");
+                return ExitCode::from(1);
+            }
+        }
         Command::Rewrite {
             bootstrap,
             module,
@@ -140,6 +164,47 @@ fn run_pull(
         println!("{}", serde_json::to_string(&pulled)?);
     } else {
         println!("{}", pulled.path.display());
+    }
+    Ok(())
+}
+
+fn run_purge(cache_dir: Option<PathBuf>) -> anyhow::Result<()> {
+    let settings = Settings::from_env()?;
+    let cache = Cache::open(&cache_dir.unwrap_or_else(Cache::default_dir))?;
+    for sha in wasm_fetcher::purge(&cache, &settings)? {
+        println!("purged sha256:{sha}");
+    }
+    Ok(())
+}
+
+fn run_ls(cache_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
+    let settings = Settings::from_env()?;
+    let cache = Cache::open(&cache_dir.unwrap_or_else(Cache::default_dir))?;
+    let modules = wasm_fetcher::list(&cache, &settings)?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&modules)?);
+        return Ok(());
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    println!(
+        "{:<14} {:>10} {:>12} {:>12}  SOURCE",
+        "SHA256", "SIZE", "LAST USE", "EXPIRES IN"
+    );
+    for m in modules {
+        println!(
+            "{:<14} {:>10} {:>11}s {:>11}s  {}{}",
+            &m.sha256[..12],
+            m.size,
+            now.saturating_sub(m.last_used),
+            m.expires.saturating_sub(now),
+            m.source,
+            m.manifest_digest
+                .map(|d| format!(" ({d})"))
+                .unwrap_or_default()
+        );
     }
     Ok(())
 }

@@ -13,6 +13,10 @@ pub struct Settings {
     pub http_attempts: u32,
     /// `ISTIO_WASM_MAX_BINARY_SIZE_BYTES`.
     pub max_size: u64,
+    /// `WASM_MODULE_EXPIRY`: a module unused this long is purged.
+    pub module_expiry: Duration,
+    /// `WASM_PURGE_INTERVAL`: how often a long-running fetcher purges.
+    pub purge_interval: Duration,
     /// `WASM_INSECURE_REGISTRIES`: `host:port` entries, or `*` for all.
     pub insecure_registries: Vec<String>,
     /// Extra trusted roots (`--ca-file`).
@@ -41,6 +45,8 @@ impl Default for Settings {
             http_timeout: Duration::from_secs(15),
             http_attempts: 5,
             max_size: 256 << 20,
+            module_expiry: Duration::from_secs(24 * 3600),
+            purge_interval: Duration::from_secs(3600),
             insecure_registries: Vec::new(),
             extra_roots: Vec::new(),
         }
@@ -56,6 +62,18 @@ impl Settings {
                 value: v.clone(),
                 reason,
             })?;
+        }
+        for (name, slot) in [
+            ("WASM_MODULE_EXPIRY", &mut s.module_expiry),
+            ("WASM_PURGE_INTERVAL", &mut s.purge_interval),
+        ] {
+            if let Some(v) = var(name) {
+                *slot = parse_duration(&v).map_err(|reason| FetchError::Setting {
+                    name,
+                    value: v.clone(),
+                    reason,
+                })?;
+            }
         }
         if let Some(v) = var("WASM_HTTP_REQUEST_MAX_RETRIES") {
             s.http_attempts = v

@@ -120,3 +120,59 @@ fn a_module_over_the_size_limit_fails() {
         .unwrap();
     assert_failed(&o, &cache, &url, "exceeds size limit");
 }
+
+#[test]
+fn ls_shows_modules_and_purge_removes_only_expired_ones() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let mut urls = Vec::new();
+    for tag in ["one", "two"] {
+        let src = dir.path().join(format!("{tag}.wasm"));
+        std::fs::write(&src, module(tag)).unwrap();
+        let url = format!("file://{}", src.display());
+        assert_eq!(pull(&cache, &[&url]).status.code(), Some(0));
+        urls.push(url);
+    }
+    let ls = fetcher()
+        .args(["ls", "--json", "--cache-dir"])
+        .arg(&cache)
+        .output()
+        .unwrap();
+    let listed: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(listed.as_array().unwrap().len(), 2);
+    assert!(listed
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|m| m["source"] == urls[0].as_str()));
+    let expires = listed[0]["expires"].as_u64().unwrap() - listed[0]["last_used"].as_u64().unwrap();
+    assert_eq!(expires, 24 * 3600, "WASM_MODULE_EXPIRY defaults to 24h");
+
+    let purge = |expiry: &str| {
+        fetcher()
+            .env("WASM_MODULE_EXPIRY", expiry)
+            .args(["purge", "--cache-dir"])
+            .arg(&cache)
+            .output()
+            .unwrap()
+    };
+    let o = purge("1h");
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stdout.is_empty(), "nothing is an hour old");
+    let o = purge("0s");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout)
+            .matches("purged sha256:")
+            .count(),
+        2
+    );
+    assert!(files_under(&cache)
+        .iter()
+        .all(|p| !p.to_string_lossy().ends_with(".wasm")));
+    let o = pull(&cache, &[&urls[0], "--pull-policy", "Never"]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("not in cache"), "{}", stderr(&o));
+    let o = purge("soon");
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("WASM_MODULE_EXPIRY"), "{}", stderr(&o));
+}

@@ -166,3 +166,36 @@ fn a_bad_duration_setting_is_named() {
         stderr(&o)
     );
 }
+
+#[test]
+fn concurrent_processes_make_one_download_and_agree_on_the_path() {
+    let bytes = module("shared");
+    let server = Server::start(vec![(
+        "/s.wasm",
+        Behaviour::Slow(Duration::from_millis(500), bytes.clone()),
+    )]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server.url("/s.wasm");
+    let sha = sha256_hex(&bytes);
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            fetcher()
+                .args(["pull", &url, "--sha256", &sha, "--cache-dir"])
+                .arg(dir.path())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outputs: Vec<_> = children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for o in &outputs {
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
+    }
+    let first = stdout_path(&outputs[0]);
+    assert!(outputs.iter().all(|o| stdout_path(o) == first));
+    assert_eq!(server.hits("/s.wasm"), 1, "one download for four processes");
+}
