@@ -185,6 +185,12 @@ impl Staging {
         self.size
     }
 
+    /// A fresh reader over what was written.
+    pub fn reopen(&mut self) -> Result<std::fs::File, FetchError> {
+        self.file.as_file_mut().flush()?;
+        Ok(self.file.reopen()?)
+    }
+
     pub fn max_size(&self) -> u64 {
         self.max_size
     }

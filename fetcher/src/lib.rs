@@ -23,6 +23,7 @@ pub mod policy;
 pub mod reference;
 pub mod settings;
 pub mod source;
+pub mod unbox;
 pub mod verify;
 
 use std::path::PathBuf;
@@ -162,6 +163,7 @@ pub async fn pull(
         }
         Source::Http(url) => {
             source::http::fetch(url, &mut staging, settings).await?;
+            let staging = unbox::unbox(cache, staging)?;
             (commit(cache, staging, req, None)?, None)
         }
         Source::Oci(r) => {

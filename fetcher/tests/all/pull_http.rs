@@ -199,3 +199,37 @@ fn concurrent_processes_make_one_download_and_agree_on_the_path() {
     assert!(outputs.iter().all(|o| stdout_path(o) == first));
     assert_eq!(server.hits("/s.wasm"), 1, "one download for four processes");
 }
+
+#[test]
+fn gzip_tar_and_tar_gz_bodies_are_unboxed_and_pinned_by_the_module() {
+    use std::io::Write;
+    let m = module("boxed");
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&m).unwrap();
+    let gz = gz.finish().unwrap();
+    let tar = {
+        let mut b = tar::Builder::new(Vec::new());
+        let mut h = tar::Header::new_gnu();
+        h.set_size(m.len() as u64);
+        h.set_cksum();
+        b.append_data(&mut h, "filter.wasm", m.as_slice()).unwrap();
+        b.into_inner().unwrap()
+    };
+    let tgz = crate::registry::tar_gz_with("anything.wasm", &m);
+    let server = Server::start(vec![
+        ("/m.wasm.gz", Behaviour::Ok(gz)),
+        ("/m.tar", Behaviour::Ok(tar)),
+        ("/m.tar.gz", Behaviour::Ok(tgz)),
+    ]);
+    for path in ["/m.wasm.gz", "/m.tar", "/m.tar.gz"] {
+        let dir = tempfile::tempdir().unwrap();
+        let o = pull(
+            dir.path(),
+            &[&server.url(path), "--sha256", &sha256_hex(&m)],
+        );
+        assert_eq!(o.status.code(), Some(0), "{path}: {}", stderr(&o));
+        assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), m, "{path}");
+        let tmp_files = files_under(&dir.path().join("tmp"));
+        assert!(tmp_files.is_empty(), "{path}: {tmp_files:?}");
+    }
+}
