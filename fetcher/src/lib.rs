@@ -142,7 +142,13 @@ pub async fn pull(
     let policy = policy::effective(req.policy, &source, pinned);
     let resource = req.resource.clone().unwrap_or_else(|| req.url.clone());
     let index = IndexFile::new(cache.root());
-    if let Some(p) = from_cache(&index.load()?, cache, req, &source, policy, &resource) {
+    let idx = index.load()?;
+    if let Some(p) = from_cache(&idx, cache, req, &source, policy, &resource) {
+        // A hit that would change nothing but a last-use time under a minute old skips the
+        // locked index rewrite: that keeps a warm lookup to a read and a stat.
+        if already_recorded(&idx, req, &resource, &p) {
+            return Ok(p);
+        }
         return record(&index, req, &resource, p, None);
     }
     if policy == PullPolicy::Never {
@@ -255,6 +261,22 @@ pub async fn pull(
         }
     };
     record(&index, req, &resource, pulled, index_digest)
+}
+
+fn already_recorded(idx: &index::Index, req: &PullRequest, resource: &str, p: &Pulled) -> bool {
+    let fresh = idx
+        .modules
+        .get(&p.sha256)
+        .is_some_and(|m| index::now().saturating_sub(m.last_used) < 60);
+    let source_known = idx
+        .sources
+        .get(&req.url)
+        .is_some_and(|s| s.sha256 == p.sha256);
+    let version_known = req
+        .resource_version
+        .as_ref()
+        .is_none_or(|v| idx.resources.get(resource) == Some(v));
+    fresh && source_known && version_known
 }
 
 fn commit(
