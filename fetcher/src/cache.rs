@@ -133,12 +133,9 @@ impl Cache {
             .sync_all()
             .map_err(|e| cache_err(file.path(), e))?;
         set_mode_0644(file.path())?;
+        // The data is synced before the rename, so a crash can lose the new name (the next
+        // pull downloads again) but never expose a partial module; the directory is not synced.
         file.persist(&dest).map_err(|e| cache_err(&dest, e.error))?;
-        if let Some(dir) = dest.parent() {
-            if let Ok(d) = std::fs::File::open(dir) {
-                let _ = d.sync_all();
-            }
-        }
         Ok((dest, actual))
     }
 }

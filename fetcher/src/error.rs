@@ -47,10 +47,36 @@ pub enum FetchError {
     UnsupportedLayout { found: Vec<String> },
     #[error("not in cache: pull policy Never forbids fetching, and no cached module matches; pre-pull it with `wasm-fetcher pull` and policy IfNotPresent")]
     NotInCache,
+    #[error("untrusted certificate from {host} ({detail}); pass --ca-file with the CA that signed it, or list {host} in WASM_INSECURE_REGISTRIES to skip verification")]
+    UntrustedCertificate { host: String, detail: String },
     #[error("registry error: {message}")]
     Registry { message: String },
     #[error("unsupported: {0}")]
     Unsupported(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+}
+
+/// An error and all its sources on one line: reqwest and rustls put the useful part last.
+pub fn chain(e: &dyn std::error::Error) -> String {
+    let mut message = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !message.contains(&text) {
+            message.push_str(": ");
+            message.push_str(&text);
+        }
+        source = s.source();
+    }
+    message
+}
+
+/// A TLS verification failure in an error chain, as its own error naming the way out.
+pub fn untrusted_certificate(host: &str, chain: &str) -> Option<FetchError> {
+    let at = chain.find("invalid peer certificate")?;
+    Some(FetchError::UntrustedCertificate {
+        host: host.to_string(),
+        detail: chain[at..].to_string(),
+    })
 }

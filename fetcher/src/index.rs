@@ -96,7 +96,8 @@ impl IndexFile {
             .prefix("index-")
             .tempfile_in(dir)
             .map_err(|e| err(dir, e))?;
-        serde_json::to_writer_pretty(&mut tmp, &index).map_err(|e| err(&self.path, e))?;
+        let bytes = serde_json::to_vec_pretty(&index).map_err(|e| err(&self.path, e))?;
+        std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| err(&self.path, e))?;
         tmp.as_file().sync_all().map_err(|e| err(&self.path, e))?;
         tmp.persist(&self.path)
             .map_err(|e| err(&self.path, e.error))?;

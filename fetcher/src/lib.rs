@@ -178,7 +178,7 @@ pub async fn pull(
                 Some(p) => auth::from_docker_config(p, &r.registry)?,
                 None => oci_client::secrets::RegistryAuth::Anonymous,
             };
-            let registry = source::oci::Registry::new(r, creds, settings);
+            let mut registry = source::oci::Registry::new(r, creds, settings);
             let resolved = registry.resolve(r, req.platform.as_deref()).await?;
             // A pin may name the manifest or the index instead of the module.
             let digest_pin = req.sha256.as_ref().map(digest_str).and_then(|pin| {

@@ -80,7 +80,11 @@ enum Command {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("WASM_FETCHER_LOG"))
+        // Quiet unless asked: a failure is the one line this program prints, not library logs.
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("WASM_FETCHER_LOG")
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("off")),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();

@@ -49,7 +49,7 @@ impl OciRef {
         self.digest.is_none() && self.tag.as_deref().is_none_or(|t| t == "latest")
     }
 
-    /// Loopback registries get plain HTTP and unverified TLS, as Istio allows.
+    /// Loopback registries may fall back to plain HTTP, as go-containerregistry (Istio) allows.
     pub fn is_loopback(&self) -> bool {
         let host = self
             .registry

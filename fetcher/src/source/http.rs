@@ -21,7 +21,12 @@ pub async fn fetch(
     staging: &mut Staging,
     settings: &Settings,
 ) -> Result<(), FetchError> {
-    let mut builder = reqwest::Client::builder().timeout(settings.http_timeout);
+    let host = host_port(url);
+    // As Istio: an HTTPS source whose host:port is in WASM_INSECURE_REGISTRIES (or `*`) is
+    // fetched without certificate verification; every other one is verified.
+    let mut builder = reqwest::Client::builder()
+        .timeout(settings.http_timeout)
+        .tls_danger_accept_invalid_certs(settings.is_insecure_registry(&host));
     for ca in &settings.extra_roots {
         for cert in
             reqwest::Certificate::from_pem_bundle(&ca.data).map_err(|e| FetchError::Network {
@@ -42,8 +47,9 @@ pub async fn fetch(
             tokio::time::sleep(backoff(attempt - 2)).await;
             staging.reset()?;
         }
-        match attempt_once(&client, url, staging, settings).await {
+        match attempt_once(&client, url, &host, staging, settings).await {
             Ok(()) => return Ok(()),
+
             Err(Attempt::Final(e)) => return Err(e),
             Err(Attempt::Retry(e)) => {
                 tracing::debug!(%url, attempt, "retrying after: {e}");
@@ -73,30 +79,39 @@ enum Attempt {
     Final(FetchError),
 }
 
-fn classify(e: reqwest::Error, settings: &Settings) -> FetchError {
+/// A failed attempt: timeouts and network errors are retried, an untrusted certificate is not
+/// (it will not change by asking again).
+fn classify(e: reqwest::Error, host: &str, settings: &Settings) -> Attempt {
     if e.is_timeout() {
-        FetchError::TimedOut {
+        return Attempt::Retry(FetchError::TimedOut {
             attempts: 1,
             per_attempt: settings.http_timeout,
-        }
-    } else {
-        let mut message = e.to_string();
-        let mut source = std::error::Error::source(&e);
-        while let Some(s) = source {
-            message.push_str(": ");
-            message.push_str(&s.to_string());
-            source = s.source();
-        }
-        FetchError::Network {
+        });
+    }
+    let message = crate::error::chain(&e);
+    match crate::error::untrusted_certificate(host, &message) {
+        Some(untrusted) => Attempt::Final(untrusted),
+        None => Attempt::Retry(FetchError::Network {
             attempts: 1,
             message,
-        }
+        }),
+    }
+}
+
+/// `host:port` as WASM_INSECURE_REGISTRIES lists it (Go's `url.Host`: the port only when the
+/// URL has one).
+fn host_port(url: &url::Url) -> String {
+    let host = url.host_str().unwrap_or_default();
+    match url.port() {
+        Some(p) => format!("{host}:{p}"),
+        None => host.to_string(),
     }
 }
 
 async fn attempt_once(
     client: &reqwest::Client,
     url: &url::Url,
+    host: &str,
     staging: &mut Staging,
     settings: &Settings,
 ) -> Result<(), Attempt> {
@@ -104,7 +119,7 @@ async fn attempt_once(
         .get(url.clone())
         .send()
         .await
-        .map_err(|e| Attempt::Retry(classify(e, settings)))?;
+        .map_err(|e| classify(e, host, settings))?;
     let status = resp.status();
     if status.as_u16() != 200 {
         let e = FetchError::HttpStatus {
@@ -131,12 +146,12 @@ async fn attempt_once(
             Ok(None) => break,
             Err(e) => {
                 let got = staging.size();
-                return Err(Attempt::Retry(match expected {
+                return Err(match expected {
                     Some(exp) if got < exp && !e.is_timeout() => {
-                        FetchError::Truncated { got, expected: exp }
+                        Attempt::Retry(FetchError::Truncated { got, expected: exp })
                     }
-                    _ => classify(e, settings),
-                }));
+                    _ => classify(e, host, settings),
+                });
             }
         }
     }

@@ -9,7 +9,8 @@
 use std::io::Read;
 
 use futures_util::StreamExt;
-use oci_client::client::{ClientConfig, ClientProtocol};
+use oci_client::client::{BlobResponse, ClientConfig, ClientProtocol};
+
 use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
@@ -56,6 +57,34 @@ pub struct Registry {
     client: Client,
     auth: RegistryAuth,
     registry: String,
+    transport: Transport,
+    settings: Settings,
+}
+
+/// How a registry may be spoken to, from its address and `WASM_INSECURE_REGISTRIES` alone.
+/// As Istio (go-containerregistry): HTTPS with verification by default; a listed registry
+/// (or `*`) gets unverified TLS and may fall back to plain HTTP; a loopback registry may fall
+/// back to plain HTTP but its certificate, if it speaks TLS, is still verified.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transport {
+    pub verify_tls: bool,
+    pub plain_http_fallback: bool,
+}
+
+impl Transport {
+    pub fn for_registry(r: &OciRef, settings: &Settings) -> Self {
+        let listed = settings.is_insecure_registry(&r.registry);
+        Self {
+            verify_tls: !listed,
+            plain_http_fallback: listed || r.is_loopback(),
+        }
+    }
+}
+
+/// The TLS handshake met a server that answered in plain HTTP.
+fn speaks_plain_http(e: &OciDistributionError) -> bool {
+    let text = crate::error::chain(e);
+    text.contains("InvalidContentType") || text.contains("corrupt message")
 }
 
 fn map_err(registry: &str, e: OciDistributionError) -> FetchError {
@@ -91,6 +120,11 @@ fn map_err(registry: &str, e: OciDistributionError) -> FetchError {
             attempts: 1,
             per_attempt: std::time::Duration::ZERO,
         },
+        OciDistributionError::RequestError(e) => {
+            let message = crate::error::chain(&e);
+            crate::error::untrusted_certificate(registry, &message)
+                .unwrap_or(FetchError::Registry { message })
+        }
         other => FetchError::Registry {
             message: other.to_string(),
         },
@@ -99,27 +133,38 @@ fn map_err(registry: &str, e: OciDistributionError) -> FetchError {
 
 impl Registry {
     pub fn new(r: &OciRef, auth: RegistryAuth, settings: &Settings) -> Self {
-        let insecure = r.is_loopback() || settings.is_insecure_registry(&r.registry);
-        let config = ClientConfig {
-            protocol: if insecure {
-                ClientProtocol::HttpsExcept(vec![r.registry.clone()])
-            } else {
-                ClientProtocol::Https
-            },
-            accept_invalid_certificates: insecure,
-            read_timeout: Some(settings.http_timeout),
-            connect_timeout: Some(settings.http_timeout),
-            extra_root_certificates: settings.extra_roots.clone(),
-            ..Default::default()
-        };
+        let transport = Transport::for_registry(r, settings);
         Self {
-            client: Client::new(config),
+            client: client(&r.registry, transport, false, settings),
             auth,
             registry: r.registry.clone(),
+            transport,
+            settings: settings.clone(),
         }
     }
 
-    async fn raw_manifest(&self, reference: &Reference) -> Result<(Vec<u8>, String), FetchError> {
+    /// The first request of a pull: over HTTPS, or over plain HTTP when the registry answers
+    /// the TLS handshake in HTTP and the transport allows it (every later request follows).
+    async fn first_manifest(
+        &mut self,
+        reference: &Reference,
+    ) -> Result<(Vec<u8>, String), FetchError> {
+        match self.raw_manifest(reference).await {
+            Err(e) if self.transport.plain_http_fallback && speaks_plain_http(&e) => {
+                tracing::debug!(registry = %self.registry, "falling back to plain HTTP");
+                self.client = client(&self.registry, self.transport, true, &self.settings);
+                self.raw_manifest(reference)
+                    .await
+                    .map_err(|e| map_err(&self.registry, e))
+            }
+            other => other.map_err(|e| map_err(&self.registry, e)),
+        }
+    }
+
+    async fn raw_manifest(
+        &self,
+        reference: &Reference,
+    ) -> Result<(Vec<u8>, String), OciDistributionError> {
         let accepted: Vec<&str> = media::MANIFESTS
             .iter()
             .chain(media::INDEXES)
@@ -128,19 +173,18 @@ impl Registry {
         let (bytes, digest) = self
             .client
             .pull_manifest_raw(reference, &self.auth, &accepted)
-            .await
-            .map_err(|e| map_err(&self.registry, e))?;
+            .await?;
         Ok((bytes.to_vec(), digest))
     }
 
     /// Fetches the manifest (and, for an index, the chosen child's).
     pub async fn resolve(
-        &self,
+        &mut self,
         r: &OciRef,
         platform: Option<&str>,
     ) -> Result<Resolved, FetchError> {
         let reference = r.to_reference();
-        let (bytes, digest) = self.raw_manifest(&reference).await?;
+        let (bytes, digest) = self.first_manifest(&reference).await?;
         let doc: Value = serde_json::from_slice(&bytes).map_err(|e| FetchError::Registry {
             message: format!("manifest is not JSON: {e}"),
         })?;
@@ -155,7 +199,10 @@ impl Registry {
             )?;
             let child_ref =
                 Reference::with_digest(r.registry.clone(), r.repository.clone(), child.clone());
-            let (bytes, child_digest) = self.raw_manifest(&child_ref).await?;
+            let (bytes, child_digest) = self
+                .raw_manifest(&child_ref)
+                .await
+                .map_err(|e| map_err(&self.registry, e))?;
             let manifest = parse_manifest(&bytes)?;
             return Ok(Resolved {
                 reference: child_ref,
@@ -219,11 +266,17 @@ impl Registry {
                 limit: staging.max_size(),
             });
         }
-        let mut stream = self
+        // A range from 0 lets the registry answer 206, which oci-client passes through without
+        // hashing: the staging file hashes every byte already, and hashing twice is what made a
+        // 50 MiB pull CPU-bound. A registry that answers 200 is verified by both, still correct.
+        let stream = self
             .client
-            .pull_blob_stream(&resolved.reference, layer)
+            .pull_blob_stream_partial(&resolved.reference, layer, 0, None)
             .await
             .map_err(|e| map_err(&self.registry, e))?;
+        let mut stream = match stream {
+            BlobResponse::Full(s) | BlobResponse::Partial(s) => s,
+        };
         while let Some(chunk) = stream.stream.next().await {
             let chunk = chunk.map_err(|e| FetchError::Registry {
                 message: format!("reading layer {}: {e}", layer.digest),
@@ -289,6 +342,21 @@ impl Registry {
             found: vec![format!("{} without plugin.wasm", layer.media_type)],
         })
     }
+}
+
+fn client(registry: &str, transport: Transport, plain_http: bool, settings: &Settings) -> Client {
+    Client::new(ClientConfig {
+        protocol: if plain_http {
+            ClientProtocol::HttpsExcept(vec![registry.to_string()])
+        } else {
+            ClientProtocol::Https
+        },
+        accept_invalid_certificates: !transport.verify_tls,
+        read_timeout: Some(settings.http_timeout),
+        connect_timeout: Some(settings.http_timeout),
+        extra_root_certificates: settings.extra_roots.clone(),
+        ..Default::default()
+    })
 }
 
 fn parse_manifest(bytes: &[u8]) -> Result<OciImageManifest, FetchError> {
@@ -364,6 +432,64 @@ mod tests {
             {"digest": "sha256:bb", "platform": {"os": "linux", "architecture": "amd64"}},
             {"digest": "sha256:cc", "platform": {"os": "wasip1", "architecture": "wasm"}},
         ]})
+    }
+
+    #[test]
+    fn only_loopback_and_listed_registries_may_skip_tls() {
+        let r = |u: &str| match crate::reference::Source::parse(u).unwrap() {
+            crate::reference::Source::Oci(r) => r,
+            _ => unreachable!(),
+        };
+        let none = Settings::default();
+        let listed = Settings {
+            insecure_registries: vec!["reg.example:5000".into()],
+            ..Settings::default()
+        };
+        let all = Settings {
+            insecure_registries: vec!["*".into()],
+            ..Settings::default()
+        };
+        let strict = Transport {
+            verify_tls: true,
+            plain_http_fallback: false,
+        };
+        assert_eq!(
+            Transport::for_registry(&r("oci://reg.example:5000/a:1"), &none),
+            strict
+        );
+        assert_eq!(
+            Transport::for_registry(&r("oci://reg.example/a:1"), &listed),
+            strict,
+            "the port is part of the match"
+        );
+        let insecure = Transport {
+            verify_tls: false,
+            plain_http_fallback: true,
+        };
+        assert_eq!(
+            Transport::for_registry(&r("oci://reg.example:5000/a:1"), &listed),
+            insecure
+        );
+        assert_eq!(
+            Transport::for_registry(&r("oci://ghcr.io/a:1"), &all),
+            insecure
+        );
+        let loopback = Transport {
+            verify_tls: true,
+            plain_http_fallback: true,
+        };
+        assert_eq!(
+            Transport::for_registry(&r("oci://127.0.0.1:5000/a:1"), &none),
+            loopback
+        );
+        assert_eq!(
+            Transport::for_registry(&r("oci://localhost:5000/a:1"), &none),
+            loopback
+        );
+        assert_eq!(
+            Transport::for_registry(&r("oci://[::1]:5000/a:1"), &none),
+            loopback
+        );
     }
 
     #[test]

@@ -2,120 +2,11 @@
 //! loopback port, with images pushed through the registry's HTTP API by `oci-client`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
 
-use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
 
+use crate::oci_registry::{Options, Registry};
 use crate::support::*;
-
-pub struct Registry {
-    pub host: String,
-    child: Child,
-    _dir: tempfile::TempDir,
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-impl Registry {
-    /// Starts `docker-registry`; with `htpasswd`, basic auth for `user:pass`.
-    pub fn start(htpasswd: bool) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let mut config = format!(
-            "version: 0.1\nlog: {{level: error}}\nstorage: {{filesystem: {{rootdirectory: {}}}, delete: {{enabled: true}}}}\nhttp: {{addr: 127.0.0.1:{port}}}\n",
-            dir.path().join("data").display()
-        );
-        if htpasswd {
-            let out = Command::new("htpasswd")
-                .args(["-Bbn", "user", "pass"])
-                .output()
-                .expect("htpasswd (apache2-utils) is needed");
-            let file = dir.path().join("htpasswd");
-            std::fs::write(&file, out.stdout).unwrap();
-            config.push_str(&format!(
-                "auth: {{htpasswd: {{realm: test, path: {}}}}}\n",
-                file.display()
-            ));
-        }
-        let config_path = dir.path().join("config.yml");
-        std::fs::write(&config_path, config).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config_path)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("docker-registry (Debian package docker-registry) is needed");
-        let host = format!("127.0.0.1:{port}");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(&host).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "docker-registry did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            host,
-            child,
-            _dir: dir,
-        }
-    }
-
-    pub fn stop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// Pushes an image with these layers and config; returns the manifest digest.
-    pub fn push(
-        &self,
-        repo_tag: &str,
-        layers: Vec<(&str, Vec<u8>)>,
-        config_type: &str,
-        auth: &RegistryAuth,
-    ) -> String {
-        let client = Client::new(ClientConfig {
-            protocol: ClientProtocol::Http,
-            ..Default::default()
-        });
-        let reference: Reference = format!("{}/{repo_tag}", self.host).parse().unwrap();
-        let layers: Vec<ImageLayer> = layers
-            .into_iter()
-            .map(|(t, data)| ImageLayer::new(data, t.to_string(), None))
-            .collect();
-        let config = Config::new(b"{}".to_vec(), config_type.to_string(), None);
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let resp = rt
-            .block_on(client.push(&reference, &layers, config, auth, None))
-            .unwrap();
-        let digest = resp.manifest_url.rsplit('/').next().unwrap().to_string();
-        if digest.starts_with("sha256:") {
-            return digest;
-        }
-        rt.block_on(client.fetch_manifest_digest(&reference, auth))
-            .unwrap()
-    }
-}
 
 pub fn tar_gz_with(name: &str, data: &[u8]) -> Vec<u8> {
     let mut builder = tar::Builder::new(flate2::write::GzEncoder::new(
@@ -284,8 +175,23 @@ fn always_rechecks_a_moving_tag_and_same_version_uses_the_cache() {
     assert_eq!(read(&newer), v2);
     assert_eq!(newer["from_cache"], false);
     // No version: `latest` means Always, checked each time; unchanged digest, no layer download.
+    let blobs = reg.requests("GET", "/v2/a/filter/blobs/");
+    let manifests = reg.requests("GET", "/v2/a/filter/manifests/");
+    assert!(
+        blobs >= 2,
+        "the access log shows no layer downloads: {blobs}"
+    );
     let (o, again) = json_pull(dir.path(), &[&url]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        reg.requests("GET", "/v2/a/filter/manifests/") > manifests,
+        "the tag was not checked"
+    );
+    assert_eq!(
+        reg.requests("GET", "/v2/a/filter/blobs/"),
+        blobs,
+        "a layer was downloaded again for an unchanged digest"
+    );
     assert_eq!(read(&again), v2);
     assert_eq!(again["from_cache"], true);
     assert_eq!(again["manifest_digest"], newer["manifest_digest"]);
@@ -368,4 +274,68 @@ fn a_registry_with_auth_says_unauthorized_then_accepts_the_pull_secret() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), m);
+}
+
+#[test]
+fn a_tls_registry_is_verified_unless_trusted_by_ca_file_or_listed_insecure() {
+    let reg = Registry::start_with(Options {
+        tls: true,
+        ..Default::default()
+    });
+    let m = module("tls");
+    reg.push(
+        "tls/filter:1.0",
+        vec![(WASM, m.clone())],
+        CNCF_CONFIG,
+        &RegistryAuth::Anonymous,
+    );
+    let url = format!("oci://{}/tls/filter:1.0", reg.host);
+    // The same module over HTTPS: the registry's blob endpoint is a plain GET.
+    let https = format!(
+        "https://{}/v2/tls/filter/blobs/sha256:{}",
+        reg.host,
+        sha256_hex(&m)
+    );
+    let ca = reg.ca_file();
+    let ca = ca.to_str().unwrap();
+    for source in [&url, &https] {
+        // Loopback or not, a certificate nobody vouched for is refused, with the way out.
+        let dir = tempfile::tempdir().unwrap();
+        let o = pull(dir.path(), &[source]);
+        assert_failed(&o, dir.path(), source, "untrusted certificate");
+        assert!(
+            stderr(&o).contains("--ca-file") && stderr(&o).contains("WASM_INSECURE_REGISTRIES"),
+            "{}",
+            stderr(&o)
+        );
+        // Listing another registry does not help.
+        let o = fetcher()
+            .env("WASM_INSECURE_REGISTRIES", "127.0.0.1:1,other.example:5000")
+            .args(["pull", source, "--cache-dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        assert_failed(&o, dir.path(), source, "untrusted certificate");
+        // Trusting its CA works.
+        let o = pull(dir.path(), &[source, "--ca-file", ca]);
+        assert_eq!(o.status.code(), Some(0), "{source}: {}", stderr(&o));
+        assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), m);
+        // So does listing it (host:port) or `*` in WASM_INSECURE_REGISTRIES.
+        for listed in [reg.host.as_str(), "*"] {
+            let fresh = tempfile::tempdir().unwrap();
+            let o = fetcher()
+                .env("WASM_INSECURE_REGISTRIES", listed)
+                .args(["pull", source, "--cache-dir"])
+                .arg(fresh.path())
+                .output()
+                .unwrap();
+            assert_eq!(
+                o.status.code(),
+                Some(0),
+                "{source} {listed}: {}",
+                stderr(&o)
+            );
+            assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), m);
+        }
+    }
 }

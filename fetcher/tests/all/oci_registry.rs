@@ -1,0 +1,224 @@
+//! A real `docker-registry` (CNCF distribution, Debian package) on a free loopback port, with
+//! optional basic auth and TLS, its access log kept so tests can count what was requested, and
+//! a push helper that goes through the registry's HTTP API with `oci-client`.
+//! Shared by the integration tests and `benches/pull.rs`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+
+#[derive(Default, Clone, Copy)]
+pub struct Options {
+    /// Basic auth for `user:pass` (htpasswd from apache2-utils).
+    pub htpasswd: bool,
+    /// Serve TLS with a certificate signed by a throwaway CA (`Registry::ca_file`).
+    pub tls: bool,
+}
+
+pub struct Registry {
+    /// `127.0.0.1:PORT`.
+    pub host: String,
+    tls: bool,
+    child: Child,
+    dir: tempfile::TempDir,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("cannot run a test tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A CA and a server certificate for 127.0.0.1 signed by it, with `openssl`.
+fn make_certs(dir: &Path) {
+    let p = |n: &str| dir.join(n);
+    run(Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=test CA",
+            "-keyout",
+        ])
+        .arg(p("ca.key"))
+        .arg("-out")
+        .arg(p("ca.pem")));
+    run(Command::new("openssl")
+        .args([
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-keyout",
+        ])
+        .arg(p("server.key"))
+        .arg("-out")
+        .arg(p("server.csr")));
+    std::fs::write(
+        p("ext.cnf"),
+        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+    )
+    .unwrap();
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-days", "1", "-CAcreateserial", "-in"])
+        .arg(p("server.csr"))
+        .arg("-CA")
+        .arg(p("ca.pem"))
+        .arg("-CAkey")
+        .arg(p("ca.key"))
+        .arg("-extfile")
+        .arg(p("ext.cnf"))
+        .arg("-out")
+        .arg(p("server.pem")));
+}
+
+impl Registry {
+    pub fn start(htpasswd: bool) -> Self {
+        Self::start_with(Options {
+            htpasswd,
+            ..Default::default()
+        })
+    }
+
+    pub fn start_with(options: Options) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let mut config = format!(
+            "version: 0.1\nlog: {{level: error, accesslog: {{disabled: false}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}, delete: {{enabled: true}}}}\n",
+            dir.path().join("data").display()
+        );
+        if options.tls {
+            make_certs(dir.path());
+            config.push_str(&format!(
+                "http: {{addr: 127.0.0.1:{port}, tls: {{certificate: {}, key: {}}}}}\n",
+                dir.path().join("server.pem").display(),
+                dir.path().join("server.key").display()
+            ));
+        } else {
+            config.push_str(&format!("http: {{addr: 127.0.0.1:{port}}}\n"));
+        }
+        if options.htpasswd {
+            let out = Command::new("htpasswd")
+                .args(["-Bbn", "user", "pass"])
+                .output()
+                .expect("htpasswd (apache2-utils) is needed");
+            let file = dir.path().join("htpasswd");
+            std::fs::write(&file, out.stdout).unwrap();
+            config.push_str(&format!(
+                "auth: {{htpasswd: {{realm: test, path: {}}}}}\n",
+                file.display()
+            ));
+        }
+        let config_path = dir.path().join("config.yml");
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(dir.path().join("access.log")).unwrap();
+        let child = Command::new("docker-registry")
+            .arg("serve")
+            .arg(&config_path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .stdin(Stdio::null())
+            .spawn()
+            .expect("docker-registry (Debian package docker-registry) is needed");
+        let host = format!("127.0.0.1:{port}");
+        let start = Instant::now();
+        while std::net::TcpStream::connect(&host).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(20),
+                "docker-registry did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Self {
+            host,
+            tls: options.tls,
+            child,
+            dir,
+        }
+    }
+
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// The CA that signed a TLS registry's certificate (PEM).
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// How many requests so far were `METHOD` on a path starting with `prefix` (the access log
+    /// is written as requests complete, so give it a moment).
+    pub fn requests(&self, method: &str, prefix: &str) -> usize {
+        std::thread::sleep(Duration::from_millis(100));
+        let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        let needle = format!("\"{method} {prefix}");
+        log.lines().filter(|l| l.contains(&needle)).count()
+    }
+
+    /// Pushes an image with these layers and config; returns the manifest digest.
+    pub fn push(
+        &self,
+        repo_tag: &str,
+        layers: Vec<(&str, Vec<u8>)>,
+        config_type: &str,
+        auth: &RegistryAuth,
+    ) -> String {
+        let client = Client::new(ClientConfig {
+            protocol: if self.tls {
+                ClientProtocol::Https
+            } else {
+                ClientProtocol::Http
+            },
+            accept_invalid_certificates: self.tls,
+            ..Default::default()
+        });
+        let reference: Reference = format!("{}/{repo_tag}", self.host).parse().unwrap();
+        let layers: Vec<ImageLayer> = layers
+            .into_iter()
+            .map(|(t, data)| ImageLayer::new(data, t.to_string(), None))
+            .collect();
+        let config = Config::new(b"{}".to_vec(), config_type.to_string(), None);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let resp = rt
+            .block_on(client.push(&reference, &layers, config, auth, None))
+            .unwrap();
+        let digest = resp.manifest_url.rsplit('/').next().unwrap().to_string();
+        if digest.starts_with("sha256:") {
+            return digest;
+        }
+        rt.block_on(client.fetch_manifest_digest(&reference, auth))
+            .unwrap()
+    }
+}
