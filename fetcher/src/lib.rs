@@ -26,7 +26,9 @@ pub mod source;
 pub mod unbox;
 pub mod verify;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex};
 
 pub use cache::Cache;
 pub use error::FetchError;
@@ -154,8 +156,19 @@ pub async fn pull(
     if policy == PullPolicy::Never {
         return Err(FetchError::NotInCache);
     }
-    // One download per source across processes: whoever waited finds it cached.
-    let _lock = cache.lock_source(&req.url)?;
+    // One download per source: within this process through an async mutex (so waiting tasks
+    // do not block the runtime), across processes through the file lock (taken on a blocking
+    // thread). Whoever waited finds the module cached below.
+    let _in_process = in_flight(cache, &req.url).lock_owned().await;
+    let _lock = {
+        let (c, url) = (cache.clone(), req.url.clone());
+        tokio::task::spawn_blocking(move || c.lock_source(&url))
+            .await
+            .map_err(|e| FetchError::Cache {
+                path: cache.root().to_path_buf(),
+                message: format!("waiting for the source lock: {e}"),
+            })??
+    };
     if policy != PullPolicy::Always || req.resource_version.is_some() {
         if let Some(p) = from_cache(&index.load()?, cache, req, &source, policy, &resource) {
             return record(&index, req, &resource, p, None);
@@ -261,6 +274,19 @@ pub async fn pull(
         }
     };
     record(&index, req, &resource, pulled, index_digest)
+}
+
+/// The in-process lock for one source in one cache. Entries stay for the life of the process:
+/// one small mutex per distinct source pulled.
+fn in_flight(cache: &Cache, url: &str) -> Arc<tokio::sync::Mutex<()>> {
+    static IN_FLIGHT: LazyLock<Mutex<HashMap<(PathBuf, String), Arc<tokio::sync::Mutex<()>>>>> =
+        LazyLock::new(Mutex::default);
+    let mut map = IN_FLIGHT
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
+    map.entry((cache.root().to_path_buf(), url.to_string()))
+        .or_default()
+        .clone()
 }
 
 fn already_recorded(idx: &index::Index, req: &PullRequest, resource: &str, p: &Pulled) -> bool {
