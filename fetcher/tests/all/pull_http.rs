@@ -233,3 +233,38 @@ fn gzip_tar_and_tar_gz_bodies_are_unboxed_and_pinned_by_the_module() {
         assert!(tmp_files.is_empty(), "{path}: {tmp_files:?}");
     }
 }
+
+#[test]
+fn proxy_environment_variables_are_honoured() {
+    // The "proxy" is the loopback server: it receives the absolute-form request for a host that
+    // does not exist and answers it, which only happens if the fetcher went through it.
+    let url = "http://wasm-modules.invalid/filter.wasm";
+    let m = module("proxied");
+    let proxy = Server::start(vec![(url, Behaviour::Ok(m.clone()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let o = fetcher()
+        .env("HTTP_PROXY", &proxy.base)
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy")
+        .args(["pull", url, "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(proxy.hits(url), 1);
+    assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), m);
+    // NO_PROXY exempts a host: the request goes to it directly, not through the proxy.
+    let direct = Server::start(vec![("/d.wasm", Behaviour::Ok(m.clone()))]);
+    let direct_url = direct.url("/d.wasm");
+    let other = tempfile::tempdir().unwrap();
+    let o = fetcher()
+        .env("HTTP_PROXY", &proxy.base)
+        .env("NO_PROXY", "127.0.0.1")
+        .args(["pull", &direct_url, "--cache-dir"])
+        .arg(other.path())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(direct.hits("/d.wasm"), 1);
+    assert_eq!(proxy.hits(&direct_url), 0, "NO_PROXY was ignored");
+}

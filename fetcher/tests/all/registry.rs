@@ -339,3 +339,24 @@ fn a_tls_registry_is_verified_unless_trusted_by_ca_file_or_listed_insecure() {
         }
     }
 }
+
+#[test]
+fn a_registry_that_never_answers_times_out_within_the_timeout() {
+    // Accepts connections and says nothing: neither a TLS handshake nor HTTP completes.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host = silent.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        let held: Vec<_> = silent.incoming().flatten().collect();
+        drop(held);
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("oci://{host}/stuck/filter:1.0");
+    let start = std::time::Instant::now();
+    let o = pull(dir.path(), &[&url, "--timeout", "1s"]);
+    assert_failed(&o, dir.path(), &url, "timed out");
+    assert!(
+        start.elapsed() < std::time::Duration::from_secs(10),
+        "--timeout 1s took {:?}",
+        start.elapsed()
+    );
+}
