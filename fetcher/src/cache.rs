@@ -65,6 +65,23 @@ impl Cache {
         p.is_file().then_some(p)
     }
 
+    /// The cached module with this digest if present and intact. A file whose size and mtime
+    /// are those the index recorded is trusted on a stat (a warm lookup must stay cheap); any
+    /// other is re-hashed and served only if it still matches its name, so a module damaged
+    /// on disk is downloaded again instead of handed to Envoy.
+    pub fn lookup_intact(&self, sha: &Sha256, recorded: Option<Stamp>) -> Option<PathBuf> {
+        let path = self.module_path(sha);
+        let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file())?;
+        if recorded == Some(Stamp::of(&meta)) {
+            return Some(path);
+        }
+        let intact = hash_file(&path).is_ok_and(|actual| actual == *sha);
+        if !intact {
+            tracing::warn!(path = %path.display(), "cached module is damaged; fetching it again");
+        }
+        intact.then_some(path)
+    }
+
     /// An exclusive lock on one source (held until dropped), so concurrent processes pulling
     /// the same module make one download.
     pub fn lock_source(&self, url: &str) -> Result<std::fs::File, FetchError> {
@@ -137,6 +154,43 @@ impl Cache {
         // pull downloads again) but never expose a partial module; the directory is not synced.
         file.persist(&dest).map_err(|e| cache_err(&dest, e.error))?;
         Ok((dest, actual))
+    }
+}
+
+/// What the index remembers of a module file to notice, without hashing, that it changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stamp {
+    pub size: u64,
+    pub modified_ns: Option<u64>,
+}
+
+impl Stamp {
+    pub fn of(meta: &std::fs::Metadata) -> Self {
+        Self {
+            size: meta.len(),
+            modified_ns: meta
+                .modified()
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_nanos() as u64),
+        }
+    }
+
+    pub fn of_file(path: &Path) -> Option<Self> {
+        std::fs::metadata(path).ok().map(|m| Self::of(&m))
+    }
+}
+
+fn hash_file(path: &Path) -> std::io::Result<Sha256> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Hasher::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        let n = std::io::Read::read(&mut file, &mut buf)?;
+        if n == 0 {
+            return Ok(Sha256(hasher.finalize().into()));
+        }
+        hasher.update(&buf[..n]);
     }
 }
 

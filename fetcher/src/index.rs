@@ -32,8 +32,20 @@ pub struct ModuleEntry {
     #[serde(default)]
     pub index_digest: Option<String>,
     pub size: u64,
+    /// The file's mtime when last verified (see `Cache::lookup_intact`).
+    #[serde(default)]
+    pub modified_ns: Option<u64>,
     pub pulled_at: u64,
     pub last_used: u64,
+}
+
+impl ModuleEntry {
+    pub fn stamp(&self) -> crate::cache::Stamp {
+        crate::cache::Stamp {
+            size: self.size,
+            modified_ns: self.modified_ns,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

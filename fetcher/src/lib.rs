@@ -90,7 +90,7 @@ fn from_cache(
     resource: &str,
 ) -> Option<Pulled> {
     let hit = |sha: &str, pin: Option<PinMatch>| -> Option<Pulled> {
-        let path = cache.lookup(&Sha256::parse(sha).ok()?)?;
+        let path = intact(idx, cache, sha)?;
         Some(Pulled {
             path,
             source: req.url.clone(),
@@ -216,10 +216,7 @@ pub async fn pull(
             let idx = index.load()?;
             let unchanged = idx.modules.iter().find(|(sha, m)| {
                 m.manifest_digest.as_deref() == Some(&resolved.manifest_digest)
-                    && Sha256::parse(sha)
-                        .ok()
-                        .and_then(|s| cache.lookup(&s))
-                        .is_some()
+                    && intact(&idx, cache, sha).is_some()
             });
             let module_pin = if digest_pin.is_some() {
                 None
@@ -289,11 +286,17 @@ fn in_flight(cache: &Cache, url: &str) -> Arc<tokio::sync::Mutex<()>> {
         .clone()
 }
 
+/// The cached module named by `sha` (hex), if its file is intact.
+fn intact(idx: &index::Index, cache: &Cache, sha: &str) -> Option<PathBuf> {
+    let recorded = idx.modules.get(sha).map(ModuleEntry::stamp);
+    cache.lookup_intact(&Sha256::parse(sha).ok()?, recorded)
+}
+
 fn already_recorded(idx: &index::Index, req: &PullRequest, resource: &str, p: &Pulled) -> bool {
-    let fresh = idx
-        .modules
-        .get(&p.sha256)
-        .is_some_and(|m| index::now().saturating_sub(m.last_used) < 60);
+    let fresh = idx.modules.get(&p.sha256).is_some_and(|m| {
+        index::now().saturating_sub(m.last_used) < 60
+            && cache::Stamp::of_file(&p.path) == Some(m.stamp())
+    });
     let source_known = idx
         .sources
         .get(&req.url)
@@ -332,9 +335,7 @@ fn record(
     index_digest: Option<String>,
 ) -> Result<Pulled, FetchError> {
     let now = index::now();
-    let size = std::fs::metadata(&pulled.path)
-        .map(|m| m.len())
-        .unwrap_or_default();
+    let stamp = cache::Stamp::of_file(&pulled.path);
     index.update(|idx| {
         let entry = idx
             .modules
@@ -343,11 +344,17 @@ fn record(
                 source: req.url.clone(),
                 manifest_digest: pulled.manifest_digest.clone(),
                 index_digest: index_digest.clone(),
-                size,
+                size: 0,
+                modified_ns: None,
                 pulled_at: now,
                 last_used: now,
             });
         entry.last_used = now;
+        // Verified by this pull (downloaded, or checked by `intact`): remember the file as is.
+        if let Some(stamp) = stamp {
+            entry.size = stamp.size;
+            entry.modified_ns = stamp.modified_ns;
+        }
         if pulled.manifest_digest.is_some() {
             entry.manifest_digest = pulled.manifest_digest.clone();
         }

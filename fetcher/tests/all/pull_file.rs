@@ -176,3 +176,40 @@ fn ls_shows_modules_and_purge_removes_only_expired_ones() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("WASM_MODULE_EXPIRY"), "{}", stderr(&o));
 }
+
+#[test]
+fn a_damaged_cached_module_is_never_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("m.wasm");
+    let bytes = module("intact");
+    std::fs::write(&src, &bytes).unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("file://{}", src.display());
+    let sha = sha256_hex(&bytes);
+    let cached = stdout_path(&pull(&cache, &[&url, "--sha256", &sha]));
+    // Same length, other bytes (a flipped bit on disk): the mtime gives it away.
+    let mut flipped = bytes.clone();
+    *flipped.last_mut().unwrap() ^= 1;
+    let truncated = bytes[..bytes.len() / 2].to_vec();
+    for damage in [flipped, truncated] {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::write(&cached, &damage).unwrap();
+        // Never may not fetch, and will not serve what is there.
+        let o = pull(&cache, &[&url, "--sha256", &sha, "--pull-policy", "Never"]);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains("not in cache"), "{}", stderr(&o));
+        // IfNotPresent fetches it again and replaces the damaged file.
+        let o = pull(&cache, &[&url, "--sha256", &sha, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["from_cache"], false);
+        assert_eq!(std::fs::read(&cached).unwrap(), bytes);
+    }
+    // A file that was only touched is re-hashed once, found intact, and served.
+    let t = std::fs::File::options().append(true).open(&cached).unwrap();
+    t.set_modified(std::time::SystemTime::now() + std::time::Duration::from_secs(5))
+        .unwrap();
+    let o = pull(&cache, &[&url, "--sha256", &sha, "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["from_cache"], true, "{}", stderr(&o));
+}
