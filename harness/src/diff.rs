@@ -9,7 +9,7 @@ use serde::Serialize;
 use crate::envoy::RealEnvoy;
 use crate::http::Exchange;
 use crate::run::{self, RunOptions, ScenarioReport, Verdict};
-use crate::scenario::{self, Scenario};
+use crate::scenario::{self, Scenario, Step};
 
 /// Headers whose values legitimately differ between two runs (clock, ids, timing); only
 /// their presence is compared.
@@ -17,6 +17,9 @@ const VOLATILE: &[&str] = &["x-request-id", "x-envoy-upstream-service-time"];
 /// Not compared at all: `date` is Envoy's wall clock, which the harness does not add, and an
 /// HTTP/1.1 upstream cannot observe `:scheme`.
 const IGNORED: &[&str] = &["date", ":scheme"];
+/// Real Envoy has no virtual clock: an `advance` step waits in real time (so its timers fire
+/// too), at most this long.
+pub const MAX_REAL_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct DiffCase {
@@ -165,10 +168,25 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
         report.verdict = Verdict::Failed;
         return report;
     }
-    for (case, hcase) in scenario.requests.iter().zip(&report.harness.cases) {
+    for (step, hcase) in scenario.requests.iter().zip(&report.harness.cases) {
+        let case = match step {
+            Step::Request(case) => case,
+            Step::Advance(adv) => {
+                // Its log expectations are the harness's alone, as for requests.
+                std::thread::sleep(adv.advance.0.min(MAX_REAL_WAIT));
+                report.cases.push(DiffCase {
+                    name: step.name(),
+                    envoy_failures: Vec::new(),
+                    differences: Vec::new(),
+                    envoy: None,
+                });
+                continue;
+            }
+        };
         let mut expect = case.expect.clone();
         // Envoy's log is not split per request, and it cannot say who made a local reply.
         expect.logs.clear();
+        expect.log_counts.clear();
         expect.local_reply = None;
         let result = real.send(
             case.listener.as_deref(),
@@ -218,6 +236,18 @@ impl std::fmt::Display for DiffReport {
             let agree = d.differences.is_empty();
             let ok = h.failures.is_empty() && d.envoy_failures.is_empty() && agree;
             writeln!(f, "  {} {}", if ok { "ok  " } else { "FAIL" }, h.name)?;
+            if let Some(by) = &h.advanced {
+                writeln!(
+                    f,
+                    "       harness: clock +{by}, {} tick(s) | envoy: waited up to {}s of real time",
+                    h.ticks.unwrap_or_default(),
+                    MAX_REAL_WAIT.as_secs()
+                )?;
+                for x in &h.failures {
+                    writeln!(f, "       harness expected: {x}")?;
+                }
+                continue;
+            }
             let status = |ex: &Option<Exchange>| match ex.as_ref().and_then(|e| e.response.as_ref())
             {
                 Some(r) => format!("{} {:?}", r.status, String::from_utf8_lossy(&r.body)),

@@ -1,6 +1,9 @@
 //! The emulated Envoy: listeners from the bootstrap, worker threads each with their own VM per
 //! distinct (vm_id, vm configuration, code), and an HTTP stream's path through the filter
-//! chain, the router and back, with Envoy's order of callbacks.
+//! chain, the router and back, with Envoy's order of callbacks. Ticks and queue notifications
+//! (what Envoy's dispatchers run between requests) are in [`events`].
+
+mod events;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -12,6 +15,8 @@ use crate::bootstrap::{
 use crate::host::{self, HeaderMap, LocalReply, LogRecord, Shared};
 use crate::http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
 use crate::vm::{LoadedModule, PluginStartError, Runtime, Vm, VmError};
+
+pub use events::{format_duration, DeliveryError, MAX_QUEUE_DELIVERIES};
 
 /// Why the emulated proxy could not start: Envoy would refuse this configuration.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +82,8 @@ pub struct Proxy {
     shared: Arc<Shared>,
     workers: Vec<Worker>,
     requests_sent: usize,
+    /// Delivery problems not yet handed to the caller (see [`Proxy::take_errors`]).
+    errors: Vec<DeliveryError>,
 }
 
 impl Proxy {
@@ -102,6 +109,7 @@ impl Proxy {
             shared,
             workers: Vec::new(),
             requests_sent: 0,
+            errors: Vec::new(),
         };
         // Envoy first starts every plugin on a throw-away canary; a refusal there rejects the
         // whole configuration before any worker sees it.
@@ -110,6 +118,8 @@ impl Proxy {
             let worker = proxy.place_plugins(&modules, Some(w), false)?;
             proxy.workers.push(worker);
         }
+        // What the plugins enqueued while starting reaches the registrants now.
+        proxy.deliver_posted();
         Ok(proxy)
     }
 
@@ -207,9 +217,11 @@ impl Proxy {
         self.requests_sent += 1;
         let request_id = format!("{:08x}-0000-4000-8000-{:012x}", 0x5eed, self.requests_sent);
         let listener = self.bootstrap.listeners[li].clone();
-        let worker_state = &mut self.workers[w];
         let mut stream = HttpStream {
-            worker: worker_state,
+            workers: &mut self.workers,
+            w,
+            shared: &self.shared,
+            errors: &mut self.errors,
             listener: &listener,
             listener_index: li,
             contexts: Vec::new(),
@@ -220,9 +232,13 @@ impl Proxy {
     }
 }
 
-/// One HTTP stream on one worker.
+/// One HTTP stream on worker `w`. It holds every worker because what a callback enqueues is
+/// delivered, once the callback returns, to whichever worker registered the queue.
 struct HttpStream<'a> {
-    worker: &'a mut Worker,
+    workers: &'a mut [Worker],
+    w: usize,
+    shared: &'a Shared,
+    errors: &'a mut Vec<DeliveryError>,
     listener: &'a Listener,
     listener_index: usize,
     /// Per Wasm filter: the stream context created for it, if the filter is active.
@@ -264,23 +280,47 @@ impl HttpStream<'_> {
         }
     }
 
+    fn worker(&mut self) -> &mut Worker {
+        &mut self.workers[self.w]
+    }
+
+    /// Delivers what the last callback posted (queue notifications), as Envoy's dispatchers
+    /// run posted work once the current callback has returned.
+    fn deliver_posted(&mut self) {
+        if let Err(e) = events::deliver_queue_ready(self.shared, self.workers) {
+            self.errors.push(e);
+        }
+    }
+
     /// Creates the stream contexts lazily, as Envoy does at the first decode callback.
     fn setup(&mut self) {
-        let slots = &self.worker.slots[self.listener_index];
+        let slots = self.workers[self.w].slots[self.listener_index].clone();
         self.contexts = vec![None; slots.len()];
-        for (i, slot) in slots.clone().into_iter().enumerate() {
+        for (i, slot) in slots.into_iter().enumerate() {
             if let Some(slot) = slot {
-                if self.worker.vms[slot.vm].failed.is_none() {
-                    let ctx = self.worker.vms[slot.vm].create_http_context(slot.root);
+                if self.worker().vms[slot.vm].failed.is_none() {
+                    let ctx = self.worker().vms[slot.vm].create_http_context(slot.root);
                     self.contexts[i] = Some((slot.vm, ctx));
+                    self.deliver_posted();
                 }
             }
         }
     }
 
     /// Runs one callback on filter `i` and turns its result into a step, applying local
-    /// replies, the failure policy and pauses as Envoy does.
+    /// replies, the failure policy and pauses as Envoy does; then delivers what it posted.
     fn callback(
+        &mut self,
+        i: usize,
+        phase: &str,
+        call: &mut dyn FnMut(&mut Vm, u32) -> Option<i32>,
+    ) -> Step {
+        let step = self.run_callback(i, phase, call);
+        self.deliver_posted();
+        step
+    }
+
+    fn run_callback(
         &mut self,
         i: usize,
         phase: &str,
@@ -290,14 +330,14 @@ impl HttpStream<'_> {
             return self.fail_stream(i);
         };
         let name = self.plugin(i).name.clone();
-        if self.worker.vms[vm].failed.is_some() {
+        if self.worker().vms[vm].failed.is_some() {
             return self.fail_stream(i);
         }
-        let result = call(&mut self.worker.vms[vm], ctx);
-        if self.worker.vms[vm].failed.is_some() {
+        let result = call(&mut self.worker().vms[vm], ctx);
+        if self.worker().vms[vm].failed.is_some() {
             return self.fail_stream(i);
         }
-        let vm = &mut self.worker.vms[vm];
+        let vm = &mut self.worker().vms[vm];
         let s = vm
             .http_state(ctx)
             .expect("stream context exists while the stream runs");
@@ -533,7 +573,8 @@ impl HttpStream<'_> {
         value: T,
         f: impl FnOnce(&mut host::HttpStreamState, T),
     ) -> Option<T> {
-        match self.contexts[i].and_then(|(vm, ctx)| self.worker.vms[vm].http_state(ctx)) {
+        let w = self.w;
+        match self.contexts[i].and_then(|(vm, ctx)| self.workers[w].vms[vm].http_state(ctx)) {
             Some(s) => {
                 f(s, value);
                 None
@@ -548,13 +589,14 @@ impl HttpStream<'_> {
         f: impl FnOnce(&mut host::HttpStreamState) -> Option<T>,
     ) -> Option<T> {
         let (vm, ctx) = self.contexts[i]?;
-        self.worker.vms[vm].http_state(ctx).and_then(f)
+        self.worker().vms[vm].http_state(ctx).and_then(f)
     }
 
     /// Stream end: `on_log`, `on_done`, `on_delete` on every filter's context.
     fn finish(&mut self) {
         for c in std::mem::take(&mut self.contexts).into_iter().flatten() {
-            self.worker.vms[c.0].finish_stream(c.1);
+            self.worker().vms[c.0].finish_stream(c.1);
+            self.deliver_posted();
         }
     }
 }

@@ -5,9 +5,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
+use crate::host::LogRecord;
 use crate::http::Exchange;
 use crate::proxy::{Proxy, ProxyOptions};
-use crate::scenario::{self, Scenario};
+use crate::scenario::{self, Scenario, Step};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -23,12 +24,19 @@ impl Verdict {
     }
 }
 
+/// One step of a scenario: a request, or a clock advance.
 #[derive(Debug, Clone, Serialize)]
 pub struct CaseReport {
     pub name: String,
     pub failures: Vec<String>,
     pub exchange: Option<Exchange>,
-    /// Log lines written while this request ran, in Envoy's format.
+    /// For an advance step: how far the virtual clock moved (e.g. `3s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub advanced: Option<String>,
+    /// For an advance step: how many `proxy_on_tick` calls it made, all workers together.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ticks: Option<usize>,
+    /// Log lines written while this step ran: `[worker N]`, then Envoy's format.
     pub logs: Vec<String>,
 }
 
@@ -38,8 +46,11 @@ pub struct ScenarioReport {
     pub verdict: Verdict,
     /// Why the run could not start (verdict 2).
     pub error: Option<String>,
-    /// Log lines from VM start and configuration.
+    /// Log lines from VM start and configuration (`[main]` for the canary VM).
     pub startup_logs: Vec<String>,
+    /// Problems while starting that do not stop the run (a queue storm at startup).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub startup_failures: Vec<String>,
     pub cases: Vec<CaseReport>,
 }
 
@@ -68,6 +79,7 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
         verdict: Verdict::CannotStart,
         error: None,
         startup_logs: Vec::new(),
+        startup_failures: Vec::new(),
         cases: Vec::new(),
     };
     let scenario = match Scenario::load(path) {
@@ -90,36 +102,79 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
             return report;
         }
     };
-    report.startup_logs = proxy.logs().iter().map(ToString::to_string).collect();
-    report.verdict = Verdict::Passed;
-    for case in &scenario.requests {
-        let before = proxy.log_len();
-        let reply = case.upstream_reply();
-        let result = proxy.send(
-            case.listener.as_deref(),
-            case.worker,
-            &case.to_request(),
-            &mut |_| reply.clone(),
-        );
-        let logs: Vec<String> = proxy.logs()[before..]
-            .iter()
-            .map(ToString::to_string)
-            .collect();
-        let (failures, exchange) = match result {
-            Ok(ex) => (scenario::check(&case.expect, &ex, &logs), Some(ex)),
-            Err(e) => (vec![e], None),
-        };
-        if !failures.is_empty() {
+    report.startup_logs = proxy.logs().iter().map(report_line).collect();
+    report.startup_failures = proxy
+        .take_errors()
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    report.verdict = if report.startup_failures.is_empty() {
+        Verdict::Passed
+    } else {
+        Verdict::Failed
+    };
+    for step in &scenario.requests {
+        let case = run_step(&mut proxy, step);
+        if !case.failures.is_empty() {
             report.verdict = Verdict::Failed;
         }
-        report.cases.push(CaseReport {
-            name: case.name.clone(),
-            failures,
-            exchange,
-            logs,
-        });
+        report.cases.push(case);
     }
     report
+}
+
+/// A log line for reports: which thread wrote it (`main` for the canary VM Envoy runs at
+/// configuration time, else the worker), then Envoy's own format.
+pub fn report_line(record: &LogRecord) -> String {
+    match record.worker {
+        Some(w) => format!("[worker {w}] {record}"),
+        None => format!("[main] {record}"),
+    }
+}
+
+/// Runs one step and checks its expectations against what happened and what was logged
+/// meanwhile; delivery problems (a queue storm) are failures of the step.
+pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
+    let before = proxy.log_len();
+    let mut case = CaseReport {
+        name: step.name(),
+        failures: Vec::new(),
+        exchange: None,
+        advanced: None,
+        ticks: None,
+        logs: Vec::new(),
+    };
+    let outcome = match step {
+        Step::Request(req) => {
+            let reply = req.upstream_reply();
+            Some(proxy.send(
+                req.listener.as_deref(),
+                req.worker,
+                &req.to_request(),
+                &mut |_| reply.clone(),
+            ))
+        }
+        Step::Advance(adv) => {
+            case.ticks = Some(proxy.advance(adv.advance.0));
+            case.advanced = Some(adv.advance.to_string());
+            None
+        }
+    };
+    let records = proxy.logs().split_off(before.min(proxy.log_len()));
+    case.logs = records.iter().map(report_line).collect();
+    case.failures = match (step, outcome) {
+        (Step::Request(req), Some(Ok(ex))) => {
+            let failures = scenario::check(&req.expect, &ex, &records);
+            case.exchange = Some(ex);
+            failures
+        }
+        (Step::Request(_), Some(Err(e))) => vec![e],
+        (Step::Advance(adv), _) => scenario::check_advance(adv, &records),
+        (Step::Request(_), None) => Vec::new(),
+    };
+    case.failures
+        .extend(proxy.take_errors().iter().map(ToString::to_string));
+    case
 }
 
 impl std::fmt::Display for ScenarioReport {
@@ -131,14 +186,25 @@ impl std::fmt::Display for ScenarioReport {
         for line in &self.startup_logs {
             writeln!(f, "  {line}")?;
         }
+        for failure in &self.startup_failures {
+            writeln!(f, "  FAIL at startup: {failure}")?;
+        }
         for case in &self.cases {
             let mark = if case.failures.is_empty() {
                 "ok  "
             } else {
                 "FAIL"
             };
-            let worker = case.exchange.as_ref().map(|e| e.worker).unwrap_or_default();
-            writeln!(f, "  {mark} {} (worker {worker})", case.name)?;
+            match (&case.exchange, &case.advanced) {
+                (Some(ex), _) => writeln!(f, "  {mark} {} (worker {})", case.name, ex.worker)?,
+                (None, Some(by)) => writeln!(
+                    f,
+                    "  {mark} {} (clock +{by}, {} tick(s))",
+                    case.name,
+                    case.ticks.unwrap_or_default()
+                )?,
+                (None, None) => writeln!(f, "  {mark} {}", case.name)?,
+            }
             if let Some(ex) = &case.exchange {
                 if let Some(resp) = &ex.response {
                     writeln!(

@@ -11,17 +11,21 @@
 //!       upstream: {headers: {x-added-by: wasm-filter}, absent: [x-internal-secret]}
 //!       response: {status: 200, headers: {x-served-by: wasm-filter}, body: "hello"}
 //!       local_reply: none
+//!   - advance: 3s            # move the virtual clock: ticks fire, queue notifications follow
+//!     expect:
+//!       log_counts: [{contains: "tick", count: 6}, {contains: "tick", worker: 0, count: 3}]
 //! ```
 //! Header checks are case-insensitive and a subset: the listed headers must be there with
 //! these values, others may be there too; `absent` lists headers that must not be.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 
-use crate::host::HeaderMap;
+use crate::host::{HeaderMap, LogRecord};
 use crate::http::{self, Exchange, LocalReplySource, Request, UpstreamReply};
 
 #[derive(Debug, thiserror::Error)]
@@ -42,10 +46,122 @@ pub struct Scenario {
     pub bootstrap: PathBuf,
     #[serde(default)]
     pub workers: Option<usize>,
+    /// Requests and clock advances, run in order.
     #[serde(default)]
-    pub requests: Vec<RequestCase>,
+    pub requests: Vec<Step>,
     #[serde(skip)]
     pub path: PathBuf,
+}
+
+/// One item of `requests:`: a request, or `{advance: 5s}` moving the virtual clock.
+#[derive(Debug, Clone)]
+pub enum Step {
+    Request(Box<RequestCase>),
+    Advance(AdvanceStep),
+}
+
+impl Step {
+    pub fn name(&self) -> String {
+        match self {
+            Step::Request(r) => r.name.clone(),
+            Step::Advance(a) => a.name(),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Step {
+    /// An item with an `advance` key is an advance, anything else a request; the error names
+    /// the item, since YAML positions are lost on the way.
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let value = serde_json::Value::deserialize(d)?;
+        let label = match value.get("name").and_then(|n| n.as_str()) {
+            Some(name) => format!("{name:?}"),
+            None => "an item without a name".to_string(),
+        };
+        if value.get("advance").is_some() {
+            AdvanceStep::deserialize(value)
+                .map(Step::Advance)
+                .map_err(|e| de::Error::custom(format!("advance step {label}: {e}")))
+        } else {
+            RequestCase::deserialize(value)
+                .map(|r| Step::Request(Box::new(r)))
+                .map_err(|e| de::Error::custom(format!("request {label}: {e}")))
+        }
+    }
+}
+
+/// `{advance: 5s}`: the virtual clock moves on; due ticks fire on every worker, and queue
+/// notifications they cause are delivered. Expectations cover the log lines written meanwhile.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdvanceStep {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub advance: DurationSpec,
+    #[serde(default)]
+    pub expect: LogExpect,
+}
+
+impl AdvanceStep {
+    pub fn name(&self) -> String {
+        self.name
+            .clone()
+            .unwrap_or_else(|| format!("advance {}", self.advance))
+    }
+}
+
+/// A duration written with a unit: `5s`, `1500ms`, `0.5s`, `2m`, `1h`, `250us`, `10ns`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DurationSpec(pub Duration);
+
+impl fmt::Display for DurationSpec {
+    fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str(&crate::proxy::format_duration(self.0))
+    }
+}
+
+impl<'de> Deserialize<'de> for DurationSpec {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        match serde_json::Value::deserialize(d)? {
+            serde_json::Value::String(s) => parse_duration(&s)
+                .map(DurationSpec)
+                .map_err(de::Error::custom),
+            other => Err(de::Error::custom(format!(
+                "a duration needs a unit, like 5s or 1500ms; saw {other}"
+            ))),
+        }
+    }
+}
+
+/// Parses `<number><unit>`, the number possibly decimal, the unit one of h, m, s, ms, us, ns.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
+    let (number, unit) = t.split_at(split);
+    let nanos_per_unit: f64 = match unit.trim() {
+        "h" => 3_600e9,
+        "m" => 60e9,
+        "s" => 1e9,
+        "ms" => 1e6,
+        "us" | "µs" => 1e3,
+        "ns" => 1.0,
+        "" => return Err(format!("duration {text:?} needs a unit, like 5s or 1500ms")),
+        other => {
+            return Err(format!(
+                "duration {text:?}: unknown unit {other:?} (use h, m, s, ms, us or ns)"
+            ))
+        }
+    };
+    let n: f64 = number
+        .parse()
+        .map_err(|_| format!("duration {text:?}: {number:?} is not a number"))?;
+    let nanos = (n * nanos_per_unit).round();
+    if !nanos.is_finite() || nanos > u64::MAX as f64 {
+        return Err(format!("duration {text:?} is too long"));
+    }
+    Ok(Duration::from_nanos(nanos as u64))
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -129,6 +245,31 @@ pub struct Expect {
     /// Substrings that must appear in log lines written while this request ran.
     #[serde(default)]
     pub logs: Vec<String>,
+    /// Exact numbers of log lines (written while this request ran) containing a substring.
+    #[serde(default)]
+    pub log_counts: Vec<LogCount>,
+}
+
+/// Expectations on the log lines written during a step.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogExpect {
+    /// Substrings that must each appear in some line.
+    #[serde(default)]
+    pub logs: Vec<String>,
+    #[serde(default)]
+    pub log_counts: Vec<LogCount>,
+}
+
+/// `{contains: "on_tick", count: 3, worker: 0}`: exactly `count` lines containing the
+/// substring, written by `worker` if given (else by any VM).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogCount {
+    pub contains: String,
+    pub count: usize,
+    #[serde(default)]
+    pub worker: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -320,7 +461,7 @@ fn check_headers(
 
 /// Checks one exchange against its expectations; returns every failed check, worded for a
 /// person: what was expected and what was seen.
-pub fn check(expect: &Expect, ex: &Exchange, logs: &[String]) -> Vec<String> {
+pub fn check(expect: &Expect, ex: &Exchange, logs: &[LogRecord]) -> Vec<String> {
     let mut failures = Vec::new();
     if let Some(why) = &ex.stalled {
         failures.push(format!("the request never completed: {why}"));
@@ -396,13 +537,162 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[String]) -> Vec<String> {
             ));
         }
     }
-    for needle in &expect.logs {
-        if !logs.iter().any(|l| l.contains(needle.as_str())) {
+    check_logs(&expect.logs, &expect.log_counts, logs, &mut failures);
+    failures
+}
+
+/// Checks the log lines written during a step: every `contains` substring in some line, and
+/// every count exact.
+pub fn check_logs(
+    contains: &[String],
+    counts: &[LogCount],
+    logs: &[LogRecord],
+    failures: &mut Vec<String>,
+) {
+    let lines: Vec<String> = logs.iter().map(ToString::to_string).collect();
+    for needle in contains {
+        if !lines.iter().any(|l| l.contains(needle.as_str())) {
             failures.push(format!(
-                "log: expected a line containing {needle:?}, saw {} lines: {logs:?}",
-                logs.len()
+                "log: expected a line containing {needle:?}, saw {} lines: {lines:?}",
+                lines.len()
             ));
         }
     }
+    for want in counts {
+        let got = logs
+            .iter()
+            .zip(&lines)
+            .filter(|(r, l)| {
+                l.contains(want.contains.as_str())
+                    && want.worker.is_none_or(|w| r.worker == Some(w))
+            })
+            .count();
+        if got != want.count {
+            let whose = match want.worker {
+                Some(w) => format!(" from worker {w}"),
+                None => String::new(),
+            };
+            failures.push(format!(
+                "log: expected {} line(s) containing {:?}{whose}, saw {got}",
+                want.count, want.contains
+            ));
+        }
+    }
+}
+
+/// Checks an advance step's expectations against the lines written while it ran.
+pub fn check_advance(step: &AdvanceStep, logs: &[LogRecord]) -> Vec<String> {
+    let mut failures = Vec::new();
+    check_logs(
+        &step.expect.logs,
+        &step.expect.log_counts,
+        logs,
+        &mut failures,
+    );
     failures
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::LogLevel;
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("5s"), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("0.5s"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
+        assert_eq!(parse_duration(" 10 ns"), Ok(Duration::from_nanos(10)));
+        assert!(parse_duration("5").unwrap_err().contains("needs a unit"));
+        assert!(parse_duration("5 days")
+            .unwrap_err()
+            .contains("unknown unit"));
+        assert!(parse_duration("s").unwrap_err().contains("not a number"));
+    }
+
+    fn parse(yaml: &str) -> Result<Scenario, String> {
+        serde_norway::from_str(yaml).map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn requests_and_advances_mix_in_order() {
+        let s = parse(
+            "bootstrap: b.yaml\nrequests:\n  - {name: first, request: {path: /}}\n  - advance: 1500ms\n  - {name: later, advance: 2s, expect: {logs: [tick], log_counts: [{contains: tick, count: 2, worker: 1}]}}\n  - {name: last, request: {}, expect: {log_counts: [{contains: x, count: 0}]}}\n",
+        )
+        .unwrap();
+        let names: Vec<String> = s.requests.iter().map(Step::name).collect();
+        assert_eq!(names, ["first", "advance 1500ms", "later", "last"]);
+        match &s.requests[2] {
+            Step::Advance(a) => {
+                assert_eq!(a.advance.0, Duration::from_secs(2));
+                assert_eq!(a.expect.log_counts[0].worker, Some(1));
+            }
+            other => panic!("expected an advance, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_bad_step_is_named_in_the_error() {
+        let e = parse("bootstrap: b.yaml\nrequests:\n  - {name: tock, advance: 5}\n").unwrap_err();
+        assert!(
+            e.contains("advance step \"tock\"") && e.contains("needs a unit"),
+            "{e}"
+        );
+        let e =
+            parse("bootstrap: b.yaml\nrequests:\n  - {advance: 1s, request: {}}\n").unwrap_err();
+        assert!(e.contains("unknown field `request`"), "{e}");
+        let e = parse("bootstrap: b.yaml\nrequests:\n  - {name: r, reqest: {}}\n").unwrap_err();
+        assert!(e.contains("request \"r\"") && e.contains("reqest"), "{e}");
+    }
+
+    fn record(worker: Option<usize>, message: &str) -> LogRecord {
+        LogRecord {
+            worker,
+            level: LogLevel::Info,
+            plugin: "p".into(),
+            root_id: String::new(),
+            vm_id: "vm".into(),
+            stream: false,
+            message: message.into(),
+        }
+    }
+
+    #[test]
+    fn log_counts_are_exact_and_per_worker() {
+        let logs = [
+            record(Some(0), "tick 1"),
+            record(Some(1), "tick 1"),
+            record(Some(0), "tick 2"),
+            record(None, "tick canary"),
+        ];
+        let count = |contains: &str, count, worker| LogCount {
+            contains: contains.into(),
+            count,
+            worker,
+        };
+        let mut failures = Vec::new();
+        check_logs(
+            &["tick 2".into()],
+            &[
+                count("tick", 4, None),
+                count("tick", 2, Some(0)),
+                count("tick", 1, Some(1)),
+                count("tock", 0, None),
+            ],
+            &logs,
+            &mut failures,
+        );
+        assert!(failures.is_empty(), "{failures:?}");
+        check_logs(
+            &["tock".into()],
+            &[count("tick", 3, Some(0))],
+            &logs,
+            &mut failures,
+        );
+        assert_eq!(failures.len(), 2, "{failures:?}");
+        assert!(failures[1].contains("expected 3 line(s) containing \"tick\" from worker 0, saw 2"));
+    }
 }

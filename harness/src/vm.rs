@@ -130,6 +130,8 @@ struct Exports {
     on_log: Option<TypedFunc<i32, ()>>,
     on_done: Option<TypedFunc<i32, i32>>,
     on_delete: Option<TypedFunc<i32, ()>>,
+    on_tick: Option<TypedFunc<i32, ()>>,
+    on_queue_ready: Option<TypedFunc<(i32, i32), ()>>,
 }
 
 impl Exports {
@@ -152,6 +154,8 @@ impl Exports {
             on_log: get!("proxy_on_log"),
             on_done: get!("proxy_on_done"),
             on_delete: get!("proxy_on_delete"),
+            on_tick: get!("proxy_on_tick"),
+            on_queue_ready: get!("proxy_on_queue_ready"),
         }
     }
 }
@@ -404,6 +408,33 @@ impl Vm {
         let f = self.exports.on_delete.clone();
         self.call("proxy_on_delete", f, ctx, ctx as i32);
         self.state_mut().contexts.remove(&ctx);
+    }
+
+    /// Whether `id` is a live root context of this VM.
+    pub fn is_root(&self, id: u32) -> bool {
+        matches!(self.state().contexts.get(&id), Some(ContextKind::Root(_)))
+    }
+
+    /// Whether the module exports `proxy_on_tick` (without it Envoy never re-arms a timer).
+    pub fn has_on_tick(&self) -> bool {
+        self.exports.on_tick.is_some()
+    }
+
+    /// `proxy_on_tick(root)`; skipped if the VM failed or `root` is not a live root context.
+    pub fn on_tick(&mut self, root: u32) {
+        if self.is_root(root) {
+            let f = self.exports.on_tick.clone();
+            self.call("proxy_on_tick", f, root, root as i32);
+        }
+    }
+
+    /// `proxy_on_queue_ready(root, token)`; skipped as Envoy skips it: the VM failed, or
+    /// `root` is not a live root context.
+    pub fn on_queue_ready(&mut self, root: u32, token: u32) {
+        if self.is_root(root) {
+            let f = self.exports.on_queue_ready.clone();
+            self.call("proxy_on_queue_ready", f, root, (root as i32, token as i32));
+        }
     }
 
     pub fn http_state(&mut self, ctx: u32) -> Option<&mut host::HttpStreamState> {

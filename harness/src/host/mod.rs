@@ -18,6 +18,7 @@ pub mod time;
 pub mod wasi;
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use wasmtime::{Linker, Memory, StoreLimits, TypedFunc};
@@ -30,13 +31,30 @@ pub use logging::LogRecord;
 /// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
 pub type HeaderMap = Vec<(String, Vec<u8>)>;
 
-/// State shared by every VM of one host: the log, the virtual clock.
+/// State shared by every VM of one host: the log, the virtual clock, shared data and queues.
 #[derive(Debug, Default)]
 pub struct Shared {
     pub log: Mutex<Vec<LogRecord>>,
     pub clock: Mutex<time::VirtualClock>,
     pub data: Mutex<shared_data::SharedData>,
     pub queues: Mutex<queues::Queues>,
+    /// Numbers VM instances (from 1) so queue notifications find the one that registered.
+    next_instance: AtomicU64,
+}
+
+impl Shared {
+    /// A number no other VM instance of this host has.
+    pub fn new_instance_id(&self) -> u64 {
+        self.next_instance.fetch_add(1, Ordering::Relaxed) + 1
+    }
+
+    /// Nanoseconds since the harness started, on the virtual clock.
+    pub fn monotonic_nanos(&self) -> u64 {
+        self.clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .monotonic_nanos()
+    }
 }
 
 /// What a worker's VM knows about one plugin (one root context).
@@ -89,6 +107,8 @@ pub enum ContextKind {
 /// Per-VM-instance state: everything a hostcall may read or change.
 pub struct HostState {
     pub shared: Arc<Shared>,
+    /// This VM instance's number within the host (see [`Shared::new_instance_id`]).
+    pub instance: u64,
     /// `None` for the canary VM Envoy starts at configuration time.
     pub worker: Option<usize>,
     pub abi: AbiVersion,
@@ -103,7 +123,8 @@ pub struct HostState {
     pub effective: Option<u32>,
     /// The root whose plugin configuration is readable (only during `on_configure`).
     pub configuring: Option<u32>,
-    pub tick_periods: HashMap<u32, u32>,
+    /// Tick timers by root context id.
+    pub timers: HashMap<u32, time::Timer>,
     pub rng: u64,
     pub limits: StoreLimits,
     /// The VM's own vm_id (for hostcalls made outside any plugin context).
@@ -122,6 +143,7 @@ impl HostState {
         clusters: Arc<Vec<String>>,
     ) -> Self {
         Self {
+            instance: shared.new_instance_id(),
             shared,
             worker,
             abi,
@@ -133,7 +155,7 @@ impl HostState {
             current: 0,
             effective: None,
             configuring: None,
-            tick_periods: HashMap::new(),
+            timers: HashMap::new(),
             // Fixed seed: runs are reproducible; each worker draws its own sequence.
             rng: 0x9E37_79B9_7F4A_7C15 ^ worker.map_or(0, |w| w as u64 + 1),
             limits: HostState::default_limits(),

@@ -1,6 +1,7 @@
 //! Shared queues, keyed by (vm_id, name) across all VMs. Each enqueue notifies the root
-//! context that registered the queue last; the harness delivers those notifications after the
-//! current callback, as Envoy posts them to the registrant's thread.
+//! context that registered the queue last: the notification is recorded here, and the proxy
+//! delivers it (`proxy_on_queue_ready`) once the callback that enqueued has returned, as Envoy
+//! posts it to the registrant's thread.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -9,21 +10,38 @@ use wasmtime::{Caller, Linker};
 use super::{finish, memory, shared_data::vm_id, HostState};
 use crate::abi::Status;
 
+/// Who gets a queue's notifications: a root context in one VM instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Receiver {
+    /// The VM instance ([`HostState::instance`]).
+    pub instance: u64,
+    /// `None`: the canary VM, gone once the configuration is accepted.
+    pub worker: Option<usize>,
+    pub root: u32,
+}
+
+/// A `proxy_on_queue_ready(root, token)` still to deliver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Notification {
+    pub receiver: Receiver,
+    pub token: u32,
+}
+
 #[derive(Debug)]
 pub struct Queue {
     pub vm_id: String,
     pub name: String,
     pub items: VecDeque<Vec<u8>>,
-    /// (worker, root context id) of the last registrant.
-    pub receiver: (Option<usize>, u32),
+    /// The last registrant.
+    pub receiver: Receiver,
 }
 
 #[derive(Debug)]
 pub struct Queues {
     pub by_token: HashMap<u32, Queue>,
     next_token: u32,
-    /// Notifications to deliver: (worker, root, token).
-    pub ready: VecDeque<(Option<usize>, u32, u32)>,
+    /// Notifications to deliver, oldest first.
+    pub ready: VecDeque<Notification>,
 }
 
 impl Default for Queues {
@@ -46,7 +64,7 @@ impl Queues {
 
     /// Creates the queue or re-opens it keeping its items; either way the caller becomes the
     /// receiver of its notifications.
-    pub fn register(&mut self, vm_id: &str, name: &str, receiver: (Option<usize>, u32)) -> u32 {
+    pub fn register(&mut self, vm_id: &str, name: &str, receiver: Receiver) -> u32 {
         if let Some(t) = self.find(vm_id, name) {
             if let Some(q) = self.by_token.get_mut(&t) {
                 q.receiver = receiver;
@@ -77,13 +95,17 @@ fn proxy_register_shared_queue(
     finish((|| {
         let name = memory::read_string(&caller, name_ptr, name_size)?;
         let state = caller.data();
-        let root = state.root_of(state.context_id()).unwrap_or(0);
+        let receiver = Receiver {
+            instance: state.instance,
+            worker: state.worker,
+            root: state.root_of(state.context_id()).unwrap_or(0),
+        };
         let token = state
             .shared
             .queues
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .register(&vm_id(state), &name, (state.worker, root));
+            .register(&vm_id(state), &name, receiver);
         memory::write_u32(&mut caller, ret_token, token)
     })())
 }
@@ -131,8 +153,8 @@ fn proxy_enqueue_shared_queue(
         let token = token as u32;
         let q = queues.by_token.get_mut(&token).ok_or(Status::NotFound)?;
         q.items.push_back(value);
-        let (worker, root) = q.receiver;
-        queues.ready.push_back((worker, root, token));
+        let receiver = q.receiver;
+        queues.ready.push_back(Notification { receiver, token });
         Ok(())
     })())
 }
@@ -183,4 +205,37 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         proxy_dequeue_shared_queue,
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn receiver(instance: u64, root: u32) -> Receiver {
+        Receiver {
+            instance,
+            worker: Some(0),
+            root,
+        }
+    }
+
+    #[test]
+    fn registering_again_keeps_the_token_and_items_and_moves_the_receiver() {
+        let mut q = Queues::default();
+        let t = q.register("vm", "jobs", receiver(1, 1));
+        assert_eq!(t, 1);
+        q.by_token
+            .get_mut(&t)
+            .unwrap()
+            .items
+            .push_back(b"x".to_vec());
+        assert_eq!(q.register("vm", "jobs", receiver(2, 3)), t);
+        let queue = &q.by_token[&t];
+        assert_eq!(queue.items.len(), 1);
+        assert_eq!(queue.receiver, receiver(2, 3));
+        // Same name under another vm_id is another queue.
+        assert_eq!(q.register("other", "jobs", receiver(1, 1)), 2);
+        assert_eq!(q.find("vm", "jobs"), Some(1));
+        assert_eq!(q.find("vm", "nope"), None);
+    }
 }

@@ -1,5 +1,7 @@
 //! Time as the guest sees it: a virtual clock the scenario advances, so runs are reproducible,
-//! and per-root tick periods (`proxy_set_tick_period_milliseconds`).
+//! and per-root tick timers (`proxy_set_tick_period_milliseconds`) that fire on that clock.
+
+use std::time::Duration;
 
 use wasmtime::{Caller, Linker};
 
@@ -16,12 +18,55 @@ pub struct VirtualClock {
 
 impl VirtualClock {
     pub fn wall_nanos(&self) -> u64 {
-        START_WALL_NANOS + self.elapsed_nanos
+        START_WALL_NANOS.saturating_add(self.elapsed_nanos)
     }
 
     pub fn monotonic_nanos(&self) -> u64 {
         self.elapsed_nanos
     }
+
+    /// Moves the clock to `nanos` since start; the clock never goes back.
+    pub fn set_monotonic_nanos(&mut self, nanos: u64) {
+        self.elapsed_nanos = self.elapsed_nanos.max(nanos);
+    }
+}
+
+/// One root context's timer, as Envoy keeps it (`Wasm::setTimerPeriod`/`tickHandler`):
+/// setting a period (re)arms it one full period from now, 0 disarms it, and after each
+/// `proxy_on_tick` it is re-armed one period after the tick.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Timer {
+    pub period_ms: u32,
+    /// When the next `proxy_on_tick` is due, in monotonic nanoseconds; `None`: disarmed.
+    pub due_nanos: Option<u64>,
+}
+
+impl Timer {
+    pub fn period(&self) -> Duration {
+        Duration::from_millis(u64::from(self.period_ms))
+    }
+
+    /// `proxy_set_tick_period_milliseconds` at monotonic time `now`.
+    pub fn set_period(&mut self, period_ms: u32, now: u64) {
+        self.period_ms = period_ms;
+        self.due_nanos = (period_ms > 0).then(|| now.saturating_add(ms_to_nanos(period_ms)));
+    }
+
+    /// After a tick that was due at `fired_at`: re-armed with the period as it is now (the
+    /// guest may have changed or cleared it during `proxy_on_tick`), unless the guest has no
+    /// `proxy_on_tick` at all, in which case Envoy never re-arms it.
+    pub fn rearm_after_tick(&mut self, fired_at: u64, has_on_tick: bool) {
+        if !has_on_tick || self.period_ms == 0 {
+            self.due_nanos = None;
+        } else if self.due_nanos.is_none_or(|d| d <= fired_at) {
+            self.due_nanos = Some(fired_at.saturating_add(ms_to_nanos(self.period_ms)));
+        }
+        // Otherwise the guest set a new period during the tick, which armed it already.
+    }
+}
+
+fn ms_to_nanos(ms: u32) -> u64 {
+    u64::from(ms) * 1_000_000
 }
 
 pub fn wall_nanos(state: &HostState) -> u64 {
@@ -50,15 +95,21 @@ fn proxy_get_current_time_nanoseconds(
     finish(memory::write_u64(&mut caller, ret, now))
 }
 
-/// The period belongs to the caller's root context, even when a stream context sets it.
+/// The timer belongs to the caller's root context, even when a stream context sets it. The
+/// period is Envoy's `uint32_t` milliseconds.
 fn proxy_set_tick_period_milliseconds(
     mut caller: Caller<'_, HostState>,
     period: i32,
 ) -> wasmtime::Result<i32> {
+    let now = monotonic_nanos(caller.data());
     let state = caller.data_mut();
     let id = state.context_id();
     if let Some(root) = state.root_of(id) {
-        state.tick_periods.insert(root, period as u32);
+        state
+            .timers
+            .entry(root)
+            .or_default()
+            .set_period(period as u32, now);
     }
     finish(Ok(()))
 }
@@ -75,4 +126,68 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         proxy_set_tick_period_milliseconds,
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: u64 = 1_000_000_000;
+
+    #[test]
+    fn a_period_arms_the_timer_one_period_from_now() {
+        let mut t = Timer::default();
+        t.set_period(1000, 5 * S);
+        assert_eq!(t.due_nanos, Some(6 * S));
+        assert_eq!(t.period(), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn zero_disarms_and_resetting_restarts_the_phase() {
+        let mut t = Timer::default();
+        t.set_period(1000, 0);
+        t.set_period(0, S / 2);
+        assert_eq!(t.due_nanos, None);
+        t.set_period(1000, S / 2);
+        assert_eq!(t.due_nanos, Some(S + S / 2));
+    }
+
+    #[test]
+    fn a_tick_rearms_one_period_after_it_fired() {
+        let mut t = Timer::default();
+        t.set_period(1000, 0);
+        t.rearm_after_tick(S, true);
+        assert_eq!(t.due_nanos, Some(2 * S));
+    }
+
+    #[test]
+    fn a_period_changed_during_the_tick_wins() {
+        let mut t = Timer::default();
+        t.set_period(1000, 0);
+        // During the tick at 1 s the guest asks for 250 ms ticks.
+        t.set_period(250, S);
+        t.rearm_after_tick(S, true);
+        assert_eq!(t.due_nanos, Some(S + S / 4));
+        // ... or stops them.
+        t.set_period(0, S);
+        t.rearm_after_tick(S, true);
+        assert_eq!(t.due_nanos, None);
+    }
+
+    #[test]
+    fn without_on_tick_the_timer_fires_once() {
+        let mut t = Timer::default();
+        t.set_period(1000, 0);
+        t.rearm_after_tick(S, false);
+        assert_eq!(t.due_nanos, None);
+    }
+
+    #[test]
+    fn the_clock_never_goes_back() {
+        let mut c = VirtualClock::default();
+        c.set_monotonic_nanos(3 * S);
+        c.set_monotonic_nanos(S);
+        assert_eq!(c.monotonic_nanos(), 3 * S);
+        assert_eq!(c.wall_nanos(), START_WALL_NANOS + 3 * S);
+    }
 }

@@ -8,3 +8,4 @@ mod cli;
 mod envoy;
 mod guests;
 mod support;
+mod timers;

@@ -1,0 +1,183 @@
+//! What Envoy's worker dispatchers do between requests, on the harness's virtual clock: tick
+//! timers firing `proxy_on_tick` on each worker's root contexts, and the queue notifications
+//! posted by `proxy_enqueue_shared_queue` reaching `proxy_on_queue_ready` on the registrant.
+//!
+//! Nothing here runs inside a VM call: hostcalls only record (a timer's due time, a pending
+//! notification) and the proxy delivers once the callback has returned, so no VM is ever
+//! entered while it is executing.
+
+use std::time::Duration;
+
+use super::{Proxy, Worker};
+use crate::host::Shared;
+
+/// How many queue notifications one delivery round may make before the harness calls it a
+/// storm (roots enqueueing to each other from `proxy_on_queue_ready` forever). Envoy would
+/// keep its worker busy with them; the harness stops and reports it.
+pub const MAX_QUEUE_DELIVERIES: usize = 10_000;
+
+/// A problem while running posted work; the run goes on, and the caller reports it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeliveryError {
+    #[error(
+        "proxy_on_queue_ready never settled: {delivered} queue notifications were delivered one after another and each produced more (queues feeding each other forever?); the harness dropped the {dropped} still pending at virtual time {at}"
+    )]
+    QueueStorm {
+        delivered: usize,
+        dropped: usize,
+        /// Virtual time since start, e.g. `3s`.
+        at: String,
+    },
+}
+
+/// Delivers every pending queue notification, oldest first, including those the deliveries
+/// themselves cause, up to [`MAX_QUEUE_DELIVERIES`]. A notification whose receiver is gone
+/// (the canary VM, a failed VM, a root that no longer exists) is dropped, as in Envoy.
+/// Returns how many were delivered.
+pub(super) fn deliver_queue_ready(
+    shared: &Shared,
+    workers: &mut [Worker],
+) -> Result<usize, DeliveryError> {
+    let mut delivered = 0;
+    loop {
+        // The lock is released before calling the guest, which may enqueue or dequeue.
+        let next = shared
+            .queues
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .ready
+            .pop_front();
+        let Some(n) = next else {
+            return Ok(delivered);
+        };
+        if delivered == MAX_QUEUE_DELIVERIES {
+            let mut queues = shared.queues.lock().unwrap_or_else(|e| e.into_inner());
+            let dropped = queues.ready.len() + 1;
+            queues.ready.clear();
+            return Err(DeliveryError::QueueStorm {
+                delivered,
+                dropped,
+                at: format_duration(Duration::from_nanos(shared.monotonic_nanos())),
+            });
+        }
+        let vm = n
+            .receiver
+            .worker
+            .and_then(|w| workers.get_mut(w))
+            .and_then(|w| {
+                w.vms
+                    .iter_mut()
+                    .find(|vm| vm.state().instance == n.receiver.instance)
+            });
+        if let Some(vm) = vm {
+            vm.on_queue_ready(n.receiver.root, n.token);
+            delivered += 1;
+        }
+    }
+}
+
+impl Proxy {
+    /// Time on the virtual clock since the proxy started.
+    pub fn elapsed(&self) -> Duration {
+        Duration::from_nanos(self.shared.monotonic_nanos())
+    }
+
+    /// Advances the virtual clock by `by`. Every worker's root context whose tick period is
+    /// set gets `proxy_on_tick` once per period boundary crossed, in time order (at equal
+    /// times: worker 0 first, then VM and root context order), with the clock reading the
+    /// tick's time during the call; what each tick enqueues is delivered right after it.
+    /// Returns the number of `proxy_on_tick` calls. Delivery problems are kept for
+    /// [`Proxy::take_errors`].
+    pub fn advance(&mut self, by: Duration) -> usize {
+        let start = self.shared.monotonic_nanos();
+        let target = start.saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX));
+        let mut ticks = 0;
+        while let Some((due, w, v, root)) = self.next_tick(target) {
+            self.set_clock(due);
+            let vm = &mut self.workers[w].vms[v];
+            let has_on_tick = vm.has_on_tick();
+            if has_on_tick {
+                vm.on_tick(root);
+                ticks += 1;
+            }
+            if let Some(t) = vm.state_mut().timers.get_mut(&root) {
+                t.rearm_after_tick(due, has_on_tick);
+            }
+            self.deliver_posted();
+        }
+        self.set_clock(target);
+        ticks
+    }
+
+    /// Delivery problems since the last call (queue storms), oldest first.
+    pub fn take_errors(&mut self) -> Vec<DeliveryError> {
+        std::mem::take(&mut self.errors)
+    }
+
+    pub(super) fn deliver_posted(&mut self) {
+        if let Err(e) = deliver_queue_ready(&self.shared, &mut self.workers) {
+            self.errors.push(e);
+        }
+    }
+
+    fn set_clock(&self, nanos: u64) {
+        self.shared
+            .clock
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_monotonic_nanos(nanos);
+    }
+
+    /// The earliest timer due by `target`: (due, worker, vm, root). Failed VMs never tick.
+    fn next_tick(&self, target: u64) -> Option<(u64, usize, usize, u32)> {
+        let mut best: Option<(u64, usize, usize, u32)> = None;
+        for (w, worker) in self.workers.iter().enumerate() {
+            for (v, vm) in worker.vms.iter().enumerate() {
+                if vm.failed.is_some() {
+                    continue;
+                }
+                for (&root, timer) in &vm.state().timers {
+                    if let Some(due) = timer.due_nanos.filter(|&d| d <= target) {
+                        let candidate = (due, w, v, root);
+                        if best.is_none_or(|b| candidate < b) {
+                            best = Some(candidate);
+                        }
+                    }
+                }
+            }
+        }
+        best
+    }
+}
+
+/// A duration as a person writes it: `3s`, `1500ms`, `2m`, `250us`, `7ns`.
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    for (unit, size) in [
+        ("h", 3_600_000_000_000u128),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
+        if nanos != 0 && nanos.is_multiple_of(size) {
+            return format!("{}{unit}", nanos / size);
+        }
+    }
+    format!("{nanos}ns")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_written() {
+        assert_eq!(format_duration(Duration::from_secs(3)), "3s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(120)), "2m");
+        assert_eq!(format_duration(Duration::from_secs(7200)), "2h");
+        assert_eq!(format_duration(Duration::from_nanos(7)), "7ns");
+        assert_eq!(format_duration(Duration::ZERO), "0ns");
+    }
+}
