@@ -130,6 +130,7 @@ impl Cache {
             head: Vec::with_capacity(8),
             size: 0,
             max_size,
+            progress: crate::progress::Progress::default(),
         })
     }
 
@@ -213,10 +214,23 @@ pub struct Staging {
     head: Vec<u8>,
     size: u64,
     max_size: u64,
+    progress: crate::progress::Progress,
 }
 
 impl Staging {
+    pub fn report_to(&mut self, progress: crate::progress::Progress) {
+        self.progress = progress;
+    }
+
+    /// A download into this file begins (again, after a reset).
+    pub fn started(&self, total: Option<u64>) {
+        self.progress
+            .emit(crate::progress::Event::Started { total });
+    }
+
     pub fn write(&mut self, chunk: &[u8]) -> Result<(), FetchError> {
+        self.progress
+            .emit(crate::progress::Event::Advanced(chunk.len() as u64));
         self.size += chunk.len() as u64;
         if self.size > self.max_size {
             return Err(FetchError::TooLarge {

@@ -20,6 +20,7 @@ pub mod cache;
 pub mod error;
 pub mod index;
 pub mod policy;
+pub mod progress;
 pub mod reference;
 pub mod settings;
 pub mod source;
@@ -33,6 +34,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 pub use cache::Cache;
 pub use error::FetchError;
 pub use policy::PullPolicy;
+pub use progress::Progress;
 pub use settings::Settings;
 pub use verify::Sha256;
 
@@ -54,6 +56,8 @@ pub struct PullRequest {
     pub platform: Option<String>,
     /// Docker config JSON with registry credentials.
     pub pull_secret: Option<PathBuf>,
+    /// Where download progress goes (the CLI draws a bar on a terminal).
+    pub progress: Progress,
 }
 
 /// Which pin a module was matched against.
@@ -175,6 +179,7 @@ pub async fn pull(
         }
     }
     let mut staging = cache.staging(settings.max_size)?;
+    staging.report_to(req.progress.clone());
     let (pulled, index_digest) = match &source {
         Source::File(url) => {
             source::file::fetch(url, &mut staging).await?;
@@ -276,8 +281,8 @@ pub async fn pull(
 /// The in-process lock for one source in one cache. Entries stay for the life of the process:
 /// one small mutex per distinct source pulled.
 fn in_flight(cache: &Cache, url: &str) -> Arc<tokio::sync::Mutex<()>> {
-    static IN_FLIGHT: LazyLock<Mutex<HashMap<(PathBuf, String), Arc<tokio::sync::Mutex<()>>>>> =
-        LazyLock::new(Mutex::default);
+    type SourceLocks = HashMap<(PathBuf, String), Arc<tokio::sync::Mutex<()>>>;
+    static IN_FLIGHT: LazyLock<Mutex<SourceLocks>> = LazyLock::new(Mutex::default);
     let mut map = IN_FLIGHT
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());

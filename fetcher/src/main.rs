@@ -21,10 +21,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Fetch a module (file://, http://, https://) into the cache and print its path.
+    /// Fetch a module (oci://, https://, http://, file://) into the cache and print its path.
     Pull {
+        /// oci://REGISTRY/REPO[:TAG][@sha256:DIGEST], https://..., http://... or file:///PATH.
         url: String,
-        /// Required sha256 of the module (64 hex characters).
+        /// Pin (64 hex characters): the module's sha256; for oci:// also the image manifest or
+        /// index digest. A mismatch fails and caches nothing.
         #[arg(long, value_parser = Sha256::parse)]
         sha256: Option<Sha256>,
         /// Cache directory [default: $WASM_CACHE_DIR, else ~/.cache/wasm-fetcher].
@@ -102,6 +104,7 @@ fn main() -> ExitCode {
             ca_file,
             json,
         } => {
+            let bar = progress_bar(&url);
             let req = PullRequest {
                 url: url.clone(),
                 sha256,
@@ -110,8 +113,12 @@ fn main() -> ExitCode {
                 resource_version,
                 platform,
                 pull_secret,
+                progress: bar.as_ref().map(reporter).unwrap_or_default(),
             };
             let result = run_pull(&req, cache_dir, timeout, ca_file, json);
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
             if let Err(e) = result {
                 eprintln!("wasm-fetcher: {url}: {e:#}");
                 return ExitCode::from(1);
@@ -141,6 +148,45 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// A progress bar on a terminal, nothing when stderr is piped. It stays hidden for the
+/// first moments so a quick pull prints only its path.
+fn progress_bar(url: &str) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar =
+        indicatif::ProgressBar::with_draw_target(None, indicatif::ProgressDrawTarget::hidden());
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg} {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {eta}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
+    bar.set_style(style);
+    bar.set_message(format!("pulling {url}"));
+    Some(bar)
+}
+
+fn reporter(bar: &indicatif::ProgressBar) -> wasm_fetcher::Progress {
+    const QUIET_FOR: std::time::Duration = std::time::Duration::from_millis(300);
+    let bar = bar.clone();
+    let since = std::time::Instant::now();
+    wasm_fetcher::Progress::new(move |event| {
+        use wasm_fetcher::progress::Event;
+        match event {
+            Event::Started { total } => {
+                if let Some(total) = total {
+                    bar.set_length(total);
+                }
+                bar.set_position(0);
+            }
+            Event::Advanced(n) => bar.inc(n),
+        }
+        if bar.is_hidden() && since.elapsed() >= QUIET_FOR {
+            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
+        }
+    })
 }
 
 fn run_pull(

@@ -140,6 +140,7 @@ async fn attempt_once(
             }));
         }
     }
+    staging.started(expected);
     loop {
         match resp.chunk().await {
             Ok(Some(chunk)) => staging.write(&chunk).map_err(Attempt::Final)?,

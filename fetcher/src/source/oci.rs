@@ -277,6 +277,7 @@ impl Registry {
         let mut stream = match stream {
             BlobResponse::Full(s) | BlobResponse::Partial(s) => s,
         };
+        staging.started(Some(layer.size as u64));
         while let Some(chunk) = stream.stream.next().await {
             let chunk = chunk.map_err(|e| FetchError::Registry {
                 message: format!("reading layer {}: {e}", layer.digest),

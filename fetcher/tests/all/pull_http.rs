@@ -268,3 +268,34 @@ fn proxy_environment_variables_are_honoured() {
     assert_eq!(direct.hits("/d.wasm"), 1);
     assert_eq!(proxy.hits(&direct_url), 0, "NO_PROXY was ignored");
 }
+
+#[test]
+fn a_long_pull_shows_a_progress_bar_on_a_terminal_and_nothing_when_piped() {
+    let m = module("progress");
+    let server = Server::start(vec![(
+        "/slow.wasm",
+        Behaviour::Trickle(m.clone(), 8, Duration::from_millis(100)),
+    )]);
+    let url = server.url("/slow.wasm");
+    let dir = tempfile::tempdir().unwrap();
+    // Piped: the path on stdout and not a byte on stderr.
+    let o = pull(&dir.path().join("piped"), &[&url]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(o.stderr.is_empty(), "stderr when piped: {}", stderr(&o));
+    // On a terminal (util-linux `script` gives the process a pty): a bar naming the URL.
+    let cmd = format!(
+        "{} pull {url} --cache-dir {}",
+        env!("CARGO_BIN_EXE_wasm-fetcher"),
+        dir.path().join("tty").display()
+    );
+    let o = std::process::Command::new("script")
+        .args(["-qec", &cmd, "/dev/null"])
+        .output()
+        .expect("script (util-linux) is needed");
+    let screen = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(0), "{screen}");
+    assert!(
+        screen.contains(&format!("pulling {url}")) && screen.contains("B/"),
+        "no progress bar on the terminal: {screen:?}"
+    );
+}

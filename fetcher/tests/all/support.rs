@@ -37,6 +37,8 @@ pub enum Behaviour {
     Truncate(Vec<u8>, usize),
     /// Wait before answering.
     Slow(Duration, Vec<u8>),
+    /// Send the body in this many pieces with a pause before each.
+    Trickle(Vec<u8>, usize, Duration),
 }
 
 pub struct Server {
@@ -127,6 +129,15 @@ fn serve(conn: TcpStream, routes: &HashMap<String, Behaviour>, hits: &Mutex<Hash
         Some(Behaviour::Slow(d, body)) => {
             std::thread::sleep(*d);
             respond(&mut out, 200, body)
+        }
+        Some(Behaviour::Trickle(body, pieces, pause)) => {
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+            let _ = out.write_all(head.as_bytes());
+            for piece in body.chunks(body.len().div_ceil(*pieces)) {
+                std::thread::sleep(*pause);
+                let _ = out.write_all(piece);
+                let _ = out.flush();
+            }
         }
     }
 }
