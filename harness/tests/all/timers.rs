@@ -310,3 +310,11 @@ fn an_advance_without_a_unit_is_refused() {
     assert_eq!(o.status.code(), Some(2), "{out}");
     assert!(out.contains("needs a unit"), "{out}");
 }
+
+#[test]
+fn the_shipped_ticks_and_queues_scenario_passes() {
+    let o = harness(&["run", "testdata/scenarios/ticks-and-queues.yaml"]);
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(out.contains("5 passed, 0 failed"), "{out}");
+}
