@@ -6,6 +6,7 @@
 ;;   "stop"            same, and the second tick sets the period to 0
 ;;   "request"         nothing at configure time; each request sets a 500 ms period from its
 ;;                     stream context (Envoy applies it to the stream's root context)
+;;   "trap"            1000 ms, and proxy_on_tick traps (as a Rust guest does after a panic)
 (module
   (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
   (import "env" "proxy_set_tick_period_milliseconds" (func $set_tick (param i32) (result i32)))
@@ -15,7 +16,7 @@
   (memory (export "memory") 2)
   (global $heap (mut i32) (i32.const 8192))
   (global $cur (mut i32) (i32.const 0))
-  ;; 0 = configure-time 1000 ms, 1 = stop after 2 ticks, 2 = set per request
+  ;; 0 = configure-time 1000 ms, 1 = stop after 2 ticks, 2 = set per request, 3 = trap in on_tick
   (global $mode (mut i32) (i32.const 0))
   (global $ticks (mut i64) (i64.const 0))
   (data (i32.const 16) "on_tick root=")
@@ -61,7 +62,9 @@
             (if (i32.eq (i32.load (local.get $p)) (i32.const 0x706f7473))
               (then (global.set $mode (i32.const 1))))
             (if (i32.eq (i32.load (local.get $p)) (i32.const 0x75716572))
-              (then (global.set $mode (i32.const 2))))))))
+              (then (global.set $mode (i32.const 2))))
+            (if (i32.eq (i32.load (local.get $p)) (i32.const 0x70617274))
+              (then (global.set $mode (i32.const 3))))))))
     (if (i32.ne (global.get $mode) (i32.const 2))
       (then (drop (call $set_tick (i32.const 1000)))))
     (i32.const 1))
@@ -72,6 +75,7 @@
         (drop (call $log (i32.const 2) (i32.const 64) (i32.const 32)))))
     (i32.const 0))
   (func (export "proxy_on_tick") (param $root i32)
+    (if (i32.eq (global.get $mode) (i32.const 3)) (then unreachable))
     (global.set $ticks (i64.add (global.get $ticks) (i64.const 1)))
     (global.set $cur (i32.const 1024))
     (call $put (i32.const 16) (i32.const 13))

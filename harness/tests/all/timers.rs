@@ -318,3 +318,16 @@ fn the_shipped_ticks_and_queues_scenario_passes() {
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(out.contains("5 passed, 0 failed"), "{out}");
 }
+
+#[test]
+fn a_trap_in_on_tick_fails_that_workers_vm_like_any_callback() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut proxy = proxy_with(dir.path(), "tick.wat", "trap", 2);
+    assert_eq!(proxy.advance(Duration::from_secs(1)), 2);
+    let traps = lines(&proxy, 0, "Function: proxy_on_tick failed: unreachable");
+    assert_eq!(traps.len(), 2, "{traps:?}");
+    // The failed VMs tick no more, and the failure policy (fail closed) answers requests.
+    assert_eq!(proxy.advance(Duration::from_secs(5)), 0);
+    assert_eq!(get(&mut proxy, 0), 503);
+    assert_eq!(get(&mut proxy, 1), 503);
+}
