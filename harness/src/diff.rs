@@ -29,6 +29,9 @@ pub struct DiffCase {
     /// Where Envoy and the harness disagree.
     pub differences: Vec<String>,
     pub envoy: Option<Exchange>,
+    /// For an advance step: how long real Envoy was left to run (e.g. `3s`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_waited: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -173,12 +176,14 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
             Step::Request(case) => case,
             Step::Advance(adv) => {
                 // Its log expectations are the harness's alone, as for requests.
-                std::thread::sleep(adv.advance.0.min(MAX_REAL_WAIT));
+                let wait = adv.advance.0.min(MAX_REAL_WAIT);
+                std::thread::sleep(wait);
                 report.cases.push(DiffCase {
                     name: step.name(),
                     envoy_failures: Vec::new(),
                     differences: Vec::new(),
                     envoy: None,
+                    envoy_waited: Some(crate::proxy::format_duration(wait)),
                 });
                 continue;
             }
@@ -213,6 +218,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
             envoy_failures,
             differences,
             envoy,
+            envoy_waited: None,
         });
     }
     report.verdict = report.verdict.max(report.harness.verdict);
@@ -239,9 +245,9 @@ impl std::fmt::Display for DiffReport {
             if let Some(by) = &h.advanced {
                 writeln!(
                     f,
-                    "       harness: clock +{by}, {} tick(s) | envoy: waited up to {}s of real time",
+                    "       harness: clock +{by}, {} tick(s) | envoy: waited {} of real time",
                     h.ticks.unwrap_or_default(),
-                    MAX_REAL_WAIT.as_secs()
+                    d.envoy_waited.as_deref().unwrap_or("0s")
                 )?;
                 for x in &h.failures {
                     writeln!(f, "       harness expected: {x}")?;

@@ -146,3 +146,35 @@ fn build_pull_and_run_end_to_end() {
     assert!(text(&o).contains("harness vs real Envoy"), "{}", text(&o));
     assert!(text(&o).contains("3 passed, 0 failed"), "{}", text(&o));
 }
+
+#[test]
+fn an_advance_step_keeps_harness_and_envoy_steps_aligned() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
+    // The demo's requests with a clock advance between the first and the second.
+    let demo = std::fs::read_to_string(root().join("testdata/scenarios/demo.yaml")).unwrap();
+    let demo = demo.replace(
+        "  - name: a POST body",
+        "  - advance: 200ms\n\n  - name: a POST body",
+    );
+    let s = dir.path().join("scenario.yaml");
+    std::fs::write(&s, demo).unwrap();
+    let report = diff::run_differential(
+        &envoy(),
+        &s,
+        &RunOptions {
+            workers: None,
+            bootstrap: Some(b),
+        },
+    );
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    let names: Vec<&str> = report.cases.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names[1], "advance 200ms", "{report}");
+    assert_eq!(report.cases[1].envoy_waited.as_deref(), Some("200ms"));
+    // The request after the advance is compared with Envoy's answer to that same request.
+    let post = report.cases[2].envoy.as_ref().unwrap();
+    assert_eq!(post.response.as_ref().unwrap().status, 201, "{report}");
+    assert!(report
+        .to_string()
+        .contains("envoy: waited 200ms of real time"));
+}
