@@ -74,18 +74,26 @@ impl<'de> Deserialize<'de> for Step {
     /// the item, since YAML positions are lost on the way.
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let value = serde_json::Value::deserialize(d)?;
-        let label = match value.get("name").and_then(|n| n.as_str()) {
-            Some(name) => format!("{name:?}"),
-            None => "an item without a name".to_string(),
-        };
-        if value.get("advance").is_some() {
+        let name = value
+            .get("name")
+            .and_then(|n| n.as_str())
+            .map(str::to_owned);
+        if let Some(by) = value.get("advance") {
+            let label = match name {
+                Some(name) => format!("advance step {name:?}"),
+                None => format!("advance: {by}"),
+            };
             AdvanceStep::deserialize(value)
                 .map(Step::Advance)
-                .map_err(|e| de::Error::custom(format!("advance step {label}: {e}")))
+                .map_err(|e| de::Error::custom(format!("{label}: {e}")))
         } else {
+            let label = match name {
+                Some(name) => format!("request {name:?}"),
+                None => "a request without a name".to_string(),
+            };
             RequestCase::deserialize(value)
                 .map(|r| Step::Request(Box::new(r)))
-                .map_err(|e| de::Error::custom(format!("request {label}: {e}")))
+                .map_err(|e| de::Error::custom(format!("{label}: {e}")))
         }
     }
 }
