@@ -24,6 +24,7 @@ pub mod progress;
 pub mod reference;
 pub mod settings;
 pub mod source;
+pub mod tls;
 pub mod unbox;
 pub mod verify;
 

@@ -21,6 +21,7 @@ pub async fn fetch(
     staging: &mut Staging,
     settings: &Settings,
 ) -> Result<(), FetchError> {
+    crate::tls::ensure_provider();
     let host = host_port(url);
     // As Istio: an HTTPS source whose host:port is in WASM_INSECURE_REGISTRIES (or `*`) is
     // fetched without certificate verification; every other one is verified.

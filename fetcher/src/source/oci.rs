@@ -62,21 +62,28 @@ pub struct Registry {
 }
 
 /// How a registry may be spoken to, from its address and `WASM_INSECURE_REGISTRIES` alone.
-/// As Istio (go-containerregistry): HTTPS with verification by default; a listed registry
-/// (or `*`) gets unverified TLS and may fall back to plain HTTP; a loopback registry may fall
-/// back to plain HTTP but its certificate, if it speaks TLS, is still verified.
+/// As Istio (go-containerregistry): a registry is reached over verified HTTPS unless it is
+/// listed (or `*` is), which allows unverified TLS and plain HTTP; a loopback registry may
+/// speak either, but a certificate it presents is verified.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Transport {
-    pub verify_tls: bool,
-    pub plain_http_fallback: bool,
+pub enum Transport {
+    /// HTTPS with verification, nothing else.
+    Verified,
+    /// Plain HTTP first (what a local registry almost always speaks: no handshake, no roots to
+    /// load), then verified HTTPS when the server turns plain HTTP away.
+    Loopback,
+    /// HTTPS without verification, then plain HTTP when the server answers the handshake in HTTP.
+    Insecure,
 }
 
 impl Transport {
     pub fn for_registry(r: &OciRef, settings: &Settings) -> Self {
-        let listed = settings.is_insecure_registry(&r.registry);
-        Self {
-            verify_tls: !listed,
-            plain_http_fallback: listed || r.is_loopback(),
+        if settings.is_insecure_registry(&r.registry) {
+            Transport::Insecure
+        } else if r.is_loopback() {
+            Transport::Loopback
+        } else {
+            Transport::Verified
         }
     }
 }
@@ -85,6 +92,16 @@ impl Transport {
 fn speaks_plain_http(e: &OciDistributionError) -> bool {
     let text = crate::error::chain(e);
     text.contains("InvalidContentType") || text.contains("corrupt message")
+}
+
+/// A plain HTTP request met a server that wants TLS: it says 400 ("Client sent an HTTP request
+/// to an HTTPS server", Go; nginx alike) or drops the connection.
+fn wants_tls(e: &OciDistributionError) -> bool {
+    match e {
+        OciDistributionError::ServerError { code: 400, .. } => true,
+        OciDistributionError::RequestError(e) => !e.is_timeout(),
+        other => crate::error::chain(other).contains("HTTPS server"),
+    }
 }
 
 fn map_err(registry: &str, e: OciDistributionError) -> FetchError {
@@ -134,8 +151,9 @@ fn map_err(registry: &str, e: OciDistributionError) -> FetchError {
 impl Registry {
     pub fn new(r: &OciRef, auth: RegistryAuth, settings: &Settings) -> Self {
         let transport = Transport::for_registry(r, settings);
+        let plain_http = transport == Transport::Loopback;
         Self {
-            client: client(&r.registry, transport, false, settings),
+            client: client(&r.registry, transport, plain_http, settings),
             auth,
             registry: r.registry.clone(),
             transport,
@@ -143,21 +161,31 @@ impl Registry {
         }
     }
 
-    /// The first request of a pull: over HTTPS, or over plain HTTP when the registry answers
-    /// the TLS handshake in HTTP and the transport allows it (every later request follows).
+    /// The first request of a pull, which settles the protocol for the ones after it.
     async fn first_manifest(
         &mut self,
         reference: &Reference,
     ) -> Result<(Vec<u8>, String), FetchError> {
+        let first = self.raw_manifest(reference).await;
+        let switch_to_plain = match (&first, self.transport) {
+            (Err(e), Transport::Loopback) if wants_tls(e) => false,
+            (Err(e), Transport::Insecure) if speaks_plain_http(e) => true,
+            _ => return first.map_err(|e| map_err(&self.registry, e)),
+        };
+        tracing::debug!(registry = %self.registry, switch_to_plain, "switching protocol");
+        self.client = client(
+            &self.registry,
+            self.transport,
+            switch_to_plain,
+            &self.settings,
+        );
         match self.raw_manifest(reference).await {
-            Err(e) if self.transport.plain_http_fallback && speaks_plain_http(&e) => {
-                tracing::debug!(registry = %self.registry, "falling back to plain HTTP");
-                self.client = client(&self.registry, self.transport, true, &self.settings);
-                self.raw_manifest(reference)
-                    .await
-                    .map_err(|e| map_err(&self.registry, e))
+            Ok(found) => Ok(found),
+            // The server did speak plain HTTP after all: its first answer is the one to report.
+            Err(e) if !switch_to_plain && speaks_plain_http(&e) => {
+                first.map_err(|e| map_err(&self.registry, e))
             }
-            other => other.map_err(|e| map_err(&self.registry, e)),
+            Err(e) => Err(map_err(&self.registry, e)),
         }
     }
 
@@ -346,13 +374,14 @@ impl Registry {
 }
 
 fn client(registry: &str, transport: Transport, plain_http: bool, settings: &Settings) -> Client {
+    crate::tls::ensure_provider();
     Client::new(ClientConfig {
         protocol: if plain_http {
             ClientProtocol::HttpsExcept(vec![registry.to_string()])
         } else {
             ClientProtocol::Https
         },
-        accept_invalid_certificates: !transport.verify_tls,
+        accept_invalid_certificates: transport == Transport::Insecure,
         read_timeout: Some(settings.http_timeout),
         connect_timeout: Some(settings.http_timeout),
         extra_root_certificates: settings.extra_roots.clone(),
@@ -450,47 +479,36 @@ mod tests {
             insecure_registries: vec!["*".into()],
             ..Settings::default()
         };
-        let strict = Transport {
-            verify_tls: true,
-            plain_http_fallback: false,
-        };
+        let of = Transport::for_registry;
         assert_eq!(
-            Transport::for_registry(&r("oci://reg.example:5000/a:1"), &none),
-            strict
+            of(&r("oci://reg.example:5000/a:1"), &none),
+            Transport::Verified
         );
         assert_eq!(
-            Transport::for_registry(&r("oci://reg.example/a:1"), &listed),
-            strict,
+            of(&r("oci://reg.example/a:1"), &listed),
+            Transport::Verified,
             "the port is part of the match"
         );
-        let insecure = Transport {
-            verify_tls: false,
-            plain_http_fallback: true,
-        };
         assert_eq!(
-            Transport::for_registry(&r("oci://reg.example:5000/a:1"), &listed),
-            insecure
+            of(&r("oci://reg.example:5000/a:1"), &listed),
+            Transport::Insecure
         );
+        assert_eq!(of(&r("oci://ghcr.io/a:1"), &all), Transport::Insecure);
         assert_eq!(
-            Transport::for_registry(&r("oci://ghcr.io/a:1"), &all),
-            insecure
+            of(&r("oci://127.0.0.1:5000/a:1"), &all),
+            Transport::Insecure
         );
-        let loopback = Transport {
-            verify_tls: true,
-            plain_http_fallback: true,
-        };
-        assert_eq!(
-            Transport::for_registry(&r("oci://127.0.0.1:5000/a:1"), &none),
-            loopback
-        );
-        assert_eq!(
-            Transport::for_registry(&r("oci://localhost:5000/a:1"), &none),
-            loopback
-        );
-        assert_eq!(
-            Transport::for_registry(&r("oci://[::1]:5000/a:1"), &none),
-            loopback
-        );
+        for local in [
+            "127.0.0.1:5000",
+            "localhost:5000",
+            "[::1]:5000",
+            "127.0.0.2",
+        ] {
+            assert_eq!(
+                of(&r(&format!("oci://{local}/a:1")), &none),
+                Transport::Loopback
+            );
+        }
     }
 
     #[test]

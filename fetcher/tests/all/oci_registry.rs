@@ -192,6 +192,7 @@ impl Registry {
         config_type: &str,
         auth: &RegistryAuth,
     ) -> String {
+        wasm_fetcher::tls::ensure_provider();
         let client = Client::new(ClientConfig {
             protocol: if self.tls {
                 ClientProtocol::Https
