@@ -1,9 +1,11 @@
 //! Real Envoy, driven with the same bootstrap, module and requests as the harness, so the
 //! harness's answers can be checked against Envoy's instead of guessed.
 //!
-//! The bootstrap is copied with its listener ports moved to free loopback ports, every
-//! cluster pointed at a loopback upstream of ours (one per cluster, so we know which cluster a
-//! request reached), the admin interface on a free port and module paths made absolute.
+//! The bootstrap is copied with its listeners and admin interface on loopback port 0 (Envoy
+//! picks free ports and its admin API says which: choosing ports ourselves raced with other
+//! programs binding them, and a stranger could answer in Envoy's place), every cluster pointed
+//! at a loopback upstream of ours (one per cluster, so we know which cluster a request
+//! reached), and module paths made absolute.
 //! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
 
 use std::collections::HashMap;
@@ -206,11 +208,6 @@ fn read_message(reader: &mut impl BufRead, is_request: bool) -> Option<(Vec<u8>,
     Some((head, body))
 }
 
-fn free_port() -> Result<u16, EnvoyError> {
-    let l = TcpListener::bind("127.0.0.1:0").map_err(|e| io("bind", e))?;
-    Ok(l.local_addr().map_err(|e| io("addr", e))?.port())
-}
-
 /// A running Envoy with loopback upstreams.
 pub struct RealEnvoy {
     child: Child,
@@ -237,13 +234,12 @@ impl RealEnvoy {
         {
             for l in ls {
                 let name = l["name"].as_str().unwrap_or_default().to_string();
-                let port = free_port()?;
                 l["address"]["socket_address"] =
-                    serde_json::json!({"address": "127.0.0.1", "port_value": port});
+                    serde_json::json!({"address": "127.0.0.1", "port_value": 0});
                 if first_listener.is_empty() {
                     first_listener = name.clone();
                 }
-                listeners.insert(name, port);
+                listeners.insert(name, 0);
             }
         }
         if let Some(cs) = doc
@@ -261,15 +257,18 @@ impl RealEnvoy {
                 });
             }
         }
-        if doc.get("admin").is_some() {
-            doc["admin"]["address"] = serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": free_port()?}});
+        if !doc.get("admin").is_some_and(Value::is_object) {
+            doc["admin"] = serde_json::json!({});
         }
+        doc["admin"]["address"] =
+            serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": 0}});
         absolutize_wasm_paths(&mut doc);
         let dir = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
         let config = dir.path().join("envoy.json");
         std::fs::write(&config, serde_json::to_vec_pretty(&doc).unwrap_or_default())
             .map_err(|e| io("write config", e))?;
         let log_path = dir.path().join("envoy.log");
+        let admin_path = dir.path().join("admin-address");
         let log = std::fs::File::create(&log_path).map_err(|e| io("log file", e))?;
         let child = Command::new(envoy)
             .arg("-c")
@@ -278,6 +277,8 @@ impl RealEnvoy {
             .arg(workers.max(1).to_string())
             .args(["-l", "info", "--log-path"])
             .arg(&log_path)
+            .arg("--admin-address-path")
+            .arg(&admin_path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -291,19 +292,21 @@ impl RealEnvoy {
             _dir: dir,
             log_path,
         };
-        running.wait_listening(Duration::from_secs(60))?;
+        running.wait_listening(&admin_path, Duration::from_secs(60))?;
         Ok(running)
     }
 
-    fn wait_listening(&mut self, limit: Duration) -> Result<(), EnvoyError> {
+    /// Waits until Envoy's admin API reports every listener bound, and learns their ports.
+    fn wait_listening(&mut self, admin_path: &Path, limit: Duration) -> Result<(), EnvoyError> {
         let start = Instant::now();
-        let ports: Vec<u16> = self.listeners.values().copied().collect();
         loop {
-            if ports
-                .iter()
-                .all(|p| TcpStream::connect(("127.0.0.1", *p)).is_ok())
-            {
-                return Ok(());
+            if let Some(bound) = bound_listeners(admin_path) {
+                if self.listeners.keys().all(|name| bound.contains_key(name)) {
+                    for (name, port) in self.listeners.iter_mut() {
+                        *port = bound[name];
+                    }
+                    return Ok(());
+                }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
                 return Err(EnvoyError::Rejected(format!(
@@ -399,6 +402,35 @@ fn absolutize_wasm_paths(v: &mut Value) {
         Value::Array(a) => a.iter_mut().for_each(absolutize_wasm_paths),
         _ => {}
     }
+}
+
+/// The listeners Envoy has bound, by name, from its admin API (`/listeners?format=json`),
+/// once it has written its admin address.
+fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>> {
+    let address = std::fs::read_to_string(admin_path).ok()?;
+    let port: u16 = address.trim().rsplit_once(':')?.1.parse().ok()?;
+    let request = Request {
+        method: "GET".into(),
+        path: "/listeners?format=json".into(),
+        authority: "admin".into(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    let response = http1_exchange(port, &request).ok()?;
+    let doc: Value = serde_json::from_slice(&response.body).ok()?;
+    Some(
+        doc["listener_statuses"]
+            .as_array()?
+            .iter()
+            .filter_map(|l| {
+                let name = l["name"].as_str()?.to_string();
+                let port = l
+                    .pointer("/local_address/socket_address/port_value")?
+                    .as_u64()?;
+                (port > 0).then_some((name, port as u16))
+            })
+            .collect(),
+    )
 }
 
 fn http1_exchange(port: u16, request: &Request) -> std::io::Result<Response> {

@@ -19,6 +19,7 @@
 
 pub mod abi;
 pub mod bootstrap;
+pub mod compiled;
 pub mod diff;
 pub mod envoy;
 pub mod host;

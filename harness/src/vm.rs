@@ -13,6 +13,7 @@ use wasmtime::{
 
 use crate::abi::{AbiVersion, LogLevel};
 use crate::bootstrap::WasmPlugin;
+use crate::compiled::CompiledCache;
 use crate::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
 
 /// How often the epoch ticks; deadlines are whole ticks.
@@ -44,18 +45,49 @@ pub enum VmError {
     NoAllocator { path: PathBuf },
 }
 
+/// Instances one engine can hold at once with the pooling allocator (canary + workers, times
+/// distinct VMs, plus restarts). Each slot reserves address space, not memory.
+const POOLED_INSTANCES: u32 = 128;
+
 /// The engine, the linker with every hostcall, and the thread that advances the epoch.
 pub struct Runtime {
     engine: Engine,
     linker: Linker<HostState>,
     pub callback_deadline: Duration,
+    /// Compiled modules on disk (see [`crate::compiled`]); `None` compiles in memory.
+    pub compiled: Option<CompiledCache>,
+}
+
+fn engine_config(pooling: bool) -> wasmtime::Config {
+    let mut config = wasmtime::Config::new();
+    config.epoch_interruption(true);
+    if pooling {
+        // Instances come from preallocated slots, so starting a worker VM costs no mmap:
+        // that is most of what makes a VM start take microseconds, not milliseconds.
+        let mut pool = wasmtime::PoolingAllocationConfig::default();
+        pool.total_core_instances(POOLED_INSTANCES)
+            .total_memories(POOLED_INSTANCES)
+            .total_tables(POOLED_INSTANCES)
+            .max_memory_size(MAX_MEMORY_BYTES);
+        config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
+    }
+    config
 }
 
 impl Runtime {
+    /// A runtime with the pooling allocator (falling back to on-demand allocation where the
+    /// address space cannot be reserved) and the compiled-code cache of
+    /// [`CompiledCache::default_dir`] when that directory is safe to use.
     pub fn new() -> wasmtime::Result<Self> {
-        let mut config = wasmtime::Config::new();
-        config.epoch_interruption(true);
-        let engine = Engine::new(&config)?;
+        let engine = Engine::new(&engine_config(true)).or_else(|e| {
+            tracing::warn!("pooling allocator unavailable ({e:#}); allocating on demand");
+            Engine::new(&engine_config(false))
+        })?;
+        let compiled = CompiledCache::default_dir().and_then(|dir| {
+            CompiledCache::open(&dir)
+                .map_err(|e| tracing::warn!("{e}; compiling in memory"))
+                .ok()
+        });
         let weak = engine.weak();
         std::thread::Builder::new()
             .name("wasm-harness-epoch".into())
@@ -72,6 +104,7 @@ impl Runtime {
             engine,
             linker,
             callback_deadline: DEFAULT_CALLBACK_DEADLINE,
+            compiled,
         })
     }
 
@@ -80,7 +113,11 @@ impl Runtime {
             path: path.to_path_buf(),
             source,
         })?;
-        let module = Module::new(&self.engine, &bytes).map_err(|e| VmError::Compile {
+        let compiled = match &self.compiled {
+            Some(cache) => cache.load_or_compile(&self.engine, &bytes).map(|(m, _)| m),
+            None => Module::new(&self.engine, &bytes),
+        };
+        let module = compiled.map_err(|e| VmError::Compile {
             path: path.to_path_buf(),
             message: format!("{e:#}"),
         })?;

@@ -1,0 +1,159 @@
+//! `make bench` for the harness: the time of one HTTP request through a header-only filter
+//! (single worker; the project's filter with envoy-config/bootstrap.yaml, and the minimal
+//! `add-header.wat` guest), and the time to start a worker VM from a compiled module
+//! (instantiate from `InstancePre` with the pooling allocator + `_initialize` + `on_vm_start` +
+//! `on_configure`). Medians of batches; exits 1 when a target is missed.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use wasm_harness::bootstrap::Bootstrap;
+use wasm_harness::host::Shared;
+use wasm_harness::http::{Request, UpstreamReply};
+use wasm_harness::proxy::{Proxy, ProxyOptions};
+use wasm_harness::vm::{Runtime, Vm};
+
+const BATCH: u32 = 2000;
+const BATCHES: usize = 21;
+const VM_STARTS: usize = 501;
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn us(d: Duration) -> String {
+    format!("{:.2} us", d.as_secs_f64() * 1e6)
+}
+
+/// The project's bootstrap, or the same with the module swapped for `code`.
+fn bootstrap(code: Option<&str>) -> Bootstrap {
+    let root = repo_root();
+    let text = std::fs::read_to_string(root.join("envoy-config/bootstrap.yaml")).unwrap();
+    let text = match code {
+        Some(code) => text.replace(
+            "target/wasm32-wasip1/wasm-release/wasm_filter.wasm",
+            &root.join(code).display().to_string(),
+        ),
+        None => text.replace(
+            "target/wasm32-wasip1/wasm-release/wasm_filter.wasm",
+            &root
+                .join("target/wasm32-wasip1/wasm-release/wasm_filter.wasm")
+                .display()
+                .to_string(),
+        ),
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bootstrap.yaml");
+    std::fs::write(&path, text).unwrap();
+    Bootstrap::load(&path).unwrap_or_else(|e| {
+        panic!("{e} (build the filter first: make filter)");
+    })
+}
+
+fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
+    let mut proxy = Proxy::new(bootstrap, &ProxyOptions { workers: 1 }).unwrap();
+    let request = Request {
+        method: "GET".into(),
+        path: "/api/items".into(),
+        authority: "demo.local".into(),
+        headers: vec![
+            ("x-internal-secret".into(), b"s3cret".to_vec()),
+            ("user-agent".into(), b"bench".to_vec()),
+        ],
+        body: Vec::new(),
+    };
+    let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
+        status: 200,
+        headers: vec![("x-backend-version".into(), b"7".to_vec())],
+        body: Vec::new(),
+    };
+    // Warm up, and check the filter did its work (a bench of a broken filter is no bench).
+    let exchange = proxy.send(None, None, &request, &mut upstream).unwrap();
+    let upstream_saw = exchange.upstream.as_ref().map(|u| u.headers.clone());
+    assert!(
+        exchange.response.as_ref().is_some_and(|r| r.status == 200)
+            && upstream_saw.is_some_and(|h| h.iter().any(|(k, _)| k.starts_with("x-"))),
+        "{label}: {exchange:?}"
+    );
+    for _ in 0..BATCH {
+        proxy.send(None, None, &request, &mut upstream).unwrap();
+    }
+    let mut batches = Vec::with_capacity(BATCHES);
+    for _ in 0..BATCHES {
+        let start = Instant::now();
+        for _ in 0..BATCH {
+            proxy.send(None, None, &request, &mut upstream).unwrap();
+        }
+        batches.push(start.elapsed() / BATCH);
+    }
+    median(batches)
+}
+
+fn vm_start(bootstrap: Bootstrap) -> (Duration, Duration) {
+    let runtime = Runtime::new().unwrap();
+    let plugin = Arc::new(bootstrap.listeners[0].http.filters[0].clone());
+    let load_start = Instant::now();
+    let module = runtime.load(&plugin.code).unwrap();
+    let load = load_start.elapsed();
+    let shared = Arc::new(Shared::default());
+    let clusters = Arc::new(
+        bootstrap
+            .clusters
+            .iter()
+            .map(|c| c.name.clone())
+            .collect::<Vec<_>>(),
+    );
+    let mut times = Vec::with_capacity(VM_STARTS);
+    for _ in 0..VM_STARTS {
+        let start = Instant::now();
+        let mut vm = Vm::start(
+            &runtime,
+            &module,
+            shared.clone(),
+            Some(0),
+            &plugin,
+            clusters.clone(),
+        )
+        .unwrap();
+        vm.start_plugin(plugin.clone()).unwrap();
+        times.push(start.elapsed());
+        drop(vm);
+    }
+    (median(times), load)
+}
+
+fn main() {
+    let mut missed = false;
+    let mut check = |what: &str, ok: bool| {
+        println!("  {what}: {}", if ok { "ok" } else { "MISSED" });
+        missed |= !ok;
+    };
+    println!("wasm-harness ({BATCHES} batches of {BATCH} requests, {VM_STARTS} VM starts; median)");
+    let filter = per_request("wasm-filter", bootstrap(None));
+    let wat = per_request(
+        "add-header.wat",
+        bootstrap(Some("testdata/guests/add-header.wat")),
+    );
+    println!(
+        "one request, header-only filter, 1 worker: wasm-filter (Rust SDK) {}, add-header.wat {} (target < 5 us)",
+        us(filter),
+        us(wat)
+    );
+    check("request", filter < Duration::from_micros(5));
+    let (start, load) = vm_start(bootstrap(None));
+    println!(
+        "worker VM start from the compiled module (instantiate + _initialize + on_vm_start + on_configure): {} (target < 100 us); module load from the compiled-code cache: {:.1} ms",
+        us(start),
+        load.as_secs_f64() * 1e3
+    );
+    check("VM start", start < Duration::from_micros(100));
+    if missed {
+        std::process::exit(1);
+    }
+}
