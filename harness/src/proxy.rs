@@ -216,13 +216,12 @@ impl Proxy {
         }
         self.requests_sent += 1;
         let request_id = format!("{:08x}-0000-4000-8000-{:012x}", 0x5eed, self.requests_sent);
-        let listener = self.bootstrap.listeners[li].clone();
         let mut stream = HttpStream {
             workers: &mut self.workers,
             w,
             shared: &self.shared,
             errors: &mut self.errors,
-            listener: &listener,
+            listener: &self.bootstrap.listeners[li],
             listener_index: li,
             contexts: Vec::new(),
         };
@@ -294,10 +293,10 @@ impl HttpStream<'_> {
 
     /// Creates the stream contexts lazily, as Envoy does at the first decode callback.
     fn setup(&mut self) {
-        let slots = self.workers[self.w].slots[self.listener_index].clone();
-        self.contexts = vec![None; slots.len()];
-        for (i, slot) in slots.into_iter().enumerate() {
-            if let Some(slot) = slot {
+        let n = self.workers[self.w].slots[self.listener_index].len();
+        self.contexts = vec![None; n];
+        for i in 0..n {
+            if let Some(slot) = self.workers[self.w].slots[self.listener_index][i] {
                 if self.worker().vms[slot.vm].failed.is_none() {
                     let ctx = self.worker().vms[slot.vm].create_http_context(slot.root);
                     self.contexts[i] = Some((slot.vm, ctx));
@@ -450,21 +449,20 @@ impl HttpStream<'_> {
                 (local_reply_response(&reply), i)
             }
             None => {
-                let authority = String::from_utf8_lossy(
-                    host::headers::get(&headers, ":authority").unwrap_or_default(),
-                )
-                .into_owned();
-                let path = String::from_utf8_lossy(
-                    host::headers::get(&headers, ":path").unwrap_or_default(),
-                )
-                .into_owned();
-                let resp = match self
-                    .listener
-                    .http
-                    .routes
-                    .route(&authority, &path)
-                    .map(|r| r.action.clone())
-                {
+                let action = {
+                    let authority = String::from_utf8_lossy(
+                        host::headers::get(&headers, ":authority").unwrap_or_default(),
+                    );
+                    let path = String::from_utf8_lossy(
+                        host::headers::get(&headers, ":path").unwrap_or_default(),
+                    );
+                    self.listener
+                        .http
+                        .routes
+                        .route(&authority, &path)
+                        .map(|r| r.action.clone())
+                };
+                let resp = match action {
                     None => {
                         exchange.local_reply = Some(LocalReplySource::NoRoute);
                         plain_response(404, Vec::new())
@@ -485,10 +483,11 @@ impl HttpStream<'_> {
                             "x-envoy-expected-rq-timeout-ms",
                             b"15000".to_vec(),
                         );
+                        // The request is the upstream's now; the stream keeps no copy.
                         let seen = SeenRequest {
                             cluster,
-                            headers: headers.clone(),
-                            body: body.clone(),
+                            headers: std::mem::take(&mut headers),
+                            body: std::mem::take(&mut body),
                         };
                         let reply = upstream(&seen);
                         exchange.upstream = Some(seen);

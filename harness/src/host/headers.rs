@@ -53,16 +53,15 @@ pub fn replace(map: &mut HeaderMap, key: &str, value: Vec<u8>) {
     add(map, key, value);
 }
 
+/// Keys are stored lower-case (see `add`), so lookups compare without allocating.
 pub fn remove(map: &mut HeaderMap, key: &str) {
-    let key = key.to_ascii_lowercase();
-    map.retain(|(k, _)| *k != key);
+    map.retain(|(k, _)| !k.eq_ignore_ascii_case(key));
 }
 
 /// The first value of a key, as Envoy's `getHeaderMapValue` returns.
 pub fn get<'a>(map: &'a HeaderMap, key: &str) -> Option<&'a [u8]> {
-    let key = key.to_ascii_lowercase();
     map.iter()
-        .find(|(k, _)| *k == key)
+        .find(|(k, _)| k.eq_ignore_ascii_case(key))
         .map(|(_, v)| v.as_slice())
 }
 
