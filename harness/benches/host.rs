@@ -33,6 +33,12 @@ fn us(d: Duration) -> String {
 
 /// The project's bootstrap, or the same with the module swapped for `code`.
 fn bootstrap(code: Option<&str>) -> Bootstrap {
+    Bootstrap::load(&bootstrap_file(code).1).unwrap_or_else(|e| {
+        panic!("{e} (build the filter first: make filter)");
+    })
+}
+
+fn bootstrap_file(code: Option<&str>) -> (tempfile::TempDir, PathBuf) {
     let root = repo_root();
     let text = std::fs::read_to_string(root.join("envoy-config/bootstrap.yaml")).unwrap();
     let text = match code {
@@ -51,14 +57,11 @@ fn bootstrap(code: Option<&str>) -> Bootstrap {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("bootstrap.yaml");
     std::fs::write(&path, text).unwrap();
-    Bootstrap::load(&path).unwrap_or_else(|e| {
-        panic!("{e} (build the filter first: make filter)");
-    })
+    (dir, path)
 }
 
-fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
-    let mut proxy = Proxy::new(bootstrap, &ProxyOptions { workers: 1 }).unwrap();
-    let request = Request {
+fn request() -> Request {
+    Request {
         method: "GET".into(),
         path: "/api/items".into(),
         authority: "demo.local".into(),
@@ -67,7 +70,32 @@ fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
             ("user-agent".into(), b"bench".to_vec()),
         ],
         body: Vec::new(),
+    }
+}
+
+/// The same request through real Envoy (one worker, V8) and a loopback upstream, for scale:
+/// a whole HTTP/1.1 round trip on a new connection, not comparable term by term.
+fn envoy_round_trip() -> Option<Duration> {
+    let envoy = wasm_harness::envoy::find_envoy().ok()?;
+    let (_dir, path) = bootstrap_file(None);
+    let mut real = wasm_harness::envoy::RealEnvoy::start(&envoy, &path, 1).ok()?;
+    let reply = UpstreamReply {
+        status: 200,
+        headers: vec![("x-backend-version".into(), b"7".to_vec())],
+        body: Vec::new(),
     };
+    let mut times = Vec::new();
+    for _ in 0..201 {
+        let start = Instant::now();
+        real.send(None, &request(), &reply).ok()?;
+        times.push(start.elapsed());
+    }
+    Some(median(times))
+}
+
+fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
+    let mut proxy = Proxy::new(bootstrap, &ProxyOptions { workers: 1 }).unwrap();
+    let request = request();
     let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
         status: 200,
         headers: vec![("x-backend-version".into(), b"7".to_vec())],
@@ -146,6 +174,13 @@ fn main() {
         us(wat)
     );
     check("request", filter < Duration::from_micros(5));
+    match envoy_round_trip() {
+        Some(d) => println!(
+            "the same request through real Envoy (1 worker, V8, loopback upstream, new connection each): {}",
+            us(d)
+        ),
+        None => println!("real Envoy not found (make envoy): no comparison"),
+    }
     let (start, load) = vm_start(bootstrap(None));
     println!(
         "worker VM start from the compiled module (instantiate + _initialize + on_vm_start + on_configure): {} (target < 100 us); module load from the compiled-code cache: {:.1} ms",
