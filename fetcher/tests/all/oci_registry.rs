@@ -108,61 +108,79 @@ impl Registry {
         })
     }
 
+    /// Starts the registry on a free port. The port is only free when we looked, so readiness
+    /// is the registry's own "listening on" log line (written once it has bound the port), not
+    /// a successful connect, which a stranger on that port would also give; if the registry
+    /// exits because the port was taken meanwhile, it starts again on another.
     pub fn start_with(options: Options) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        let port = free_port();
-        let mut config = format!(
-            "version: 0.1\nlog: {{level: error, accesslog: {{disabled: false}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}, delete: {{enabled: true}}}}\n",
-            dir.path().join("data").display()
-        );
         if options.tls {
             make_certs(dir.path());
-            config.push_str(&format!(
-                "http: {{addr: 127.0.0.1:{port}, tls: {{certificate: {}, key: {}}}}}\n",
-                dir.path().join("server.pem").display(),
-                dir.path().join("server.key").display()
-            ));
-        } else {
-            config.push_str(&format!("http: {{addr: 127.0.0.1:{port}}}\n"));
         }
         if options.htpasswd {
             let out = Command::new("htpasswd")
                 .args(["-Bbn", "user", "pass"])
                 .output()
                 .expect("htpasswd (apache2-utils) is needed");
-            let file = dir.path().join("htpasswd");
-            std::fs::write(&file, out.stdout).unwrap();
-            config.push_str(&format!(
-                "auth: {{htpasswd: {{realm: test, path: {}}}}}\n",
-                file.display()
-            ));
+            std::fs::write(dir.path().join("htpasswd"), out.stdout).unwrap();
         }
-        let config_path = dir.path().join("config.yml");
-        std::fs::write(&config_path, config).unwrap();
-        let log = std::fs::File::create(dir.path().join("access.log")).unwrap();
-        let child = Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config_path)
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("docker-registry (Debian package docker-registry) is needed");
-        let host = format!("127.0.0.1:{port}");
-        let start = Instant::now();
-        while std::net::TcpStream::connect(&host).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "docker-registry did not start"
+        for _ in 0..5 {
+            let port = free_port();
+            let mut config = format!(
+                "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}, delete: {{enabled: true}}}}\n",
+                dir.path().join("data").display()
             );
-            std::thread::sleep(Duration::from_millis(20));
+            if options.tls {
+                config.push_str(&format!(
+                    "http: {{addr: 127.0.0.1:{port}, tls: {{certificate: {}, key: {}}}}}\n",
+                    dir.path().join("server.pem").display(),
+                    dir.path().join("server.key").display()
+                ));
+            } else {
+                config.push_str(&format!("http: {{addr: 127.0.0.1:{port}}}\n"));
+            }
+            if options.htpasswd {
+                config.push_str(&format!(
+                    "auth: {{htpasswd: {{realm: test, path: {}}}}}\n",
+                    dir.path().join("htpasswd").display()
+                ));
+            }
+            let config_path = dir.path().join("config.yml");
+            std::fs::write(&config_path, config).unwrap();
+            let log_path = dir.path().join("access.log");
+            let log = std::fs::File::create(&log_path).unwrap();
+            let mut child = Command::new("docker-registry")
+                .arg("serve")
+                .arg(&config_path)
+                .stdout(log.try_clone().unwrap())
+                .stderr(log)
+                .stdin(Stdio::null())
+                .spawn()
+                .expect("docker-registry (Debian package docker-registry) is needed");
+            let host = format!("127.0.0.1:{port}");
+            let ready = format!("listening on {host}");
+            let start = Instant::now();
+            loop {
+                if std::fs::read_to_string(&log_path).is_ok_and(|l| l.contains(&ready)) {
+                    return Self {
+                        host,
+                        tls: options.tls,
+                        child,
+                        dir,
+                    };
+                }
+                if child.try_wait().unwrap().is_some() {
+                    break; // the port was taken: try another
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "docker-registry did not start: {}",
+                    std::fs::read_to_string(&log_path).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(10));
+            }
         }
-        Self {
-            host,
-            tls: options.tls,
-            child,
-            dir,
-        }
+        panic!("docker-registry could not bind a free port in 5 attempts");
     }
 
     pub fn stop(&mut self) {
