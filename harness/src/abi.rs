@@ -45,6 +45,22 @@ impl AbiVersion {
         })
     }
 
+    /// Whether Envoy links this `env` import for a module of this ABI: the imports that
+    /// exist only in some versions are registered only for them (cpp-host
+    /// `registerCallbacks`), so e.g. a 0.2.0 module importing `proxy_get_log_level` fails to
+    /// load in Envoy, and must in the harness too.
+    pub fn links_import(self, name: &str) -> bool {
+        match name {
+            "proxy_get_configuration"
+            | "proxy_continue_request"
+            | "proxy_continue_response"
+            | "proxy_clear_route_cache" => self == Self::V0_1_0,
+            "proxy_continue_stream" | "proxy_close_stream" => self >= Self::V0_2_0,
+            "proxy_get_log_level" => self == Self::V0_2_1,
+            _ => true,
+        }
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::V0_1_0 => "0.1.0",
@@ -247,6 +263,19 @@ fn decode_pairs_strict(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn version_specific_imports_link_only_for_their_versions() {
+        use AbiVersion::*;
+        assert!(V0_1_0.links_import("proxy_continue_request"));
+        assert!(!V0_2_0.links_import("proxy_continue_request"));
+        assert!(!V0_2_1.links_import("proxy_clear_route_cache"));
+        assert!(!V0_1_0.links_import("proxy_continue_stream"));
+        assert!(V0_2_0.links_import("proxy_close_stream"));
+        assert!(!V0_2_0.links_import("proxy_get_log_level"));
+        assert!(V0_2_1.links_import("proxy_get_log_level"));
+        assert!(V0_1_0.links_import("proxy_log"));
+    }
 
     #[test]
     fn pairs_round_trip() {

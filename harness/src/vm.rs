@@ -130,6 +130,19 @@ impl Runtime {
         .ok_or_else(|| VmError::NoAbiVersion {
             path: path.to_path_buf(),
         })?;
+        if let Some(import) = module
+            .imports()
+            .find(|i| i.module() == "env" && !abi.links_import(i.name()))
+        {
+            return Err(VmError::Link {
+                path: path.to_path_buf(),
+                message: format!(
+                    "import env.{} is not part of Proxy-Wasm ABI {} (Envoy does not link it for this module)",
+                    import.name(),
+                    abi.as_str()
+                ),
+            });
+        }
         let pre = self
             .linker
             .instantiate_pre(&module)

@@ -34,6 +34,26 @@ fn buffer_bytes(state: &HostState, ty: BufferType) -> Result<Vec<u8>, Status> {
     }
 }
 
+/// ABI 0.1.0's `proxy_get_configuration`: the plugin configuration while the plugin
+/// configures, else the VM configuration (cpp-host `getConfiguration`).
+fn proxy_get_configuration(
+    mut caller: Caller<'_, HostState>,
+    ret_ptr: i32,
+    ret_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| {
+        let state = caller.data();
+        let bytes = match state.configuring {
+            Some(root) => state
+                .plugin_of(root)
+                .map(|p| p.configuration.clone())
+                .unwrap_or_default(),
+            None => state.vm_configuration.as_ref().clone(),
+        };
+        memory::copy_out(&mut caller, &bytes, ret_ptr, ret_size)
+    })())
+}
+
 fn proxy_get_buffer_bytes(
     mut caller: Caller<'_, HostState>,
     ty: i32,
@@ -118,6 +138,7 @@ fn proxy_set_buffer_bytes(
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.func_wrap("env", "proxy_get_configuration", proxy_get_configuration)?;
     linker.func_wrap("env", "proxy_get_buffer_bytes", proxy_get_buffer_bytes)?;
     linker.func_wrap("env", "proxy_get_buffer_status", proxy_get_buffer_status)?;
     linker.func_wrap("env", "proxy_set_buffer_bytes", proxy_set_buffer_bytes)?;

@@ -4,6 +4,7 @@
 //! They need the filter built (`make filter`) and Envoy installed (`make envoy`); `make test`
 //! does both first.
 
+mod abi;
 mod cli;
 mod envoy;
 mod guests;

@@ -1,0 +1,62 @@
+//! ABI versions and guests that misbehave on purpose: bad pointers, a memory bomb, an import
+//! the module's ABI does not have. Each guest marks the request with what it observed, so the
+//! test checks what the host answered from inside the guest.
+
+use crate::support::*;
+
+fn run(guest_file: &str, config: Option<&str>, requests: &str) -> std::process::Output {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest(guest_file), config, |_| {});
+    let s = scenario(dir.path(), &b, requests);
+    harness(&["run", s.to_str().unwrap()])
+}
+
+#[test]
+fn an_abi_0_1_0_module_gets_the_0_1_0_host() {
+    // Two-argument header callbacks, proxy_get_configuration, and Ok+"" for a missing header.
+    let o = run(
+        "abi-0-1-0.wat",
+        Some("v010"),
+        "  - {name: v010, request: {path: /}, expect: {upstream: {headers: {x-abi: 0.1.0}}}}\n",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // The configuration is read with the 0.1.0 call: another one is refused by the guest.
+    let o = run("abi-0-1-0.wat", Some("v999"), "");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("proxy_on_configure returned false"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn an_import_outside_the_modules_abi_does_not_link() {
+    let o = run("abi-0-2-0-log-level.wat", None, "");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("import env.proxy_get_log_level is not part of Proxy-Wasm ABI 0.2.0"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn bad_pointers_get_invalid_memory_access_and_the_host_carries_on() {
+    let o = run(
+        "bad-pointers.wat",
+        None,
+        "  - {name: bad pointers, request: {path: /}, expect: {response: {status: 200}, upstream: {headers: {x-bad-pointers: rejected}}}}\n  - {name: still serving, request: {path: /}, expect: {response: {status: 200}}}\n",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn memory_growth_stops_at_envoys_1_gib_cap_without_a_trap() {
+    let o = run(
+        "memory-bomb.wat",
+        None,
+        "  - {name: bomb, worker: 0, request: {path: /}, expect: {response: {status: 200}, upstream: {headers: {x-memory: capped}}}}\n",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
