@@ -41,17 +41,15 @@ fn proxy_get_configuration(
     ret_ptr: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
-        let state = caller.data();
-        let bytes = match state.configuring {
-            Some(root) => state
-                .plugin_of(root)
-                .map(|p| p.configuration.clone())
-                .unwrap_or_default(),
-            None => state.vm_configuration.as_ref().clone(),
-        };
-        memory::copy_out(&mut caller, &bytes, ret_ptr, ret_size)
-    })())
+    let state = caller.data();
+    let bytes = match state.configuring {
+        Some(root) => state
+            .plugin_of(root)
+            .map(|p| p.configuration.clone())
+            .unwrap_or_default(),
+        None => state.vm_configuration.as_ref().clone(),
+    };
+    finish(memory::copy_out(&mut caller, &bytes, ret_ptr, ret_size))
 }
 
 fn proxy_get_buffer_bytes(
