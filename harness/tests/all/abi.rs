@@ -60,3 +60,46 @@ fn memory_growth_stops_at_envoys_1_gib_cap_without_a_trap() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+/// The same guests in real Envoy (V8 takes binary modules only, so the text is assembled
+/// first): what the guests observe must be what they observe in the harness.
+#[test]
+fn real_envoy_agrees_on_abi_0_1_0_bad_pointers_and_the_memory_cap() {
+    use wasm_harness::diff;
+    use wasm_harness::run::{RunOptions, Verdict};
+    for (file, config, header, value) in [
+        ("abi-0-1-0.wat", Some("v010"), "x-abi", "0.1.0"),
+        ("bad-pointers.wat", None, "x-bad-pointers", "rejected"),
+        ("memory-bomb.wat", None, "x-memory", "capped"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm = dir.path().join(file.replace(".wat", ".wasm"));
+        std::fs::write(&wasm, wat::parse_file(guest(file)).unwrap()).unwrap();
+        let b = bootstrap_variant(dir.path(), &wasm, config, |_| {});
+        let s = scenario(
+            dir.path(),
+            &b,
+            &format!("  - {{name: {file}, request: {{path: /}}, expect: {{upstream: {{headers: {{{header}: '{value}'}}}}}}}}\n"),
+        );
+        let report = diff::run_differential(
+            &envoy(),
+            &s,
+            &RunOptions {
+                workers: Some(1),
+                bootstrap: None,
+            },
+        );
+        assert_eq!(report.verdict, Verdict::Passed, "{file}: {report}");
+        let seen = report.cases[0]
+            .envoy
+            .as_ref()
+            .and_then(|e| e.upstream.as_ref());
+        assert!(
+            seen.is_some_and(|u| u
+                .headers
+                .iter()
+                .any(|(k, v)| k == header && v == value.as_bytes())),
+            "{file}: Envoy's upstream did not see {header}: {value}: {report}"
+        );
+    }
+}
