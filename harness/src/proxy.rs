@@ -95,6 +95,7 @@ impl Proxy {
     pub fn new(bootstrap: Bootstrap, options: &ProxyOptions) -> Result<Self, StartError> {
         let runtime = Runtime::new().map_err(|e| StartError::Runtime(format!("{e:#}")))?;
         let shared = Arc::new(Shared::default());
+        let _ = shared.node.set(bootstrap.node.clone());
         let mut modules: HashMap<PathBuf, Arc<LoadedModule>> = HashMap::new();
         for l in &bootstrap.listeners {
             for p in &l.http.filters {

@@ -38,6 +38,8 @@ pub struct Shared {
     pub clock: Mutex<time::VirtualClock>,
     pub data: Mutex<shared_data::SharedData>,
     pub queues: Mutex<queues::Queues>,
+    /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
+    pub node: std::sync::OnceLock<serde_json::Value>,
     /// Numbers VM instances (from 1) so queue notifications find the one that registered.
     next_instance: AtomicU64,
 }

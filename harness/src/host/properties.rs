@@ -1,6 +1,9 @@
 //! `proxy_get_property` / `proxy_set_property`: the subset of Envoy's attributes the harness
-//! can know (plugin identity, request and response attributes), serialized as Envoy does
-//! (strings raw, integers 8 bytes little-endian). Anything unknown is `NotFound`, as in Envoy.
+//! can know (plugin identity, node identity and metadata, request, response and connection
+//! attributes), serialized as Envoy does (strings raw, integers and doubles 8 bytes
+//! little-endian, booleans 1 byte, maps in the pairs format). Anything unknown is `NotFound`,
+//! as in Envoy. Not modelled: addresses and ports (Envoy's are the sockets'), upstream.*,
+//! metadata, filter_state.
 
 use wasmtime::{Caller, Linker};
 
@@ -19,6 +22,18 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         ["plugin_root_id"] => return plugin.map(|p| p.root_id.clone().into_bytes()),
         ["plugin_vm_id"] => return plugin.map(|p| p.vm_id.clone().into_bytes()),
         _ => {}
+    }
+    // The node is local info: every context can read it, a stream or not. Only under `xds`:
+    // Envoy 1.40 answers NotFound for the legacy top-level `node` (checked against it).
+    if let ["xds", "node", rest @ ..] = path {
+        if rest.is_empty() {
+            return None; // Envoy gives the whole Node proto here; not modelled
+        }
+        let mut v = state.shared.node.get()?;
+        for key in rest {
+            v = v.get(key)?;
+        }
+        return json_value(v);
     }
     let s = state.http_stream_ref()?;
     let key = path.join("\0");
@@ -42,6 +57,25 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         ["request", "useragent"] => header("user-agent"),
         ["request", "referer"] => header("referer"),
         ["request", "protocol"] => Some(b"HTTP/1.1".to_vec()),
+        // Requests take no virtual time, so the first byte arrived now.
+        ["request", "time"] => Some(int(super::time::wall_nanos(state) as i64)),
+        ["request", "headers"] => Some(crate::abi::encode_pairs(req)),
+        ["response", "headers"] => s
+            .response_headers
+            .as_ref()
+            .map(|h| crate::abi::encode_pairs(h)),
+        ["response", "headers", name] => {
+            let values: Vec<&[u8]> = s
+                .response_headers
+                .as_ref()?
+                .iter()
+                .filter(|(k, _)| k.eq_ignore_ascii_case(name))
+                .map(|(_, v)| v.as_slice())
+                .collect();
+            (!values.is_empty()).then(|| values.join(&b","[..]))
+        }
+        // Plain-text downstream connections only.
+        ["connection", "mtls"] => Some(vec![0]),
         ["request", "headers", name] => {
             let values: Vec<&[u8]> = req
                 .iter()
@@ -53,6 +87,27 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         ["response", "code"] => s.response_code.map(|c| int(c.into())),
         _ => None,
     }
+}
+
+/// A JSON value (protobuf Struct semantics) as Envoy serializes the CEL value it becomes.
+fn json_value(v: &serde_json::Value) -> Option<Vec<u8>> {
+    use serde_json::Value;
+    Some(match v {
+        Value::String(s) => s.clone().into_bytes(),
+        Value::Number(n) => n.as_f64()?.to_le_bytes().to_vec(),
+        Value::Bool(b) => vec![*b as u8],
+        Value::Object(m) => crate::abi::encode_pairs(
+            &m.iter()
+                .map(|(k, v)| Some((k.clone(), json_value(v)?)))
+                .collect::<Option<Vec<_>>>()?,
+        ),
+        Value::Array(a) => crate::abi::encode_pairs(
+            &a.iter()
+                .map(|v| Some((String::from_utf8(json_value(v)?).ok()?, Vec::new())))
+                .collect::<Option<Vec<_>>>()?,
+        ),
+        Value::Null => return None,
+    })
 }
 
 fn proxy_get_property(

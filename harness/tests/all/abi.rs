@@ -103,3 +103,29 @@ fn real_envoy_agrees_on_abi_0_1_0_bad_pointers_and_the_memory_cap() {
         );
     }
 }
+
+#[test]
+fn node_metadata_and_request_properties_match_real_envoy() {
+    use wasm_harness::diff;
+    use wasm_harness::run::{RunOptions, Verdict};
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("properties.wasm");
+    std::fs::write(&wasm, wat::parse_file(guest("properties.wat")).unwrap()).unwrap();
+    let b = bootstrap_variant(dir.path(), &wasm, None, |doc| {
+        doc["node"] = serde_json::json!({"id": "sidecar~10.0.0.1~web", "cluster": "web", "metadata": {"team": "payments"}});
+    });
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: properties\n    request: {path: /, headers: {x-multi: abc}}\n    expect: {upstream: {headers: {x-team: payments, x-node-id: sidecar~10.0.0.1~web, x-multi-joined: abc, x-mtls: 'false'}}}\n",
+    );
+    let report = diff::run_differential(
+        &envoy(),
+        &s,
+        &RunOptions {
+            workers: Some(1),
+            bootstrap: None,
+        },
+    );
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}
