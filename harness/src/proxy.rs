@@ -74,13 +74,24 @@ struct Worker {
     /// Per listener, per Wasm filter in chain order. `None`: the plugin failed to start on
     /// this worker and the failure policy applies.
     slots: Vec<Vec<Option<PluginSlot>>>,
+    /// Per VM: when it was created or last re-created (virtual monotonic ns), for the
+    /// `FAIL_RELOAD` backoff.
+    created_at: Vec<u64>,
+    /// Per VM: the (listener, filter) positions of the plugins placed on it, started or not.
+    hosts: Vec<Vec<(usize, usize)>>,
 }
+
+/// `FAIL_RELOAD`'s backoff (`reload_config.backoff.base_interval`, Envoy's default). The
+/// harness does not jitter it, so runs repeat.
+pub const RELOAD_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1000);
 
 pub struct Proxy {
     pub bootstrap: Bootstrap,
     runtime: Runtime,
     shared: Arc<Shared>,
     workers: Vec<Worker>,
+    /// Loaded modules by code path, to re-create VMs (`FAIL_RELOAD`).
+    modules: HashMap<PathBuf, Arc<LoadedModule>>,
     requests_sent: usize,
     /// Delivery problems not yet handed to the caller (see [`Proxy::take_errors`]).
     errors: Vec<DeliveryError>,
@@ -109,6 +120,7 @@ impl Proxy {
             runtime,
             shared,
             workers: Vec::new(),
+            modules: HashMap::new(),
             requests_sent: 0,
             errors: Vec::new(),
         };
@@ -119,6 +131,7 @@ impl Proxy {
             let worker = proxy.place_plugins(&modules, Some(w), false)?;
             proxy.workers.push(worker);
         }
+        proxy.modules = modules;
         // What the plugins enqueued while starting reaches the registrants now.
         proxy.deliver_posted();
         Ok(proxy)
@@ -133,9 +146,10 @@ impl Proxy {
         let mut vms: Vec<Vm> = Vec::new();
         let mut keys: Vec<VmKey> = Vec::new();
         let mut slots = Vec::new();
-        for l in &self.bootstrap.listeners {
+        let mut hosts: Vec<Vec<(usize, usize)>> = Vec::new();
+        for (li, l) in self.bootstrap.listeners.iter().enumerate() {
             let mut listener_slots = Vec::new();
-            for p in &l.http.filters {
+            for (fi, p) in l.http.filters.iter().enumerate() {
                 let key = VmKey::of(p);
                 let vm = match keys.iter().position(|k| *k == key) {
                     Some(i) => i,
@@ -156,9 +170,11 @@ impl Proxy {
                         )?;
                         vms.push(vm);
                         keys.push(key);
+                        hosts.push(Vec::new());
                         vms.len() - 1
                     }
                 };
+                hosts[vm].push((li, fi));
                 match vms[vm].start_plugin(Arc::new(p.clone())) {
                     Ok(root) => listener_slots.push(Some(PluginSlot { vm, root })),
                     Err(e) if canary => return Err(e.into()),
@@ -167,7 +183,66 @@ impl Proxy {
             }
             slots.push(listener_slots);
         }
-        Ok(Worker { vms, slots })
+        let created_at = vec![self.shared.monotonic_nanos(); vms.len()];
+        Ok(Worker {
+            vms,
+            slots,
+            created_at,
+            hosts,
+        })
+    }
+
+    /// `FAIL_RELOAD`: a worker VM that trapped is created again (fresh memory, `_initialize`,
+    /// every plugin's `on_context_create` / `on_vm_start` / `on_configure`, context ids from 1;
+    /// shared data survives) when a new stream arrives at least [`RELOAD_BACKOFF`] after its
+    /// last creation. Until then, and if the reload fails, streams get FAIL_CLOSED's 503.
+    fn reload_failed_vms(&mut self, w: usize) {
+        let now = self.shared.monotonic_nanos();
+        for v in 0..self.workers[w].vms.len() {
+            let worker = &self.workers[w];
+            if worker.vms[v].failed.is_none()
+                || now.saturating_sub(worker.created_at[v]) < RELOAD_BACKOFF.as_nanos() as u64
+            {
+                continue;
+            }
+            let hosted = worker.hosts[v].clone();
+            let reloads = hosted.iter().any(|&(li, fi)| {
+                self.bootstrap.listeners[li].http.filters[fi].failure_policy
+                    == FailurePolicy::FailReload
+            });
+            let Some(&(li0, fi0)) = hosted.first().filter(|_| reloads) else {
+                continue;
+            };
+            let first = &self.bootstrap.listeners[li0].http.filters[fi0];
+            let clusters = Arc::new(
+                self.bootstrap
+                    .clusters
+                    .iter()
+                    .map(|c| c.name.clone())
+                    .collect(),
+            );
+            self.workers[w].created_at[v] = now;
+            let Ok(mut vm) = Vm::start(
+                &self.runtime,
+                &self.modules[&first.code],
+                self.shared.clone(),
+                Some(w),
+                first,
+                clusters,
+            ) else {
+                continue;
+            };
+            let mut roots = Vec::new();
+            for &(li, fi) in &hosted {
+                let plugin = Arc::new(self.bootstrap.listeners[li].http.filters[fi].clone());
+                roots.push(vm.start_plugin(plugin).ok());
+            }
+            let worker = &mut self.workers[w];
+            worker.vms[v] = vm;
+            for (&(li, fi), root) in hosted.iter().zip(roots) {
+                worker.slots[li][fi] = root.map(|root| PluginSlot { vm: v, root });
+            }
+        }
     }
 
     pub fn workers(&self) -> usize {
@@ -216,6 +291,7 @@ impl Proxy {
             ));
         }
         self.requests_sent += 1;
+        self.reload_failed_vms(w);
         let request_id = format!("{:08x}-0000-4000-8000-{:012x}", 0x5eed, self.requests_sent);
         let mut stream = HttpStream {
             workers: &mut self.workers,
@@ -663,4 +739,16 @@ fn finalize_downstream(response: &mut Response) {
         .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok())
         .unwrap_or(response.status);
     host::headers::replace(&mut response.headers, "server", b"envoy".to_vec());
+    // Envoy's HTTP/1 codec ends a bodiless response with `content-length: 0` unless the
+    // status forbids a body (seen on its failure-policy 503, whose local reply has none).
+    let bodiless_status = response.status < 200 || matches!(response.status, 204 | 304);
+    if response.body.is_empty()
+        && !bodiless_status
+        && host::headers::get(&response.headers, "content-length").is_none()
+        && host::headers::get(&response.headers, "transfer-encoding").is_none()
+    {
+        response
+            .headers
+            .push(("content-length".into(), b"0".to_vec()));
+    }
 }

@@ -129,3 +129,37 @@ fn node_metadata_and_request_properties_match_real_envoy() {
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }
+
+#[test]
+fn fail_reload_recreates_a_trapped_vm_after_the_backoff_like_envoy() {
+    use wasm_harness::diff;
+    use wasm_harness::run::{RunOptions, Verdict};
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("trap-on-path.wasm");
+    std::fs::write(&wasm, wat::parse_file(guest("trap-on-path.wat")).unwrap()).unwrap();
+    let b = bootstrap_variant(dir.path(), &wasm, None, |doc| {
+        doc.pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
+            .unwrap()["failure_policy"] = serde_json::json!("FAIL_RELOAD");
+    });
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - {name: alive, request: {path: /}, expect: {response: {status: 200}, upstream: {headers: {x-alive: '1'}}}}
+  - {name: trap, request: {path: /trap}, expect: {response: {status: 503}, local_reply: failure_policy}}
+  - {name: within the backoff, request: {path: /}, expect: {response: {status: 503}, local_reply: failure_policy}}
+  - advance: 1500ms
+  - {name: reloaded, request: {path: /}, expect: {response: {status: 200}, upstream: {headers: {x-alive: '1'}}, logs: [trap-on-path VM started]}}
+",
+    );
+    let o = harness(&["run", "--workers", "1", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report = diff::run_differential(
+        &envoy(),
+        &s,
+        &RunOptions {
+            workers: Some(1),
+            bootstrap: None,
+        },
+    );
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}
