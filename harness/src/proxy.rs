@@ -245,6 +245,23 @@ impl Proxy {
         }
     }
 
+    /// A counter's or gauge's value in the proxy-wide stats (`wasmcustom.<name>`, or the name
+    /// without the prefix), summed over every worker as Envoy's stats store does.
+    pub fn metric(&self, name: &str) -> Option<u64> {
+        let full = if name.starts_with("wasmcustom.") {
+            name.to_string()
+        } else {
+            format!("wasmcustom.{name}")
+        };
+        let stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        [
+            host::metrics::MetricType::Counter,
+            host::metrics::MetricType::Gauge,
+        ]
+        .into_iter()
+        .find_map(|ty| stats.get(&(ty, full.clone())).map(|s| s.value))
+    }
+
     pub fn workers(&self) -> usize {
         self.workers.len()
     }

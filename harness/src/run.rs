@@ -164,7 +164,16 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
     case.logs = records.iter().map(report_line).collect();
     case.failures = match (step, outcome) {
         (Step::Request(req), Some(Ok(ex))) => {
-            let failures = scenario::check(&req.expect, &ex, &records);
+            let mut failures = scenario::check(&req.expect, &ex, &records);
+            for (name, want) in &req.expect.metrics {
+                match proxy.metric(name) {
+                    Some(v) if v == *want => {}
+                    Some(v) => failures.push(format!("metric {name}: expected {want}, got {v}")),
+                    None => failures.push(format!(
+                        "metric {name}: expected {want}, but the plugin never defined it"
+                    )),
+                }
+            }
             case.exchange = Some(ex);
             failures
         }

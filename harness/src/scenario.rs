@@ -256,6 +256,10 @@ pub struct Expect {
     /// Exact numbers of log lines (written while this request ran) containing a substring.
     #[serde(default)]
     pub log_counts: Vec<LogCount>,
+    /// Custom metrics (counter or gauge, by name with or without `wasmcustom.`) and their
+    /// proxy-wide values after this request.
+    #[serde(default)]
+    pub metrics: std::collections::BTreeMap<String, u64>,
 }
 
 /// Expectations on the log lines written during a step.

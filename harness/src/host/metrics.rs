@@ -1,14 +1,17 @@
 //! Metrics as Envoy defines them: every `proxy_define_metric` returns a fresh id whose low two
-//! bits are the type (counter 0, gauge 1, histogram 2), ids are per VM, counters only grow.
+//! bits are the type (counter 0, gauge 1, histogram 2); ids are per VM, but the stat behind a
+//! name is the proxy's (Envoy's stats store): every worker's VM that defines
+//! `requests` counts into the same `wasmcustom.requests`, and reads the total back.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use wasmtime::{Caller, Linker};
 
 use super::{finish, memory, HostState};
 use crate::abi::Status;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MetricType {
     Counter,
@@ -16,62 +19,80 @@ pub enum MetricType {
     Histogram,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct Metric {
-    pub name: String,
-    pub ty: MetricType,
+/// One stat of the store: a counter's or gauge's value, a histogram's samples.
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Stat {
     pub value: u64,
     pub samples: Vec<u64>,
 }
 
+/// The proxy-wide stats, by type and full name (`wasmcustom.<name>`), as Envoy keeps
+/// counters, gauges and histograms apart.
+pub type Stats = Arc<Mutex<HashMap<(MetricType, String), Stat>>>;
+
+/// One VM's metric ids.
 #[derive(Debug, Default)]
 pub struct Metrics {
-    pub by_id: HashMap<u32, Metric>,
+    by_id: HashMap<u32, (MetricType, String)>,
     next: u32,
+    stats: Stats,
 }
 
 impl Metrics {
+    pub fn new(stats: Stats) -> Self {
+        Self {
+            by_id: HashMap::new(),
+            next: 0,
+            stats,
+        }
+    }
+
     pub fn define(&mut self, ty: MetricType, name: &str) -> u32 {
         self.next += 1;
         let id = (self.next << 2) | ty as u32;
-        self.by_id.insert(
-            id,
-            Metric {
-                name: format!("wasmcustom.{name}"),
-                ty,
-                value: 0,
-                samples: Vec::new(),
-            },
-        );
+        let key = (ty, format!("wasmcustom.{name}"));
+        self.stats
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default();
+        self.by_id.insert(id, key);
         id
     }
 
+    fn with<T>(&self, id: u32, f: impl FnOnce(MetricType, &mut Stat) -> T) -> Result<T, Status> {
+        let key = self.by_id.get(&id).ok_or(Status::NotFound)?;
+        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        Ok(f(key.0, stats.entry(key.clone()).or_default()))
+    }
+
     pub fn increment(&mut self, id: u32, delta: i64) -> Result<(), Status> {
-        let m = self.by_id.get_mut(&id).ok_or(Status::NotFound)?;
-        match m.ty {
-            MetricType::Counter if delta > 0 => m.value += delta as u64,
-            MetricType::Gauge => m.value = m.value.wrapping_add_signed(delta),
-            _ => return Err(Status::BadArgument),
-        }
-        Ok(())
+        self.with(id, |ty, m| match ty {
+            MetricType::Counter if delta > 0 => {
+                m.value += delta as u64;
+                Ok(())
+            }
+            MetricType::Gauge => {
+                m.value = m.value.wrapping_add_signed(delta);
+                Ok(())
+            }
+            _ => Err(Status::BadArgument),
+        })?
     }
 
     pub fn record(&mut self, id: u32, value: u64) -> Result<(), Status> {
-        let m = self.by_id.get_mut(&id).ok_or(Status::NotFound)?;
-        match m.ty {
+        self.with(id, |ty, m| match ty {
             MetricType::Counter => m.value += value,
             MetricType::Gauge => m.value = value,
             MetricType::Histogram => m.samples.push(value),
-        }
-        Ok(())
+        })
     }
 
     pub fn get(&self, id: u32) -> Result<u64, Status> {
-        let m = self.by_id.get(&id).ok_or(Status::NotFound)?;
-        match m.ty {
+        self.with(id, |ty, m| match ty {
             MetricType::Histogram => Err(Status::BadArgument),
             _ => Ok(m.value),
-        }
+        })?
     }
 }
 

@@ -38,6 +38,8 @@ pub struct Shared {
     pub clock: Mutex<time::VirtualClock>,
     pub data: Mutex<shared_data::SharedData>,
     pub queues: Mutex<queues::Queues>,
+    /// Custom metrics, proxy-wide as in Envoy's stats store.
+    pub stats: metrics::Stats,
     /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
     pub node: std::sync::OnceLock<serde_json::Value>,
     /// Numbers VM instances (from 1) so queue notifications find the one that registered.
@@ -146,6 +148,7 @@ impl HostState {
     ) -> Self {
         Self {
             instance: shared.new_instance_id(),
+            metrics: metrics::Metrics::new(shared.stats.clone()),
             shared,
             worker,
             abi,
@@ -163,7 +166,6 @@ impl HostState {
             limits: HostState::default_limits(),
             vm_id: plugin.vm_id.clone(),
             clusters,
-            metrics: metrics::Metrics::default(),
         }
     }
 

@@ -163,3 +163,32 @@ fn fail_reload_recreates_a_trapped_vm_after_the_backoff_like_envoy() {
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }
+
+#[test]
+fn custom_metrics_are_proxy_wide_across_workers() {
+    let o = run(
+        "counter.wat",
+        None,
+        "  - {name: first, worker: 0, request: {path: /}, expect: {metrics: {requests: 1}}}
+  - {name: second on the other worker, worker: 1, request: {path: /}, expect: {metrics: {wasmcustom.requests: 2}}}
+  - {name: third, worker: 0, request: {path: /}, expect: {metrics: {requests: 3}}}
+",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let o = run(
+        "counter.wat",
+        None,
+        "  - {name: wrong, request: {path: /}, expect: {metrics: {requests: 5, undefined: 1}}}\n",
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("metric requests: expected 5, got 1"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains("metric undefined: expected 1, but the plugin never defined it"),
+        "{}",
+        text(&o)
+    );
+}
