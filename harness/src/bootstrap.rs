@@ -17,6 +17,7 @@ mod types {
     pub const STRING_VALUE: &str = "google.protobuf.StringValue";
     pub const BYTES_VALUE: &str = "google.protobuf.BytesValue";
     pub const STRUCT: &str = "google.protobuf.Struct";
+    pub const WASM_SERVICE: &str = "envoy.extensions.wasm.v3.WasmService";
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +53,16 @@ pub struct Bootstrap {
     pub clusters: Vec<Cluster>,
     /// `node`, kept as JSON for the `xds.node` / node metadata properties.
     pub node: Value,
+    /// `bootstrap_extensions` of type `envoy.bootstrap.wasm`: Wasm services.
+    pub services: Vec<WasmService>,
+}
+
+/// A Wasm service (`envoy.extensions.wasm.v3.WasmService`): a plugin with no stream, only a
+/// root context; `singleton` runs one on the main thread, otherwise one on each worker.
+#[derive(Debug, Clone)]
+pub struct WasmService {
+    pub plugin: WasmPlugin,
+    pub singleton: bool,
 }
 
 #[derive(Debug, Clone)]
@@ -160,11 +171,34 @@ impl Bootstrap {
         if listeners.is_empty() {
             return Err(invalid("static_resources.listeners", "no listener defined"));
         }
+        let mut services = Vec::new();
+        for (i, e) in array(Some(doc), "bootstrap_extensions").iter().enumerate() {
+            let at = format!("bootstrap_extensions[{i}]");
+            let typed = e.get("typed_config").unwrap_or(&Value::Null);
+            if type_name(typed) != types::WASM_SERVICE {
+                return Err(BootstrapError::UnsupportedFilter {
+                    at,
+                    name: str_field(e, "name").unwrap_or_default(),
+                    type_url: type_name(typed),
+                });
+            }
+            services.push(WasmService {
+                plugin: parse_plugin(
+                    &format!("{at}.typed_config"),
+                    typed.get("config").unwrap_or(&Value::Null),
+                )?,
+                singleton: typed
+                    .get("singleton")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            });
+        }
         Ok(Self {
             path: path.to_path_buf(),
             listeners,
             clusters,
             node: doc.get("node").cloned().unwrap_or(Value::Null),
+            services,
         })
     }
 

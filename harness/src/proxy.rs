@@ -69,6 +69,7 @@ struct PluginSlot {
     root: u32,
 }
 
+#[derive(Default)]
 struct Worker {
     vms: Vec<Vm>,
     /// Per listener, per Wasm filter in chain order. `None`: the plugin failed to start on
@@ -90,6 +91,8 @@ pub struct Proxy {
     runtime: Runtime,
     shared: Arc<Shared>,
     workers: Vec<Worker>,
+    /// The main thread: singleton Wasm services' VMs.
+    main: Worker,
     /// Loaded modules by code path, to re-create VMs (`FAIL_RELOAD`).
     modules: HashMap<PathBuf, Arc<LoadedModule>>,
     requests_sent: usize,
@@ -108,11 +111,14 @@ impl Proxy {
         let shared = Arc::new(Shared::default());
         let _ = shared.node.set(bootstrap.node.clone());
         let mut modules: HashMap<PathBuf, Arc<LoadedModule>> = HashMap::new();
-        for l in &bootstrap.listeners {
-            for p in &l.http.filters {
-                if !modules.contains_key(&p.code) {
-                    modules.insert(p.code.clone(), runtime.load(&p.code)?);
-                }
+        let plugins = bootstrap
+            .listeners
+            .iter()
+            .flat_map(|l| &l.http.filters)
+            .chain(bootstrap.services.iter().map(|s| &s.plugin));
+        for p in plugins {
+            if !modules.contains_key(&p.code) {
+                modules.insert(p.code.clone(), runtime.load(&p.code)?);
             }
         }
         let mut proxy = Self {
@@ -120,6 +126,7 @@ impl Proxy {
             runtime,
             shared,
             workers: Vec::new(),
+            main: Worker::default(),
             modules: HashMap::new(),
             requests_sent: 0,
             errors: Vec::new(),
@@ -131,6 +138,7 @@ impl Proxy {
             let worker = proxy.place_plugins(&modules, Some(w), false)?;
             proxy.workers.push(worker);
         }
+        proxy.main = proxy.place_singletons(&modules)?;
         proxy.modules = modules;
         // What the plugins enqueued while starting reaches the registrants now.
         proxy.deliver_posted();
@@ -183,6 +191,35 @@ impl Proxy {
             }
             slots.push(listener_slots);
         }
+        // Wasm services: on the canary all of them (a refusal rejects the bootstrap), on each
+        // worker those that are not singletons, sharing VMs by key like filters.
+        for service in &self.bootstrap.services {
+            if service.singleton && !canary {
+                continue;
+            }
+            let p = &service.plugin;
+            let key = VmKey::of(p);
+            let vm = match keys.iter().position(|k| *k == key) {
+                Some(i) => i,
+                None => {
+                    vms.push(Vm::start(
+                        &self.runtime,
+                        &modules[&p.code],
+                        self.shared.clone(),
+                        worker,
+                        p,
+                        self.cluster_names(),
+                    )?);
+                    keys.push(key);
+                    hosts.push(Vec::new());
+                    vms.len() - 1
+                }
+            };
+            match vms[vm].start_plugin(Arc::new(p.clone())) {
+                Err(e) if canary => return Err(e.into()),
+                _ => {}
+            }
+        }
         let created_at = vec![self.shared.monotonic_nanos(); vms.len()];
         Ok(Worker {
             vms,
@@ -190,6 +227,41 @@ impl Proxy {
             created_at,
             hosts,
         })
+    }
+
+    /// The main thread's VMs: one per singleton Wasm service (its own VM, as Envoy's main
+    /// thread has no worker-local VMs to share).
+    fn place_singletons(
+        &self,
+        modules: &HashMap<PathBuf, Arc<LoadedModule>>,
+    ) -> Result<Worker, StartError> {
+        let mut main = Worker::default();
+        for service in self.bootstrap.services.iter().filter(|s| s.singleton) {
+            let p = &service.plugin;
+            let mut vm = Vm::start(
+                &self.runtime,
+                &modules[&p.code],
+                self.shared.clone(),
+                None,
+                p,
+                self.cluster_names(),
+            )?;
+            vm.start_plugin(Arc::new(p.clone()))?;
+            main.vms.push(vm);
+            main.created_at.push(self.shared.monotonic_nanos());
+            main.hosts.push(Vec::new());
+        }
+        Ok(main)
+    }
+
+    fn cluster_names(&self) -> Arc<Vec<String>> {
+        Arc::new(
+            self.bootstrap
+                .clusters
+                .iter()
+                .map(|c| c.name.clone())
+                .collect(),
+        )
     }
 
     /// `FAIL_RELOAD`: a worker VM that trapped is created again (fresh memory, `_initialize`,
@@ -312,6 +384,7 @@ impl Proxy {
         let request_id = format!("{:08x}-0000-4000-8000-{:012x}", 0x5eed, self.requests_sent);
         let mut stream = HttpStream {
             workers: &mut self.workers,
+            main: &mut self.main,
             w,
             shared: &self.shared,
             errors: &mut self.errors,
@@ -329,6 +402,7 @@ impl Proxy {
 /// delivered, once the callback returns, to whichever worker registered the queue.
 struct HttpStream<'a> {
     workers: &'a mut [Worker],
+    main: &'a mut Worker,
     w: usize,
     shared: &'a Shared,
     errors: &'a mut Vec<DeliveryError>,
@@ -380,7 +454,7 @@ impl HttpStream<'_> {
     /// Delivers what the last callback posted (queue notifications), as Envoy's dispatchers
     /// run posted work once the current callback has returned.
     fn deliver_posted(&mut self) {
-        if let Err(e) = events::deliver_queue_ready(self.shared, self.workers) {
+        if let Err(e) = events::deliver_queue_ready(self.shared, self.workers, self.main) {
             self.errors.push(e);
         }
     }

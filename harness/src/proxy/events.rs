@@ -37,6 +37,7 @@ pub enum DeliveryError {
 pub(super) fn deliver_queue_ready(
     shared: &Shared,
     workers: &mut [Worker],
+    main: &mut Worker,
 ) -> Result<usize, DeliveryError> {
     let mut delivered = 0;
     loop {
@@ -60,15 +61,16 @@ pub(super) fn deliver_queue_ready(
                 at: format_duration(Duration::from_nanos(shared.monotonic_nanos())),
             });
         }
-        let vm = n
-            .receiver
-            .worker
-            .and_then(|w| workers.get_mut(w))
-            .and_then(|w| {
-                w.vms
-                    .iter_mut()
-                    .find(|vm| vm.state().instance == n.receiver.instance)
-            });
+        // No worker: the main thread (singleton Wasm services; the canary's VMs are gone).
+        let dispatcher = match n.receiver.worker {
+            Some(w) => workers.get_mut(w),
+            None => Some(&mut *main),
+        };
+        let vm = dispatcher.and_then(|w| {
+            w.vms
+                .iter_mut()
+                .find(|vm| vm.state().instance == n.receiver.instance)
+        });
         if let Some(vm) = vm {
             vm.on_queue_ready(n.receiver.root, n.token);
             delivered += 1;
@@ -94,7 +96,10 @@ impl Proxy {
         let mut ticks = 0;
         while let Some((due, w, v, root)) = self.next_tick(target) {
             self.set_clock(due);
-            let vm = &mut self.workers[w].vms[v];
+            let vm = match w {
+                Some(w) => &mut self.workers[w].vms[v],
+                None => &mut self.main.vms[v],
+            };
             let has_on_tick = vm.has_on_tick();
             if has_on_tick {
                 vm.on_tick(root);
@@ -115,7 +120,7 @@ impl Proxy {
     }
 
     pub(super) fn deliver_posted(&mut self) {
-        if let Err(e) = deliver_queue_ready(&self.shared, &mut self.workers) {
+        if let Err(e) = deliver_queue_ready(&self.shared, &mut self.workers, &mut self.main) {
             self.errors.push(e);
         }
     }
@@ -128,10 +133,13 @@ impl Proxy {
             .set_monotonic_nanos(nanos);
     }
 
-    /// The earliest timer due by `target`: (due, worker, vm, root). Failed VMs never tick.
-    fn next_tick(&self, target: u64) -> Option<(u64, usize, usize, u32)> {
-        let mut best: Option<(u64, usize, usize, u32)> = None;
-        for (w, worker) in self.workers.iter().enumerate() {
+    /// The earliest timer due by `target`: (due, worker, vm, root), worker `None` being the
+    /// main thread (singleton Wasm services), first at equal times. Failed VMs never tick.
+    fn next_tick(&self, target: u64) -> Option<(u64, Option<usize>, usize, u32)> {
+        let mut best: Option<(u64, Option<usize>, usize, u32)> = None;
+        let dispatchers = std::iter::once((None, &self.main))
+            .chain(self.workers.iter().enumerate().map(|(w, x)| (Some(w), x)));
+        for (w, worker) in dispatchers {
             for (v, vm) in worker.vms.iter().enumerate() {
                 if vm.failed.is_some() {
                     continue;

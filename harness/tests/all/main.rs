@@ -8,5 +8,6 @@ mod abi;
 mod cli;
 mod envoy;
 mod guests;
+mod services;
 mod support;
 mod timers;

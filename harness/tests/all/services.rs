@@ -1,0 +1,80 @@
+//! `envoy.bootstrap.wasm` services: a singleton runs once on the main thread, a
+//! non-singleton once per worker; ticks and queue notifications reach them there.
+
+use crate::support::*;
+
+fn with_service(dir: &std::path::Path, singleton: bool) -> std::path::PathBuf {
+    let service = guest("service-queue.wat");
+    bootstrap_variant(dir, &guest("add-header.wat"), None, move |doc| {
+        doc["bootstrap_extensions"] = serde_json::json!([{
+            "name": "envoy.bootstrap.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.wasm.v3.WasmService",
+                "singleton": singleton,
+                "config": {
+                    "name": "aggregator",
+                    "root_id": "aggregator",
+                    "vm_config": {
+                        "vm_id": "aggregator",
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": {"local": {"filename": service.display().to_string()}}
+                    }
+                }
+            }
+        }]);
+    })
+}
+
+#[test]
+fn a_singleton_service_ticks_and_gets_its_queue_on_the_main_thread_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = with_service(dir.path(), true);
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - {name: request, request: {path: /}, expect: {response: {status: 200}}}
+  - advance: 3s
+    expect: {log_counts: [{contains: service tick, count: 3}, {contains: service queue ready, count: 3}]}
+",
+    );
+    let o = harness(&["run", "--workers", "2", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = text(&o);
+    let service_lines: Vec<&str> = out.lines().filter(|l| l.contains("service ")).collect();
+    assert_eq!(service_lines.len(), 6, "{out}");
+    assert!(
+        service_lines.iter().all(|l| l.contains("[main]")),
+        "service lines not on the main thread: {out}"
+    );
+}
+
+#[test]
+fn a_non_singleton_service_runs_on_every_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = with_service(dir.path(), false);
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - advance: 2s
+    expect: {log_counts: [{contains: service tick, count: 4}, {contains: service tick, worker: 0, count: 2}, {contains: service tick, worker: 1, count: 2}]}
+",
+    );
+    let o = harness(&["run", "--workers", "2", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn another_bootstrap_extension_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("add-header.wat"), None, |doc| {
+        doc["bootstrap_extensions"] = serde_json::json!([{
+            "name": "envoy.bootstrap.internal_listener",
+            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.bootstrap.internal_listener.v3.InternalListener"}
+        }]);
+    });
+    let s = scenario(dir.path(), &b, "");
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("bootstrap_extensions[0]"), "{}", text(&o));
+    assert!(text(&o).contains("InternalListener"), "{}", text(&o));
+}
