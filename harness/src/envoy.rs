@@ -216,6 +216,7 @@ pub struct RealEnvoy {
     upstreams: HashMap<String, Arc<Mutex<UpstreamState>>>,
     _dir: tempfile::TempDir,
     pub log_path: PathBuf,
+    admin_path: PathBuf,
 }
 
 impl RealEnvoy {
@@ -290,6 +291,7 @@ impl RealEnvoy {
             first_listener,
             upstreams,
             _dir: dir,
+            admin_path: admin_path.clone(),
             log_path,
         };
         running.wait_listening(&admin_path, Duration::from_secs(60))?;
@@ -322,6 +324,18 @@ impl RealEnvoy {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// A counter or gauge from Envoy's stats (`/stats`), e.g. `wasmcustom.requests`.
+    pub fn stat(&self, name: &str) -> Option<u64> {
+        let body = admin_get(&self.admin_path, "/stats")?;
+        String::from_utf8_lossy(&body).lines().find_map(|l| {
+            l.strip_prefix(name)?
+                .strip_prefix(": ")?
+                .trim()
+                .parse()
+                .ok()
+        })
     }
 
     pub fn log_tail(&self) -> String {
@@ -404,20 +418,24 @@ fn absolutize_wasm_paths(v: &mut Value) {
     }
 }
 
-/// The listeners Envoy has bound, by name, from its admin API (`/listeners?format=json`),
-/// once it has written its admin address.
-fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>> {
+/// A GET on Envoy's admin API, once Envoy has written its admin address.
+fn admin_get(admin_path: &Path, path: &str) -> Option<Vec<u8>> {
     let address = std::fs::read_to_string(admin_path).ok()?;
     let port: u16 = address.trim().rsplit_once(':')?.1.parse().ok()?;
     let request = Request {
         method: "GET".into(),
-        path: "/listeners?format=json".into(),
+        path: path.into(),
         authority: "admin".into(),
         headers: Vec::new(),
         body: Vec::new(),
     };
-    let response = http1_exchange(port, &request).ok()?;
-    let doc: Value = serde_json::from_slice(&response.body).ok()?;
+    Some(http1_exchange(port, &request).ok()?.body)
+}
+
+/// The listeners Envoy has bound, by name, from its admin API (`/listeners?format=json`).
+fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>> {
+    let body = admin_get(admin_path, "/listeners?format=json")?;
+    let doc: Value = serde_json::from_slice(&body).ok()?;
     Some(
         doc["listener_statuses"]
             .as_array()?

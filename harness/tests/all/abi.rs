@@ -192,3 +192,39 @@ fn custom_metrics_are_proxy_wide_across_workers() {
         text(&o)
     );
 }
+
+#[test]
+fn real_envoy_counts_custom_metrics_proxy_wide_too() {
+    use wasm_harness::envoy::RealEnvoy;
+    use wasm_harness::http::{Request, UpstreamReply};
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = dir.path().join("counter.wasm");
+    std::fs::write(&wasm, wat::parse_file(guest("counter.wat")).unwrap()).unwrap();
+    let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
+    let mut real = RealEnvoy::start(&envoy(), &b, 2).unwrap();
+    let request = Request {
+        method: "GET".into(),
+        path: "/".into(),
+        authority: "demo.local".into(),
+        headers: Vec::new(),
+        body: Vec::new(),
+    };
+    let reply = UpstreamReply {
+        status: 200,
+        ..Default::default()
+    };
+    for _ in 0..3 {
+        real.send(None, &request, &reply).unwrap();
+    }
+    // Envoy flushes stats asynchronously; give it a moment.
+    let start = std::time::Instant::now();
+    while real.stat("wasmcustom.requests") != Some(3) && start.elapsed().as_secs() < 10 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    assert_eq!(
+        real.stat("wasmcustom.requests"),
+        Some(3),
+        "{}",
+        real.log_tail()
+    );
+}
