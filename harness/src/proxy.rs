@@ -168,13 +168,7 @@ impl Proxy {
                             self.shared.clone(),
                             worker,
                             p,
-                            Arc::new(
-                                self.bootstrap
-                                    .clusters
-                                    .iter()
-                                    .map(|c| c.name.clone())
-                                    .collect(),
-                            ),
+                            self.cluster_names(),
                         )?;
                         vms.push(vm);
                         keys.push(key);
@@ -286,13 +280,7 @@ impl Proxy {
                 continue;
             };
             let first = &self.bootstrap.listeners[li0].http.filters[fi0];
-            let clusters = Arc::new(
-                self.bootstrap
-                    .clusters
-                    .iter()
-                    .map(|c| c.name.clone())
-                    .collect(),
-            );
+            let clusters = self.cluster_names();
             self.workers[w].created_at[v] = now;
             let Ok(mut vm) = Vm::start(
                 &self.runtime,

@@ -2,6 +2,8 @@
 //! the module's ABI does not have. Each guest marks the request with what it observed, so the
 //! test checks what the host answered from inside the guest.
 
+use wasm_harness::run::Verdict;
+
 use crate::support::*;
 
 fn run(guest_file: &str, config: Option<&str>, requests: &str) -> std::process::Output {
@@ -9,6 +11,25 @@ fn run(guest_file: &str, config: Option<&str>, requests: &str) -> std::process::
     let b = bootstrap_variant(dir.path(), &guest(guest_file), config, |_| {});
     let s = scenario(dir.path(), &b, requests);
     harness(&["run", s.to_str().unwrap()])
+}
+
+/// Real Envoy's V8 loads binary modules only: the guest assembled into `dir`.
+fn assembled(dir: &std::path::Path, guest_file: &str) -> std::path::PathBuf {
+    let wasm = dir.join(guest_file.replace(".wat", ".wasm"));
+    std::fs::write(&wasm, wat::parse_file(guest(guest_file)).unwrap()).unwrap();
+    wasm
+}
+
+/// The scenario through the harness and real Envoy (one worker each), compared.
+fn differential(scenario: &std::path::Path) -> wasm_harness::diff::DiffReport {
+    wasm_harness::diff::run_differential(
+        &envoy(),
+        scenario,
+        &wasm_harness::run::RunOptions {
+            workers: Some(1),
+            bootstrap: None,
+        },
+    )
 }
 
 #[test]
@@ -65,30 +86,20 @@ fn memory_growth_stops_at_envoys_1_gib_cap_without_a_trap() {
 /// first): what the guests observe must be what they observe in the harness.
 #[test]
 fn real_envoy_agrees_on_abi_0_1_0_bad_pointers_and_the_memory_cap() {
-    use wasm_harness::diff;
-    use wasm_harness::run::{RunOptions, Verdict};
     for (file, config, header, value) in [
         ("abi-0-1-0.wat", Some("v010"), "x-abi", "0.1.0"),
         ("bad-pointers.wat", None, "x-bad-pointers", "rejected"),
         ("memory-bomb.wat", None, "x-memory", "capped"),
     ] {
         let dir = tempfile::tempdir().unwrap();
-        let wasm = dir.path().join(file.replace(".wat", ".wasm"));
-        std::fs::write(&wasm, wat::parse_file(guest(file)).unwrap()).unwrap();
+        let wasm = assembled(dir.path(), file);
         let b = bootstrap_variant(dir.path(), &wasm, config, |_| {});
         let s = scenario(
             dir.path(),
             &b,
             &format!("  - {{name: {file}, request: {{path: /}}, expect: {{upstream: {{headers: {{{header}: '{value}'}}}}}}}}\n"),
         );
-        let report = diff::run_differential(
-            &envoy(),
-            &s,
-            &RunOptions {
-                workers: Some(1),
-                bootstrap: None,
-            },
-        );
+        let report = differential(&s);
         assert_eq!(report.verdict, Verdict::Passed, "{file}: {report}");
         let seen = report.cases[0]
             .envoy
@@ -106,11 +117,8 @@ fn real_envoy_agrees_on_abi_0_1_0_bad_pointers_and_the_memory_cap() {
 
 #[test]
 fn node_metadata_and_request_properties_match_real_envoy() {
-    use wasm_harness::diff;
-    use wasm_harness::run::{RunOptions, Verdict};
     let dir = tempfile::tempdir().unwrap();
-    let wasm = dir.path().join("properties.wasm");
-    std::fs::write(&wasm, wat::parse_file(guest("properties.wat")).unwrap()).unwrap();
+    let wasm = assembled(dir.path(), "properties.wat");
     let b = bootstrap_variant(dir.path(), &wasm, None, |doc| {
         doc["node"] = serde_json::json!({"id": "sidecar~10.0.0.1~web", "cluster": "web", "metadata": {"team": "payments"}});
     });
@@ -119,24 +127,14 @@ fn node_metadata_and_request_properties_match_real_envoy() {
         &b,
         "  - name: properties\n    request: {path: /, headers: {x-multi: abc}}\n    expect: {upstream: {headers: {x-team: payments, x-node-id: sidecar~10.0.0.1~web, x-multi-joined: abc, x-mtls: 'false'}}}\n",
     );
-    let report = diff::run_differential(
-        &envoy(),
-        &s,
-        &RunOptions {
-            workers: Some(1),
-            bootstrap: None,
-        },
-    );
+    let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }
 
 #[test]
 fn fail_reload_recreates_a_trapped_vm_after_the_backoff_like_envoy() {
-    use wasm_harness::diff;
-    use wasm_harness::run::{RunOptions, Verdict};
     let dir = tempfile::tempdir().unwrap();
-    let wasm = dir.path().join("trap-on-path.wasm");
-    std::fs::write(&wasm, wat::parse_file(guest("trap-on-path.wat")).unwrap()).unwrap();
+    let wasm = assembled(dir.path(), "trap-on-path.wat");
     let b = bootstrap_variant(dir.path(), &wasm, None, |doc| {
         doc.pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
             .unwrap()["failure_policy"] = serde_json::json!("FAIL_RELOAD");
@@ -153,14 +151,7 @@ fn fail_reload_recreates_a_trapped_vm_after_the_backoff_like_envoy() {
     );
     let o = harness(&["run", "--workers", "1", s.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    let report = diff::run_differential(
-        &envoy(),
-        &s,
-        &RunOptions {
-            workers: Some(1),
-            bootstrap: None,
-        },
-    );
+    let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }
 
@@ -198,8 +189,7 @@ fn real_envoy_counts_custom_metrics_proxy_wide_too() {
     use wasm_harness::envoy::RealEnvoy;
     use wasm_harness::http::{Request, UpstreamReply};
     let dir = tempfile::tempdir().unwrap();
-    let wasm = dir.path().join("counter.wasm");
-    std::fs::write(&wasm, wat::parse_file(guest("counter.wat")).unwrap()).unwrap();
+    let wasm = assembled(dir.path(), "counter.wat");
     let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
     let mut real = RealEnvoy::start(&envoy(), &b, 2).unwrap();
     let request = Request {
