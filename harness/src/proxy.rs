@@ -322,6 +322,12 @@ impl Proxy {
         .find_map(|ty| stats.get(&(ty, full.clone())).map(|s| s.value))
     }
 
+    /// A shared-data value (per `vm_id`, as Envoy keeps them).
+    pub fn shared_data(&self, vm_id: &str, key: &str) -> Option<Vec<u8>> {
+        let data = self.shared.data.lock().unwrap_or_else(|e| e.into_inner());
+        data.get(vm_id, key).map(|(v, _)| v)
+    }
+
     pub fn workers(&self) -> usize {
         self.workers.len()
     }

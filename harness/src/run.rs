@@ -174,6 +174,20 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
                     )),
                 }
             }
+            for (vm_id, keys) in &req.expect.shared_data {
+                for (key, want) in keys {
+                    match proxy.shared_data(vm_id, key) {
+                        Some(v) if v == want.as_bytes() => {}
+                        Some(v) => failures.push(format!(
+                            "shared data {vm_id}/{key}: expected {want:?}, got {:?}",
+                            String::from_utf8_lossy(&v)
+                        )),
+                        None => failures.push(format!(
+                            "shared data {vm_id}/{key}: expected {want:?}, but it is not set"
+                        )),
+                    }
+                }
+            }
             case.exchange = Some(ex);
             failures
         }

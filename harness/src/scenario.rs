@@ -260,6 +260,9 @@ pub struct Expect {
     /// proxy-wide values after this request.
     #[serde(default)]
     pub metrics: std::collections::BTreeMap<String, u64>,
+    /// Shared data after this request: `{vm_id: {key: value}}`, values as UTF-8 text.
+    #[serde(default)]
+    pub shared_data: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
 }
 
 /// Expectations on the log lines written during a step.

@@ -218,3 +218,45 @@ fn real_envoy_counts_custom_metrics_proxy_wide_too() {
         real.log_tail()
     );
 }
+
+#[test]
+fn a_cas_race_between_workers_ends_in_cas_mismatch_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "cas.wat");
+    let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
+    let race = |worker_of_bump: usize| {
+        format!(
+            "  - {{name: init, worker: 0, request: {{path: /init}}, expect: {{upstream: {{headers: {{x-result: init}}}}, shared_data: {{wasm-filter: {{k: i}}}}}}}}
+  - {{name: read, worker: 0, request: {{path: /read}}, expect: {{upstream: {{headers: {{x-result: read}}}}}}}}
+  - {{name: bump, worker: {worker_of_bump}, request: {{path: /bump}}, expect: {{upstream: {{headers: {{x-result: bumped}}}}, shared_data: {{wasm-filter: {{k: b}}}}}}}}
+  - {{name: stale write, worker: 0, request: {{path: /stale}}, expect: {{upstream: {{headers: {{x-result: cas-mismatch}}}}, shared_data: {{wasm-filter: {{k: b}}}}}}}}
+"
+        )
+    };
+    // Two workers: the bump on the other worker wins; the stale CAS loses.
+    let s = scenario(dir.path(), &b, &race(1));
+    let o = harness(&["run", "--workers", "2", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // A wrong expectation on shared data is reported with what was there.
+    let wrong = scenario(
+        dir.path(),
+        &b,
+        "  - {name: init, request: {path: /init}, expect: {shared_data: {wasm-filter: {k: z, other: x}}}}\n",
+    );
+    let o = harness(&["run", wrong.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(r#"shared data wasm-filter/k: expected "z", got "i""#),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains(r#"shared data wasm-filter/other: expected "x", but it is not set"#),
+        "{}",
+        text(&o)
+    );
+    // Real Envoy (one worker, so the kept CAS stays in one VM) answers each step the same.
+    let s = scenario(dir.path(), &b, &race(0));
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}
