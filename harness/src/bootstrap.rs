@@ -521,7 +521,7 @@ fn any_to_bytes(at: &str, v: Option<&Value>) -> Result<Vec<u8>, BootstrapError> 
 }
 
 /// Standard base64 (protobuf JSON's encoding for bytes).
-fn base64_decode(s: &str) -> Option<Vec<u8>> {
+pub(crate) fn base64_decode(s: &str) -> Option<Vec<u8>> {
     const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let mut out = Vec::with_capacity(s.len() * 3 / 4);
     let (mut acc, mut bits) = (0u32, 0u32);

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::envoy::RealEnvoy;
-use crate::http::Exchange;
+use crate::http::{CallRecord, Exchange};
 use crate::run::{self, RunOptions, ScenarioReport, Verdict};
 use crate::scenario::{self, Scenario, Step};
 
@@ -136,6 +136,33 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
 }
 
 /// Runs `path` in the harness and in real Envoy with the same worker count.
+/// HTTP callouts as their upstreams saw them (Envoy's gRPC calls are not observed).
+fn compare_calls(harness: &[CallRecord], envoy: &[CallRecord], out: &mut Vec<String>) {
+    let harness: Vec<&CallRecord> = harness.iter().filter(|c| c.kind == "http").collect();
+    if harness.len() != envoy.len() {
+        out.push(format!(
+            "http callouts: harness made {}, envoy's upstreams saw {}",
+            harness.len(),
+            envoy.len()
+        ));
+        return;
+    }
+    for (n, (h, e)) in harness.iter().zip(envoy).enumerate() {
+        let what = format!("callout {} to {:?}", n + 1, h.cluster);
+        if h.cluster != e.cluster {
+            out.push(format!("{what}: envoy sent it to {:?} instead", e.cluster));
+        }
+        diff_headers(&what, &h.headers, &e.headers, out);
+        if h.body != e.body {
+            out.push(format!(
+                "{what} body: harness {:?}, envoy {:?}",
+                String::from_utf8_lossy(&h.body),
+                String::from_utf8_lossy(&e.body)
+            ));
+        }
+    }
+}
+
 pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> DiffReport {
     let harness = run::run_scenario(path, opts);
     let mut report = DiffReport {
@@ -193,19 +220,31 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
         expect.logs.clear();
         expect.log_counts.clear();
         expect.local_reply = None;
-        let result = real.send(
+        // The callout clusters' upstreams answer as the scenario's canned replies say.
+        let calls: Vec<_> = case
+            .http_calls
+            .iter()
+            .chain(&scenario.http_calls)
+            .map(|c| c.to_canned())
+            .collect();
+        let result = real.send_with_calls(
             case.listener.as_deref(),
             &case.to_request(),
             &case.upstream_reply(),
+            &calls,
         );
         let (envoy_failures, differences, envoy) = match result {
-            Ok(ex) => {
-                let failures = scenario::check(&expect, &ex, &[]);
-                let diffs = hcase
+            Ok((ex, envoy_calls)) => {
+                let mut failures = scenario::check(&expect, &ex, &[]);
+                if let Some(want) = &expect.calls {
+                    scenario::check_calls(want, &envoy_calls, &mut failures);
+                }
+                let mut diffs = hcase
                     .exchange
                     .as_ref()
                     .map(|h| compare(h, &ex))
                     .unwrap_or_default();
+                compare_calls(&hcase.calls, &envoy_calls, &mut diffs);
                 (failures, diffs, Some(ex))
             }
             Err(e) => (vec![e], Vec::new(), None),

@@ -19,7 +19,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::host::HeaderMap;
-use crate::http::{Exchange, Request, Response, SeenRequest, UpstreamReply};
+use crate::http::{
+    CallRecord, CannedHttpCall, Exchange, HttpCallAnswer, Request, Response, SeenRequest,
+    UpstreamReply,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyError {
@@ -83,6 +86,8 @@ pub fn validate(envoy: &Path, bootstrap: &Path) -> Result<(), EnvoyError> {
 #[derive(Default)]
 struct UpstreamState {
     reply: UpstreamReply,
+    /// Canned callout answers: a request matching one gets its answer instead of `reply`.
+    calls: Vec<CannedHttpCall>,
     seen: Vec<SeenRequest>,
 }
 
@@ -142,14 +147,28 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
                 headers.push((name, h.value.to_vec()));
             }
         }
-        let reply = {
+        let path = String::from_utf8_lossy(req.path.unwrap_or_default().as_bytes()).into_owned();
+        let answer = {
             let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
             s.seen.push(SeenRequest {
                 cluster: cluster.to_string(),
                 headers,
                 body,
             });
-            s.reply.clone()
+            s.calls
+                .iter()
+                .find(|c| {
+                    c.cluster == cluster
+                        && c.path_prefix.as_deref().is_none_or(|p| path.starts_with(p))
+                })
+                .map(|c| c.answer.clone())
+                .unwrap_or_else(|| HttpCallAnswer::Reply(s.reply.clone()))
+        };
+        let reply = match answer {
+            HttpCallAnswer::Reply(r) => r,
+            // Close without answering: what a crashing upstream does. (Envoy's router turns
+            // it into a 503; nothing on the wire makes Envoy report a callout reset.)
+            HttpCallAnswer::Disconnect | HttpCallAnswer::Reset => return,
         };
         let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
         for (k, v) in &reply.headers {
@@ -361,6 +380,20 @@ impl RealEnvoy {
         request: &Request,
         reply: &UpstreamReply,
     ) -> Result<Exchange, String> {
+        self.send_with_calls(listener, request, reply, &[])
+            .map(|(ex, _)| ex)
+    }
+
+    /// Sends one request; the clusters named in `calls` answer with those canned replies
+    /// (they are the callouts' upstreams), every other cluster with `reply`. Returns the
+    /// exchange and the requests the callout clusters received, as call records.
+    pub fn send_with_calls(
+        &mut self,
+        listener: Option<&str>,
+        request: &Request,
+        reply: &UpstreamReply,
+        calls: &[CannedHttpCall],
+    ) -> Result<(Exchange, Vec<CallRecord>), String> {
         let name = listener.unwrap_or(&self.first_listener);
         let port = *self
             .listeners
@@ -372,22 +405,42 @@ impl RealEnvoy {
             .map(|(k, s)| {
                 let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
                 s.reply = reply.clone();
+                s.calls = calls.to_vec();
                 (k.clone(), s.seen.len())
             })
             .collect();
         let response =
             http1_exchange(port, request).map_err(|e| format!("request to envoy failed: {e}"))?;
-        let upstream = self.upstreams.iter().find_map(|(k, s)| {
+        let is_callout = |cluster: &str| calls.iter().any(|c| c.cluster == cluster);
+        let mut upstream = None;
+        let mut records = Vec::new();
+        for (k, s) in &self.upstreams {
             let s = s.lock().unwrap_or_else(|e| e.into_inner());
-            s.seen.get(before[k]).cloned()
-        });
-        Ok(Exchange {
-            worker: 0,
-            upstream,
-            response: Some(response),
-            local_reply: None,
-            stalled: None,
-        })
+            for seen in &s.seen[before[k]..] {
+                if is_callout(k) {
+                    records.push(CallRecord {
+                        kind: "http",
+                        cluster: k.clone(),
+                        worker: None,
+                        headers: seen.headers.clone(),
+                        body: seen.body.clone(),
+                        answer: "real envoy".into(),
+                    });
+                } else if upstream.is_none() {
+                    upstream = Some(seen.clone());
+                }
+            }
+        }
+        Ok((
+            Exchange {
+                worker: 0,
+                upstream,
+                response: Some(response),
+                local_reply: None,
+                stalled: None,
+            },
+            records,
+        ))
     }
 }
 
@@ -452,24 +505,52 @@ fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>> {
 }
 
 fn http1_exchange(port: u16, request: &Request) -> std::io::Result<Response> {
-    let mut conn = TcpStream::connect(("127.0.0.1", port))?;
-    conn.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut headers: HeaderMap = vec![
+        (":method".into(), request.method.clone().into_bytes()),
+        (":path".into(), request.path.clone().into_bytes()),
+        (":authority".into(), request.authority.clone().into_bytes()),
+    ];
+    headers.extend(request.headers.iter().cloned());
+    if !request.body.is_empty() {
+        headers.push((
+            "content-length".into(),
+            request.body.len().to_string().into_bytes(),
+        ));
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    http1_request(addr, &headers, &request.body, Duration::from_secs(30))
+}
+
+/// One HTTP/1.1 request on a new connection, written exactly as given: `headers` holds the
+/// pseudo-headers `:method`, `:path`, `:authority` (sent as `host`) and the regular headers in
+/// order. Used for requests to real Envoy and for callouts to loopback upstreams.
+pub(crate) fn http1_request(
+    addr: std::net::SocketAddr,
+    headers: &HeaderMap,
+    body: &[u8],
+    timeout: Duration,
+) -> std::io::Result<Response> {
+    let pseudo = |name: &str| {
+        String::from_utf8_lossy(crate::http::header(headers, name).unwrap_or_default()).into_owned()
+    };
+    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
+    conn.set_read_timeout(Some(timeout))?;
+    conn.set_write_timeout(Some(timeout))?;
     let mut out = format!(
         "{} {} HTTP/1.1\r\nhost: {}\r\n",
-        request.method, request.path, request.authority
+        pseudo(":method"),
+        pseudo(":path"),
+        pseudo(":authority")
     )
     .into_bytes();
-    for (k, v) in &request.headers {
+    for (k, v) in headers.iter().filter(|(k, _)| !k.starts_with(':')) {
         out.extend_from_slice(k.as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(v);
         out.extend_from_slice(b"\r\n");
     }
-    if !request.body.is_empty() {
-        out.extend_from_slice(format!("content-length: {}\r\n", request.body.len()).as_bytes());
-    }
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(&request.body);
+    out.extend_from_slice(body);
     conn.write_all(&out)?;
     let mut reader = BufReader::new(conn.try_clone()?);
     let (head, body) = read_message(&mut reader, false)
@@ -478,7 +559,7 @@ fn http1_exchange(port: u16, request: &Request) -> std::io::Result<Response> {
     let mut headers_buf = [httparse::EMPTY_HEADER; 128];
     let mut resp = httparse::Response::new(&mut headers_buf);
     resp.parse(&head)
-        .map_err(|e| std::io::Error::other(format!("bad response from envoy: {e}")))?;
+        .map_err(|e| std::io::Error::other(format!("bad HTTP response: {e}")))?;
     let status = resp.code.unwrap_or_default();
     let mut headers: HeaderMap = vec![(":status".into(), status.to_string().into_bytes())];
     headers.extend(

@@ -72,3 +72,61 @@ pub struct Exchange {
 pub fn header<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
     crate::host::headers::get(map, name)
 }
+
+/// A reply the scenario gives for `proxy_http_call`s to `cluster` (whose `:path` starts with
+/// `path_prefix`, if given), instead of a real upstream.
+#[derive(Debug, Clone, Serialize)]
+pub struct CannedHttpCall {
+    pub cluster: String,
+    pub path_prefix: Option<String>,
+    pub answer: HttpCallAnswer,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HttpCallAnswer {
+    /// The upstream answers this (Envoy's router adds its headers on the way back).
+    Reply(UpstreamReply),
+    /// The upstream closes the connection without answering: Envoy's router answers 503.
+    Disconnect,
+    /// The call's stream is reset before a response: the guest sees `(0, 0, 0)` and status
+    /// `BrokenConnection` "reset" (Envoy's failure path, e.g. a response over the buffer
+    /// limit; no upstream behaviour produces it, so real Envoy cannot be made to show it).
+    Reset,
+}
+
+/// A reply the scenario gives for unary `proxy_grpc_call`s to `cluster` (and `service` /
+/// `method`, if given).
+#[derive(Debug, Clone, Serialize)]
+pub struct CannedGrpcCall {
+    pub cluster: String,
+    pub service: Option<String>,
+    pub method: Option<String>,
+    pub answer: GrpcCallAnswer,
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrpcCallAnswer {
+    /// Status OK with this reply message (serialized protobuf).
+    Message(Vec<u8>),
+    /// A failure with this gRPC status code and message.
+    Status { code: u32, message: String },
+}
+
+/// A callout a guest made, and how it was answered.
+#[derive(Debug, Clone, Serialize)]
+pub struct CallRecord {
+    /// `http` or `grpc`.
+    pub kind: &'static str,
+    pub cluster: String,
+    /// The worker whose VM made the call; `None` for the main thread.
+    pub worker: Option<usize>,
+    /// HTTP: the request headers as sent (pseudo-headers first). gRPC: `:path`
+    /// (`/service/method`), then the initial metadata.
+    pub headers: HeaderMap,
+    /// HTTP: the request body. gRPC: the request message.
+    pub body: Vec<u8>,
+    /// What answered: `canned reply 200`, `upstream 127.0.0.1:8081: 200`, `reset`, ...
+    pub answer: String,
+}

@@ -3,6 +3,7 @@
 //! chain, the router and back, with Envoy's order of callbacks. Ticks and queue notifications
 //! (what Envoy's dispatchers run between requests) are in [`events`].
 
+mod callouts;
 mod events;
 
 use std::collections::HashMap;
@@ -16,7 +17,8 @@ use crate::host::{self, HeaderMap, LocalReply, LogRecord, Shared};
 use crate::http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
 use crate::vm::{LoadedModule, PluginStartError, Runtime, Vm, VmError};
 
-pub use events::{format_duration, DeliveryError, MAX_QUEUE_DELIVERIES};
+pub use callouts::{Callouts, NO_TIMEOUT_LIMIT};
+pub use events::{format_duration, DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES};
 
 /// Why the emulated proxy could not start: Envoy would refuse this configuration.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +100,8 @@ pub struct Proxy {
     requests_sent: usize,
     /// Delivery problems not yet handed to the caller (see [`Proxy::take_errors`]).
     errors: Vec<DeliveryError>,
+    /// Canned callout replies and the record of calls made.
+    pub callouts: Callouts,
 }
 
 impl Proxy {
@@ -130,7 +134,9 @@ impl Proxy {
             modules: HashMap::new(),
             requests_sent: 0,
             errors: Vec::new(),
+            callouts: Callouts::default(),
         };
+        proxy.callouts = Callouts::new(&proxy.bootstrap);
         // Envoy first starts every plugin on a throw-away canary; a refusal there rejects the
         // whole configuration before any worker sees it.
         proxy.place_plugins(&modules, None, true)?;
@@ -382,6 +388,7 @@ impl Proxy {
             w,
             shared: &self.shared,
             errors: &mut self.errors,
+            callouts: &mut self.callouts,
             listener: &self.bootstrap.listeners[li],
             listener_index: li,
             contexts: Vec::new(),
@@ -400,6 +407,7 @@ struct HttpStream<'a> {
     w: usize,
     shared: &'a Shared,
     errors: &'a mut Vec<DeliveryError>,
+    callouts: &'a mut Callouts,
     listener: &'a Listener,
     listener_index: usize,
     /// Per Wasm filter: the stream context created for it, if the filter is active.
@@ -445,12 +453,16 @@ impl HttpStream<'_> {
         &mut self.workers[self.w]
     }
 
-    /// Delivers what the last callback posted (queue notifications), as Envoy's dispatchers
-    /// run posted work once the current callback has returned.
+    /// Delivers what the last callback posted (queue notifications, callout completions), as
+    /// Envoy's dispatchers run posted work once the current callback has returned.
     fn deliver_posted(&mut self) {
-        if let Err(e) = events::deliver_queue_ready(self.shared, self.workers, self.main) {
-            self.errors.push(e);
-        }
+        events::deliver_all(
+            self.shared,
+            self.workers,
+            self.main,
+            self.callouts,
+            self.errors,
+        );
     }
 
     /// Creates the stream contexts lazily, as Envoy does at the first decode callback.
@@ -468,20 +480,10 @@ impl HttpStream<'_> {
         }
     }
 
-    /// Runs one callback on filter `i` and turns its result into a step, applying local
-    /// replies, the failure policy and pauses as Envoy does; then delivers what it posted.
+    /// Runs one callback on filter `i`, then what it posted (a callout's completion may
+    /// resume the stream or answer it locally), and turns the outcome into a step, applying
+    /// local replies, the failure policy and pauses as Envoy does.
     fn callback(
-        &mut self,
-        i: usize,
-        phase: &str,
-        call: &mut dyn FnMut(&mut Vm, u32) -> Option<i32>,
-    ) -> Step {
-        let step = self.run_callback(i, phase, call);
-        self.deliver_posted();
-        step
-    }
-
-    fn run_callback(
         &mut self,
         i: usize,
         phase: &str,
@@ -495,6 +497,7 @@ impl HttpStream<'_> {
             return self.fail_stream(i);
         }
         let result = call(&mut self.worker().vms[vm], ctx);
+        self.deliver_posted();
         if self.worker().vms[vm].failed.is_some() {
             return self.fail_stream(i);
         }

@@ -38,6 +38,9 @@ pub struct CaseReport {
     pub ticks: Option<usize>,
     /// Log lines written while this step ran: `[worker N]`, then Envoy's format.
     pub logs: Vec<String>,
+    /// HTTP and gRPC callouts made while this step ran, and how each was answered.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub calls: Vec<crate::http::CallRecord>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -113,7 +116,41 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
     } else {
         Verdict::Failed
     };
+    let mut http_calls = Vec::new();
+    for spec in &scenario.http_calls {
+        http_calls.push(spec.to_canned());
+    }
+    let mut grpc_calls = Vec::new();
+    for spec in &scenario.grpc_calls {
+        match spec.to_canned() {
+            Ok(c) => grpc_calls.push(c),
+            Err(e) => {
+                report.verdict = Verdict::CannotStart;
+                report.error = Some(format!("scenario {}: {e}", path.display()));
+                return report;
+            }
+        }
+    }
     for step in &scenario.requests {
+        // The step's canned replies first, then the scenario's.
+        let (mut http, mut grpc) = (Vec::new(), Vec::new());
+        if let Step::Request(req) = step {
+            http.extend(req.http_calls.iter().map(|c| c.to_canned()));
+            for spec in &req.grpc_calls {
+                match spec.to_canned() {
+                    Ok(c) => grpc.push(c),
+                    Err(e) => {
+                        report.verdict = Verdict::CannotStart;
+                        report.error = Some(format!("request {:?}: {e}", req.name));
+                        return report;
+                    }
+                }
+            }
+        }
+        http.extend(http_calls.iter().cloned());
+        grpc.extend(grpc_calls.iter().cloned());
+        proxy.callouts.http = http;
+        proxy.callouts.grpc = grpc;
         let case = run_step(&mut proxy, step);
         if !case.failures.is_empty() {
             report.verdict = Verdict::Failed;
@@ -136,6 +173,7 @@ pub fn report_line(record: &LogRecord) -> String {
 /// meanwhile; delivery problems (a queue storm) are failures of the step.
 pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
     let before = proxy.log_len();
+    let calls_before = proxy.callouts.records.len();
     let mut case = CaseReport {
         name: step.name(),
         failures: Vec::new(),
@@ -143,6 +181,7 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
         advanced: None,
         ticks: None,
         logs: Vec::new(),
+        calls: Vec::new(),
     };
     let outcome = match step {
         Step::Request(req) => {
@@ -162,9 +201,13 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
     };
     let records = proxy.logs().split_off(before.min(proxy.log_len()));
     case.logs = records.iter().map(report_line).collect();
+    case.calls = proxy.callouts.records[calls_before..].to_vec();
     case.failures = match (step, outcome) {
         (Step::Request(req), Some(Ok(ex))) => {
             let mut failures = scenario::check(&req.expect, &ex, &records);
+            if let Some(want) = &req.expect.calls {
+                scenario::check_calls(want, &case.calls, &mut failures);
+            }
             for (name, want) in &req.expect.metrics {
                 match proxy.metric(name) {
                     Some(v) if v == *want => {}
@@ -250,6 +293,22 @@ impl std::fmt::Display for ScenarioReport {
                     )?,
                     None => writeln!(f, "       upstream: not reached ({:?})", ex.local_reply)?,
                 }
+            }
+            for call in &case.calls {
+                let pseudo = |name: &str| {
+                    crate::http::header(&call.headers, name)
+                        .map(|v| String::from_utf8_lossy(v).into_owned())
+                        .unwrap_or_default()
+                };
+                writeln!(
+                    f,
+                    "       {} call to {:?}: {} {} -> {}",
+                    call.kind,
+                    call.cluster,
+                    pseudo(":method"),
+                    pseudo(":path"),
+                    call.answer
+                )?;
             }
             for line in &case.logs {
                 writeln!(f, "       {line}")?;

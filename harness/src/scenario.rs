@@ -14,6 +14,24 @@
 //!   - advance: 3s            # move the virtual clock: ticks fire, queue notifications follow
 //!     expect:
 //!       log_counts: [{contains: "tick", count: 6}, {contains: "tick", worker: 0, count: 3}]
+//! Callouts (`proxy_http_call`, unary `proxy_grpc_call`) get the first matching canned
+//! reply, from the step's `http_calls` / `grpc_calls`, then the scenario's (which also serve
+//! calls made by ticks and queues); an HTTP call without one goes to the cluster's endpoint if
+//! it is on loopback. `expect.calls` lists every call the step must make, in order:
+//! ```yaml
+//! http_calls:                      # scenario-wide
+//!   - {cluster: auth, path: /check, reply: {status: 200, headers: {x-user: alice}}}
+//! requests:
+//!   - name: denied
+//!     request: {headers: {authorization: bad}}
+//!     http_calls: [{cluster: auth, reply: {status: 403, body: "no"}}]   # this step only
+//!     grpc_calls: [{cluster: ratelimit, service: rl.Svc, method: Check, status: 14, status_message: down}]
+//!     expect:
+//!       calls: [{cluster: auth, headers: {":path": /check, authorization: bad}}]
+//!       response: {status: 403}
+//!   - name: auth is down
+//!     http_calls: [{cluster: auth, reset: true}]   # the call fails: (0, 0, 0), status 11 "reset"
+//!     request: {}
 //! ```
 //! Header checks are case-insensitive and a subset: the listed headers must be there with
 //! these values, others may be there too; `absent` lists headers that must not be.
@@ -46,6 +64,12 @@ pub struct Scenario {
     pub bootstrap: PathBuf,
     #[serde(default)]
     pub workers: Option<usize>,
+    /// Canned replies to HTTP callouts, for every step.
+    #[serde(default)]
+    pub http_calls: Vec<HttpCallSpec>,
+    /// Canned replies to unary gRPC callouts, for every step.
+    #[serde(default)]
+    pub grpc_calls: Vec<GrpcCallSpec>,
     /// Requests and clock advances, run in order.
     #[serde(default)]
     pub requests: Vec<Step>,
@@ -183,8 +207,126 @@ pub struct RequestCase {
     pub request: RequestSpec,
     #[serde(default)]
     pub upstream: UpstreamSpec,
+    /// Canned replies to HTTP callouts made during this step (before the scenario's).
+    #[serde(default)]
+    pub http_calls: Vec<HttpCallSpec>,
+    /// Canned replies to unary gRPC callouts made during this step (before the scenario's).
+    #[serde(default)]
+    pub grpc_calls: Vec<GrpcCallSpec>,
     #[serde(default)]
     pub expect: Expect,
+}
+
+/// `{cluster: auth, path: /check, reply: {status: 200, ...}}` or `{cluster: auth, reset: true}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpCallSpec {
+    pub cluster: String,
+    /// Matches calls whose `:path` starts with this.
+    #[serde(default)]
+    pub path: Option<String>,
+    /// The upstream's reply (default: 200, no body).
+    #[serde(default)]
+    pub reply: Option<UpstreamSpec>,
+    /// The upstream closes the connection without answering (Envoy's router: 503).
+    #[serde(default)]
+    pub disconnect: bool,
+    /// The call fails before a response: the guest sees `(0, 0, 0)` and status 11 "reset"
+    /// (harness only: real Envoy does this on e.g. a response over the buffer limit).
+    #[serde(default)]
+    pub reset: bool,
+}
+
+impl HttpCallSpec {
+    pub fn to_canned(&self) -> http::CannedHttpCall {
+        http::CannedHttpCall {
+            cluster: self.cluster.clone(),
+            path_prefix: self.path.clone(),
+            answer: if self.reset {
+                http::HttpCallAnswer::Reset
+            } else if self.disconnect {
+                http::HttpCallAnswer::Disconnect
+            } else {
+                http::HttpCallAnswer::Reply(self.reply.clone().unwrap_or_default().to_reply())
+            },
+        }
+    }
+}
+
+/// `{cluster: rl, service: pkg.Svc, method: Check, message: "..."}`, or with `status: N`
+/// (and `status_message`) a failed call.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrpcCallSpec {
+    pub cluster: String,
+    #[serde(default)]
+    pub service: Option<String>,
+    #[serde(default)]
+    pub method: Option<String>,
+    /// The reply message as text.
+    #[serde(default)]
+    pub message: Option<String>,
+    /// The reply message as base64 (serialized protobuf is rarely text).
+    #[serde(default)]
+    pub message_base64: Option<String>,
+    /// A gRPC status other than 0 makes the call fail with it.
+    #[serde(default)]
+    pub status: u32,
+    #[serde(default)]
+    pub status_message: String,
+}
+
+impl GrpcCallSpec {
+    pub fn to_canned(&self) -> Result<http::CannedGrpcCall, String> {
+        let answer = if self.status != 0 {
+            http::GrpcCallAnswer::Status {
+                code: self.status,
+                message: self.status_message.clone(),
+            }
+        } else {
+            let message = match (&self.message, &self.message_base64) {
+                (Some(_), Some(_)) => {
+                    return Err(format!(
+                        "grpc_calls entry for {:?}: give message or message_base64, not both",
+                        self.cluster
+                    ))
+                }
+                (Some(text), None) => text.clone().into_bytes(),
+                (None, Some(b64)) => crate::bootstrap::base64_decode(b64).ok_or_else(|| {
+                    format!(
+                        "grpc_calls entry for {:?}: message_base64 is not valid base64",
+                        self.cluster
+                    )
+                })?,
+                (None, None) => Vec::new(),
+            };
+            http::GrpcCallAnswer::Message(message)
+        };
+        Ok(http::CannedGrpcCall {
+            cluster: self.cluster.clone(),
+            service: self.service.clone(),
+            method: self.method.clone(),
+            answer,
+        })
+    }
+}
+
+/// One callout a step must make: `{cluster: auth, kind: http, headers: {...}, body: ...}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallExpect {
+    pub cluster: String,
+    /// `http` or `grpc`; either if absent.
+    #[serde(default)]
+    pub kind: Option<String>,
+    /// HTTP request headers (subset, case-insensitive); for gRPC `:path` is
+    /// `/service/method`, then the initial metadata.
+    #[serde(default)]
+    pub headers: Headers,
+    #[serde(default)]
+    pub absent: Vec<String>,
+    #[serde(default)]
+    pub body: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -260,6 +402,10 @@ pub struct Expect {
     /// proxy-wide values after this request.
     #[serde(default)]
     pub metrics: std::collections::BTreeMap<String, u64>,
+    /// Every HTTP / gRPC callout the step makes, in order (`[]`: none). Without it, calls
+    /// are not checked.
+    #[serde(default)]
+    pub calls: Option<Vec<CallExpect>>,
     /// Shared data after this request: `{vm_id: {key: value}}`, values as UTF-8 text.
     #[serde(default)]
     pub shared_data: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
@@ -427,10 +573,55 @@ impl RequestCase {
     }
 
     pub fn upstream_reply(&self) -> UpstreamReply {
+        self.upstream.to_reply()
+    }
+}
+
+impl UpstreamSpec {
+    pub fn to_reply(&self) -> UpstreamReply {
         UpstreamReply {
-            status: self.upstream.status,
-            headers: self.upstream.headers.to_map(),
-            body: self.upstream.body.clone().into_bytes(),
+            status: self.status,
+            headers: self.headers.to_map(),
+            body: self.body.clone().into_bytes(),
+        }
+    }
+}
+
+/// Checks the callouts a step made against `calls:`: the same number, and each in order
+/// matching its cluster, kind, headers and body.
+pub fn check_calls(want: &[CallExpect], got: &[http::CallRecord], failures: &mut Vec<String>) {
+    if want.len() != got.len() {
+        let made: Vec<String> = got
+            .iter()
+            .map(|c| format!("{} {:?}", c.kind, c.cluster))
+            .collect();
+        failures.push(format!(
+            "calls: expected {} callout(s), saw {}: {made:?}",
+            want.len(),
+            got.len()
+        ));
+    }
+    for (n, (w, c)) in want.iter().zip(got).enumerate() {
+        let what = format!("call {} ({} {:?})", n + 1, c.kind, c.cluster);
+        if w.cluster != c.cluster {
+            failures.push(format!(
+                "{what}: expected cluster {:?}, saw {:?}",
+                w.cluster, c.cluster
+            ));
+        }
+        if let Some(kind) = &w.kind {
+            if kind != c.kind {
+                failures.push(format!("{what}: expected a {kind} call, saw {}", c.kind));
+            }
+        }
+        check_headers(&what, &c.headers, &w.headers, &w.absent, failures);
+        if let Some(body) = &w.body {
+            if c.body != body.as_bytes() {
+                failures.push(format!(
+                    "{what} body: expected {body:?}, saw {:?}",
+                    show(&c.body)
+                ));
+            }
         }
     }
 }

@@ -11,7 +11,7 @@ use wasmtime::{
     TypedFunc, WasmParams, WasmResults,
 };
 
-use crate::abi::{AbiVersion, LogLevel};
+use crate::abi::{AbiVersion, LogLevel, Status};
 use crate::bootstrap::WasmPlugin;
 use crate::compiled::CompiledCache;
 use crate::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
@@ -182,6 +182,9 @@ struct Exports {
     on_delete: Option<TypedFunc<i32, ()>>,
     on_tick: Option<TypedFunc<i32, ()>>,
     on_queue_ready: Option<TypedFunc<(i32, i32), ()>>,
+    on_http_call_response: Option<TypedFunc<(i32, i32, i32, i32, i32), ()>>,
+    on_grpc_receive: Option<TypedFunc<(i32, i32, i32), ()>>,
+    on_grpc_close: Option<TypedFunc<(i32, i32, i32), ()>>,
 }
 
 impl Exports {
@@ -206,6 +209,9 @@ impl Exports {
             on_delete: get!("proxy_on_delete"),
             on_tick: get!("proxy_on_tick"),
             on_queue_ready: get!("proxy_on_queue_ready"),
+            on_http_call_response: get!("proxy_on_http_call_response"),
+            on_grpc_receive: get!("proxy_on_grpc_receive"),
+            on_grpc_close: get!("proxy_on_grpc_close"),
         }
     }
 }
@@ -487,12 +493,81 @@ impl Vm {
         }
     }
 
+    /// Answers callout `token` on the root that owns it, as Envoy's `onHttpCallSuccess` /
+    /// `onHttpCallFailure` and gRPC `onSuccess` / `onFailure` do. Skipped when the call was
+    /// cancelled, the root is gone or the VM failed. Returns whether the guest was called.
+    pub fn complete_call(&mut self, token: u32, outcome: CallOutcome) -> bool {
+        let Some(root) = self.state_mut().callouts.in_flight.remove(&token) else {
+            return false;
+        };
+        if !self.is_root(root) || self.failed.is_some() {
+            return false;
+        }
+        let readable = |body, headers, trailers| {
+            Some(host::callouts::CallResponse {
+                root,
+                headers,
+                body,
+                trailers,
+            })
+        };
+        match outcome {
+            CallOutcome::Http(r) => {
+                let args = (
+                    root as i32,
+                    token as i32,
+                    r.headers.len() as i32,
+                    r.body.len() as i32,
+                    r.trailers.len() as i32,
+                );
+                self.state_mut().callouts.response = readable(r.body, r.headers, r.trailers);
+                let f = self.exports.on_http_call_response.clone();
+                self.call("proxy_on_http_call_response", f, root, args);
+            }
+            CallOutcome::HttpReset => {
+                let reset = (Status::BrokenConnection.code() as u32, b"reset".to_vec());
+                self.state_mut().callouts.status.insert(root, reset);
+                let f = self.exports.on_http_call_response.clone();
+                let args = (root as i32, token as i32, 0, 0, 0);
+                self.call("proxy_on_http_call_response", f, root, args);
+            }
+            CallOutcome::GrpcMessage(message) => {
+                let args = (root as i32, token as i32, message.len() as i32);
+                self.state_mut().callouts.response = readable(message, Vec::new(), Vec::new());
+                let f = self.exports.on_grpc_receive.clone();
+                self.call("proxy_on_grpc_receive", f, root, args);
+            }
+            CallOutcome::GrpcClose { status, message } => {
+                let closed = (status, message.into_bytes());
+                self.state_mut().callouts.status.insert(root, closed);
+                let f = self.exports.on_grpc_close.clone();
+                let args = (root as i32, token as i32, status as i32);
+                self.call("proxy_on_grpc_close", f, root, args);
+            }
+        }
+        self.state_mut().callouts.response = None;
+        true
+    }
+
     pub fn http_state(&mut self, ctx: u32) -> Option<&mut host::HttpStreamState> {
         match self.state_mut().contexts.get_mut(&ctx)? {
             ContextKind::Http(s) => Some(s),
             ContextKind::Root(_) => None,
         }
     }
+}
+
+/// How a callout ended, as the owning root is told.
+#[derive(Debug, Clone)]
+pub enum CallOutcome {
+    /// A response (an upstream's, or one Envoy's router made up: 503, 504).
+    Http(host::callouts::CallResponse),
+    /// The stream was reset before a response: `(root, token, 0, 0, 0)`, status 11 "reset".
+    HttpReset,
+    /// A unary gRPC call's reply message (an implied OK; no close follows).
+    GrpcMessage(Vec<u8>),
+    /// A unary gRPC call that failed with this gRPC status.
+    GrpcClose { status: u32, message: String },
 }
 
 /// A trap's message as a user needs it: the cause first, then the guest backtrace if any.

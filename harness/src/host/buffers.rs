@@ -30,6 +30,11 @@ fn buffer_bytes(state: &HostState, ty: BufferType) -> Result<Vec<u8>, Status> {
                 s.response_body.clone()
             })
         }
+        BufferType::HttpCallResponseBody | BufferType::GrpcReceiveBuffer => {
+            super::callouts::current_response(state)
+                .map(|r| r.body.clone())
+                .ok_or(Status::NotFound)
+        }
         _ => Err(Status::NotFound),
     }
 }

@@ -8,6 +8,16 @@ use super::{finish, memory, ContextKind, HeaderMap, HostState};
 use crate::abi::{self, AbiVersion, MapType, Status};
 
 fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
+    match ty {
+        // Read-only, and only while the owning root's completion callback runs.
+        MapType::HttpCallResponseHeaders | MapType::GrpcInitialMetadata => {
+            return super::callouts::current_response(state).map(|r| &r.headers)
+        }
+        MapType::HttpCallResponseTrailers | MapType::GrpcTrailingMetadata => {
+            return super::callouts::current_response(state).map(|r| &r.trailers)
+        }
+        _ => {}
+    }
     let s = match state.contexts.get(&state.context_id())? {
         ContextKind::Http(s) => s,
         ContextKind::Root(_) => return None,

@@ -38,6 +38,8 @@ pub struct Shared {
     pub clock: Mutex<time::VirtualClock>,
     pub data: Mutex<shared_data::SharedData>,
     pub queues: Mutex<queues::Queues>,
+    /// HTTP and gRPC callouts made and not yet answered, from every VM.
+    pub calls: Mutex<callouts::PendingCalls>,
     /// Custom metrics, proxy-wide as in Envoy's stats store.
     pub stats: metrics::Stats,
     /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
@@ -136,6 +138,7 @@ pub struct HostState {
     /// Cluster names of the bootstrap: callouts may only target these.
     pub clusters: Arc<Vec<String>>,
     pub metrics: metrics::Metrics,
+    pub callouts: callouts::CalloutState,
 }
 
 impl HostState {
@@ -166,6 +169,7 @@ impl HostState {
             limits: HostState::default_limits(),
             vm_id: plugin.vm_id.clone(),
             clusters,
+            callouts: callouts::CalloutState::default(),
         }
     }
 

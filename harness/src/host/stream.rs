@@ -1,5 +1,5 @@
-//! Stream control: local replies, continue/close, the effective context, `proxy_done`,
-//! `proxy_get_status`. Envoy defers the effect of each until the current VM call returns, so
+//! Stream control: local replies, continue/close, the effective context, `proxy_done`.
+//! Envoy defers the effect of each until the current VM call returns, so
 //! these only record intent in the stream state; the HTTP driver acts on it afterwards.
 
 use wasmtime::{Caller, Linker};
@@ -115,19 +115,6 @@ fn proxy_done(_caller: Caller<'_, HostState>) -> wasmtime::Result<i32> {
     finish(Err(Status::NotFound.into()))
 }
 
-/// The root's last callout status: none has been made yet, so `(0, "")`.
-fn proxy_get_status(
-    mut caller: Caller<'_, HostState>,
-    code_ptr: i32,
-    msg_ptr: i32,
-    msg_size: i32,
-) -> wasmtime::Result<i32> {
-    finish((|| {
-        memory::write_u32(&mut caller, code_ptr, 0)?;
-        memory::copy_out(&mut caller, &[], msg_ptr, msg_size)
-    })())
-}
-
 pub fn add_to_linker(linker: &mut wasmtime::Linker<HostState>) -> wasmtime::Result<()> {
     let l: &mut Linker<HostState> = linker;
     l.func_wrap(
@@ -146,6 +133,5 @@ pub fn add_to_linker(linker: &mut wasmtime::Linker<HostState>) -> wasmtime::Resu
         proxy_set_effective_context,
     )?;
     l.func_wrap("env", "proxy_done", proxy_done)?;
-    l.func_wrap("env", "proxy_get_status", proxy_get_status)?;
     Ok(())
 }

@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use super::callouts::{self, Callouts};
 use super::{Proxy, Worker};
 use crate::host::Shared;
 
@@ -15,6 +16,10 @@ use crate::host::Shared;
 /// storm (roots enqueueing to each other from `proxy_on_queue_ready` forever). Envoy would
 /// keep its worker busy with them; the harness stops and reports it.
 pub const MAX_QUEUE_DELIVERIES: usize = 10_000;
+
+/// How many callouts one delivery round may answer before the harness calls it a storm
+/// (completions that keep making new calls).
+pub const MAX_CALL_DELIVERIES: usize = 10_000;
 
 /// A problem while running posted work; the run goes on, and the caller reports it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -28,6 +33,49 @@ pub enum DeliveryError {
         /// Virtual time since start, e.g. `3s`.
         at: String,
     },
+    #[error(
+        "callouts never settled: {answered} calls were answered one after another and each completion made more; the harness dropped the {dropped} still pending at virtual time {at}"
+    )]
+    CalloutStorm {
+        answered: usize,
+        dropped: usize,
+        at: String,
+    },
+}
+
+/// Runs everything posted since the last callback returned: queue notifications and callout
+/// completions, and whatever those post in turn, until nothing is left.
+pub(super) fn deliver_all(
+    shared: &Shared,
+    workers: &mut [Worker],
+    main: &mut Worker,
+    calls: &mut Callouts,
+    errors: &mut Vec<DeliveryError>,
+) {
+    let mut answered = 0;
+    loop {
+        if let Err(e) = deliver_queue_ready(shared, workers, main) {
+            errors.push(e);
+        }
+        let n =
+            callouts::deliver_calls(shared, workers, main, calls, MAX_CALL_DELIVERIES - answered);
+        answered += n;
+        if answered == MAX_CALL_DELIVERIES {
+            let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
+            if !pending.is_empty() {
+                errors.push(DeliveryError::CalloutStorm {
+                    answered,
+                    dropped: pending.len(),
+                    at: format_duration(Duration::from_nanos(shared.monotonic_nanos())),
+                });
+                pending.clear();
+            }
+            return;
+        }
+        if n == 0 {
+            return;
+        }
+    }
 }
 
 /// Delivers every pending queue notification, oldest first, including those the deliveries
@@ -120,9 +168,13 @@ impl Proxy {
     }
 
     pub(super) fn deliver_posted(&mut self) {
-        if let Err(e) = deliver_queue_ready(&self.shared, &mut self.workers, &mut self.main) {
-            self.errors.push(e);
-        }
+        deliver_all(
+            &self.shared,
+            &mut self.workers,
+            &mut self.main,
+            &mut self.callouts,
+            &mut self.errors,
+        );
     }
 
     fn set_clock(&self, nanos: u64) {

@@ -13,25 +13,6 @@ fn run(guest_file: &str, config: Option<&str>, requests: &str) -> std::process::
     harness(&["run", s.to_str().unwrap()])
 }
 
-/// Real Envoy's V8 loads binary modules only: the guest assembled into `dir`.
-fn assembled(dir: &std::path::Path, guest_file: &str) -> std::path::PathBuf {
-    let wasm = dir.join(guest_file.replace(".wat", ".wasm"));
-    std::fs::write(&wasm, wat::parse_file(guest(guest_file)).unwrap()).unwrap();
-    wasm
-}
-
-/// The scenario through the harness and real Envoy (one worker each), compared.
-fn differential(scenario: &std::path::Path) -> wasm_harness::diff::DiffReport {
-    wasm_harness::diff::run_differential(
-        &envoy(),
-        scenario,
-        &wasm_harness::run::RunOptions {
-            workers: Some(1),
-            bootstrap: None,
-        },
-    )
-}
-
 #[test]
 fn an_abi_0_1_0_module_gets_the_0_1_0_host() {
     // Two-argument header callbacks, proxy_get_configuration, and Ok+"" for a missing header.

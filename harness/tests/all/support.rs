@@ -101,3 +101,22 @@ pub fn text(o: &Output) -> String {
         String::from_utf8_lossy(&o.stderr)
     )
 }
+
+/// Real Envoy's V8 loads binary modules only: the guest assembled into `dir`.
+pub fn assembled(dir: &std::path::Path, guest_file: &str) -> std::path::PathBuf {
+    let wasm = dir.join(guest_file.replace(".wat", ".wasm"));
+    std::fs::write(&wasm, wat::parse_file(guest(guest_file)).unwrap()).unwrap();
+    wasm
+}
+
+/// The scenario through the harness and real Envoy (one worker each), compared.
+pub fn differential(scenario: &std::path::Path) -> wasm_harness::diff::DiffReport {
+    wasm_harness::diff::run_differential(
+        &envoy(),
+        scenario,
+        &wasm_harness::run::RunOptions {
+            workers: Some(1),
+            bootstrap: None,
+        },
+    )
+}

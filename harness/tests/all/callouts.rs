@@ -1,0 +1,236 @@
+//! HTTP callouts: `testdata/guests/auth-callout.wat` pauses each request on a call to cluster
+//! `auth` and resumes or denies it when the answer comes, the pattern external-auth filters
+//! use. Answers come from canned replies, from a real upstream on loopback, or from what
+//! Envoy's router makes up when the upstream fails; real Envoy runs the same scenarios.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex};
+
+use wasm_harness::run::Verdict;
+
+use crate::support::*;
+
+/// The shipped bootstrap with the auth guest as its filter and a cluster `auth` at `port`.
+fn auth_bootstrap(
+    dir: &std::path::Path,
+    module: &std::path::Path,
+    port: u16,
+) -> std::path::PathBuf {
+    bootstrap_variant(dir, module, None, move |doc| {
+        let filter = doc
+            .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
+            .unwrap();
+        filter.as_object_mut().unwrap().remove("configuration");
+        filter["name"] = "auth".into();
+        filter["root_id"] = "auth".into();
+        let clusters = doc
+            .pointer_mut("/static_resources/clusters")
+            .unwrap()
+            .as_array_mut()
+            .unwrap();
+        let mut auth = clusters[0].clone();
+        auth["name"] = "auth".into();
+        auth["load_assignment"]["cluster_name"] = "auth".into();
+        auth["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+            ["socket_address"] = serde_json::json!({"address": "127.0.0.1", "port_value": port});
+        clusters.push(auth);
+    })
+}
+
+const CANNED: &str = r#"  - name: allowed
+    request: {headers: {authorization: "Bearer good"}}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 200, headers: {x-user: alice}}}]
+    expect:
+      calls: [{cluster: auth, headers: {":method": GET, ":path": /check, ":authority": auth, authorization: "Bearer good"}}]
+      upstream: {headers: {x-user: alice}}
+      response: {status: 200}
+      logs: [auth allowed]
+  - name: denied
+    request: {headers: {authorization: "Bearer bad"}}
+    http_calls: [{cluster: auth, reply: {status: 401, body: "bad token"}}]
+    expect:
+      calls: [{cluster: auth, headers: {authorization: "Bearer bad"}}]
+      reached_upstream: false
+      response: {status: 403, body: "bad token"}
+      local_reply: plugin
+      logs: [auth denied]
+  - name: the auth service drops the connection
+    request: {}
+    http_calls: [{cluster: auth, disconnect: true}]
+    expect:
+      reached_upstream: false
+      response: {status: 403, body: "upstream connect error or disconnect/reset before headers. reset reason: connection termination"}
+"#;
+
+#[test]
+fn a_callout_pauses_the_request_and_its_answer_resumes_or_denies_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // Port 9 (discard) is never called: every answer is canned.
+    let b = auth_bootstrap(dir.path(), &guest("auth-callout.wat"), 9);
+    let s = scenario(
+        dir.path(),
+        &b,
+        &format!(
+            "{CANNED}  - name: the call fails
+    request: {{}}
+    http_calls: [{{cluster: auth, reset: true}}]
+    expect:
+      response: {{status: 503, body: auth unavailable}}
+      logs: [\"auth call failed: status 11 reset\"]
+"
+        ),
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // The report names each call and its answer.
+    assert!(
+        text(&o).contains("http call to \"auth\": GET /check -> canned reply 200"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn real_envoy_answers_the_same_callouts_the_same_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "auth-callout.wat");
+    let b = auth_bootstrap(dir.path(), &wasm, 9);
+    let s = scenario(dir.path(), &b, CANNED);
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 3, "{report}");
+}
+
+/// A loopback HTTP server answering every request with `reply`, recording each request head.
+fn auth_server(reply: &'static str) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut head = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
+                    break;
+                }
+                head.push_str(&line);
+            }
+            let len = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            let mut body = vec![0; len];
+            let _ = reader.read_exact(&mut body);
+            record.lock().unwrap().push(head);
+            let _ = (&conn).write_all(reply.as_bytes());
+        }
+    });
+    (port, seen)
+}
+
+#[test]
+fn without_a_canned_reply_the_call_reaches_a_real_loopback_upstream() {
+    let (port, seen) = auth_server(
+        "HTTP/1.1 200 OK\r\nx-user: bob\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let b = auth_bootstrap(dir.path(), &guest("auth-callout.wat"), port);
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: allowed by the real service
+    request: {headers: {authorization: token-1}}
+    expect: {upstream: {headers: {x-user: bob}}, calls: [{cluster: auth}]}
+",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("upstream 127.0.0.1:{port}: 200")),
+        "{}",
+        text(&o)
+    );
+    let heads = seen.lock().unwrap().clone();
+    assert_eq!(heads.len(), 1, "{heads:?}");
+    assert!(heads[0].starts_with("GET /check HTTP/1.1\r\n"), "{heads:?}");
+    assert!(heads[0].contains("authorization: token-1\r\n"), "{heads:?}");
+}
+
+#[test]
+fn an_unreachable_or_off_machine_upstream_is_answered_as_envoys_router_would() {
+    // A port nobody listens on: connection refused, Envoy's router answers 503.
+    let closed = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dir = tempfile::tempdir().unwrap();
+    let b = auth_bootstrap(dir.path(), &guest("auth-callout.wat"), closed);
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - {name: refused, request: {}, expect: {response: {status: 403}, reached_upstream: false}}\n",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains(": 503"), "{}", text(&o));
+
+    // An endpoint off this machine is never contacted; the report says what to add.
+    let b = auth_bootstrap(dir.path(), &guest("auth-callout.wat"), 80);
+    let mut doc: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(&b).unwrap()).unwrap();
+    doc["static_resources"]["clusters"][1]["load_assignment"]["endpoints"][0]["lb_endpoints"][0]
+        ["endpoint"]["address"]["socket_address"]["address"] = "192.0.2.10".into();
+    let remote = dir.path().join("remote.yaml");
+    std::fs::write(&remote, serde_json::to_string(&doc).unwrap()).unwrap();
+    let s = scenario(
+        dir.path(),
+        &remote,
+        "  - {name: remote, request: {}, expect: {response: {status: 403}}}\n",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("192.0.2.10:80 is not on loopback")
+            && text(&o).contains("http_calls entry for \"auth\""),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_step_that_makes_other_calls_than_expected_fails_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = auth_bootstrap(dir.path(), &guest("auth-callout.wat"), 9);
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: two calls expected
+    request: {}
+    http_calls: [{cluster: auth, reply: {status: 200}}]
+    expect: {calls: [{cluster: auth}, {cluster: auth}]}
+  - name: wrong header
+    request: {headers: {authorization: x}}
+    http_calls: [{cluster: auth, reply: {status: 200}}]
+    expect: {calls: [{cluster: auth, headers: {authorization: y}}]}
+",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let out = text(&o);
+    assert!(out.contains("calls: expected 2 callout(s), saw 1"), "{out}");
+    assert!(
+        out.contains(
+            "call 1 (http \"auth\") header \"authorization\": expected \"y\", saw [\"x\"]"
+        ),
+        "{out}"
+    );
+}
