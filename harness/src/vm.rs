@@ -164,6 +164,9 @@ pub struct LoadedModule {
     pre: InstancePre<HostState>,
 }
 
+/// `proxy_on_http_call_response(root, token, headers, body size, trailers)`.
+type CallResponseArgs = (i32, i32, i32, i32, i32);
+
 /// The exports the host calls, looked up once by name and signature. As with cpp-host's
 /// wasmtime backend, an export with the wrong signature counts as absent.
 #[derive(Default)]
@@ -182,7 +185,7 @@ struct Exports {
     on_delete: Option<TypedFunc<i32, ()>>,
     on_tick: Option<TypedFunc<i32, ()>>,
     on_queue_ready: Option<TypedFunc<(i32, i32), ()>>,
-    on_http_call_response: Option<TypedFunc<(i32, i32, i32, i32, i32), ()>>,
+    on_http_call_response: Option<TypedFunc<CallResponseArgs, ()>>,
     on_grpc_receive: Option<TypedFunc<(i32, i32, i32), ()>>,
     on_grpc_close: Option<TypedFunc<(i32, i32, i32), ()>>,
 }
