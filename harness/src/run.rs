@@ -300,14 +300,14 @@ impl std::fmt::Display for ScenarioReport {
                         .map(|v| String::from_utf8_lossy(v).into_owned())
                         .unwrap_or_default()
                 };
+                let target = match pseudo(":method") {
+                    m if m.is_empty() => pseudo(":path"),
+                    m => format!("{m} {}", pseudo(":path")),
+                };
                 writeln!(
                     f,
-                    "       {} call to {:?}: {} {} -> {}",
-                    call.kind,
-                    call.cluster,
-                    pseudo(":method"),
-                    pseudo(":path"),
-                    call.answer
+                    "       {} call to {:?}: {target} -> {}",
+                    call.kind, call.cluster, call.answer
                 )?;
             }
             for line in &case.logs {

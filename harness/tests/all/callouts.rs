@@ -234,3 +234,47 @@ fn a_step_that_makes_other_calls_than_expected_fails_naming_them() {
         "{out}"
     );
 }
+
+#[test]
+fn a_unary_grpc_call_gets_its_canned_message_or_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("grpc-callout.wat"), None, |doc| {
+        let clusters = doc
+            .pointer_mut("/static_resources/clusters")
+            .unwrap()
+            .as_array_mut()
+            .unwrap();
+        let mut rl = clusters[0].clone();
+        rl["name"] = "rl".into();
+        clusters.push(rl);
+    });
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: allowed
+    request: {}
+    grpc_calls: [{cluster: rl, service: ratelimit.v1.RateLimit, method: Check, message: OK}]
+    expect:
+      calls: [{cluster: rl, kind: grpc, headers: {':path': /ratelimit.v1.RateLimit/Check}, body: check}]
+      upstream: {headers: {x-grpc-reply: OK}}
+  - name: over the limit
+    request: {}
+    grpc_calls: [{cluster: rl, method: Check, status: 8, status_message: slow down}]
+    expect:
+      response: {status: 429, body: slow down}
+      logs: [grpc closed]
+  - name: another method is not canned
+    request: {}
+    grpc_calls: [{cluster: rl, method: Report, message: OK}]
+    expect:
+      response: {status: 429}
+",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains("no canned reply for ratelimit.v1.RateLimit/Check"),
+        "{}",
+        text(&o)
+    );
+}
