@@ -69,7 +69,7 @@ fn request() -> Request {
             ("x-internal-secret".into(), b"s3cret".to_vec()),
             ("user-agent".into(), b"bench".to_vec()),
         ],
-        body: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -82,7 +82,7 @@ fn envoy_round_trip() -> Option<Duration> {
     let reply = UpstreamReply {
         status: 200,
         headers: vec![("x-backend-version".into(), b"7".to_vec())],
-        body: Vec::new(),
+        ..Default::default()
     };
     let mut times = Vec::new();
     for _ in 0..201 {
@@ -99,7 +99,7 @@ fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
     let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
         status: 200,
         headers: vec![("x-backend-version".into(), b"7".to_vec())],
-        body: Vec::new(),
+        ..Default::default()
     };
     // Warm up, and check the filter did its work (a bench of a broken filter is no bench).
     let exchange = proxy.send(None, None, &request, &mut upstream).unwrap();

@@ -154,6 +154,7 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
                 cluster: cluster.to_string(),
                 headers,
                 body,
+                trailers: Vec::new(),
             });
             s.calls
                 .iter()
@@ -177,8 +178,9 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
             out.extend_from_slice(v);
             out.extend_from_slice(b"\r\n");
         }
-        out.extend_from_slice(format!("content-length: {}\r\n\r\n", reply.body.len()).as_bytes());
-        out.extend_from_slice(&reply.body);
+        let body = reply.chunks().concat();
+        out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+        out.extend_from_slice(&body);
         if writer.write_all(&out).is_err() {
             return;
         }
@@ -438,6 +440,7 @@ impl RealEnvoy {
                 response: Some(response),
                 local_reply: None,
                 stalled: None,
+                notes: Vec::new(),
             },
             records,
         ))
@@ -479,8 +482,7 @@ fn admin_get(admin_path: &Path, path: &str) -> Option<Vec<u8>> {
         method: "GET".into(),
         path: path.into(),
         authority: "admin".into(),
-        headers: Vec::new(),
-        body: Vec::new(),
+        ..Request::default()
     };
     Some(http1_exchange(port, &request).ok()?.body)
 }
@@ -511,14 +513,14 @@ fn http1_exchange(port: u16, request: &Request) -> std::io::Result<Response> {
         (":authority".into(), request.authority.clone().into_bytes()),
     ];
     headers.extend(request.headers.iter().cloned());
-    if !request.body.is_empty() {
-        headers.push((
-            "content-length".into(),
-            request.body.len().to_string().into_bytes(),
-        ));
+    // Chunk boundaries and trailers do not survive this HTTP/1.1 client: Envoy gets the
+    // whole body at once.
+    let body = request.full_body();
+    if !body.is_empty() {
+        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    http1_request(addr, &headers, &request.body, Duration::from_secs(30))
+    http1_request(addr, &headers, &body, Duration::from_secs(30))
 }
 
 /// One HTTP/1.1 request on a new connection, written exactly as given: `headers` holds the
@@ -571,5 +573,6 @@ pub(crate) fn http1_request(
         status,
         headers,
         body,
+        trailers: Vec::new(),
     })
 }

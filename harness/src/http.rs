@@ -6,14 +6,42 @@ use serde::Serialize;
 use crate::host::HeaderMap;
 
 /// A request as a client sends it to a listener.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Request {
     pub method: String,
     pub path: String,
     pub authority: String,
     /// Regular headers (no pseudo-headers), names lower-cased.
     pub headers: HeaderMap,
+    /// The body, arriving as one chunk.
     pub body: Vec<u8>,
+    /// More of the body, arriving chunk by chunk after `body` (each is one
+    /// `on_http_request_body` call at the first filter).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub body_chunks: Vec<Vec<u8>>,
+    /// Trailers after the body (as an HTTP/2 client or a gRPC call sends them).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trailers: HeaderMap,
+}
+
+impl Request {
+    /// The body as it arrives: `body` (if any), then `body_chunks`.
+    pub fn chunks(&self) -> Vec<Vec<u8>> {
+        chunks(&self.body, &self.body_chunks)
+    }
+
+    /// The whole body.
+    pub fn full_body(&self) -> Vec<u8> {
+        self.chunks().concat()
+    }
+}
+
+fn chunks(body: &[u8], more: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    std::iter::once(body)
+        .filter(|b| !b.is_empty())
+        .map(<[u8]>::to_vec)
+        .chain(more.iter().filter(|c| !c.is_empty()).cloned())
+        .collect()
 }
 
 /// What an upstream answers.
@@ -22,6 +50,18 @@ pub struct UpstreamReply {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
+    /// More of the body, chunk by chunk after `body`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub body_chunks: Vec<Vec<u8>>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trailers: HeaderMap,
+}
+
+impl UpstreamReply {
+    /// The body as it arrives: `body` (if any), then `body_chunks`.
+    pub fn chunks(&self) -> Vec<Vec<u8>> {
+        chunks(&self.body, &self.body_chunks)
+    }
 }
 
 /// The request as it reached the upstream.
@@ -31,6 +71,10 @@ pub struct SeenRequest {
     /// All headers including pseudo-headers (`:method`, `:path`, `:authority`).
     pub headers: HeaderMap,
     pub body: Vec<u8>,
+    /// Request trailers as the router forwards them (an HTTP/1.1 upstream drops them unless
+    /// the cluster enables trailers; not compared with real Envoy).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trailers: HeaderMap,
 }
 
 /// Who produced a response that did not come from an upstream.
@@ -55,6 +99,8 @@ pub struct Response {
     pub status: u16,
     pub headers: HeaderMap,
     pub body: Vec<u8>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trailers: HeaderMap,
 }
 
 /// Everything one request did.
@@ -67,6 +113,10 @@ pub struct Exchange {
     /// Set when a plugin paused the stream and nothing resumed it: Envoy would hold the
     /// request until a timeout fired.
     pub stalled: Option<String>,
+    /// Things a filter author should know about this exchange (a body whose size no longer
+    /// matches its `content-length`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 pub fn header<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {

@@ -10,7 +10,7 @@
 //! let mut proxy = Proxy::from_bootstrap("envoy-config/bootstrap.yaml".as_ref(), &ProxyOptions::default())?;
 //! let request = Request {
 //!     method: "GET".into(), path: "/".into(), authority: "demo.local".into(),
-//!     headers: vec![], body: vec![],
+//!     headers: vec![], ..Default::default()
 //! };
 //! let exchange = proxy.send(None, None, &request, &mut |_| UpstreamReply { status: 200, ..Default::default() })?;
 //! assert_eq!(exchange.response.unwrap().status, 200);

@@ -417,8 +417,30 @@ struct HttpStream<'a> {
 /// How a callback's result (after the failure policy) tells the chain to go on.
 enum Step {
     Continue,
+    /// The filter paused (headers: a stall unless resumed; body: keep buffering), and why
+    /// that would stall the stream.
+    Paused(String),
     Stop(StopReason),
 }
+
+/// Which way data flows through the filter chain.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Request,
+    Response,
+}
+
+impl Dir {
+    fn phase(self, what: &str) -> String {
+        match self {
+            Dir::Request => format!("on_http_request_{what}"),
+            Dir::Response => format!("on_http_response_{what}"),
+        }
+    }
+}
+
+/// Where a direction of the stream stopped: at filter `.0`, for this reason.
+type Stopped = (usize, StopReason);
 
 enum StopReason {
     LocalReply(LocalReplySource, LocalReply),
@@ -521,9 +543,9 @@ impl HttpStream<'_> {
             // 0 Continue; 2 ContinueAndEndStream, which Envoy's converter treats as Continue.
             None | Some(0) | Some(2) => Step::Continue,
             Some(_) if resumed => Step::Continue,
-            Some(code) => Step::Stop(StopReason::Stalled(format!(
+            Some(code) => Step::Paused(format!(
                 "plugin {name:?} paused the stream in {phase} (returned {code}) and nothing resumed it; Envoy would hold the request until a timeout"
-            ))),
+            )),
         }
     }
 
@@ -541,6 +563,7 @@ impl HttpStream<'_> {
             response: None,
             local_reply: None,
             stalled: None,
+            notes: Vec::new(),
         };
         let n = self.contexts.len();
         // What Envoy's connection manager puts in front of the filters.
@@ -551,69 +574,38 @@ impl HttpStream<'_> {
             (":scheme".into(), b"http".to_vec()),
         ];
         headers.extend(request.headers.iter().cloned());
-        if !request.body.is_empty() && host::headers::get(&headers, "content-length").is_none() {
-            headers.push((
-                "content-length".into(),
-                request.body.len().to_string().into_bytes(),
-            ));
+        let chunks = request.chunks();
+        let body_len: usize = chunks.iter().map(Vec::len).sum();
+        if body_len > 0 && host::headers::get(&headers, "content-length").is_none() {
+            headers.push(("content-length".into(), body_len.to_string().into_bytes()));
         }
         host::headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
         if host::headers::get(&headers, "x-request-id").is_none() {
             headers.push(("x-request-id".into(), request_id.as_bytes().to_vec()));
         }
-        let mut body = request.body.clone();
-        let body_eos = body.is_empty();
+        let trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
+        let end_at_headers = chunks.is_empty() && trailers.is_none();
 
-        let mut stop = None;
-        'decode: {
-            for i in 0..n {
-                let hn = headers.len();
-                let snapshot = headers.clone();
-                let unplaced = self.put(i, std::mem::take(&mut headers), |s, h| {
-                    s.request_headers = Some(h);
-                    s.request_snapshot = snapshot;
-                });
-                let step = self.callback(i, "on_http_request_headers", &mut |vm, ctx| {
-                    vm.on_request_headers(ctx, hn, body_eos)
-                });
-                headers = unplaced
-                    .or_else(|| self.take(i, |s| s.request_headers.take()))
-                    .unwrap_or_default();
-                if let Step::Stop(r) = step {
-                    stop = Some((i, r));
-                    break 'decode;
-                }
-            }
-            if !body.is_empty() {
-                for i in 0..n {
-                    let len = body.len();
-                    let unplaced =
-                        self.put(i, std::mem::take(&mut body), |s, b| s.request_body = b);
-                    let step = self.callback(i, "on_http_request_body", &mut |vm, ctx| {
-                        vm.on_request_body(ctx, len, true)
-                    });
-                    body = unplaced
-                        .or_else(|| self.take(i, |s| Some(std::mem::take(&mut s.request_body))))
-                        .unwrap_or_default();
-                    if let Step::Stop(r) = step {
-                        stop = Some((i, r));
-                        break 'decode;
-                    }
-                }
-            }
-        }
+        let decode_order: Vec<usize> = (0..n).collect();
+        let decoded = self
+            .headers_phase(Dir::Request, &decode_order, headers, end_at_headers, 0)
+            .and_then(|h| {
+                let (body, trailers) =
+                    self.data_phase(Dir::Request, &decode_order, chunks, trailers)?;
+                Ok((h, body, trailers))
+            });
 
-        let (mut response, encode_from) = match stop {
-            Some((_, StopReason::Stalled(why))) => {
+        let (response, encode_from) = match decoded {
+            Err((_, StopReason::Stalled(why))) => {
                 exchange.stalled = Some(why);
                 self.finish();
                 return exchange;
             }
-            Some((i, StopReason::LocalReply(source, reply))) => {
+            Err((i, StopReason::LocalReply(source, reply))) => {
                 exchange.local_reply = Some(source);
                 (local_reply_response(&reply), i)
             }
-            None => {
+            Ok((mut headers, body, trailers)) => {
                 let action = {
                     let authority = String::from_utf8_lossy(
                         host::headers::get(&headers, ":authority").unwrap_or_default(),
@@ -648,11 +640,23 @@ impl HttpStream<'_> {
                             "x-envoy-expected-rq-timeout-ms",
                             b"15000".to_vec(),
                         );
+                        let mut body = body;
+                        let framing = http1_framing(&mut headers, &mut body, "upstream");
+                        match framing {
+                            Framing::Fine => {}
+                            Framing::Truncated(note) => exchange.notes.push(note),
+                            Framing::Short(why) => {
+                                exchange.stalled = Some(why);
+                                self.finish();
+                                return exchange;
+                            }
+                        }
                         // The request is the upstream's now; the stream keeps no copy.
                         let seen = SeenRequest {
                             cluster,
-                            headers: std::mem::take(&mut headers),
-                            body: std::mem::take(&mut body),
+                            headers,
+                            body,
+                            trailers: trailers.unwrap_or_default(),
                         };
                         let reply = upstream(&seen);
                         exchange.upstream = Some(seen);
@@ -665,68 +669,233 @@ impl HttpStream<'_> {
 
         // Encode: the response runs back through the filters, last to first, starting at the
         // one that produced a local reply.
-        if n > 0 {
-            let mut i = encode_from as isize;
-            while i >= 0 {
-                let idx = i as usize;
-                let resp_eos = response.body.is_empty();
-                let hn = response.headers.len();
-                let code = response.status;
-                let unplaced = self.put(idx, std::mem::take(&mut response.headers), |s, h| {
-                    s.response_headers = Some(h);
-                    s.response_code = Some(code);
-                });
-                let step = self.callback(idx, "on_http_response_headers", &mut |vm, ctx| {
-                    vm.on_response_headers(ctx, hn, resp_eos)
-                });
-                response.headers = unplaced
-                    .or_else(|| self.take(idx, |s| s.response_headers.take()))
-                    .unwrap_or_default();
-                if let Some(r) = self.encode_stop(step, &mut exchange) {
-                    response = r;
-                    break;
+        let encode_order: Vec<usize> = if n == 0 {
+            Vec::new()
+        } else {
+            (0..=encode_from).rev().collect()
+        };
+        let Outgoing {
+            status,
+            headers,
+            chunks,
+            trailers,
+        } = response;
+        let resp_eos = chunks.is_empty() && trailers.is_none();
+        let encoded = self
+            .headers_phase(Dir::Response, &encode_order, headers, resp_eos, status)
+            .and_then(|h| {
+                let (body, trailers) =
+                    self.data_phase(Dir::Response, &encode_order, chunks, trailers)?;
+                Ok(Response {
+                    status,
+                    headers: h,
+                    body,
+                    trailers: trailers.unwrap_or_default(),
+                })
+            });
+        let mut response = match encoded {
+            Ok(r) => r,
+            Err((_, StopReason::Stalled(why))) => {
+                exchange.stalled = Some(why);
+                self.finish();
+                return exchange;
+            }
+            // Envoy can still replace the response before its headers went out.
+            Err((_, StopReason::LocalReply(source, reply))) => {
+                exchange.local_reply = Some(source);
+                let r = local_reply_response(&reply);
+                // It does not pass through the filters again.
+                Response {
+                    status: r.status,
+                    headers: r.headers,
+                    body: r.chunks.concat(),
+                    trailers: Vec::new(),
                 }
-                if !response.body.is_empty() {
-                    let len = response.body.len();
-                    let unplaced = self.put(idx, std::mem::take(&mut response.body), |s, b| {
-                        s.response_body = b
-                    });
-                    let step = self.callback(idx, "on_http_response_body", &mut |vm, ctx| {
-                        vm.on_response_body(ctx, len, true)
-                    });
-                    response.body = unplaced
-                        .or_else(|| self.take(idx, |s| Some(std::mem::take(&mut s.response_body))))
-                        .unwrap_or_default();
-                    if let Some(r) = self.encode_stop(step, &mut exchange) {
-                        response = r;
-                        break;
-                    }
-                }
-                i -= 1;
+            }
+        };
+        match http1_framing(&mut response.headers, &mut response.body, "client") {
+            Framing::Fine => {}
+            Framing::Truncated(note) => exchange.notes.push(note),
+            Framing::Short(why) => {
+                exchange.stalled = Some(why);
+                self.finish();
+                return exchange;
             }
         }
-        if exchange.stalled.is_none() {
-            finalize_downstream(&mut response);
-            exchange.response = Some(response);
-        }
+        finalize_downstream(&mut response);
+        exchange.response = Some(response);
         self.finish();
         exchange
     }
 
-    /// A stop while encoding: a local reply replaces the response (Envoy can still do so
-    /// before the headers went out); a pause stalls it.
-    fn encode_stop(&mut self, step: Step, exchange: &mut Exchange) -> Option<Response> {
-        match step {
-            Step::Continue => None,
-            Step::Stop(StopReason::LocalReply(source, reply)) => {
-                exchange.local_reply = Some(source);
-                Some(local_reply_response(&reply))
-            }
-            Step::Stop(StopReason::Stalled(why)) => {
-                exchange.stalled = Some(why);
-                None
+    /// Request or response headers through the filters in `order`; the map each filter
+    /// leaves goes to the next.
+    fn headers_phase(
+        &mut self,
+        dir: Dir,
+        order: &[usize],
+        mut headers: HeaderMap,
+        end_of_stream: bool,
+        status: u16,
+    ) -> Result<HeaderMap, Stopped> {
+        let phase = dir.phase("headers");
+        for &i in order {
+            let count = headers.len();
+            let snapshot = (dir == Dir::Request).then(|| headers.clone());
+            let unplaced = self.put(i, std::mem::take(&mut headers), |s, h| match dir {
+                Dir::Request => {
+                    s.request_headers = Some(h);
+                    s.request_snapshot = snapshot.unwrap_or_default();
+                }
+                Dir::Response => {
+                    s.response_headers = Some(h);
+                    s.response_code = Some(status);
+                }
+            });
+            let step = self.callback(i, &phase, &mut |vm, ctx| match dir {
+                Dir::Request => vm.on_request_headers(ctx, count, end_of_stream),
+                Dir::Response => vm.on_response_headers(ctx, count, end_of_stream),
+            });
+            // A filter that let its headers go no longer sees them (Envoy's availability).
+            headers = unplaced
+                .or_else(|| {
+                    self.take(i, |s| match dir {
+                        Dir::Request => s.request_headers.take(),
+                        Dir::Response => s.response_headers.take(),
+                    })
+                })
+                .unwrap_or_default();
+            match step {
+                Step::Continue => {}
+                Step::Paused(why) => return Err((i, StopReason::Stalled(why))),
+                Step::Stop(r) => return Err((i, r)),
             }
         }
+        Ok(headers)
+    }
+
+    /// Body chunks, then trailers, through the filters in `order`, with Envoy's buffering: a
+    /// filter that pauses on a chunk keeps it, sees the growing buffer with each later chunk
+    /// (`body_size` = all of it), and releases it when it continues; a pause on the last
+    /// chunk waits for a resume. With trailers, no chunk ends the stream, and a filter's
+    /// `Continue` on its trailers releases what it buffered. Returns the body and trailers
+    /// that came out of the last filter.
+    fn data_phase(
+        &mut self,
+        dir: Dir,
+        order: &[usize],
+        chunks: Vec<Vec<u8>>,
+        mut trailers: Option<HeaderMap>,
+    ) -> Result<(Vec<u8>, Option<HeaderMap>), Stopped> {
+        let mut held: Vec<Option<Vec<u8>>> = vec![None; order.len()];
+        let mut out = Vec::new();
+        let last = chunks.len();
+        for (k, chunk) in chunks.into_iter().enumerate() {
+            let end_of_stream = k + 1 == last && trailers.is_none();
+            self.pass_chunk(dir, order, 0, chunk, end_of_stream, &mut held, &mut out)?;
+        }
+        let Some(t) = trailers.as_mut() else {
+            return Ok((out, None));
+        };
+        let phase = dir.phase("trailers");
+        for pos in 0..order.len() {
+            let i = order[pos];
+            let count = t.len();
+            let buffered = held[pos].take().unwrap_or_default();
+            let unplaced = self.put(i, (std::mem::take(t), buffered), |s, (t, b)| match dir {
+                Dir::Request => {
+                    s.request_trailers = Some(t);
+                    s.request_body = b;
+                }
+                Dir::Response => {
+                    s.response_trailers = Some(t);
+                    s.response_body = b;
+                }
+            });
+            let step = self.callback(i, &phase, &mut |vm, ctx| match dir {
+                Dir::Request => vm.on_request_trailers(ctx, count),
+                Dir::Response => vm.on_response_trailers(ctx, count),
+            });
+            let (back, buffered) = unplaced
+                .or_else(|| {
+                    self.take(i, |s| {
+                        Some(match dir {
+                            Dir::Request => (
+                                s.request_trailers.take().unwrap_or_default(),
+                                std::mem::take(&mut s.request_body),
+                            ),
+                            Dir::Response => (
+                                s.response_trailers.take().unwrap_or_default(),
+                                std::mem::take(&mut s.response_body),
+                            ),
+                        })
+                    })
+                })
+                .unwrap_or_default();
+            *t = back;
+            match step {
+                Step::Continue => {}
+                Step::Paused(why) => return Err((i, StopReason::Stalled(why))),
+                Step::Stop(r) => return Err((i, r)),
+            }
+            if !buffered.is_empty() {
+                self.pass_chunk(dir, order, pos + 1, buffered, false, &mut held, &mut out)?;
+            }
+        }
+        Ok((out, trailers))
+    }
+
+    /// One chunk through the filters from position `from` of `order`, added to what each
+    /// filter holds; lands in `out` if every filter continues.
+    #[allow(clippy::too_many_arguments)]
+    fn pass_chunk(
+        &mut self,
+        dir: Dir,
+        order: &[usize],
+        from: usize,
+        mut data: Vec<u8>,
+        end_of_stream: bool,
+        held: &mut [Option<Vec<u8>>],
+        out: &mut Vec<u8>,
+    ) -> Result<(), Stopped> {
+        let phase = dir.phase("body");
+        for pos in from..order.len() {
+            let i = order[pos];
+            let mut buffer = held[pos].take().unwrap_or_default();
+            buffer.append(&mut data);
+            let size = buffer.len();
+            let unplaced = self.put(i, buffer, |s, b| match dir {
+                Dir::Request => s.request_body = b,
+                Dir::Response => s.response_body = b,
+            });
+            let step = self.callback(i, &phase, &mut |vm, ctx| match dir {
+                Dir::Request => vm.on_request_body(ctx, size, end_of_stream),
+                Dir::Response => vm.on_response_body(ctx, size, end_of_stream),
+            });
+            let body = unplaced
+                .or_else(|| {
+                    self.take(i, |s| {
+                        Some(std::mem::take(match dir {
+                            Dir::Request => &mut s.request_body,
+                            Dir::Response => &mut s.response_body,
+                        }))
+                    })
+                })
+                .unwrap_or_default();
+            match step {
+                Step::Continue => data = body,
+                Step::Paused(why) if end_of_stream => {
+                    return Err((i, StopReason::Stalled(why)));
+                }
+                Step::Paused(_) => {
+                    held[pos] = Some(body);
+                    return Ok(());
+                }
+                Step::Stop(r) => return Err((i, r)),
+            }
+        }
+        out.append(&mut data);
+        Ok(())
     }
 
     /// Hands `value` to filter `i`'s stream state; gives it back when the filter has no
@@ -765,21 +934,37 @@ impl HttpStream<'_> {
     }
 }
 
-fn plain_response(status: u16, body: Vec<u8>) -> Response {
+/// A response on its way back through the filters, as it arrives: headers, body chunks,
+/// trailers.
+struct Outgoing {
+    status: u16,
+    headers: HeaderMap,
+    chunks: Vec<Vec<u8>>,
+    trailers: Option<HeaderMap>,
+}
+
+impl Outgoing {
+    fn new(status: u16, headers: HeaderMap, body: Vec<u8>) -> Self {
+        Self {
+            status,
+            headers,
+            chunks: if body.is_empty() { vec![] } else { vec![body] },
+            trailers: None,
+        }
+    }
+}
+
+fn plain_response(status: u16, body: Vec<u8>) -> Outgoing {
     let mut headers: HeaderMap = vec![(":status".into(), status.to_string().into_bytes())];
     if !body.is_empty() {
         headers.push(("content-length".into(), body.len().to_string().into_bytes()));
         headers.push(("content-type".into(), b"text/plain".to_vec()));
     }
-    Response {
-        status,
-        headers,
-        body,
-    }
+    Outgoing::new(status, headers, body)
 }
 
 /// Envoy's `sendLocalReply`: `:status`, the plugin's headers, then length and type.
-fn local_reply_response(reply: &LocalReply) -> Response {
+fn local_reply_response(reply: &LocalReply) -> Outgoing {
     let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
     for (k, v) in &reply.headers {
         host::headers::add(&mut headers, k, v.clone());
@@ -794,30 +979,65 @@ fn local_reply_response(reply: &LocalReply) -> Response {
             headers.push(("content-type".into(), b"text/plain".to_vec()));
         }
     }
-    Response {
-        status: reply.status,
-        headers,
-        body: reply.body.clone(),
-    }
+    Outgoing::new(reply.status, headers, reply.body.clone())
 }
 
-fn upstream_response(reply: UpstreamReply) -> Response {
+fn upstream_response(reply: UpstreamReply) -> Outgoing {
+    let chunks = reply.chunks();
     let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
     for (k, v) in reply.headers {
         host::headers::add(&mut headers, &k, v);
     }
     if host::headers::get(&headers, "content-length").is_none() {
-        headers.push((
-            "content-length".into(),
-            reply.body.len().to_string().into_bytes(),
-        ));
+        let len: usize = chunks.iter().map(Vec::len).sum();
+        headers.push(("content-length".into(), len.to_string().into_bytes()));
     }
     // The router stamps upstream responses before the filters see them.
     host::headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
-    Response {
+    Outgoing {
         status: reply.status,
         headers,
-        body: reply.body,
+        chunks,
+        trailers: (!reply.trailers.is_empty()).then_some(reply.trailers),
+    }
+}
+
+/// How a message's body fits the framing Envoy's HTTP/1 codec sends it with.
+enum Framing {
+    Fine,
+    /// The body was longer than its `content-length`: the peer reads only that much.
+    Truncated(String),
+    /// Shorter: the peer waits for bytes that never come.
+    Short(String),
+}
+
+/// Envoy's HTTP/1 codec frames a message by the `content-length` the filters left, or
+/// chunked without one; it does not fix a length a filter invalidated by changing the body
+/// (filters that change a body's size remove `content-length` in their headers callback).
+fn http1_framing(headers: &mut HeaderMap, body: &mut Vec<u8>, peer: &str) -> Framing {
+    let declared = host::headers::get(headers, "content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
+    match declared {
+        None if !body.is_empty() => {
+            if host::headers::get(headers, "transfer-encoding").is_none() {
+                headers.push(("transfer-encoding".into(), b"chunked".to_vec()));
+            }
+            Framing::Fine
+        }
+        None => Framing::Fine,
+        Some(n) if n == body.len() => Framing::Fine,
+        Some(n) if n < body.len() => {
+            let note = format!(
+                "content-length says {n} but the filters left a {}-byte body: the {peer} reads only the first {n} bytes (a filter that changes a body's size must remove content-length in its headers callback)",
+                body.len()
+            );
+            body.truncate(n);
+            Framing::Truncated(note)
+        }
+        Some(n) => Framing::Short(format!(
+            "content-length says {n} but the filters left a {}-byte body: the {peer} waits for the rest and Envoy would time out (a filter that changes a body's size must remove content-length in its headers callback)",
+            body.len()
+        )),
     }
 }
 

@@ -294,6 +294,9 @@ impl std::fmt::Display for ScenarioReport {
                     None => writeln!(f, "       upstream: not reached ({:?})", ex.local_reply)?,
                 }
             }
+            for note in case.exchange.iter().flat_map(|e| &e.notes) {
+                writeln!(f, "       note: {note}")?;
+            }
             for call in &case.calls {
                 let pseudo = |name: &str| {
                     crate::http::header(&call.headers, name)

@@ -342,6 +342,11 @@ pub struct RequestSpec {
     pub headers: Headers,
     #[serde(default)]
     pub body: String,
+    /// More of the body, each arriving as its own chunk after `body`.
+    #[serde(default)]
+    pub body_chunks: Vec<String>,
+    #[serde(default)]
+    pub trailers: Headers,
 }
 
 fn default_method() -> String {
@@ -363,6 +368,11 @@ pub struct UpstreamSpec {
     pub headers: Headers,
     #[serde(default)]
     pub body: String,
+    /// More of the body, each arriving as its own chunk after `body`.
+    #[serde(default)]
+    pub body_chunks: Vec<String>,
+    #[serde(default)]
+    pub trailers: Headers,
 }
 
 fn default_status() -> u16 {
@@ -375,6 +385,8 @@ impl Default for UpstreamSpec {
             status: 200,
             headers: Headers::default(),
             body: String::new(),
+            body_chunks: Vec::new(),
+            trailers: Headers::default(),
         }
     }
 }
@@ -442,6 +454,9 @@ pub struct MessageExpect {
     pub absent: Vec<String>,
     #[serde(default)]
     pub body: Option<String>,
+    /// Trailers that must be there (subset, case-insensitive).
+    #[serde(default)]
+    pub trailers: Headers,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -455,6 +470,9 @@ pub struct ResponseExpect {
     pub absent: Vec<String>,
     #[serde(default)]
     pub body: Option<String>,
+    /// Trailers that must be there (subset, case-insensitive).
+    #[serde(default)]
+    pub trailers: Headers,
 }
 
 /// Who answered instead of the upstream.
@@ -569,6 +587,13 @@ impl RequestCase {
             authority: self.request.authority.clone(),
             headers: self.request.headers.to_map(),
             body: self.request.body.clone().into_bytes(),
+            body_chunks: self
+                .request
+                .body_chunks
+                .iter()
+                .map(|c| c.clone().into_bytes())
+                .collect(),
+            trailers: self.request.trailers.to_map(),
         }
     }
 
@@ -583,6 +608,12 @@ impl UpstreamSpec {
             status: self.status,
             headers: self.headers.to_map(),
             body: self.body.clone().into_bytes(),
+            body_chunks: self
+                .body_chunks
+                .iter()
+                .map(|c| c.clone().into_bytes())
+                .collect(),
+            trailers: self.trailers.to_map(),
         }
     }
 }
@@ -695,6 +726,13 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[LogRecord]) -> Vec<String> 
             &want.absent,
             &mut failures,
         );
+        check_headers(
+            "upstream request trailer",
+            &seen.trailers,
+            &want.trailers,
+            &[],
+            &mut failures,
+        );
         if let Some(body) = &want.body {
             if seen.body != body.as_bytes() {
                 failures.push(format!(
@@ -721,6 +759,13 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[LogRecord]) -> Vec<String> 
                     &resp.headers,
                     &want.headers,
                     &want.absent,
+                    &mut failures,
+                );
+                check_headers(
+                    "response trailer",
+                    &resp.trailers,
+                    &want.trailers,
+                    &[],
                     &mut failures,
                 );
                 if let Some(body) = &want.body {

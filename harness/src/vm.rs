@@ -180,6 +180,8 @@ struct Exports {
     on_response_headers: Option<TypedFunc<(i32, i32, i32), i32>>,
     on_response_headers_v010: Option<TypedFunc<(i32, i32), i32>>,
     on_response_body: Option<TypedFunc<(i32, i32, i32), i32>>,
+    on_request_trailers: Option<TypedFunc<(i32, i32), i32>>,
+    on_response_trailers: Option<TypedFunc<(i32, i32), i32>>,
     on_log: Option<TypedFunc<i32, ()>>,
     on_done: Option<TypedFunc<i32, i32>>,
     on_delete: Option<TypedFunc<i32, ()>>,
@@ -207,6 +209,8 @@ impl Exports {
             on_response_headers: get!("proxy_on_response_headers"),
             on_response_headers_v010: get!("proxy_on_response_headers"),
             on_response_body: get!("proxy_on_response_body"),
+            on_request_trailers: get!("proxy_on_request_trailers"),
+            on_response_trailers: get!("proxy_on_response_trailers"),
             on_log: get!("proxy_on_log"),
             on_done: get!("proxy_on_done"),
             on_delete: get!("proxy_on_delete"),
@@ -456,6 +460,16 @@ impl Vm {
             ctx,
             (ctx as i32, size as i32, eos as i32),
         )
+    }
+
+    pub fn on_request_trailers(&mut self, ctx: u32, n: usize) -> Option<i32> {
+        let f = self.exports.on_request_trailers.clone();
+        self.call("proxy_on_request_trailers", f, ctx, (ctx as i32, n as i32))
+    }
+
+    pub fn on_response_trailers(&mut self, ctx: u32, n: usize) -> Option<i32> {
+        let f = self.exports.on_response_trailers.clone();
+        self.call("proxy_on_response_trailers", f, ctx, (ctx as i32, n as i32))
     }
 
     /// Envoy's stream end for HTTP: `on_log`, `on_done`, `on_delete`, then the context is gone.

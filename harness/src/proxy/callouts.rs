@@ -131,6 +131,7 @@ impl Callouts {
                         .filter(|(k, _)| k != ":status")
                         .collect(),
                     body: resp.body,
+                    ..UpstreamReply::default()
                 };
                 let status = reply.status;
                 (
@@ -340,6 +341,7 @@ mod tests {
             status: 403,
             headers: vec![("x-why".into(), b"no".to_vec())],
             body: b"denied".to_vec(),
+            ..UpstreamReply::default()
         });
         let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(

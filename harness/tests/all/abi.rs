@@ -178,7 +178,7 @@ fn real_envoy_counts_custom_metrics_proxy_wide_too() {
         path: "/".into(),
         authority: "demo.local".into(),
         headers: Vec::new(),
-        body: Vec::new(),
+        ..Default::default()
     };
     let reply = UpstreamReply {
         status: 200,

@@ -5,6 +5,7 @@
 //! does both first.
 
 mod abi;
+mod bodies;
 mod callouts;
 mod cli;
 mod envoy;

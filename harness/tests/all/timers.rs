@@ -33,7 +33,7 @@ fn get(proxy: &mut Proxy, worker: usize) -> u16 {
         path: "/".into(),
         authority: "demo.local".into(),
         headers: vec![],
-        body: vec![],
+        ..Default::default()
     };
     let ex = proxy
         .send(None, Some(worker), &request, &mut |_| UpstreamReply {
