@@ -443,7 +443,7 @@ impl Dir {
 type Stopped = (usize, StopReason);
 
 enum StopReason {
-    LocalReply(LocalReplySource, LocalReply),
+    LocalReply(LocalReplySource, Box<LocalReply>),
     Stalled(String),
 }
 
@@ -460,13 +460,13 @@ impl HttpStream<'_> {
                 LocalReplySource::FailurePolicy {
                     plugin: plugin.name.clone(),
                 },
-                LocalReply {
+                Box::new(LocalReply {
                     status: 503,
                     details: "wasm_fail_stream".into(),
                     body: Vec::new(),
                     headers: Vec::new(),
                     grpc_status: Some(14),
-                },
+                }),
             )),
         }
     }
@@ -534,7 +534,7 @@ impl HttpStream<'_> {
                     plugin: name,
                     details: reply.details.clone(),
                 },
-                reply,
+                Box::new(reply),
             ));
         }
         let resumed =
