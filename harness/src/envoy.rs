@@ -411,8 +411,14 @@ impl RealEnvoy {
                 (k.clone(), s.seen.len())
             })
             .collect();
-        let response =
-            http1_exchange(port, request).map_err(|e| format!("request to envoy failed: {e}"))?;
+        let (response, reset) = match http1_exchange(port, request) {
+            Ok(r) => (Some(r), None),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => (
+                None,
+                Some("envoy closed the connection without a response".to_string()),
+            ),
+            Err(e) => return Err(format!("request to envoy failed: {e}")),
+        };
         let is_callout = |cluster: &str| calls.iter().any(|c| c.cluster == cluster);
         let mut upstream = None;
         let mut records = Vec::new();
@@ -437,9 +443,10 @@ impl RealEnvoy {
             Exchange {
                 worker: 0,
                 upstream,
-                response: Some(response),
+                response,
                 local_reply: None,
                 stalled: None,
+                reset,
                 notes: Vec::new(),
             },
             records,
@@ -555,8 +562,12 @@ pub(crate) fn http1_request(
     out.extend_from_slice(body);
     conn.write_all(&out)?;
     let mut reader = BufReader::new(conn.try_clone()?);
-    let (head, body) = read_message(&mut reader, false)
-        .ok_or_else(|| std::io::Error::other("connection closed before a response"))?;
+    let (head, body) = read_message(&mut reader, false).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::ConnectionAborted,
+            "connection closed before a response",
+        )
+    })?;
     let _ = conn.shutdown(Shutdown::Both);
     let mut headers_buf = [httparse::EMPTY_HEADER; 128];
     let mut resp = httparse::Response::new(&mut headers_buf);

@@ -113,6 +113,9 @@ pub struct Exchange {
     /// Set when a plugin paused the stream and nothing resumed it: Envoy would hold the
     /// request until a timeout fired.
     pub stalled: Option<String>,
+    /// Set when the stream was reset (a plugin closed it): the client got no response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reset: Option<String>,
     /// Things a filter author should know about this exchange (a body whose size no longer
     /// matches its `content-length`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

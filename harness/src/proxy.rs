@@ -430,11 +430,24 @@ enum Dir {
     Response,
 }
 
+/// The part of a message a callback is about.
+#[derive(Clone, Copy)]
+enum Part {
+    Headers,
+    Body,
+    Trailers,
+}
+
 impl Dir {
-    fn phase(self, what: &str) -> String {
-        match self {
-            Dir::Request => format!("on_http_request_{what}"),
-            Dir::Response => format!("on_http_response_{what}"),
+    /// The callback's name, for messages.
+    fn phase(self, part: Part) -> &'static str {
+        match (self, part) {
+            (Dir::Request, Part::Headers) => "on_http_request_headers",
+            (Dir::Request, Part::Body) => "on_http_request_body",
+            (Dir::Request, Part::Trailers) => "on_http_request_trailers",
+            (Dir::Response, Part::Headers) => "on_http_response_headers",
+            (Dir::Response, Part::Body) => "on_http_response_body",
+            (Dir::Response, Part::Trailers) => "on_http_response_trailers",
         }
     }
 }
@@ -444,6 +457,8 @@ type Stopped = (usize, StopReason);
 
 enum StopReason {
     LocalReply(LocalReplySource, Box<LocalReply>),
+    /// A plugin closed the stream (`proxy_close_stream`): Envoy resets it, no response.
+    Reset(String),
     Stalled(String),
 }
 
@@ -527,6 +542,11 @@ impl HttpStream<'_> {
         let s = vm
             .http_state(ctx)
             .expect("stream context exists while the stream runs");
+        if std::mem::take(&mut s.reset) {
+            return Step::Stop(StopReason::Reset(format!(
+                "plugin {name:?} closed the stream in {phase} (proxy_close_stream): Envoy resets it and the client gets no response"
+            )));
+        }
         if let Some(reply) = s.local_reply.take() {
             s.stop_forced = false;
             return Step::Stop(StopReason::LocalReply(
@@ -563,6 +583,7 @@ impl HttpStream<'_> {
             response: None,
             local_reply: None,
             stalled: None,
+            reset: None,
             notes: Vec::new(),
         };
         let n = self.contexts.len();
@@ -598,6 +619,11 @@ impl HttpStream<'_> {
         let (response, encode_from) = match decoded {
             Err((_, StopReason::Stalled(why))) => {
                 exchange.stalled = Some(why);
+                self.finish();
+                return exchange;
+            }
+            Err((_, StopReason::Reset(why))) => {
+                exchange.reset = Some(why);
                 self.finish();
                 return exchange;
             }
@@ -700,6 +726,11 @@ impl HttpStream<'_> {
                 self.finish();
                 return exchange;
             }
+            Err((_, StopReason::Reset(why))) => {
+                exchange.reset = Some(why);
+                self.finish();
+                return exchange;
+            }
             // Envoy can still replace the response before its headers went out.
             Err((_, StopReason::LocalReply(source, reply))) => {
                 exchange.local_reply = Some(source);
@@ -738,7 +769,7 @@ impl HttpStream<'_> {
         end_of_stream: bool,
         status: u16,
     ) -> Result<HeaderMap, Stopped> {
-        let phase = dir.phase("headers");
+        let phase = dir.phase(Part::Headers);
         for &i in order {
             let count = headers.len();
             let snapshot = (dir == Dir::Request).then(|| headers.clone());
@@ -752,7 +783,7 @@ impl HttpStream<'_> {
                     s.response_code = Some(status);
                 }
             });
-            let step = self.callback(i, &phase, &mut |vm, ctx| match dir {
+            let step = self.callback(i, phase, &mut |vm, ctx| match dir {
                 Dir::Request => vm.on_request_headers(ctx, count, end_of_stream),
                 Dir::Response => vm.on_response_headers(ctx, count, end_of_stream),
             });
@@ -797,7 +828,7 @@ impl HttpStream<'_> {
         let Some(t) = trailers.as_mut() else {
             return Ok((out, None));
         };
-        let phase = dir.phase("trailers");
+        let phase = dir.phase(Part::Trailers);
         for pos in 0..order.len() {
             let i = order[pos];
             let count = t.len();
@@ -812,7 +843,7 @@ impl HttpStream<'_> {
                     s.response_body = b;
                 }
             });
-            let step = self.callback(i, &phase, &mut |vm, ctx| match dir {
+            let step = self.callback(i, phase, &mut |vm, ctx| match dir {
                 Dir::Request => vm.on_request_trailers(ctx, count),
                 Dir::Response => vm.on_response_trailers(ctx, count),
             });
@@ -858,7 +889,7 @@ impl HttpStream<'_> {
         held: &mut [Option<Vec<u8>>],
         out: &mut Vec<u8>,
     ) -> Result<(), Stopped> {
-        let phase = dir.phase("body");
+        let phase = dir.phase(Part::Body);
         for pos in from..order.len() {
             let i = order[pos];
             let mut buffer = held[pos].take().unwrap_or_default();
@@ -868,7 +899,7 @@ impl HttpStream<'_> {
                 Dir::Request => s.request_body = b,
                 Dir::Response => s.response_body = b,
             });
-            let step = self.callback(i, &phase, &mut |vm, ctx| match dir {
+            let step = self.callback(i, phase, &mut |vm, ctx| match dir {
                 Dir::Request => vm.on_request_body(ctx, size, end_of_stream),
                 Dir::Response => vm.on_response_body(ctx, size, end_of_stream),
             });

@@ -272,6 +272,9 @@ impl std::fmt::Display for ScenarioReport {
                 (None, None) => writeln!(f, "  {mark} {}", case.name)?,
             }
             if let Some(ex) = &case.exchange {
+                if let Some(why) = &ex.reset {
+                    writeln!(f, "       reset: {why}")?;
+                }
                 if let Some(resp) = &ex.response {
                     writeln!(
                         f,

@@ -400,6 +400,9 @@ pub struct Expect {
     /// Whether the request must (true) or must not (false) reach an upstream.
     #[serde(default)]
     pub reached_upstream: Option<bool>,
+    /// Whether a plugin must reset the stream (`proxy_close_stream`): no response at all.
+    #[serde(default)]
+    pub reset: Option<bool>,
     #[serde(default)]
     pub response: Option<ResponseExpect>,
     #[serde(default)]
@@ -703,6 +706,16 @@ pub fn check(expect: &Expect, ex: &Exchange, logs: &[LogRecord]) -> Vec<String> 
     if let Some(why) = &ex.stalled {
         failures.push(format!("the request never completed: {why}"));
         return failures;
+    }
+    match (expect.reset, &ex.reset) {
+        (Some(true), None) => {
+            failures.push("expected the stream to be reset, but it was not".into())
+        }
+        (Some(false) | None, Some(why)) => {
+            failures.push(format!("the stream was reset: {why}"));
+            return failures;
+        }
+        _ => {}
     }
     let must_reach = expect
         .reached_upstream

@@ -84,3 +84,44 @@ fn a_configure_refusal_is_a_start_failure() {
         text(&o)
     );
 }
+
+/// `proxy_close_stream` resets the stream: no response, no upstream request, in the
+/// harness as in Envoy.
+#[test]
+fn a_plugin_that_closes_the_stream_resets_it_like_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "close-stream.wat");
+    let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - {name: closed, request: {path: /close}, expect: {reset: true, reached_upstream: false}}
+  - {name: open, request: {path: /open}, expect: {response: {status: 200}}}
+",
+    );
+    let report = differential(&s);
+    assert_eq!(
+        report.verdict,
+        wasm_harness::run::Verdict::Passed,
+        "{report}"
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("closed the stream in on_http_request_headers (proxy_close_stream)"),
+        "{}",
+        text(&o)
+    );
+    // Expecting a response from a reset stream fails, naming the reset.
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - {name: closed, request: {path: /close}, expect: {response: {status: 200}}}\n",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("the stream was reset: plugin"),
+        "{}",
+        text(&o)
+    );
+}
