@@ -595,6 +595,9 @@ impl HttpStream<'_> {
             (":scheme".into(), b"http".to_vec()),
         ];
         headers.extend(request.headers.iter().cloned());
+        // Envoy answers a gRPC request's local replies the gRPC way.
+        let grpc = host::headers::get(&headers, "content-type")
+            .is_some_and(|v| v.starts_with(b"application/grpc"));
         let chunks = request.chunks();
         let body_len: usize = chunks.iter().map(Vec::len).sum();
         if body_len > 0 && host::headers::get(&headers, "content-length").is_none() {
@@ -629,7 +632,7 @@ impl HttpStream<'_> {
             }
             Err((i, StopReason::LocalReply(source, reply))) => {
                 exchange.local_reply = Some(source);
-                (local_reply_response(&reply), i)
+                (local_reply_response(&reply, grpc), i)
             }
             Ok((mut headers, body, trailers)) => {
                 let action = {
@@ -648,17 +651,17 @@ impl HttpStream<'_> {
                 let resp = match action {
                     None => {
                         exchange.local_reply = Some(LocalReplySource::NoRoute);
-                        plain_response(404, Vec::new())
+                        router_reply(404, Vec::new(), grpc)
                     }
                     Some(RouteAction::Direct { status, body }) => {
                         exchange.local_reply = Some(LocalReplySource::DirectResponse);
-                        plain_response(status, body)
+                        router_reply(status, body, grpc)
                     }
                     Some(RouteAction::Cluster(cluster))
                         if bootstrap.cluster(&cluster).is_none() =>
                     {
                         exchange.local_reply = Some(LocalReplySource::NoCluster { cluster });
-                        plain_response(503, Vec::new())
+                        router_reply(503, Vec::new(), grpc)
                     }
                     Some(RouteAction::Cluster(cluster)) => {
                         host::headers::replace(
@@ -734,7 +737,7 @@ impl HttpStream<'_> {
             // Envoy can still replace the response before its headers went out.
             Err((_, StopReason::LocalReply(source, reply))) => {
                 exchange.local_reply = Some(source);
-                let r = local_reply_response(&reply);
+                let r = local_reply_response(&reply, grpc);
                 // It does not pass through the filters again.
                 Response {
                     status: r.status,
@@ -985,7 +988,11 @@ impl Outgoing {
     }
 }
 
-fn plain_response(status: u16, body: Vec<u8>) -> Outgoing {
+/// A reply the router makes (no route, no cluster, a direct response).
+fn router_reply(status: u16, body: Vec<u8>, grpc: bool) -> Outgoing {
+    if grpc {
+        return grpc_local_reply(status, &[], &body, None);
+    }
     let mut headers: HeaderMap = vec![(":status".into(), status.to_string().into_bytes())];
     if !body.is_empty() {
         headers.push(("content-length".into(), body.len().to_string().into_bytes()));
@@ -994,8 +1001,12 @@ fn plain_response(status: u16, body: Vec<u8>) -> Outgoing {
     Outgoing::new(status, headers, body)
 }
 
-/// Envoy's `sendLocalReply`: `:status`, the plugin's headers, then length and type.
-fn local_reply_response(reply: &LocalReply) -> Outgoing {
+/// Envoy's `sendLocalReply`: `:status`, the plugin's headers, then length and type; to a
+/// gRPC request, a trailers-only gRPC response instead.
+fn local_reply_response(reply: &LocalReply, grpc: bool) -> Outgoing {
+    if grpc {
+        return grpc_local_reply(reply.status, &reply.headers, &reply.body, reply.grpc_status);
+    }
     let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
     for (k, v) in &reply.headers {
         host::headers::add(&mut headers, k, v.clone());
@@ -1011,6 +1022,45 @@ fn local_reply_response(reply: &LocalReply) -> Outgoing {
         }
     }
     Outgoing::new(reply.status, headers, reply.body.clone())
+}
+
+/// Envoy's local reply to a gRPC request: HTTP 200 with headers only, `grpc-status` (the
+/// one given, else mapped from the HTTP status as Envoy maps it) and the body as a
+/// percent-encoded `grpc-message`.
+fn grpc_local_reply(
+    status: u16,
+    extra: &[(String, Vec<u8>)],
+    body: &[u8],
+    grpc_status: Option<u32>,
+) -> Outgoing {
+    let code = grpc_status.unwrap_or(match status {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => 14,
+        _ => 2,
+    });
+    let mut headers: HeaderMap = vec![
+        (":status".into(), b"200".to_vec()),
+        ("content-type".into(), b"application/grpc".to_vec()),
+        ("grpc-status".into(), code.to_string().into_bytes()),
+    ];
+    if !body.is_empty() {
+        let mut message = Vec::new();
+        for &b in body {
+            if (0x20..0x7f).contains(&b) && b != b'%' {
+                message.push(b);
+            } else {
+                message.extend_from_slice(format!("%{b:02X}").as_bytes());
+            }
+        }
+        headers.push(("grpc-message".into(), message));
+    }
+    for (k, v) in extra {
+        host::headers::add(&mut headers, k, v.clone());
+    }
+    Outgoing::new(200, headers, Vec::new())
 }
 
 fn upstream_response(reply: UpstreamReply) -> Outgoing {

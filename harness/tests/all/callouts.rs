@@ -278,3 +278,29 @@ fn a_unary_grpc_call_gets_its_canned_message_or_status() {
         text(&o)
     );
 }
+
+/// To a gRPC request Envoy's local replies are trailers-only gRPC responses: HTTP 200,
+/// `grpc-status` mapped from the HTTP status, the body as `grpc-message`.
+#[test]
+fn local_replies_to_grpc_requests_are_grpc_responses_like_envoys() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "auth-callout.wat");
+    let b = auth_bootstrap(dir.path(), &wasm, 9);
+    let s = scenario(
+        dir.path(),
+        &b,
+        r#"  - name: denied over gRPC
+    request: {method: POST, path: /pkg.Svc/Get, headers: {content-type: application/grpc, te: trailers}}
+    http_calls: [{cluster: auth, reply: {status: 401, body: "bad token: 100%"}}]
+    expect:
+      response: {status: 200, headers: {grpc-status: '7', grpc-message: "bad token: 100%25", content-type: application/grpc}}
+  - name: direct response to a gRPC request
+    request: {method: POST, path: /healthz, headers: {content-type: application/grpc}}
+    http_calls: [{cluster: auth, reply: {status: 200}}]
+    expect:
+      response: {status: 200}
+"#,
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}
