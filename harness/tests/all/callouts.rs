@@ -304,3 +304,43 @@ fn local_replies_to_grpc_requests_are_grpc_responses_like_envoys() {
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }
+
+/// Calls made from `proxy_on_tick` are answered on the worker that made them, like a
+/// stream's: each worker refreshes its own token.
+#[test]
+fn calls_from_ticks_are_answered_on_each_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = auth_bootstrap(dir.path(), &guest("tick-callout.wat"), 9);
+    let path = dir.path().join("ticks.yaml");
+    std::fs::write(
+        &path,
+        format!(
+            "bootstrap: {}
+workers: 2
+http_calls: [{{cluster: auth, path: /token, reply: {{status: 200, body: t0k3n}}}}]
+requests:
+  - advance: 3s
+    expect:
+      log_counts:
+        - {{contains: token refreshed, count: 6}}
+        - {{contains: token refreshed, worker: 0, count: 3}}
+        - {{contains: token refreshed, worker: 1, count: 3}}
+",
+            b.display()
+        ),
+    )
+    .unwrap();
+    let o = harness(&["run", "--json", path.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let calls = report["scenarios"][0]["cases"][0]["calls"]
+        .as_array()
+        .unwrap();
+    assert_eq!(calls.len(), 6, "{report:#}");
+    assert!(
+        calls
+            .iter()
+            .all(|c| c["answer"] == "canned reply 200" && c["cluster"] == "auth"),
+        "{report:#}"
+    );
+}

@@ -178,3 +178,41 @@ fn an_advance_step_keeps_harness_and_envoy_steps_aligned() {
         .to_string()
         .contains("envoy: waited 200ms of real time"));
 }
+
+/// A filter that rewrites `:path` sends the request where the new path routes: Envoy clears
+/// the route cache when a Wasm filter changes request headers, and the harness routes after
+/// the filters. The project's filter (Rust SDK) does the rewrite.
+#[test]
+fn a_rewritten_path_is_routed_again_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(
+        dir.path(),
+        &filter_wasm(),
+        Some(
+            r#"{"role": "http-header-operation", "request": {"set": [{"name": ":path", "value": "/healthz"}]}}"#,
+        ),
+        |_| {},
+    );
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: any path lands on the health check
+    request: {path: /api/items}
+    expect: {response: {status: 200, body: \"ok\\n\"}, reached_upstream: false}
+",
+    );
+    let report = differential(&s);
+    assert_eq!(
+        report.verdict,
+        wasm_harness::run::Verdict::Passed,
+        "{report}"
+    );
+    assert_eq!(
+        report.harness.cases[0]
+            .exchange
+            .as_ref()
+            .and_then(|e| e.local_reply.clone()),
+        Some(wasm_harness::LocalReplySource::DirectResponse),
+        "{report}"
+    );
+}

@@ -1,0 +1,33 @@
+;; Refreshes a token on a timer, the way filters keep credentials fresh: every second each
+;; root context calls cluster `auth` (GET /token) from proxy_on_tick, and logs "token
+;; refreshed" when a response arrives, or "token refresh failed" when the call fails.
+(module
+  (import "env" "proxy_set_tick_period_milliseconds" (func $tick (param i32) (result i32)))
+  (import "env" "proxy_http_call" (func $http_call (param i32 i32 i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
+  (memory (export "memory") 2)
+  (global $heap (mut i32) (i32.const 16384))
+  (data (i32.const 16) "auth")
+  (data (i32.const 32) "token refreshed")
+  (data (i32.const 64) "token refresh failed")
+  ;; 3 pairs: :method GET, :path /token, :authority auth.
+  (data (i32.const 256) "\03\00\00\00\07\00\00\00\03\00\00\00\05\00\00\00\06\00\00\00\0a\00\00\00\04\00\00\00:method\00GET\00:path\00/token\00:authority\00auth\00")
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "malloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
+    (local.get $p))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32)
+    (drop (call $tick (i32.const 1000)))
+    (i32.const 1))
+  (func (export "proxy_on_tick") (param i32)
+    (drop (call $http_call (i32.const 16) (i32.const 4) (i32.const 256) (i32.const 69)
+      (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 0) (i32.const 1000) (i32.const 1000))))
+  (func (export "proxy_on_http_call_response") (param i32 i32 i32 i32 i32)
+    (if (local.get 2)
+      (then (drop (call $log (i32.const 2) (i32.const 32) (i32.const 15))))
+      (else (drop (call $log (i32.const 3) (i32.const 64) (i32.const 20))))))
+)
