@@ -13,6 +13,8 @@ mod types {
     pub const HCM: &str =
         "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
     pub const HTTP_WASM: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
+    pub const NETWORK_WASM: &str = "envoy.extensions.filters.network.wasm.v3.Wasm";
+    pub const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
     pub const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
     pub const STRING_VALUE: &str = "google.protobuf.StringValue";
     pub const BYTES_VALUE: &str = "google.protobuf.BytesValue";
@@ -70,7 +72,31 @@ pub struct Listener {
     pub name: String,
     pub address: String,
     pub port: u16,
+    /// The HTTP connection manager (empty, with no filters and no routes, on a TCP listener).
     pub http: HttpConnectionManager,
+    /// On a TCP listener: the `envoy.filters.network.wasm` filters in chain order.
+    pub network: Vec<WasmPlugin>,
+    /// On a TCP listener: where `tcp_proxy` sends the bytes.
+    pub tcp_proxy: Option<TcpProxy>,
+}
+
+impl Listener {
+    /// The listener's Wasm plugins in chain order: the network filters of a TCP listener,
+    /// else the HTTP filters.
+    pub fn plugins(&self) -> &[WasmPlugin] {
+        if self.tcp_proxy.is_some() {
+            &self.network
+        } else {
+            &self.http.filters
+        }
+    }
+}
+
+/// `envoy.filters.network.tcp_proxy`: every connection goes to one cluster.
+#[derive(Debug, Clone)]
+pub struct TcpProxy {
+    pub stat_prefix: String,
+    pub cluster: String,
 }
 
 #[derive(Debug, Clone)]
@@ -254,11 +280,41 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
         .map(Vec::as_slice)
         .unwrap_or(&[]);
     let mut http = None;
+    let mut network = Vec::new();
+    let mut tcp_proxy = None;
     for (i, f) in filters.iter().enumerate() {
         let fat = format!("{at}.filter_chains[0].filters[{i}]");
         let typed = f.get("typed_config").unwrap_or(&Value::Null);
+        if http.is_some() || tcp_proxy.is_some() {
+            return Err(invalid(
+                &fat,
+                "nothing may follow the terminal filter (http_connection_manager or tcp_proxy)",
+            ));
+        }
         match type_name(typed).as_str() {
+            types::HCM if !network.is_empty() => {
+                return Err(invalid(
+                    &fat,
+                    "network Wasm filters in front of http_connection_manager are not emulated (they would see the raw HTTP bytes): use HTTP Wasm filters, or tcp_proxy",
+                ))
+            }
             types::HCM => http = Some(parse_hcm(&fat, typed)?),
+            types::NETWORK_WASM => network.push(parse_plugin(
+                &fat,
+                typed.get("config").unwrap_or(&Value::Null),
+            )?),
+            types::TCP_PROXY => {
+                let cluster = str_field(typed, "cluster").ok_or_else(|| {
+                    invalid(
+                        &fat,
+                        "tcp_proxy needs a cluster (weighted_clusters are not emulated)",
+                    )
+                })?;
+                tcp_proxy = Some(TcpProxy {
+                    stat_prefix: str_field(typed, "stat_prefix").unwrap_or_default(),
+                    cluster,
+                });
+            }
             other => {
                 return Err(BootstrapError::UnsupportedFilter {
                     at: fat,
@@ -268,17 +324,27 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
             }
         }
     }
-    let http = http.ok_or_else(|| {
-        invalid(
-            at,
-            "no envoy.filters.network.http_connection_manager in the filter chain",
-        )
-    })?;
+    let http = match (http, &tcp_proxy) {
+        (Some(h), _) => h,
+        (None, Some(_)) => HttpConnectionManager {
+            stat_prefix: String::new(),
+            filters: Vec::new(),
+            routes: RouteConfig::default(),
+        },
+        (None, None) => {
+            return Err(invalid(
+                at,
+                "the filter chain ends with neither envoy.filters.network.http_connection_manager nor envoy.filters.network.tcp_proxy",
+            ))
+        }
+    };
     Ok(Listener {
         name,
         address,
         port,
         http,
+        network,
+        tcp_proxy,
     })
 }
 

@@ -32,6 +32,9 @@ pub struct DiffCase {
     /// For an advance step: how long real Envoy was left to run (e.g. `3s`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envoy_waited: Option<String>,
+    /// For a connection step: what each side received through real Envoy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub envoy_connection: Option<crate::proxy::TcpOutcome>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -201,6 +204,57 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
     for (step, hcase) in scenario.requests.iter().zip(&report.harness.cases) {
         let case = match step {
             Step::Request(case) => case,
+            Step::Connection(c) => {
+                let mut case = DiffCase {
+                    name: step.name(),
+                    envoy_failures: Vec::new(),
+                    differences: Vec::new(),
+                    envoy: None,
+                    envoy_waited: None,
+                    envoy_connection: None,
+                };
+                match real.connect(c.listener.as_deref(), &c.events()) {
+                    Ok(out) => {
+                        // Only the bytes: who closed is the harness's reading, and Envoy's log
+                        // is not split per connection.
+                        let expect = scenario::ConnectionExpect {
+                            upstream_received: c.expect.upstream_received.clone(),
+                            downstream_received: c.expect.downstream_received.clone(),
+                            ..Default::default()
+                        };
+                        case.envoy_failures = scenario::check_connection(&expect, &out, &[]);
+                        if let Some(h) = &hcase.connection {
+                            for (what, hb, eb) in [
+                                (
+                                    "upstream received",
+                                    &h.upstream_received,
+                                    &out.upstream_received,
+                                ),
+                                (
+                                    "client received",
+                                    &h.downstream_received,
+                                    &out.downstream_received,
+                                ),
+                            ] {
+                                if hb != eb {
+                                    case.differences.push(format!(
+                                        "{what}: harness {:?}, envoy {:?}",
+                                        String::from_utf8_lossy(hb),
+                                        String::from_utf8_lossy(eb)
+                                    ));
+                                }
+                            }
+                        }
+                        case.envoy_connection = Some(out);
+                    }
+                    Err(e) => case.envoy_failures.push(e),
+                }
+                if !case.envoy_failures.is_empty() || !case.differences.is_empty() {
+                    report.verdict = Verdict::Failed;
+                }
+                report.cases.push(case);
+                continue;
+            }
             Step::Advance(adv) => {
                 // Its log expectations are the harness's alone, as for requests.
                 let wait = adv.advance.0.min(MAX_REAL_WAIT);
@@ -211,6 +265,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
                     differences: Vec::new(),
                     envoy: None,
                     envoy_waited: Some(crate::proxy::format_duration(wait)),
+                    envoy_connection: None,
                 });
                 continue;
             }
@@ -258,6 +313,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
             differences,
             envoy,
             envoy_waited: None,
+            envoy_connection: None,
         });
     }
     report.verdict = report.verdict.max(report.harness.verdict);
@@ -290,6 +346,34 @@ impl std::fmt::Display for DiffReport {
                 )?;
                 for x in &h.failures {
                     writeln!(f, "       harness expected: {x}")?;
+                }
+                continue;
+            }
+            if let Some(hc) = &h.connection {
+                let bytes = |c: &crate::proxy::TcpOutcome| {
+                    format!(
+                        "upstream got {:?}, client got {:?}",
+                        String::from_utf8_lossy(&c.upstream_received),
+                        String::from_utf8_lossy(&c.downstream_received)
+                    )
+                };
+                writeln!(
+                    f,
+                    "       harness: {} | envoy: {}",
+                    bytes(hc),
+                    d.envoy_connection
+                        .as_ref()
+                        .map(bytes)
+                        .unwrap_or_else(|| "no connection".into())
+                )?;
+                for x in h
+                    .failures
+                    .iter()
+                    .map(|x| ("harness expected", x))
+                    .chain(d.envoy_failures.iter().map(|x| ("envoy expected", x)))
+                    .chain(d.differences.iter().map(|x| ("differs", x)))
+                {
+                    writeln!(f, "       {}: {}", x.0, x.1)?;
                 }
                 continue;
             }

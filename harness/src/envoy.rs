@@ -23,6 +23,7 @@ use crate::http::{
     CallRecord, CannedHttpCall, Exchange, HttpCallAnswer, Request, Response, SeenRequest,
     UpstreamReply,
 };
+use crate::proxy::{TcpEvent, TcpOutcome};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyError {
@@ -89,6 +90,8 @@ struct UpstreamState {
     /// Canned callout answers: a request matching one gets its answer instead of `reply`.
     calls: Vec<CannedHttpCall>,
     seen: Vec<SeenRequest>,
+    /// While set, accepted connections are handed over raw (a TCP proxy's upstream).
+    tcp_handoff: Option<std::sync::mpsc::Sender<TcpStream>>,
 }
 
 struct Upstream {
@@ -104,6 +107,15 @@ impl Upstream {
             .port();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
+                let handoff = state
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .tcp_handoff
+                    .clone();
+                if let Some(tx) = handoff {
+                    let _ = tx.send(conn);
+                    continue;
+                }
                 let state = state.clone();
                 let cluster = cluster.clone();
                 std::thread::spawn(move || serve_upstream(conn, &cluster, &state));
@@ -297,7 +309,7 @@ impl RealEnvoy {
             .arg(&config)
             .args(["--disable-hot-restart", "--concurrency"])
             .arg(workers.max(1).to_string())
-            .args(["-l", "info", "--log-path"])
+            .args(["--file-flush-interval-msec", "50", "-l", "info", "--log-path"])
             .arg(&log_path)
             .arg("--admin-address-path")
             .arg(&admin_path)
@@ -451,6 +463,116 @@ impl RealEnvoy {
             },
             records,
         ))
+    }
+}
+
+impl RealEnvoy {
+    /// Opens a connection to a TCP listener and plays `events` with real sockets: the client
+    /// side here, the upstream side on the `tcp_proxy` cluster's loopback upstream. After
+    /// each send it reads what arrives on the other side until it goes quiet; a close is a
+    /// half-close (`shutdown(Write)`) answered by the other side's.
+    pub fn connect(
+        &mut self,
+        listener: Option<&str>,
+        events: &[TcpEvent],
+    ) -> Result<TcpOutcome, String> {
+        let name = listener.unwrap_or(&self.first_listener).to_string();
+        let port = *self
+            .listeners
+            .get(&name)
+            .ok_or_else(|| format!("no listener named {name:?}"))?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        for s in self.upstreams.values() {
+            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = Some(tx.clone());
+        }
+        let result = (|| {
+            let mut client = TcpStream::connect(("127.0.0.1", port))
+                .map_err(|e| format!("cannot connect to envoy: {e}"))?;
+            let mut upstream = rx
+                .recv_timeout(Duration::from_secs(10))
+                .map_err(|_| "envoy did not connect to the upstream within 10s".to_string())?;
+            let mut out = TcpOutcome::default();
+            let mut closed = false;
+            for event in events {
+                match event {
+                    TcpEvent::Downstream(d) => {
+                        client
+                            .write_all(d)
+                            .map_err(|e| format!("client write: {e}"))?;
+                        out.upstream_received.extend(quiet_read(&mut upstream));
+                    }
+                    TcpEvent::Upstream(d) => {
+                        upstream
+                            .write_all(d)
+                            .map_err(|e| format!("upstream write: {e}"))?;
+                        out.downstream_received.extend(quiet_read(&mut client));
+                    }
+                    TcpEvent::CloseDownstream => {
+                        half_close_both(&mut client, &mut upstream, &mut out, true);
+                        out.closed_by = "client".into();
+                        closed = true;
+                        break;
+                    }
+                    TcpEvent::CloseUpstream => {
+                        half_close_both(&mut upstream, &mut client, &mut out, false);
+                        out.closed_by = "upstream".into();
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            if !closed {
+                half_close_both(&mut client, &mut upstream, &mut out, true);
+                out.closed_by = "still open (closed as the client)".into();
+            }
+            Ok(out)
+        })();
+        for s in self.upstreams.values() {
+            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = None;
+        }
+        result
+    }
+}
+
+/// Reads until the peer has been quiet for a moment or closed.
+fn quiet_read(s: &mut TcpStream) -> Vec<u8> {
+    let _ = s.set_read_timeout(Some(Duration::from_millis(300)));
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match std::io::Read::read(s, &mut buf) {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Reads until the peer closes its side (or 10 s pass).
+fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut out = Vec::new();
+    let _ = std::io::Read::read_to_end(s, &mut out);
+    out
+}
+
+/// `first` half-closes; what it still had to receive and what the other side gets until
+/// `first`'s close reaches it are read; then `second` closes too.
+fn half_close_both(
+    first: &mut TcpStream,
+    second: &mut TcpStream,
+    out: &mut TcpOutcome,
+    first_is_client: bool,
+) {
+    let _ = first.shutdown(Shutdown::Write);
+    let at_second = read_to_close(second);
+    let _ = second.shutdown(Shutdown::Write);
+    let at_first = read_to_close(first);
+    if first_is_client {
+        out.upstream_received.extend(at_second);
+        out.downstream_received.extend(at_first);
+    } else {
+        out.downstream_received.extend(at_second);
+        out.upstream_received.extend(at_first);
     }
 }
 

@@ -5,6 +5,7 @@
 
 mod callouts;
 mod events;
+mod tcp;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +20,7 @@ use crate::vm::{LoadedModule, PluginStartError, Runtime, Vm, VmError};
 
 pub use callouts::{Callouts, NO_TIMEOUT_LIMIT};
 pub use events::{format_duration, DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES};
+pub use tcp::{TcpEvent, TcpOutcome};
 
 /// Why the emulated proxy could not start: Envoy would refuse this configuration.
 #[derive(Debug, thiserror::Error)]
@@ -66,13 +68,13 @@ impl VmKey {
 
 /// A plugin as placed on one worker: which VM, which root context.
 #[derive(Debug, Clone, Copy)]
-struct PluginSlot {
+pub(crate) struct PluginSlot {
     vm: usize,
     root: u32,
 }
 
 #[derive(Default)]
-struct Worker {
+pub(crate) struct Worker {
     vms: Vec<Vm>,
     /// Per listener, per Wasm filter in chain order. `None`: the plugin failed to start on
     /// this worker and the failure policy applies.
@@ -98,6 +100,10 @@ pub struct Proxy {
     /// Loaded modules by code path, to re-create VMs (`FAIL_RELOAD`).
     modules: HashMap<PathBuf, Arc<LoadedModule>>,
     requests_sent: usize,
+    /// Connections accepted so far, HTTP and TCP (Envoy's connection ids).
+    connections: u64,
+    /// Per listener: its address and port, for the `destination.*` properties.
+    destinations: Vec<Arc<(String, u16)>>,
     /// Delivery problems not yet handed to the caller (see [`Proxy::take_errors`]).
     errors: Vec<DeliveryError>,
     /// Canned callout replies and the record of calls made.
@@ -118,7 +124,7 @@ impl Proxy {
         let plugins = bootstrap
             .listeners
             .iter()
-            .flat_map(|l| &l.http.filters)
+            .flat_map(|l| l.plugins())
             .chain(bootstrap.services.iter().map(|s| &s.plugin));
         for p in plugins {
             if !modules.contains_key(&p.code) {
@@ -133,10 +139,18 @@ impl Proxy {
             main: Worker::default(),
             modules: HashMap::new(),
             requests_sent: 0,
+            connections: 0,
+            destinations: Vec::new(),
             errors: Vec::new(),
             callouts: Callouts::default(),
         };
         proxy.callouts = Callouts::new(&proxy.bootstrap);
+        proxy.destinations = proxy
+            .bootstrap
+            .listeners
+            .iter()
+            .map(|l| Arc::new((l.address.clone(), l.port)))
+            .collect();
         // Envoy first starts every plugin on a throw-away canary; a refusal there rejects the
         // whole configuration before any worker sees it.
         proxy.place_plugins(&modules, None, true)?;
@@ -163,7 +177,7 @@ impl Proxy {
         let mut hosts: Vec<Vec<(usize, usize)>> = Vec::new();
         for (li, l) in self.bootstrap.listeners.iter().enumerate() {
             let mut listener_slots = Vec::new();
-            for (fi, p) in l.http.filters.iter().enumerate() {
+            for (fi, p) in l.plugins().iter().enumerate() {
                 let key = VmKey::of(p);
                 let vm = match keys.iter().position(|k| *k == key) {
                     Some(i) => i,
@@ -279,13 +293,13 @@ impl Proxy {
             }
             let hosted = worker.hosts[v].clone();
             let reloads = hosted.iter().any(|&(li, fi)| {
-                self.bootstrap.listeners[li].http.filters[fi].failure_policy
+                self.bootstrap.listeners[li].plugins()[fi].failure_policy
                     == FailurePolicy::FailReload
             });
             let Some(&(li0, fi0)) = hosted.first().filter(|_| reloads) else {
                 continue;
             };
-            let first = &self.bootstrap.listeners[li0].http.filters[fi0];
+            let first = &self.bootstrap.listeners[li0].plugins()[fi0];
             let clusters = self.cluster_names();
             self.workers[w].created_at[v] = now;
             let Ok(mut vm) = Vm::start(
@@ -300,7 +314,7 @@ impl Proxy {
             };
             let mut roots = Vec::new();
             for &(li, fi) in &hosted {
-                let plugin = Arc::new(self.bootstrap.listeners[li].http.filters[fi].clone());
+                let plugin = Arc::new(self.bootstrap.listeners[li].plugins()[fi].clone());
                 roots.push(vm.start_plugin(plugin).ok());
             }
             let worker = &mut self.workers[w];
@@ -355,6 +369,42 @@ impl Proxy {
             .len()
     }
 
+    /// The listener's index by name (`None`: the first).
+    fn listener_index(&self, listener: Option<&str>) -> Result<usize, String> {
+        match listener {
+            None => Ok(0),
+            Some(name) => self
+                .bootstrap
+                .listeners
+                .iter()
+                .position(|l| l.name == name)
+                .ok_or_else(|| format!("no listener named {name:?} in the bootstrap")),
+        }
+    }
+
+    /// The worker asked for, else the next in round-robin order (requests and connections
+    /// share the turn).
+    fn pick_worker(&self, worker: Option<usize>) -> Result<usize, String> {
+        let w = worker.unwrap_or(self.requests_sent % self.workers.len());
+        if w >= self.workers.len() {
+            return Err(format!(
+                "worker {w} does not exist (the harness runs {} workers)",
+                self.workers.len()
+            ));
+        }
+        Ok(w)
+    }
+
+    /// A new downstream connection to listener `li`, from 127.0.0.1 and a port of its own.
+    fn new_connection(&mut self, li: usize) -> host::Connection {
+        self.connections += 1;
+        host::Connection {
+            id: self.connections,
+            source_port: 40000 + (self.connections % 20000) as u16,
+            destination: self.destinations[li].clone(),
+        }
+    }
+
     /// Sends one request to a listener. Without `worker`, requests go round-robin.
     pub fn send(
         &mut self,
@@ -363,23 +413,16 @@ impl Proxy {
         request: &Request,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
     ) -> Result<Exchange, String> {
-        let li = match listener {
-            None => 0,
-            Some(name) => self
-                .bootstrap
-                .listeners
-                .iter()
-                .position(|l| l.name == name)
-                .ok_or_else(|| format!("no listener named {name:?} in the bootstrap"))?,
-        };
-        let w = worker.unwrap_or(self.requests_sent % self.workers.len());
-        if w >= self.workers.len() {
+        let li = self.listener_index(listener)?;
+        if self.bootstrap.listeners[li].tcp_proxy.is_some() {
             return Err(format!(
-                "worker {w} does not exist (the harness runs {} workers)",
-                self.workers.len()
+                "listener {:?} is a TCP listener (tcp_proxy): send it a connection, not an HTTP request",
+                self.bootstrap.listeners[li].name
             ));
         }
+        let w = self.pick_worker(worker)?;
         self.requests_sent += 1;
+        let connection = self.new_connection(li);
         self.reload_failed_vms(w);
         let request_id = format!("{:08x}-0000-4000-8000-{:012x}", 0x5eed, self.requests_sent);
         let mut stream = HttpStream {
@@ -391,6 +434,7 @@ impl Proxy {
             callouts: &mut self.callouts,
             listener: &self.bootstrap.listeners[li],
             listener_index: li,
+            connection,
             contexts: Vec::new(),
         };
         let mut exchange = stream.run(request, &request_id, &self.bootstrap, upstream);
@@ -410,6 +454,7 @@ struct HttpStream<'a> {
     callouts: &'a mut Callouts,
     listener: &'a Listener,
     listener_index: usize,
+    connection: host::Connection,
     /// Per Wasm filter: the stream context created for it, if the filter is active.
     contexts: Vec<Option<(usize, u32)>>,
 }
@@ -509,7 +554,8 @@ impl HttpStream<'_> {
         for i in 0..n {
             if let Some(slot) = self.workers[self.w].slots[self.listener_index][i] {
                 if self.worker().vms[slot.vm].failed.is_none() {
-                    let ctx = self.worker().vms[slot.vm].create_http_context(slot.root);
+                    let conn = self.connection.clone();
+                    let ctx = self.worker().vms[slot.vm].create_http_context(slot.root, conn);
                     self.contexts[i] = Some((slot.vm, ctx));
                     self.deliver_posted();
                 }

@@ -1,6 +1,7 @@
 //! Runs scenarios in the harness and produces reports with scripts' exit codes:
 //! 0 every expectation held, 1 one failed, 2 the run could not start.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -41,6 +42,9 @@ pub struct CaseReport {
     /// HTTP and gRPC callouts made while this step ran, and how each was answered.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<crate::http::CallRecord>,
+    /// For a connection step: what each side received and who closed it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub connection: Option<crate::proxy::TcpOutcome>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -169,6 +173,38 @@ pub fn report_line(record: &LogRecord) -> String {
     }
 }
 
+/// Checks custom metrics and shared data after a step.
+fn check_state(
+    proxy: &Proxy,
+    metrics: &BTreeMap<String, u64>,
+    shared_data: &BTreeMap<String, BTreeMap<String, String>>,
+    failures: &mut Vec<String>,
+) {
+    for (name, want) in metrics {
+        match proxy.metric(name) {
+            Some(v) if v == *want => {}
+            Some(v) => failures.push(format!("metric {name}: expected {want}, got {v}")),
+            None => failures.push(format!(
+                "metric {name}: expected {want}, but the plugin never defined it"
+            )),
+        }
+    }
+    for (vm_id, keys) in shared_data {
+        for (key, want) in keys {
+            match proxy.shared_data(vm_id, key) {
+                Some(v) if v == want.as_bytes() => {}
+                Some(v) => failures.push(format!(
+                    "shared data {vm_id}/{key}: expected {want:?}, got {:?}",
+                    String::from_utf8_lossy(&v)
+                )),
+                None => failures.push(format!(
+                    "shared data {vm_id}/{key}: expected {want:?}, but it is not set"
+                )),
+            }
+        }
+    }
+}
+
 /// Runs one step and checks its expectations against what happened and what was logged
 /// meanwhile; delivery problems (a queue storm) are failures of the step.
 pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
@@ -182,61 +218,60 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
         ticks: None,
         logs: Vec::new(),
         calls: Vec::new(),
+        connection: None,
     };
-    let outcome = match step {
+    let mut outcome = None;
+    let mut connection = None;
+    match step {
         Step::Request(req) => {
             let reply = req.upstream_reply();
-            Some(proxy.send(
+            outcome = Some(proxy.send(
                 req.listener.as_deref(),
                 req.worker,
                 &req.to_request(),
                 &mut |_| reply.clone(),
-            ))
+            ));
         }
         Step::Advance(adv) => {
             case.ticks = Some(proxy.advance(adv.advance.0));
             case.advanced = Some(adv.advance.to_string());
-            None
         }
-    };
+        Step::Connection(c) => {
+            connection = Some(proxy.connect(c.listener.as_deref(), c.worker, &c.events()));
+        }
+    }
     let records = proxy.logs().split_off(before.min(proxy.log_len()));
     case.logs = records.iter().map(report_line).collect();
     case.calls = proxy.callouts.records[calls_before..].to_vec();
-    case.failures = match (step, outcome) {
-        (Step::Request(req), Some(Ok(ex))) => {
+    case.failures = match (step, outcome, connection) {
+        (Step::Request(req), Some(Ok(ex)), _) => {
             let mut failures = scenario::check(&req.expect, &ex, &records);
             if let Some(want) = &req.expect.calls {
                 scenario::check_calls(want, &case.calls, &mut failures);
             }
-            for (name, want) in &req.expect.metrics {
-                match proxy.metric(name) {
-                    Some(v) if v == *want => {}
-                    Some(v) => failures.push(format!("metric {name}: expected {want}, got {v}")),
-                    None => failures.push(format!(
-                        "metric {name}: expected {want}, but the plugin never defined it"
-                    )),
-                }
-            }
-            for (vm_id, keys) in &req.expect.shared_data {
-                for (key, want) in keys {
-                    match proxy.shared_data(vm_id, key) {
-                        Some(v) if v == want.as_bytes() => {}
-                        Some(v) => failures.push(format!(
-                            "shared data {vm_id}/{key}: expected {want:?}, got {:?}",
-                            String::from_utf8_lossy(&v)
-                        )),
-                        None => failures.push(format!(
-                            "shared data {vm_id}/{key}: expected {want:?}, but it is not set"
-                        )),
-                    }
-                }
-            }
+            check_state(
+                proxy,
+                &req.expect.metrics,
+                &req.expect.shared_data,
+                &mut failures,
+            );
             case.exchange = Some(ex);
             failures
         }
-        (Step::Request(_), Some(Err(e))) => vec![e],
-        (Step::Advance(adv), _) => scenario::check_advance(adv, &records),
-        (Step::Request(_), None) => Vec::new(),
+        (Step::Connection(c), _, Some(Ok(out))) => {
+            let mut failures = scenario::check_connection(&c.expect, &out, &records);
+            check_state(
+                proxy,
+                &c.expect.metrics,
+                &c.expect.shared_data,
+                &mut failures,
+            );
+            case.connection = Some(out);
+            failures
+        }
+        (_, Some(Err(e)), _) | (_, _, Some(Err(e))) => vec![e],
+        (Step::Advance(adv), _, _) => scenario::check_advance(adv, &records),
+        _ => Vec::new(),
     };
     case.failures
         .extend(proxy.take_errors().iter().map(ToString::to_string));
@@ -263,6 +298,21 @@ impl std::fmt::Display for ScenarioReport {
             };
             match (&case.exchange, &case.advanced) {
                 (Some(ex), _) => writeln!(f, "  {mark} {} (worker {})", case.name, ex.worker)?,
+                (None, None) if case.connection.is_some() => {
+                    let c = case.connection.as_ref().expect("checked");
+                    writeln!(f, "  {mark} {} (worker {})", case.name, c.worker)?;
+                    writeln!(
+                        f,
+                        "       upstream {:?} received {}; client received {}; closed by {}",
+                        c.cluster,
+                        summary_body(&c.upstream_received),
+                        summary_body(&c.downstream_received),
+                        c.closed_by
+                    )?;
+                    for held in &c.held {
+                        writeln!(f, "       note: {held}")?;
+                    }
+                }
                 (None, Some(by)) => writeln!(
                     f,
                     "  {mark} {} (clock +{by}, {} tick(s))",

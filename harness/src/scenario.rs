@@ -82,6 +82,7 @@ pub struct Scenario {
 pub enum Step {
     Request(Box<RequestCase>),
     Advance(AdvanceStep),
+    Connection(Box<ConnectionCase>),
 }
 
 impl Step {
@@ -89,6 +90,7 @@ impl Step {
         match self {
             Step::Request(r) => r.name.clone(),
             Step::Advance(a) => a.name(),
+            Step::Connection(c) => c.name.clone(),
         }
     }
 }
@@ -110,6 +112,16 @@ impl<'de> Deserialize<'de> for Step {
             AdvanceStep::deserialize(value)
                 .map(Step::Advance)
                 .map_err(|e| de::Error::custom(format!("{label}: {e}")))
+        } else if value.get("connection").is_some() {
+            let label = match name {
+                Some(name) => format!("connection {name:?}"),
+                None => "a connection without a name".to_string(),
+            };
+            ConnectionCase::deserialize(value)
+                .map_err(|e| e.to_string())
+                .and_then(|c| c.validate().map(|()| c))
+                .map(|c| Step::Connection(Box::new(c)))
+                .map_err(|e| de::Error::custom(format!("{label}: {e}")))
         } else {
             let label = match name {
                 Some(name) => format!("request {name:?}"),
@@ -120,6 +132,144 @@ impl<'de> Deserialize<'de> for Step {
                 .map_err(|e| de::Error::custom(format!("{label}: {e}")))
         }
     }
+}
+
+/// A TCP connection to a listener whose chain ends in `tcp_proxy`:
+/// ```yaml
+/// - name: echo
+///   listener: tcp            # optional, default: the first listener
+///   worker: 0                # optional, default: round robin
+///   connection:
+///     - downstream: "hello"  # the client sends
+///     - upstream: "world"    # the upstream sends back
+///     - close: downstream    # the client closes (the upstream follows); or: upstream
+///   expect:
+///     upstream_received: "hello"
+///     downstream_received: "world"
+///     closed_by: client      # a substring of who closed it
+/// ```
+/// Without a `close`, the client closes after the last event.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionCase {
+    pub name: String,
+    #[serde(default)]
+    pub listener: Option<String>,
+    #[serde(default)]
+    pub worker: Option<usize>,
+    pub connection: Vec<TcpEventSpec>,
+    #[serde(default)]
+    pub expect: ConnectionExpect,
+}
+
+/// One event: exactly one of `downstream`, `upstream`, `close`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TcpEventSpec {
+    #[serde(default)]
+    pub downstream: Option<String>,
+    #[serde(default)]
+    pub upstream: Option<String>,
+    #[serde(default)]
+    pub close: Option<Side>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Side {
+    Downstream,
+    Upstream,
+}
+
+impl ConnectionCase {
+    fn validate(&self) -> Result<(), String> {
+        for (i, e) in self.connection.iter().enumerate() {
+            let given = [
+                e.downstream.is_some(),
+                e.upstream.is_some(),
+                e.close.is_some(),
+            ];
+            if given.iter().filter(|g| **g).count() != 1 {
+                return Err(format!(
+                    "connection[{i}]: give exactly one of downstream, upstream or close"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn events(&self) -> Vec<crate::proxy::TcpEvent> {
+        use crate::proxy::TcpEvent;
+        self.connection
+            .iter()
+            .map(|e| match (&e.downstream, &e.upstream, e.close) {
+                (Some(d), _, _) => TcpEvent::Downstream(d.clone().into_bytes()),
+                (_, Some(u), _) => TcpEvent::Upstream(u.clone().into_bytes()),
+                (_, _, Some(Side::Upstream)) => TcpEvent::CloseUpstream,
+                _ => TcpEvent::CloseDownstream,
+            })
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionExpect {
+    /// Every byte the upstream received, as text.
+    #[serde(default)]
+    pub upstream_received: Option<String>,
+    /// Every byte the client received, as text.
+    #[serde(default)]
+    pub downstream_received: Option<String>,
+    /// A substring of who closed the connection (`client`, `upstream`, `plugin "name"`,
+    /// `failure policy`).
+    #[serde(default)]
+    pub closed_by: Option<String>,
+    #[serde(default)]
+    pub logs: Vec<String>,
+    #[serde(default)]
+    pub log_counts: Vec<LogCount>,
+    #[serde(default)]
+    pub metrics: std::collections::BTreeMap<String, u64>,
+    #[serde(default)]
+    pub shared_data: std::collections::BTreeMap<String, std::collections::BTreeMap<String, String>>,
+}
+
+/// Checks one connection against its expectations.
+pub fn check_connection(
+    expect: &ConnectionExpect,
+    outcome: &crate::proxy::TcpOutcome,
+    logs: &[LogRecord],
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for (what, want, got) in [
+        (
+            "upstream received",
+            &expect.upstream_received,
+            &outcome.upstream_received,
+        ),
+        (
+            "client received",
+            &expect.downstream_received,
+            &outcome.downstream_received,
+        ),
+    ] {
+        if let Some(want) = want {
+            if got != want.as_bytes() {
+                failures.push(format!("{what}: expected {want:?}, saw {:?}", show(got)));
+            }
+        }
+    }
+    if let Some(by) = &expect.closed_by {
+        if !outcome.closed_by.contains(by.as_str()) {
+            failures.push(format!(
+                "closed by: expected {by:?}, saw {:?}",
+                outcome.closed_by
+            ));
+        }
+    }
+    check_logs(&expect.logs, &expect.log_counts, logs, &mut failures);
+    failures
 }
 
 /// `{advance: 5s}`: the virtual clock moves on; due ticks fire on every worker, and queue

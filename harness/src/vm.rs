@@ -181,6 +181,11 @@ struct Exports {
     on_response_headers_v010: Option<TypedFunc<(i32, i32), i32>>,
     on_response_body: Option<TypedFunc<(i32, i32, i32), i32>>,
     on_request_trailers: Option<TypedFunc<(i32, i32), i32>>,
+    on_new_connection: Option<TypedFunc<i32, i32>>,
+    on_downstream_data: Option<TypedFunc<(i32, i32, i32), i32>>,
+    on_upstream_data: Option<TypedFunc<(i32, i32, i32), i32>>,
+    on_downstream_connection_close: Option<TypedFunc<(i32, i32), ()>>,
+    on_upstream_connection_close: Option<TypedFunc<(i32, i32), ()>>,
     on_response_trailers: Option<TypedFunc<(i32, i32), i32>>,
     on_log: Option<TypedFunc<i32, ()>>,
     on_done: Option<TypedFunc<i32, i32>>,
@@ -210,6 +215,11 @@ impl Exports {
             on_response_headers_v010: get!("proxy_on_response_headers"),
             on_response_body: get!("proxy_on_response_body"),
             on_request_trailers: get!("proxy_on_request_trailers"),
+            on_new_connection: get!("proxy_on_new_connection"),
+            on_downstream_data: get!("proxy_on_downstream_data"),
+            on_upstream_data: get!("proxy_on_upstream_data"),
+            on_downstream_connection_close: get!("proxy_on_downstream_connection_close"),
+            on_upstream_connection_close: get!("proxy_on_upstream_connection_close"),
             on_response_trailers: get!("proxy_on_response_trailers"),
             on_log: get!("proxy_on_log"),
             on_done: get!("proxy_on_done"),
@@ -400,12 +410,13 @@ impl Vm {
     }
 
     /// A new HTTP stream context under `root` (`proxy_on_context_create(stream, root)`).
-    pub fn create_http_context(&mut self, root: u32) -> u32 {
+    pub fn create_http_context(&mut self, root: u32, connection: host::Connection) -> u32 {
         let id = self.alloc_context_id();
         self.state_mut().contexts.insert(
             id,
             ContextKind::Http(Box::new(host::HttpStreamState {
                 root,
+                connection,
                 ..Default::default()
             })),
         );
@@ -470,6 +481,81 @@ impl Vm {
     pub fn on_response_trailers(&mut self, ctx: u32, n: usize) -> Option<i32> {
         let f = self.exports.on_response_trailers.clone();
         self.call("proxy_on_response_trailers", f, ctx, (ctx as i32, n as i32))
+    }
+
+    /// A new TCP connection context under `root`: `proxy_on_context_create(ctx, root)`, then
+    /// `proxy_on_new_connection(ctx)`, whose result is returned.
+    pub fn create_tcp_context(
+        &mut self,
+        root: u32,
+        connection: host::Connection,
+    ) -> (u32, Option<i32>) {
+        let id = self.alloc_context_id();
+        self.state_mut().contexts.insert(
+            id,
+            ContextKind::Tcp(Box::new(host::TcpStreamState {
+                root,
+                connection,
+                ..Default::default()
+            })),
+        );
+        let f = self.exports.on_context_create.clone();
+        self.call("proxy_on_context_create", f, id, (id as i32, root as i32));
+        let f = self.exports.on_new_connection.clone();
+        let r = self.call("proxy_on_new_connection", f, id, id as i32);
+        (id, r)
+    }
+
+    pub fn on_downstream_data(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
+        let f = self.exports.on_downstream_data.clone();
+        let args = (ctx as i32, size as i32, eos as i32);
+        self.call("proxy_on_downstream_data", f, ctx, args)
+    }
+
+    pub fn on_upstream_data(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
+        let f = self.exports.on_upstream_data.clone();
+        let args = (ctx as i32, size as i32, eos as i32);
+        self.call("proxy_on_upstream_data", f, ctx, args)
+    }
+
+    /// `peer`: 0 unknown, 1 local, 2 remote.
+    pub fn on_downstream_connection_close(&mut self, ctx: u32, peer: i32) {
+        let f = self.exports.on_downstream_connection_close.clone();
+        self.call(
+            "proxy_on_downstream_connection_close",
+            f,
+            ctx,
+            (ctx as i32, peer),
+        );
+    }
+
+    pub fn on_upstream_connection_close(&mut self, ctx: u32, peer: i32) {
+        let f = self.exports.on_upstream_connection_close.clone();
+        self.call(
+            "proxy_on_upstream_connection_close",
+            f,
+            ctx,
+            (ctx as i32, peer),
+        );
+    }
+
+    /// Envoy's end of a TCP context (`onCloseTCP`): `on_done`, `on_log`, `on_delete`, in that
+    /// order (unlike HTTP streams).
+    pub fn finish_tcp(&mut self, ctx: u32) {
+        let f = self.exports.on_done.clone();
+        self.call("proxy_on_done", f, ctx, ctx as i32);
+        let f = self.exports.on_log.clone();
+        self.call("proxy_on_log", f, ctx, ctx as i32);
+        let f = self.exports.on_delete.clone();
+        self.call("proxy_on_delete", f, ctx, ctx as i32);
+        self.state_mut().contexts.remove(&ctx);
+    }
+
+    pub fn tcp_state(&mut self, ctx: u32) -> Option<&mut host::TcpStreamState> {
+        match self.state_mut().contexts.get_mut(&ctx)? {
+            ContextKind::Tcp(s) => Some(s),
+            _ => None,
+        }
     }
 
     /// Envoy's stream end for HTTP: `on_log`, `on_done`, `on_delete`, then the context is gone.
@@ -569,7 +655,7 @@ impl Vm {
     pub fn http_state(&mut self, ctx: u32) -> Option<&mut host::HttpStreamState> {
         match self.state_mut().contexts.get_mut(&ctx)? {
             ContextKind::Http(s) => Some(s),
-            ContextKind::Root(_) => None,
+            _ => None,
         }
     }
 }

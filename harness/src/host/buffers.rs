@@ -1,6 +1,6 @@
 //! `proxy_get_buffer_bytes`, `proxy_get_buffer_status`, `proxy_set_buffer_bytes` with Envoy's
 //! availability rules: the plugin configuration only during `on_configure`, bodies only on
-//! HTTP stream contexts, and Envoy's limited `set` (prepend/replace at 0, append at the end).
+//! HTTP stream contexts, connection data only on TCP contexts, and Envoy's limited `set` (prepend/replace at 0, append at the end).
 
 use wasmtime::{Caller, Linker};
 
@@ -30,6 +30,14 @@ fn buffer_bytes(state: &HostState, ty: BufferType) -> Result<Vec<u8>, Status> {
                 s.response_body.clone()
             })
         }
+        BufferType::DownstreamData | BufferType::UpstreamData => match state.contexts.get(&id) {
+            Some(ContextKind::Tcp(s)) => Ok(if ty == BufferType::DownstreamData {
+                s.downstream_data.clone()
+            } else {
+                s.upstream_data.clone()
+            }),
+            _ => Err(Status::NotFound),
+        },
         BufferType::HttpCallResponseBody | BufferType::GrpcReceiveBuffer => {
             super::callouts::current_response(state)
                 .map(|r| r.body.clone())
@@ -126,6 +134,11 @@ fn proxy_set_buffer_bytes(
         let buf = match (ty, state.contexts.get_mut(&id)) {
             (BufferType::HttpRequestBody, Some(ContextKind::Http(s))) => &mut s.request_body,
             (BufferType::HttpResponseBody, Some(ContextKind::Http(s))) => &mut s.response_body,
+            (BufferType::DownstreamData, Some(ContextKind::Tcp(s))) => &mut s.downstream_data,
+            (BufferType::UpstreamData, Some(ContextKind::Tcp(s))) => &mut s.upstream_data,
+            (BufferType::DownstreamData | BufferType::UpstreamData, _) => {
+                return Err(HostError::Status(Status::NotFound))
+            }
             (BufferType::HttpRequestBody | BufferType::HttpResponseBody, _) => {
                 return Err(HostError::Status(Status::NotFound))
             }

@@ -20,7 +20,7 @@ fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
     }
     let s = match state.contexts.get(&state.context_id())? {
         ContextKind::Http(s) => s,
-        ContextKind::Root(_) => return None,
+        _ => return None,
     };
     match ty {
         MapType::RequestHeaders => s.request_headers.as_ref(),
@@ -35,7 +35,7 @@ fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
     let id = state.context_id();
     let s = match state.contexts.get_mut(&id)? {
         ContextKind::Http(s) => s,
-        ContextKind::Root(_) => return None,
+        _ => return None,
     };
     match ty {
         MapType::RequestHeaders => s.request_headers.as_mut(),

@@ -50,7 +50,10 @@ pub fn record(state: &HostState, level: LogLevel, message: String) {
         plugin: plugin.map(|p| p.name.clone()).unwrap_or_default(),
         root_id: plugin.map(|p| p.root_id.clone()).unwrap_or_default(),
         vm_id: plugin.map(|p| p.vm_id.clone()).unwrap_or_default(),
-        stream: matches!(state.contexts.get(&id), Some(super::ContextKind::Http(_))),
+        stream: matches!(
+            state.contexts.get(&id),
+            Some(super::ContextKind::Http(_) | super::ContextKind::Tcp(_))
+        ),
         message,
     };
     tracing::debug!(target: "wasm", "{rec}");

@@ -93,6 +93,7 @@ pub struct HttpStreamState {
     pub response_body: Vec<u8>,
     /// Request attributes for properties, kept for the whole stream.
     pub request_snapshot: HeaderMap,
+    pub connection: Connection,
     pub response_code: Option<u16>,
     /// Properties the guest set on this stream (Envoy's filter state), by `\0`-joined path.
     pub properties: HashMap<String, Vec<u8>>,
@@ -104,10 +105,38 @@ pub struct HttpStreamState {
     pub reset: bool,
 }
 
+/// The downstream connection a stream arrived on, for the `source.*`, `destination.*` and
+/// `connection.*` properties.
+#[derive(Debug, Clone, Default)]
+pub struct Connection {
+    /// Envoy's connection id (the harness numbers connections from 1).
+    pub id: u64,
+    /// The client's port; the harness's clients are 127.0.0.1.
+    pub source_port: u16,
+    /// The listener's address and port.
+    pub destination: Arc<(String, u16)>,
+}
+
+/// What Envoy keeps for one TCP connection context (`envoy.filters.network.wasm`).
+#[derive(Debug, Default)]
+pub struct TcpStreamState {
+    pub root: u32,
+    pub connection: Connection,
+    /// The data in flight from the client (buffer type 2), all of it while the filter holds it.
+    pub downstream_data: Vec<u8>,
+    /// The data in flight from the upstream (buffer type 3).
+    pub upstream_data: Vec<u8>,
+    /// Set by `proxy_continue_stream(DOWNSTREAM)`: Envoy's `continueReading`.
+    pub continue_downstream: bool,
+    /// Set by `proxy_close_stream`: the connection is closed once the callback returns.
+    pub close: bool,
+}
+
 #[derive(Debug)]
 pub enum ContextKind {
     Root(RootInfo),
     Http(Box<HttpStreamState>),
+    Tcp(Box<TcpStreamState>),
 }
 
 /// Per-VM-instance state: everything a hostcall may read or change.
@@ -186,13 +215,14 @@ impl HostState {
         match self.contexts.get(&id)? {
             ContextKind::Root(_) => Some(id),
             ContextKind::Http(s) => Some(s.root),
+            ContextKind::Tcp(s) => Some(s.root),
         }
     }
 
     pub fn plugin_of(&self, id: u32) -> Option<&Arc<WasmPlugin>> {
         match self.contexts.get(&self.root_of(id)?)? {
             ContextKind::Root(r) => Some(&r.plugin),
-            ContextKind::Http(_) => None,
+            _ => None,
         }
     }
 
@@ -200,13 +230,30 @@ impl HostState {
         let id = self.context_id();
         match self.contexts.get_mut(&id)? {
             ContextKind::Http(s) => Some(s),
-            ContextKind::Root(_) => None,
+            _ => None,
         }
     }
 
     pub fn http_stream_ref(&self) -> Option<&HttpStreamState> {
         match self.contexts.get(&self.context_id())? {
             ContextKind::Http(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn tcp_stream(&mut self) -> Option<&mut TcpStreamState> {
+        let id = self.context_id();
+        match self.contexts.get_mut(&id)? {
+            ContextKind::Tcp(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    /// The downstream connection of the current context, if it is a stream.
+    pub fn connection(&self) -> Option<&Connection> {
+        match self.contexts.get(&self.context_id())? {
+            ContextKind::Http(s) => Some(&s.connection),
+            ContextKind::Tcp(s) => Some(&s.connection),
             ContextKind::Root(_) => None,
         }
     }

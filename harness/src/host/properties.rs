@@ -2,8 +2,9 @@
 //! can know (plugin identity, node identity and metadata, request, response and connection
 //! attributes), serialized as Envoy does (strings raw, integers and doubles 8 bytes
 //! little-endian, booleans 1 byte, maps in the pairs format). Anything unknown is `NotFound`,
-//! as in Envoy. Not modelled: addresses and ports (Envoy's are the sockets'), upstream.*,
-//! metadata, filter_state.
+//! as in Envoy. Addresses: the client is 127.0.0.1 with a port per connection, the
+//! destination is the listener's address and port. Not modelled: upstream.*, metadata,
+//! filter_state.
 
 use wasmtime::{Caller, Linker};
 
@@ -34,6 +35,21 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
             v = v.get(key)?;
         }
         return json_value(v);
+    }
+    if let Some(c) = state.connection() {
+        let (address, port) = c.destination.as_ref();
+        match path {
+            ["source", "address"] => {
+                return Some(format!("127.0.0.1:{}", c.source_port).into_bytes())
+            }
+            ["source", "port"] => return Some(int(c.source_port.into())),
+            ["destination", "address"] => return Some(format!("{address}:{port}").into_bytes()),
+            ["destination", "port"] => return Some(int((*port).into())),
+            ["connection", "id"] => return Some(int(c.id as i64)),
+            // Plain-text downstream connections only.
+            ["connection", "mtls"] => return Some(vec![0]),
+            _ => {}
+        }
     }
     let s = state.http_stream_ref()?;
     let key = path.join("\0");
@@ -74,8 +90,6 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
                 .collect();
             (!values.is_empty()).then(|| values.join(&b","[..]))
         }
-        // Plain-text downstream connections only.
-        ["connection", "mtls"] => Some(vec![0]),
         ["request", "headers", name] => {
             let values: Vec<&[u8]> = req
                 .iter()

@@ -60,7 +60,12 @@ fn continue_stream(state: &mut HostState, ty: StreamType) -> Result<(), Status> 
             }
             Ok(())
         }
-        StreamType::Downstream => Ok(()),
+        StreamType::Downstream => {
+            if let Some(s) = state.tcp_stream() {
+                s.continue_downstream = true;
+            }
+            Ok(())
+        }
     }
 }
 
@@ -76,8 +81,11 @@ fn proxy_continue_stream(mut caller: Caller<'_, HostState>, ty: i32) -> wasmtime
 fn proxy_close_stream(mut caller: Caller<'_, HostState>, ty: i32) -> wasmtime::Result<i32> {
     finish((|| {
         StreamType::from_raw(ty).ok_or(Status::BadArgument)?;
-        if let Some(s) = caller.data_mut().http_stream() {
+        let state = caller.data_mut();
+        if let Some(s) = state.http_stream() {
             s.reset = true;
+        } else if let Some(s) = state.tcp_stream() {
+            s.close = true;
         }
         Ok(())
     })())

@@ -12,4 +12,5 @@ mod envoy;
 mod guests;
 mod services;
 mod support;
+mod tcp;
 mod timers;

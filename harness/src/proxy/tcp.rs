@@ -1,0 +1,352 @@
+//! A TCP connection through a listener's `envoy.filters.network.wasm` filters and its
+//! `tcp_proxy`, with Envoy's callbacks (`context.cc` `onNewConnection` / `onData` / `onWrite` /
+//! `onEvent` / `onCloseTCP`):
+//!
+//! - on accept, each filter in order: `proxy_on_context_create(ctx, root)`, then
+//!   `proxy_on_new_connection(ctx)` (its result is not acted on: the harness connects the
+//!   upstream at once);
+//! - client bytes: `proxy_on_downstream_data(ctx, size, end)` filter by filter, buffer type 2.
+//!   `Continue` passes the buffer on; any other result keeps it in that filter, and the next
+//!   bytes are added to it (`size` is all of it) until it continues or
+//!   `proxy_continue_stream(DOWNSTREAM)` releases it;
+//! - upstream bytes: `proxy_on_upstream_data(ctx, size, end)`, last filter first, buffer type 3;
+//!   with `end`, `proxy_on_upstream_connection_close(ctx, 0)` right after, as Envoy synthesizes
+//!   it from the end of the stream;
+//! - closing: the other side follows (a client that half-closes gets the upstream's close, and
+//!   the reverse), then `proxy_on_downstream_connection_close(ctx, peer)` (1, local, when
+//!   Envoy closes the socket after the upstream's close reached a client that closed first, or
+//!   when a plugin or the failure policy closes it; 2, remote, when the client's close comes
+//!   last) and `proxy_on_done`, `proxy_on_log`, `proxy_on_delete`.
+//!
+//! `proxy_close_stream` closes the connection after the callback. A failed VM applies its
+//! plugin's failure policy: fail-closed closes the connection, fail-open passes bytes through.
+
+use serde::Serialize;
+
+use super::{Callouts, DeliveryError, PluginSlot, Proxy, Worker};
+use crate::bootstrap::{FailurePolicy, WasmPlugin};
+use crate::host::{self, Shared};
+use crate::vm::Vm;
+
+/// One thing that happens on a connection, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TcpEvent {
+    /// The client sends these bytes.
+    Downstream(Vec<u8>),
+    /// The upstream sends these bytes.
+    Upstream(Vec<u8>),
+    /// The client closes its side; the upstream closes in turn.
+    CloseDownstream,
+    /// The upstream closes its side; the client closes in turn.
+    CloseUpstream,
+}
+
+/// What a connection did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TcpOutcome {
+    pub worker: usize,
+    /// The `tcp_proxy` cluster.
+    pub cluster: String,
+    /// Every byte the upstream received.
+    pub upstream_received: Vec<u8>,
+    /// Every byte the client received.
+    pub downstream_received: Vec<u8>,
+    /// Who closed the connection: `client`, `upstream`, a plugin, the failure policy, or
+    /// `still open` when the events ended first (the harness then closes it as the client).
+    pub closed_by: String,
+    /// Bytes a filter still held when the connection closed, by plugin.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<String>,
+}
+
+/// Which way bytes flow.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Way {
+    Downstream,
+    Upstream,
+}
+
+/// How a callback's result tells the connection to go on.
+enum Step {
+    Continue,
+    Hold,
+    Close(String),
+}
+
+impl Proxy {
+    /// Opens a connection to a TCP listener (`None`: the first listener) on `worker` (else
+    /// round robin), plays `events`, closes it if they did not, and says what each side got.
+    pub fn connect(
+        &mut self,
+        listener: Option<&str>,
+        worker: Option<usize>,
+        events: &[TcpEvent],
+    ) -> Result<TcpOutcome, String> {
+        let li = self.listener_index(listener)?;
+        let Some(tcp_proxy) = self.bootstrap.listeners[li].tcp_proxy.clone() else {
+            return Err(format!(
+                "listener {:?} is an HTTP listener: send it requests, not a connection",
+                self.bootstrap.listeners[li].name
+            ));
+        };
+        let w = self.pick_worker(worker)?;
+        self.requests_sent += 1;
+        self.reload_failed_vms(w);
+        let connection = self.new_connection(li);
+        let n = self.bootstrap.listeners[li].network.len();
+        let mut conn = TcpConnection {
+            slots: self.workers[w].slots[li].clone(),
+            workers: &mut self.workers,
+            main: &mut self.main,
+            w,
+            shared: &self.shared,
+            errors: &mut self.errors,
+            callouts: &mut self.callouts,
+            plugins: &self.bootstrap.listeners[li].network,
+            contexts: vec![None; n],
+            held: [vec![Vec::new(); n], vec![Vec::new(); n]],
+            outcome: TcpOutcome {
+                worker: w,
+                cluster: tcp_proxy.cluster.clone(),
+                ..TcpOutcome::default()
+            },
+            closed: false,
+        };
+        if self.bootstrap.cluster(&tcp_proxy.cluster).is_none() {
+            // Envoy's tcp_proxy closes a connection whose cluster does not exist.
+            conn.outcome.closed_by = format!("no cluster {:?} (tcp_proxy)", tcp_proxy.cluster);
+            return Ok(conn.outcome);
+        }
+        conn.open(connection);
+        for event in events {
+            if conn.closed {
+                break;
+            }
+            match event {
+                TcpEvent::Downstream(data) => conn.data(Way::Downstream, data.clone(), false),
+                TcpEvent::Upstream(data) => conn.data(Way::Upstream, data.clone(), false),
+                TcpEvent::CloseDownstream => conn.close_by(Way::Downstream),
+                TcpEvent::CloseUpstream => conn.close_by(Way::Upstream),
+            }
+        }
+        if !conn.closed {
+            conn.close_by(Way::Downstream);
+            conn.outcome.closed_by = "still open (the harness closed it as the client)".into();
+        }
+        Ok(conn.outcome)
+    }
+}
+
+/// One connection on worker `w` (holding every worker for the same reason as an HTTP stream:
+/// what a callback posts may be for another one).
+struct TcpConnection<'a> {
+    workers: &'a mut [Worker],
+    main: &'a mut Worker,
+    w: usize,
+    shared: &'a Shared,
+    errors: &'a mut Vec<DeliveryError>,
+    callouts: &'a mut Callouts,
+    plugins: &'a [WasmPlugin],
+    slots: Vec<Option<PluginSlot>>,
+    /// Per filter: (vm, context) once created.
+    contexts: Vec<Option<(usize, u32)>>,
+    /// Per direction, per filter: bytes the filter holds.
+    held: [Vec<Vec<u8>>; 2],
+    outcome: TcpOutcome,
+    closed: bool,
+}
+
+impl TcpConnection<'_> {
+    fn vm(&mut self, v: usize) -> &mut Vm {
+        &mut self.workers[self.w].vms[v]
+    }
+
+    fn deliver_posted(&mut self) {
+        super::events::deliver_all(
+            self.shared,
+            self.workers,
+            self.main,
+            self.callouts,
+            self.errors,
+        );
+    }
+
+    /// The failure policy for filter `i`, whose VM failed or never started.
+    fn failed(&self, i: usize) -> Step {
+        let plugin = &self.plugins[i];
+        match plugin.failure_policy {
+            FailurePolicy::FailOpen => Step::Continue,
+            _ => Step::Close(format!(
+                "failure policy: plugin {:?} failed, and its filter closes the connection (fail closed)",
+                plugin.name
+            )),
+        }
+    }
+
+    fn open(&mut self, connection: host::Connection) {
+        for i in 0..self.plugins.len() {
+            let Some(slot) = self.slots[i] else {
+                if let Step::Close(why) = self.failed(i) {
+                    return self.close(why);
+                }
+                continue;
+            };
+            if self.vm(slot.vm).failed.is_some() {
+                if let Step::Close(why) = self.failed(i) {
+                    return self.close(why);
+                }
+                continue;
+            }
+            let (ctx, _) = self
+                .vm(slot.vm)
+                .create_tcp_context(slot.root, connection.clone());
+            self.contexts[i] = Some((slot.vm, ctx));
+            self.deliver_posted();
+            if self.vm(slot.vm).failed.is_some() {
+                if let Step::Close(why) = self.failed(i) {
+                    return self.close(why);
+                }
+            }
+        }
+    }
+
+    /// Runs one data callback on filter `i` with `data` as its buffer; returns the step and
+    /// the buffer as the filter left it.
+    fn callback(&mut self, i: usize, way: Way, data: Vec<u8>, end: bool) -> (Step, Vec<u8>) {
+        let Some((v, ctx)) = self.contexts[i] else {
+            return (self.failed(i), data);
+        };
+        if self.vm(v).failed.is_some() {
+            return (self.failed(i), data);
+        }
+        let size = data.len();
+        if let Some(s) = self.vm(v).tcp_state(ctx) {
+            match way {
+                Way::Downstream => s.downstream_data = data,
+                Way::Upstream => s.upstream_data = data,
+            }
+        }
+        let result = match way {
+            Way::Downstream => self.vm(v).on_downstream_data(ctx, size, end),
+            Way::Upstream => {
+                let r = self.vm(v).on_upstream_data(ctx, size, end);
+                if end {
+                    self.vm(v).on_upstream_connection_close(ctx, 0);
+                }
+                r
+            }
+        };
+        self.deliver_posted();
+        let name = self.plugins[i].name.clone();
+        let failed = self.vm(v).failed.is_some();
+        let Some(s) = self.vm(v).tcp_state(ctx) else {
+            return (Step::Continue, Vec::new());
+        };
+        let data = std::mem::take(match way {
+            Way::Downstream => &mut s.downstream_data,
+            Way::Upstream => &mut s.upstream_data,
+        });
+        if failed {
+            return (self.failed(i), data);
+        }
+        if std::mem::take(&mut s.close) {
+            return (
+                Step::Close(format!(
+                    "plugin {name:?} closed the connection (proxy_close_stream)"
+                )),
+                data,
+            );
+        }
+        let resumed = std::mem::take(&mut s.continue_downstream);
+        let step = match result {
+            None | Some(0) => Step::Continue,
+            Some(_) if resumed => Step::Continue,
+            Some(_) => Step::Hold,
+        };
+        (step, data)
+    }
+
+    /// Bytes from one side through the filters (client bytes first to last, upstream bytes
+    /// last to first) to the other side.
+    fn data(&mut self, way: Way, mut data: Vec<u8>, end: bool) {
+        let n = self.plugins.len();
+        let order: Vec<usize> = match way {
+            Way::Downstream => (0..n).collect(),
+            Way::Upstream => (0..n).rev().collect(),
+        };
+        let side = way as usize;
+        for i in order {
+            let mut buffer = std::mem::take(&mut self.held[side][i]);
+            buffer.append(&mut data);
+            let (step, out) = self.callback(i, way, buffer, end);
+            match step {
+                Step::Continue => data = out,
+                Step::Hold => {
+                    self.held[side][i] = out;
+                    return;
+                }
+                Step::Close(why) => return self.close(why),
+            }
+        }
+        match way {
+            Way::Downstream => self.outcome.upstream_received.append(&mut data),
+            Way::Upstream => self.outcome.downstream_received.append(&mut data),
+        }
+    }
+
+    /// `way` ends its side; the other side closes in turn; then the connection is closed.
+    fn close_by(&mut self, way: Way) {
+        let other = match way {
+            Way::Downstream => Way::Upstream,
+            Way::Upstream => Way::Downstream,
+        };
+        self.data(way, Vec::new(), true);
+        if !self.closed {
+            self.data(other, Vec::new(), true);
+        }
+        if !self.closed {
+            // Envoy closes the socket itself (local, 1) once the upstream's close reached a
+            // client that closed first; when the client's close comes last it is remote (2).
+            let (who, peer) = match way {
+                Way::Downstream => ("client", 1),
+                Way::Upstream => ("upstream", 2),
+            };
+            self.close_as(who.into(), peer);
+        }
+    }
+
+    fn close(&mut self, why: String) {
+        self.close_as(why, 1);
+    }
+
+    /// The downstream connection closes: `proxy_on_downstream_connection_close(ctx, peer)` on
+    /// every filter, then each context ends.
+    fn close_as(&mut self, why: String, peer: i32) {
+        if self.closed {
+            return;
+        }
+        self.closed = true;
+        self.outcome.closed_by = why;
+        for (side, name) in [(0, "from the client"), (1, "from the upstream")] {
+            for (i, held) in self.held[side].iter().enumerate() {
+                if !held.is_empty() {
+                    self.outcome.held.push(format!(
+                        "plugin {:?} still held {} byte(s) {name}",
+                        self.plugins[i].name,
+                        held.len()
+                    ));
+                }
+            }
+        }
+        for i in 0..self.contexts.len() {
+            if let Some((v, ctx)) = self.contexts[i] {
+                self.vm(v).on_downstream_connection_close(ctx, peer);
+                self.deliver_posted();
+            }
+        }
+        for c in std::mem::take(&mut self.contexts).into_iter().flatten() {
+            self.vm(c.0).finish_tcp(c.1);
+            self.deliver_posted();
+        }
+    }
+}
