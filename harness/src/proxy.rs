@@ -497,6 +497,30 @@ impl Dir {
     }
 }
 
+/// The filters a direction visits: the request goes first to last, the response from
+/// filter `from` back to the first. Positions index this order; `at` says which filter.
+#[derive(Clone, Copy)]
+enum Order {
+    Forward(usize),
+    Backward(usize),
+}
+
+impl Order {
+    fn len(self) -> usize {
+        match self {
+            Order::Forward(n) => n,
+            Order::Backward(from) => from,
+        }
+    }
+
+    fn at(self, pos: usize) -> usize {
+        match self {
+            Order::Forward(_) => pos,
+            Order::Backward(from) => from - 1 - pos,
+        }
+    }
+}
+
 /// Where a direction of the stream stopped: at filter `.0`, for this reason.
 type Stopped = (usize, StopReason);
 
@@ -507,8 +531,8 @@ enum StopReason {
     Stalled(String),
 }
 
-impl HttpStream<'_> {
-    fn plugin(&self, i: usize) -> &WasmPlugin {
+impl<'a> HttpStream<'a> {
+    fn plugin(&self, i: usize) -> &'a WasmPlugin {
         &self.listener.http.filters[i]
     }
 
@@ -575,7 +599,7 @@ impl HttpStream<'_> {
         let Some((vm, ctx)) = self.contexts[i] else {
             return self.fail_stream(i);
         };
-        let name = self.plugin(i).name.clone();
+        let name = &self.plugin(i).name;
         if self.worker().vms[vm].failed.is_some() {
             return self.fail_stream(i);
         }
@@ -597,7 +621,7 @@ impl HttpStream<'_> {
             s.stop_forced = false;
             return Step::Stop(StopReason::LocalReply(
                 LocalReplySource::Plugin {
-                    plugin: name,
+                    plugin: name.clone(),
                     details: reply.details.clone(),
                 },
                 Box::new(reply),
@@ -656,12 +680,12 @@ impl HttpStream<'_> {
         let trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
         let end_at_headers = chunks.is_empty() && trailers.is_none();
 
-        let decode_order: Vec<usize> = (0..n).collect();
+        let decode_order = Order::Forward(n);
         let decoded = self
-            .headers_phase(Dir::Request, &decode_order, headers, end_at_headers, 0)
+            .headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0)
             .and_then(|h| {
                 let (body, trailers) =
-                    self.data_phase(Dir::Request, &decode_order, chunks, trailers)?;
+                    self.data_phase(Dir::Request, decode_order, chunks, trailers)?;
                 Ok((h, body, trailers))
             });
 
@@ -744,11 +768,7 @@ impl HttpStream<'_> {
 
         // Encode: the response runs back through the filters, last to first, starting at the
         // one that produced a local reply.
-        let encode_order: Vec<usize> = if n == 0 {
-            Vec::new()
-        } else {
-            (0..=encode_from).rev().collect()
-        };
+        let encode_order = Order::Backward(if n == 0 { 0 } else { encode_from + 1 });
         let Outgoing {
             status,
             headers,
@@ -757,10 +777,10 @@ impl HttpStream<'_> {
         } = response;
         let resp_eos = chunks.is_empty() && trailers.is_none();
         let encoded = self
-            .headers_phase(Dir::Response, &encode_order, headers, resp_eos, status)
+            .headers_phase(Dir::Response, encode_order, headers, resp_eos, status)
             .and_then(|h| {
                 let (body, trailers) =
-                    self.data_phase(Dir::Response, &encode_order, chunks, trailers)?;
+                    self.data_phase(Dir::Response, encode_order, chunks, trailers)?;
                 Ok(Response {
                     status,
                     headers: h,
@@ -813,13 +833,14 @@ impl HttpStream<'_> {
     fn headers_phase(
         &mut self,
         dir: Dir,
-        order: &[usize],
+        order: Order,
         mut headers: HeaderMap,
         end_of_stream: bool,
         status: u16,
     ) -> Result<HeaderMap, Stopped> {
         let phase = dir.phase(Part::Headers);
-        for &i in order {
+        for pos in 0..order.len() {
+            let i = order.at(pos);
             let count = headers.len();
             let snapshot = (dir == Dir::Request).then(|| headers.clone());
             let unplaced = self.put(i, std::mem::take(&mut headers), |s, h| match dir {
@@ -863,10 +884,13 @@ impl HttpStream<'_> {
     fn data_phase(
         &mut self,
         dir: Dir,
-        order: &[usize],
+        order: Order,
         chunks: Vec<Vec<u8>>,
         mut trailers: Option<HeaderMap>,
     ) -> Result<(Vec<u8>, Option<HeaderMap>), Stopped> {
+        if chunks.is_empty() && trailers.is_none() {
+            return Ok((Vec::new(), None));
+        }
         let mut held: Vec<Option<Vec<u8>>> = vec![None; order.len()];
         let mut out = Vec::new();
         let last = chunks.len();
@@ -879,7 +903,7 @@ impl HttpStream<'_> {
         };
         let phase = dir.phase(Part::Trailers);
         for pos in 0..order.len() {
-            let i = order[pos];
+            let i = order.at(pos);
             let count = t.len();
             let buffered = held[pos].take().unwrap_or_default();
             let unplaced = self.put(i, (std::mem::take(t), buffered), |s, (t, b)| match dir {
@@ -931,7 +955,7 @@ impl HttpStream<'_> {
     fn pass_chunk(
         &mut self,
         dir: Dir,
-        order: &[usize],
+        order: Order,
         from: usize,
         mut data: Vec<u8>,
         end_of_stream: bool,
@@ -940,7 +964,7 @@ impl HttpStream<'_> {
     ) -> Result<(), Stopped> {
         let phase = dir.phase(Part::Body);
         for pos in from..order.len() {
-            let i = order[pos];
+            let i = order.at(pos);
             let mut buffer = held[pos].take().unwrap_or_default();
             buffer.append(&mut data);
             let size = buffer.len();

@@ -134,6 +134,10 @@ fn start(caller: &mut Caller<'_, HostState>, kind: u32, request: CallRequest) ->
             token,
             request,
         });
+    state
+        .shared
+        .posted
+        .store(true, std::sync::atomic::Ordering::Release);
     token
 }
 

@@ -40,6 +40,9 @@ pub struct Shared {
     pub queues: Mutex<queues::Queues>,
     /// HTTP and gRPC callouts made and not yet answered, from every VM.
     pub calls: Mutex<callouts::PendingCalls>,
+    /// Set whenever a queue notification or a callout is posted, so the proxy only takes
+    /// the locks above when there is something to deliver (most callbacks post nothing).
+    pub posted: std::sync::atomic::AtomicBool,
     /// Custom metrics, proxy-wide as in Envoy's stats store.
     pub stats: metrics::Stats,
     /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
@@ -107,7 +110,7 @@ pub struct HttpStreamState {
 
 /// The downstream connection a stream arrived on, for the `source.*`, `destination.*` and
 /// `connection.*` properties.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Connection {
     /// Envoy's connection id (the harness numbers connections from 1).
     pub id: u64,
@@ -115,6 +118,21 @@ pub struct Connection {
     pub source_port: u16,
     /// The listener's address and port.
     pub destination: Arc<(String, u16)>,
+}
+
+impl Default for Connection {
+    /// No connection yet; shares one empty destination so a default costs no allocation
+    /// (stream states are built per request).
+    fn default() -> Self {
+        static NOWHERE: std::sync::OnceLock<Arc<(String, u16)>> = std::sync::OnceLock::new();
+        Self {
+            id: 0,
+            source_port: 0,
+            destination: NOWHERE
+                .get_or_init(|| Arc::new((String::new(), 0)))
+                .clone(),
+        }
+    }
 }
 
 /// What Envoy keeps for one TCP connection context (`envoy.filters.network.wasm`).

@@ -155,6 +155,11 @@ fn proxy_enqueue_shared_queue(
         q.items.push_back(value);
         let receiver = q.receiver;
         queues.ready.push_back(Notification { receiver, token });
+        caller
+            .data()
+            .shared
+            .posted
+            .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     })())
 }

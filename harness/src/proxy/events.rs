@@ -52,6 +52,12 @@ pub(super) fn deliver_all(
     calls: &mut Callouts,
     errors: &mut Vec<DeliveryError>,
 ) {
+    if !shared
+        .posted
+        .swap(false, std::sync::atomic::Ordering::AcqRel)
+    {
+        return;
+    }
     let mut answered = 0;
     loop {
         if let Err(e) = deliver_queue_ready(shared, workers, main) {
