@@ -309,7 +309,13 @@ impl RealEnvoy {
             .arg(&config)
             .args(["--disable-hot-restart", "--concurrency"])
             .arg(workers.max(1).to_string())
-            .args(["--file-flush-interval-msec", "50", "-l", "info", "--log-path"])
+            .args([
+                "--file-flush-interval-msec",
+                "50",
+                "-l",
+                "info",
+                "--log-path",
+            ])
             .arg(&log_path)
             .arg("--admin-address-path")
             .arg(&admin_path)

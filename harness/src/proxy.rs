@@ -963,9 +963,9 @@ impl<'a> HttpStream<'a> {
         out: &mut Vec<u8>,
     ) -> Result<(), Stopped> {
         let phase = dir.phase(Part::Body);
-        for pos in from..order.len() {
+        for (pos, slot) in held.iter_mut().enumerate().skip(from) {
             let i = order.at(pos);
-            let mut buffer = held[pos].take().unwrap_or_default();
+            let mut buffer = slot.take().unwrap_or_default();
             buffer.append(&mut data);
             let size = buffer.len();
             let unplaced = self.put(i, buffer, |s, b| match dir {
@@ -992,7 +992,7 @@ impl<'a> HttpStream<'a> {
                     return Err((i, StopReason::Stalled(why)));
                 }
                 Step::Paused(_) => {
-                    held[pos] = Some(body);
+                    *slot = Some(body);
                     return Ok(());
                 }
                 Step::Stop(r) => return Err((i, r)),

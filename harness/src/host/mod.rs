@@ -128,9 +128,7 @@ impl Default for Connection {
         Self {
             id: 0,
             source_port: 0,
-            destination: NOWHERE
-                .get_or_init(|| Arc::new((String::new(), 0)))
-                .clone(),
+            destination: NOWHERE.get_or_init(|| Arc::new((String::new(), 0))).clone(),
         }
     }
 }
