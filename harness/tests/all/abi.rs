@@ -241,3 +241,65 @@ fn a_cas_race_between_workers_ends_in_cas_mismatch_as_in_envoy() {
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }
+
+/// `source.*` / `destination.*` / `connection.id` answer on streams as in Envoy: addresses
+/// as `ip:port` text, ports and ids as 8-byte integers. The values differ by nature (Envoy's
+/// client port is ephemeral, its listener port chosen at start), so each side is checked
+/// for its own.
+#[test]
+fn connection_addresses_answer_like_envoys() {
+    use wasm_harness::envoy::RealEnvoy;
+    use wasm_harness::http::{Request, UpstreamReply};
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "addresses.wat");
+    let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
+    let request = Request {
+        method: "GET".into(),
+        path: "/".into(),
+        authority: "demo.local".into(),
+        ..Default::default()
+    };
+    let reply = |_: &wasm_harness::SeenRequest| UpstreamReply {
+        status: 200,
+        ..Default::default()
+    };
+    let mut proxy = wasm_harness::Proxy::from_bootstrap(&b, &Default::default()).unwrap();
+    let seen = proxy
+        .send(None, None, &request, &mut { reply })
+        .unwrap()
+        .upstream
+        .unwrap();
+    let header = |h: &wasm_harness::host::HeaderMap, k: &str| {
+        wasm_harness::http::header(h, k).map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    assert_eq!(
+        header(&seen.headers, "x-source").as_deref(),
+        Some("127.0.0.1:40001")
+    );
+    assert_eq!(
+        header(&seen.headers, "x-destination").as_deref(),
+        Some("127.0.0.1:10000")
+    );
+    assert_eq!(header(&seen.headers, "x-ints").as_deref(), Some("ok"));
+
+    let mut real = RealEnvoy::start(&envoy(), &b, 1).unwrap();
+    let ex = real
+        .send(
+            None,
+            &request,
+            &UpstreamReply {
+                status: 200,
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let seen = ex.upstream.unwrap();
+    for k in ["x-source", "x-destination"] {
+        let v = header(&seen.headers, k).unwrap_or_default();
+        let port = v
+            .strip_prefix("127.0.0.1:")
+            .and_then(|p| p.parse::<u16>().ok());
+        assert!(port.is_some(), "envoy's {k}: {v:?}");
+    }
+    assert_eq!(header(&seen.headers, "x-ints").as_deref(), Some("ok"));
+}
