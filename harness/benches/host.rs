@@ -9,8 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasm_harness::bootstrap::Bootstrap;
+use wasm_harness::compiled::CompiledCache;
 use wasm_harness::host::Shared;
 use wasm_harness::http::{Request, UpstreamReply};
+use wasm_harness::precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
 use wasm_harness::vm::{Runtime, Vm};
 
@@ -127,7 +129,7 @@ fn vm_start(bootstrap: Bootstrap) -> (Duration, Duration) {
     let runtime = Runtime::new().unwrap();
     let plugin = Arc::new(bootstrap.listeners[0].http.filters[0].clone());
     let load_start = Instant::now();
-    let module = runtime.load(&plugin.code).unwrap();
+    let module = runtime.load(&plugin.code, None).unwrap();
     let load = load_start.elapsed();
     let shared = Arc::new(Shared::default());
     let clusters = Arc::new(
@@ -154,6 +156,41 @@ fn vm_start(bootstrap: Bootstrap) -> (Duration, Duration) {
         drop(vm);
     }
     (median(times), load)
+}
+
+/// Loading the filter's code three ways (median of 7 each): compiling its bytecode, from the
+/// harness's compiled-code cache, and from a section precompiled into the module
+/// (`allow_precompiled` with the wasmtime runtime).
+fn module_loads() -> (Duration, Duration, Duration) {
+    let filter = repo_root().join("target/wasm32-wasip1/wasm-release/wasm_filter.wasm");
+    let dir = tempfile::tempdir().unwrap();
+    let mut runtime = Runtime::new().unwrap();
+    let bytes = std::fs::read(&filter).unwrap();
+    let precompiled_file = dir.path().join("precompiled.wasm");
+    std::fs::write(
+        &precompiled_file,
+        precompiled::embed(runtime.engine(), &bytes).unwrap(),
+    )
+    .unwrap();
+    let section = precompiled::section_name().unwrap();
+    let time = |runtime: &Runtime, path: &Path, section: Option<&str>| {
+        median(
+            (0..7)
+                .map(|_| {
+                    let start = Instant::now();
+                    runtime.load(path, section).unwrap();
+                    start.elapsed()
+                })
+                .collect(),
+        )
+    };
+    runtime.compiled = None;
+    let compile = time(&runtime, &filter, None);
+    runtime.compiled = Some(CompiledCache::open(&dir.path().join("cache")).unwrap());
+    runtime.load(&filter, None).unwrap();
+    let cached = time(&runtime, &filter, None);
+    let from_section = time(&runtime, &precompiled_file, Some(&section));
+    (compile, cached, from_section)
 }
 
 fn main() {
@@ -188,6 +225,14 @@ fn main() {
         load.as_secs_f64() * 1e3
     );
     check("VM start", start < Duration::from_micros(100));
+    let (compile, cached, from_section) = module_loads();
+    let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
+    println!(
+        "loading the filter's code: compiling the bytecode {}, from the compiled-code cache {}, from its precompiled section {}",
+        ms(compile),
+        ms(cached),
+        ms(from_section)
+    );
     if missed {
         std::process::exit(1);
     }

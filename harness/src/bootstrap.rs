@@ -163,6 +163,9 @@ pub struct WasmPlugin {
     pub configuration: Vec<u8>,
     pub failure_policy: FailurePolicy,
     pub environment: Vec<(String, String)>,
+    /// `vm_config.allow_precompiled`: load code precompiled into the module (see
+    /// [`crate::precompiled`]).
+    pub allow_precompiled: bool,
 }
 
 impl Bootstrap {
@@ -566,6 +569,10 @@ fn parse_plugin(at: &str, config: &Value) -> Result<WasmPlugin, BootstrapError> 
         )?,
         failure_policy,
         environment,
+        allow_precompiled: vm
+            .get("allow_precompiled")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
     })
 }
 

@@ -24,6 +24,7 @@ pub mod diff;
 pub mod envoy;
 pub mod host;
 pub mod http;
+pub mod precompiled;
 pub mod proxy;
 pub mod run;
 pub mod scenario;

@@ -7,7 +7,8 @@ use clap::{Parser, Subcommand};
 use wasm_harness::bootstrap::Bootstrap;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
 use wasm_harness::run::{self, RunOptions, Verdict};
-use wasm_harness::{diff, envoy};
+use wasm_harness::vm::{CodeSource, Runtime};
+use wasm_harness::{diff, envoy, precompiled};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +47,15 @@ enum Command {
         #[arg(long)]
         workers: Option<usize>,
     },
+    /// Write MODULE with this host's machine code embedded, for plugins with
+    /// `runtime: envoy.wasm.runtime.wasmtime` and `allow_precompiled: true` (other runtimes,
+    /// and Envoy's V8, ignore the section and compile the bytecode beside it).
+    Precompile {
+        module: PathBuf,
+        /// Where to write the module with its precompiled section.
+        #[arg(long, short)]
+        output: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
@@ -68,6 +78,13 @@ fn main() -> ExitCode {
             json,
         ),
         Command::Validate { bootstrap, workers } => validate(&bootstrap, workers),
+        Command::Precompile { module, output } => match precompile(&module, &output) {
+            Ok(()) => Verdict::Passed,
+            Err(e) => {
+                eprintln!("wasm-harness: {e:#}");
+                Verdict::CannotStart
+            }
+        },
     };
     ExitCode::from(code.exit_code() as u8)
 }
@@ -123,6 +140,17 @@ fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {
             for line in proxy.logs() {
                 println!("{line}");
             }
+            for (module, code) in proxy.modules() {
+                let how = match code {
+                    CodeSource::Precompiled => format!(
+                        "precompiled code from its section {}",
+                        precompiled::section_name().unwrap_or_default()
+                    ),
+                    CodeSource::Cache => "compiled code from the harness's cache".into(),
+                    CodeSource::Compiled => "compiled from its bytecode".into(),
+                };
+                println!("module {}: {how}", module.display());
+            }
             println!(
                 "{}: ok ({} listener(s), {} worker(s))",
                 path.display(),
@@ -136,4 +164,39 @@ fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {
             Verdict::CannotStart
         }
     }
+}
+
+fn precompile(module: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
+    use anyhow::Context;
+    let bytes =
+        std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
+    let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("cannot start wasmtime: {e:#}"))?;
+    let out = precompiled::embed(runtime.engine(), &bytes)
+        .with_context(|| format!("{}", module.display()))?;
+    // Written whole then renamed, so a reader never sees half a module.
+    let dir = output
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let mut tmp = tempfile::Builder::new()
+        .prefix(".precompiling-")
+        .tempfile_in(dir)
+        .with_context(|| format!("cannot write into {}", dir.display()))?;
+    std::io::Write::write_all(&mut tmp, &out)?;
+    // Readable by an Envoy running as another user, like the fetcher's cache files.
+    #[cfg(unix)]
+    std::fs::set_permissions(
+        tmp.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )?;
+    tmp.persist(output)
+        .with_context(|| format!("cannot write {}", output.display()))?;
+    let section = precompiled::section_name().unwrap_or_default();
+    let code = precompiled::find_section(&out, &section)?.map_or(0, <[u8]>::len);
+    println!(
+        "{}: {} bytes, of which {code} bytes of precompiled code in section {section}",
+        output.display(),
+        out.len(),
+    );
+    Ok(())
 }

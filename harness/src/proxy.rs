@@ -16,7 +16,8 @@ use crate::bootstrap::{
 };
 use crate::host::{self, HeaderMap, LocalReply, LogRecord, Shared};
 use crate::http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
-use crate::vm::{LoadedModule, PluginStartError, Runtime, Vm, VmError};
+use crate::precompiled;
+use crate::vm::{CodeSource, LoadedModule, PluginStartError, Runtime, Vm, VmError};
 
 pub use callouts::{Callouts, NO_TIMEOUT_LIMIT};
 pub use events::{format_duration, DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES};
@@ -90,6 +91,21 @@ pub(crate) struct Worker {
 /// harness does not jitter it, so runs repeat.
 pub const RELOAD_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1000);
 
+/// Loaded modules by code path and the precompiled section honoured, if any (a plugin with
+/// `allow_precompiled` and one without load the same file differently).
+type Modules = HashMap<(PathBuf, Option<String>), Arc<LoadedModule>>;
+
+fn module_key(p: &WasmPlugin) -> (PathBuf, Option<String>) {
+    (
+        p.code.clone(),
+        precompiled::section_for(&p.runtime, p.allow_precompiled),
+    )
+}
+
+fn module_of<'a>(modules: &'a Modules, p: &WasmPlugin) -> &'a Arc<LoadedModule> {
+    &modules[&module_key(p)]
+}
+
 pub struct Proxy {
     pub bootstrap: Bootstrap,
     runtime: Runtime,
@@ -97,8 +113,8 @@ pub struct Proxy {
     workers: Vec<Worker>,
     /// The main thread: singleton Wasm services' VMs.
     main: Worker,
-    /// Loaded modules by code path, to re-create VMs (`FAIL_RELOAD`).
-    modules: HashMap<PathBuf, Arc<LoadedModule>>,
+    /// Loaded modules, to re-create VMs (`FAIL_RELOAD`).
+    modules: Modules,
     requests_sent: usize,
     /// Connections accepted so far, HTTP and TCP (Envoy's connection ids).
     connections: u64,
@@ -120,15 +136,16 @@ impl Proxy {
         let runtime = Runtime::new().map_err(|e| StartError::Runtime(format!("{e:#}")))?;
         let shared = Arc::new(Shared::default());
         let _ = shared.node.set(bootstrap.node.clone());
-        let mut modules: HashMap<PathBuf, Arc<LoadedModule>> = HashMap::new();
+        let mut modules = Modules::new();
         let plugins = bootstrap
             .listeners
             .iter()
             .flat_map(|l| l.plugins())
             .chain(bootstrap.services.iter().map(|s| &s.plugin));
         for p in plugins {
-            if !modules.contains_key(&p.code) {
-                modules.insert(p.code.clone(), runtime.load(&p.code)?);
+            if let std::collections::hash_map::Entry::Vacant(slot) = modules.entry(module_key(p)) {
+                let module = runtime.load(&p.code, slot.key().1.as_deref())?;
+                slot.insert(module);
             }
         }
         let mut proxy = Self {
@@ -167,7 +184,7 @@ impl Proxy {
 
     fn place_plugins(
         &self,
-        modules: &HashMap<PathBuf, Arc<LoadedModule>>,
+        modules: &Modules,
         worker: Option<usize>,
         canary: bool,
     ) -> Result<Worker, StartError> {
@@ -184,7 +201,7 @@ impl Proxy {
                     None => {
                         let vm = Vm::start(
                             &self.runtime,
-                            &modules[&p.code],
+                            module_of(modules, p),
                             self.shared.clone(),
                             worker,
                             p,
@@ -218,7 +235,7 @@ impl Proxy {
                 None => {
                     vms.push(Vm::start(
                         &self.runtime,
-                        &modules[&p.code],
+                        module_of(modules, p),
                         self.shared.clone(),
                         worker,
                         p,
@@ -245,16 +262,13 @@ impl Proxy {
 
     /// The main thread's VMs: one per singleton Wasm service (its own VM, as Envoy's main
     /// thread has no worker-local VMs to share).
-    fn place_singletons(
-        &self,
-        modules: &HashMap<PathBuf, Arc<LoadedModule>>,
-    ) -> Result<Worker, StartError> {
+    fn place_singletons(&self, modules: &Modules) -> Result<Worker, StartError> {
         let mut main = Worker::default();
         for service in self.bootstrap.services.iter().filter(|s| s.singleton) {
             let p = &service.plugin;
             let mut vm = Vm::start(
                 &self.runtime,
-                &modules[&p.code],
+                module_of(modules, p),
                 self.shared.clone(),
                 None,
                 p,
@@ -304,7 +318,7 @@ impl Proxy {
             self.workers[w].created_at[v] = now;
             let Ok(mut vm) = Vm::start(
                 &self.runtime,
-                &self.modules[&first.code],
+                module_of(&self.modules, first),
                 self.shared.clone(),
                 Some(w),
                 first,
@@ -350,6 +364,18 @@ impl Proxy {
 
     pub fn workers(&self) -> usize {
         self.workers.len()
+    }
+
+    /// Each module loaded, with where its machine code came from (for instance, to check that
+    /// `allow_precompiled` really uses the module's precompiled code).
+    pub fn modules(&self) -> Vec<(&Path, CodeSource)> {
+        let mut out: Vec<_> = self
+            .modules
+            .values()
+            .map(|m| (m.path.as_path(), m.code))
+            .collect();
+        out.sort_by_key(|(p, _)| *p);
+        out
     }
 
     /// Every log line so far, in order, from all VMs (the canary's first).

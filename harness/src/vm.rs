@@ -15,6 +15,7 @@ use crate::abi::{AbiVersion, LogLevel, Status};
 use crate::bootstrap::WasmPlugin;
 use crate::compiled::CompiledCache;
 use crate::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
+use crate::precompiled;
 
 /// How often the epoch ticks; deadlines are whole ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -108,19 +109,49 @@ impl Runtime {
         })
     }
 
-    pub fn load(&self, path: &Path) -> Result<Arc<LoadedModule>, VmError> {
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Compiles (or finds compiled) the module at `path`. With a `precompiled` section name
+    /// (see [`precompiled::section_for`]), code precompiled into that section of the module
+    /// is used when it loads, as cpp-host does.
+    pub fn load(
+        &self,
+        path: &Path,
+        precompiled: Option<&str>,
+    ) -> Result<Arc<LoadedModule>, VmError> {
         let bytes = std::fs::read(path).map_err(|source| VmError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        let compiled = match &self.compiled {
-            Some(cache) => cache.load_or_compile(&self.engine, &bytes).map(|(m, _)| m),
-            None => Module::new(&self.engine, &bytes),
-        };
-        let module = compiled.map_err(|e| VmError::Compile {
+        let compile_error = |e: wasmtime::Error| VmError::Compile {
             path: path.to_path_buf(),
             message: format!("{e:#}"),
-        })?;
+        };
+        let precompiled = match precompiled {
+            Some(section) => self.load_precompiled(path, &bytes, section)?,
+            None => None,
+        };
+        let (module, code) = match precompiled {
+            Some(m) => (m, CodeSource::Precompiled),
+            None => match &self.compiled {
+                Some(cache) => {
+                    let (m, origin) = cache
+                        .load_or_compile(&self.engine, &bytes)
+                        .map_err(compile_error)?;
+                    let code = match origin {
+                        crate::compiled::Origin::Cached => CodeSource::Cache,
+                        crate::compiled::Origin::Compiled => CodeSource::Compiled,
+                    };
+                    (m, code)
+                }
+                None => (
+                    Module::new(&self.engine, &bytes).map_err(compile_error)?,
+                    CodeSource::Compiled,
+                ),
+            },
+        };
         let abi = AbiVersion::detect(
             module
                 .exports()
@@ -153,14 +184,54 @@ impl Runtime {
         Ok(Arc::new(LoadedModule {
             path: path.to_path_buf(),
             abi,
+            code,
             pre,
         }))
     }
+
+    /// The module from its section `name`, or `None` (no section, or code another wasmtime
+    /// or other settings made: then the bytecode is compiled, as in cpp-host).
+    fn load_precompiled(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        name: &str,
+    ) -> Result<Option<Module>, VmError> {
+        let section = precompiled::find_section(bytes, name).map_err(|e| VmError::Compile {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let Some(code) = section else {
+            return Ok(None);
+        };
+        // SAFETY: this is what `allow_precompiled` means in Envoy: the operator trusts the
+        // module's precompiled code (see `crate::precompiled`). wasmtime checks the header,
+        // version and engine settings before using it.
+        match unsafe { Module::deserialize(&self.engine, code) } {
+            Ok(m) => Ok(Some(m)),
+            Err(e) => {
+                tracing::warn!(path = %path.display(), "section {name} does not load here, compiling the bytecode: {e:#}");
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// Where a module's machine code came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CodeSource {
+    /// The module's own `precompiled_wasmtime_*` section (`allow_precompiled`).
+    Precompiled,
+    /// The harness's compiled-code cache.
+    Cache,
+    /// Compiled from the bytecode now.
+    Compiled,
 }
 
 pub struct LoadedModule {
     pub path: PathBuf,
     pub abi: AbiVersion,
+    pub code: CodeSource,
     pre: InstancePre<HostState>,
 }
 

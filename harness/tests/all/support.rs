@@ -88,6 +88,17 @@ pub fn harness(args: &[&str]) -> Output {
         .unwrap()
 }
 
+/// `harness` with the compiled-code cache off, so `validate` says how each module's code was
+/// made rather than that it came from the cache.
+pub fn harness_without_cache(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_wasm-harness"))
+        .current_dir(root())
+        .env("WASM_HARNESS_CACHE_DIR", "off")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
 fn envoy_if_present() -> PathBuf {
     std::env::var_os("ENVOY_BIN")
         .map(PathBuf::from)
