@@ -25,6 +25,34 @@ pub struct Request {
 }
 
 impl Request {
+    /// A GET for `path` (authority `localhost`); add headers with [`Request::header`].
+    pub fn get(path: impl Into<String>) -> Self {
+        Self::new("GET", path)
+    }
+
+    /// A POST for `path` with `body` as one chunk.
+    pub fn post(path: impl Into<String>, body: impl Into<Vec<u8>>) -> Self {
+        Self {
+            body: body.into(),
+            ..Self::new("POST", path)
+        }
+    }
+
+    pub fn new(method: impl Into<String>, path: impl Into<String>) -> Self {
+        Self {
+            method: method.into(),
+            path: path.into(),
+            authority: "localhost".into(),
+            ..Default::default()
+        }
+    }
+
+    /// The request with one more header (name lower-cased, as HTTP/2 and Envoy have it).
+    pub fn header(mut self, name: &str, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+
     /// The body as it arrives: `body` (if any), then `body_chunks`.
     pub fn chunks(&self) -> Vec<Vec<u8>> {
         chunks(&self.body, &self.body_chunks)
@@ -58,6 +86,26 @@ pub struct UpstreamReply {
 }
 
 impl UpstreamReply {
+    /// A reply with this status, no headers and no body.
+    pub fn new(status: u16) -> Self {
+        Self {
+            status,
+            ..Default::default()
+        }
+    }
+
+    /// The reply with one more header.
+    pub fn header(mut self, name: &str, value: impl Into<Vec<u8>>) -> Self {
+        self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+
+    /// The reply with this body (one chunk).
+    pub fn body(mut self, body: impl Into<Vec<u8>>) -> Self {
+        self.body = body.into();
+        self
+    }
+
     /// The body as it arrives: `body` (if any), then `body_chunks`.
     pub fn chunks(&self) -> Vec<Vec<u8>> {
         chunks(&self.body, &self.body_chunks)
@@ -120,6 +168,26 @@ pub struct Exchange {
     /// matches its `content-length`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+}
+
+impl Exchange {
+    /// The status the client got (`None` if the stream stalled or was reset).
+    pub fn response_status(&self) -> Option<u16> {
+        self.response.as_ref().map(|r| r.status)
+    }
+
+    /// A header of the response the client got, as text (first value; case-insensitive).
+    pub fn response_header(&self, name: &str) -> Option<&str> {
+        let r = self.response.as_ref()?;
+        header(&r.headers, name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+
+    /// A header of the request the upstream saw, as text (first value; case-insensitive;
+    /// pseudo-headers such as `:path` too). `None` also when no request reached it.
+    pub fn upstream_header(&self, name: &str) -> Option<&str> {
+        let u = self.upstream.as_ref()?;
+        header(&u.headers, name).and_then(|v| std::str::from_utf8(v).ok())
+    }
 }
 
 pub fn header<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {

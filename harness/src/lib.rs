@@ -6,22 +6,25 @@
 //! chain with Envoy's callback order, header-map availability and status codes.
 //!
 //! ```no_run
-//! use wasm_harness::{Proxy, ProxyOptions, Request, UpstreamReply};
-//! let mut proxy = Proxy::from_bootstrap("envoy-config/bootstrap.yaml".as_ref(), &ProxyOptions::default())?;
-//! let request = Request {
-//!     method: "GET".into(), path: "/".into(), authority: "demo.local".into(),
-//!     headers: vec![], ..Default::default()
-//! };
-//! let exchange = proxy.send(None, None, &request, &mut |_| UpstreamReply { status: 200, ..Default::default() })?;
-//! assert_eq!(exchange.response.unwrap().status, 200);
+//! use wasm_harness::{guest, Proxy, Request, UpstreamReply};
+//! // In a filter crate's tests/: build the crate for wasm32-wasip1, run it as Envoy would.
+//! let module = guest::build(env!("CARGO_MANIFEST_DIR"), "release")?;
+//! let mut proxy = Proxy::for_module(&module).configuration(r#"{"key": "value"}"#).build()?;
+//! let exchange = proxy.round_trip(&Request::get("/").header("x-a", "1"), UpstreamReply::new(200))?;
+//! assert_eq!(exchange.response_status(), Some(200));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! [`Proxy::from_bootstrap`] starts from a whole Envoy bootstrap instead (several listeners,
+//! plugins, Wasm services, routes and clusters).
 
 pub mod abi;
 pub mod bootstrap;
+pub mod builder;
 pub mod compiled;
 pub mod diff;
 pub mod envoy;
+pub mod guest;
 pub mod host;
 pub mod http;
 pub mod precompiled;
@@ -30,5 +33,7 @@ pub mod run;
 pub mod scenario;
 pub mod vm;
 
+pub use bootstrap::FailurePolicy;
+pub use builder::ProxyBuilder;
 pub use http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
 pub use proxy::{Proxy, ProxyOptions, StartError};

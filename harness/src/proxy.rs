@@ -30,10 +30,31 @@ pub enum StartError {
     Bootstrap(#[from] BootstrapError),
     #[error(transparent)]
     Vm(#[from] VmError),
-    #[error("configuration rejected by the canary VM: {0}")]
-    Rejected(#[from] PluginStartError),
+    /// `log`: what the plugins logged while starting, usually the reason.
+    #[error("configuration rejected by the canary VM: {error}{}", logged(log))]
+    Rejected {
+        error: PluginStartError,
+        log: Vec<String>,
+    },
     #[error("cannot create the Wasm runtime: {0}")]
     Runtime(String),
+}
+
+impl From<PluginStartError> for StartError {
+    fn from(error: PluginStartError) -> Self {
+        Self::Rejected {
+            error,
+            log: Vec::new(),
+        }
+    }
+}
+
+fn logged(log: &[String]) -> String {
+    if log.is_empty() {
+        String::new()
+    } else {
+        format!("; the plugin logged:\n  {}", log.join("\n  "))
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -170,7 +191,15 @@ impl Proxy {
             .collect();
         // Envoy first starts every plugin on a throw-away canary; a refusal there rejects the
         // whole configuration before any worker sees it.
-        proxy.place_plugins(&modules, None, true)?;
+        proxy
+            .place_plugins(&modules, None, true)
+            .map_err(|e| match e {
+                StartError::Rejected { error, .. } => StartError::Rejected {
+                    error,
+                    log: proxy.logs().iter().map(ToString::to_string).collect(),
+                },
+                other => other,
+            })?;
         for w in 0..options.workers.max(1) {
             let worker = proxy.place_plugins(&modules, Some(w), false)?;
             proxy.workers.push(worker);
@@ -429,6 +458,16 @@ impl Proxy {
             source_port: 40000 + (self.connections % 20000) as u16,
             destination: self.destinations[li].clone(),
         }
+    }
+
+    /// Sends `request` to the first listener, on the next worker in turn, and lets the
+    /// upstream answer `reply`: the short form of [`Proxy::send`].
+    pub fn round_trip(
+        &mut self,
+        request: &Request,
+        reply: UpstreamReply,
+    ) -> Result<Exchange, String> {
+        self.send(None, None, request, &mut |_| reply.clone())
     }
 
     /// Sends one request to a listener. Without `worker`, requests go round-robin.

@@ -216,3 +216,31 @@ fn a_rewritten_path_is_routed_again_as_in_envoy() {
         "{report}"
     );
 }
+
+#[test]
+fn a_bootstrap_built_by_proxy_for_module_runs_the_same_in_real_envoy() {
+    // The shipped plugin configuration, through the builder instead of envoy-config/.
+    let doc = shipped_bootstrap();
+    let config = doc
+        .pointer("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config/configuration/value")
+        .and_then(|v| v.as_str())
+        .unwrap()
+        .to_string();
+    let builder = wasm_harness::Proxy::for_module(filter_wasm())
+        .name("header-ops")
+        .root_id("header-ops")
+        .vm_id("wasm-filter")
+        .configuration(config);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("built.yaml");
+    std::fs::write(&path, builder.bootstrap_yaml()).unwrap();
+    // The demo's requests, minus the /healthz direct response the built bootstrap has no
+    // route for.
+    let demo = std::fs::read_to_string(root().join("testdata/scenarios/demo.yaml")).unwrap();
+    let requests = &demo[demo.find("requests:").unwrap() + "requests:\n".len()
+        ..demo.find("  - name: the route's direct response").unwrap()];
+    let s = scenario(dir.path(), &path, requests);
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 2);
+}

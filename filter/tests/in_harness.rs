@@ -1,0 +1,110 @@
+//! The filter as Envoy runs it: the crate's own module, built for wasm32-wasip1 by the test,
+//! in the harness's Envoy-faithful host. This is how a filter author tests a filter with
+//! `cargo test` and no Envoy (the harness's own tests compare the same runs with real Envoy).
+
+use wasm_harness::{guest, Proxy, Request, StartError, UpstreamReply};
+
+fn module() -> std::path::PathBuf {
+    guest::build(env!("CARGO_MANIFEST_DIR"), "wasm-release").unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn header_ops(config: serde_json::Value) -> Result<Proxy, StartError> {
+    let mut config = config;
+    config["role"] = "http-header-operation".into();
+    Proxy::for_module(module())
+        .configuration(config.to_string())
+        .workers(1)
+        .build()
+}
+
+#[test]
+fn request_and_response_headers_are_removed_set_and_added_in_that_order() {
+    let mut proxy = header_ops(serde_json::json!({
+        "request": {
+            "remove": ["x-secret"],
+            "set": [{"name": "x-env", "value": "test"}],
+            "add": [{"name": "x-env", "value": "added"}, {"name": "x-by", "value": "wasm"}]
+        },
+        "response": {"set": [{"name": "cache-control", "value": "no-store"}], "remove": ["server", "x-backend"]}
+    }))
+    .unwrap();
+    let exchange = proxy
+        .round_trip(
+            &Request::get("/items")
+                .header("x-secret", "s3cr3t")
+                .header("x-env", "prod"),
+            UpstreamReply::new(200)
+                .header("server", "backend/1.2")
+                .header("x-backend", "b-7")
+                .header("cache-control", "max-age=60")
+                .body("[]"),
+        )
+        .unwrap();
+
+    assert_eq!(exchange.upstream_header("x-secret"), None);
+    assert_eq!(exchange.upstream_header("x-by"), Some("wasm"));
+    let seen = exchange.upstream.as_ref().unwrap();
+    let env: Vec<&[u8]> = seen
+        .headers
+        .iter()
+        .filter(|(k, _)| k == "x-env")
+        .map(|(_, v)| v.as_slice())
+        .collect();
+    assert_eq!(
+        env,
+        [&b"test"[..], b"added"],
+        "set replaces, then add appends"
+    );
+
+    assert_eq!(exchange.response_status(), Some(200));
+    assert_eq!(exchange.response_header("cache-control"), Some("no-store"));
+    assert_eq!(exchange.response_header("x-backend"), None);
+    // Removing `server` is not enough: Envoy's connection manager writes its own after the
+    // filters (server_header_transformation OVERWRITE), and the harness does as Envoy does.
+    assert_eq!(exchange.response_header("server"), Some("envoy"));
+    assert_eq!(exchange.response.as_ref().unwrap().body, b"[]");
+}
+
+#[test]
+fn a_path_set_by_the_filter_is_what_the_upstream_sees() {
+    let mut proxy = header_ops(serde_json::json!({
+        "request": {"set": [{"name": ":path", "value": "/v2/items"}]}
+    }))
+    .unwrap();
+    let exchange = proxy
+        .round_trip(&Request::get("/items"), UpstreamReply::new(204))
+        .unwrap();
+    assert_eq!(exchange.upstream_header(":path"), Some("/v2/items"));
+    assert_eq!(exchange.response_status(), Some(204));
+}
+
+#[test]
+fn a_bad_configuration_is_rejected_at_start_with_the_filters_reason() {
+    let e = header_ops(serde_json::json!({
+        "request": {"add": [{"name": "bad name", "value": "x"}]}
+    }))
+    .err()
+    .expect("the canary must refuse the configuration");
+    let text = e.to_string();
+    assert!(matches!(e, StartError::Rejected { .. }), "{text}");
+    assert!(text.contains("proxy_on_configure returned false"), "{text}");
+    assert!(text.contains("invalid plugin configuration"), "{text}");
+    assert!(text.contains("bad name"), "{text}");
+}
+
+#[test]
+fn every_worker_configures_its_own_vm() {
+    let proxy = Proxy::for_module(module())
+        .configuration(r#"{"role": "http-header-operation"}"#)
+        .workers(3)
+        .build()
+        .unwrap();
+    let configured = proxy
+        .logs()
+        .iter()
+        .filter(|l| l.message.contains("configured role http-header-operation"))
+        .map(|l| l.worker)
+        .collect::<Vec<_>>();
+    // The canary (no worker), then workers 0, 1 and 2.
+    assert_eq!(configured, [None, Some(0), Some(1), Some(2)]);
+}
