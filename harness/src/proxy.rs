@@ -95,6 +95,15 @@ pub(crate) struct PluginSlot {
     root: u32,
 }
 
+/// Where `Proxy::place_plugins` starts plugins: Envoy's configuration canary (thrown away
+/// once every plugin has configured), the main thread, or a worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Thread {
+    Canary,
+    Main,
+    Worker(usize),
+}
+
 #[derive(Default)]
 pub(crate) struct Worker {
     vms: Vec<Vm>,
@@ -132,7 +141,8 @@ pub struct Proxy {
     runtime: Runtime,
     shared: Arc<Shared>,
     workers: Vec<Worker>,
-    /// The main thread: singleton Wasm services' VMs.
+    /// The main thread: its instance of every plugin (serving no traffic) and the Wasm
+    /// services, singletons included.
     main: Worker,
     /// Loaded modules, to re-create VMs (`FAIL_RELOAD`).
     modules: Modules,
@@ -192,7 +202,7 @@ impl Proxy {
         // Envoy first starts every plugin on a throw-away canary; a refusal there rejects the
         // whole configuration before any worker sees it.
         proxy
-            .place_plugins(&modules, None, true)
+            .place_plugins(&modules, Thread::Canary)
             .map_err(|e| match e {
                 StartError::Rejected { error, .. } => StartError::Rejected {
                     error,
@@ -200,23 +210,26 @@ impl Proxy {
                 },
                 other => other,
             })?;
+        // Envoy's thread-local slots are set on the main thread first, then on each worker:
+        // the main thread gets its own instance of every plugin too. It serves no traffic,
+        // but its roots configure, tick, and take part in queues like the workers'.
+        proxy.main = proxy.place_plugins(&modules, Thread::Main)?;
         for w in 0..options.workers.max(1) {
-            let worker = proxy.place_plugins(&modules, Some(w), false)?;
+            let worker = proxy.place_plugins(&modules, Thread::Worker(w))?;
             proxy.workers.push(worker);
         }
-        proxy.main = proxy.place_singletons(&modules)?;
         proxy.modules = modules;
         // What the plugins enqueued while starting reaches the registrants now.
         proxy.deliver_posted();
         Ok(proxy)
     }
 
-    fn place_plugins(
-        &self,
-        modules: &Modules,
-        worker: Option<usize>,
-        canary: bool,
-    ) -> Result<Worker, StartError> {
+    fn place_plugins(&self, modules: &Modules, thread: Thread) -> Result<Worker, StartError> {
+        let canary = thread == Thread::Canary;
+        let worker = match thread {
+            Thread::Worker(w) => Some(w),
+            Thread::Canary | Thread::Main => None,
+        };
         let mut vms: Vec<Vm> = Vec::new();
         let mut keys: Vec<VmKey> = Vec::new();
         let mut slots = Vec::new();
@@ -251,10 +264,12 @@ impl Proxy {
             }
             slots.push(listener_slots);
         }
-        // Wasm services: on the canary all of them (a refusal rejects the bootstrap), on each
-        // worker those that are not singletons, sharing VMs by key like filters.
+        // Wasm services: on the canary all of them (a refusal rejects the bootstrap), on the
+        // main thread all of them too (a singleton lives there; the others' thread-local slot
+        // includes it), on each worker those that are not singletons; VMs are shared by key
+        // like filters'.
         for service in &self.bootstrap.services {
-            if service.singleton && !canary {
+            if service.singleton && matches!(thread, Thread::Worker(_)) {
                 continue;
             }
             let p = &service.plugin;
@@ -287,28 +302,6 @@ impl Proxy {
             created_at,
             hosts,
         })
-    }
-
-    /// The main thread's VMs: one per singleton Wasm service (its own VM, as Envoy's main
-    /// thread has no worker-local VMs to share).
-    fn place_singletons(&self, modules: &Modules) -> Result<Worker, StartError> {
-        let mut main = Worker::default();
-        for service in self.bootstrap.services.iter().filter(|s| s.singleton) {
-            let p = &service.plugin;
-            let mut vm = Vm::start(
-                &self.runtime,
-                module_of(modules, p),
-                self.shared.clone(),
-                None,
-                p,
-                self.cluster_names(),
-            )?;
-            vm.start_plugin(Arc::new(p.clone()))?;
-            main.vms.push(vm);
-            main.created_at.push(self.shared.monotonic_nanos());
-            main.hosts.push(Vec::new());
-        }
-        Ok(main)
     }
 
     fn cluster_names(&self) -> Arc<Vec<String>> {

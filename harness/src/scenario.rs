@@ -594,8 +594,53 @@ pub struct LogExpect {
 pub struct LogCount {
     pub contains: String,
     pub count: usize,
+    /// Only lines from this worker (a number) or from the main thread (`main`).
     #[serde(default)]
-    pub worker: Option<usize>,
+    pub worker: Option<LogThread>,
+}
+
+/// Which thread's VMs wrote a log line: a worker, or `main` (the main thread's instances
+/// and Wasm services, and the configuration canary).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogThread {
+    Worker(usize),
+    Main,
+}
+
+impl LogThread {
+    fn matches(self, worker: Option<usize>) -> bool {
+        match self {
+            Self::Worker(w) => worker == Some(w),
+            Self::Main => worker.is_none(),
+        }
+    }
+}
+
+impl std::fmt::Display for LogThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Worker(w) => write!(f, "worker {w}"),
+            Self::Main => f.write_str("the main thread"),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for LogThread {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Index(usize),
+            Name(String),
+        }
+        match Raw::deserialize(d)? {
+            Raw::Index(w) => Ok(Self::Worker(w)),
+            Raw::Name(n) if n == "main" => Ok(Self::Main),
+            Raw::Name(n) => Err(serde::de::Error::custom(format!(
+                "worker {n:?}: expected a worker number or `main`"
+            ))),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -978,12 +1023,12 @@ pub fn check_logs(
             .zip(&lines)
             .filter(|(r, l)| {
                 l.contains(want.contains.as_str())
-                    && want.worker.is_none_or(|w| r.worker == Some(w))
+                    && want.worker.is_none_or(|w| w.matches(r.worker))
             })
             .count();
         if got != want.count {
             let whose = match want.worker {
-                Some(w) => format!(" from worker {w}"),
+                Some(w) => format!(" from {w}"),
                 None => String::new(),
             };
             failures.push(format!(
@@ -1042,7 +1087,7 @@ mod tests {
         match &s.requests[2] {
             Step::Advance(a) => {
                 assert_eq!(a.advance.0, Duration::from_secs(2));
-                assert_eq!(a.expect.log_counts[0].worker, Some(1));
+                assert_eq!(a.expect.log_counts[0].worker, Some(LogThread::Worker(1)));
             }
             other => panic!("expected an advance, got {other:?}"),
         }

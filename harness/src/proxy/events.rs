@@ -115,7 +115,8 @@ pub(super) fn deliver_queue_ready(
                 at: format_duration(Duration::from_nanos(shared.monotonic_nanos())),
             });
         }
-        // No worker: the main thread (singleton Wasm services; the canary's VMs are gone).
+        // No worker: the main thread (its plugin instances and Wasm services; the canary's
+        // VMs are gone).
         let dispatcher = match n.receiver.worker {
             Some(w) => workers.get_mut(w),
             None => Some(&mut *main),
@@ -192,7 +193,7 @@ impl Proxy {
     }
 
     /// The earliest timer due by `target`: (due, worker, vm, root), worker `None` being the
-    /// main thread (singleton Wasm services), first at equal times. Failed VMs never tick.
+    /// main thread (its plugin instances and Wasm services), first at equal times. Failed VMs never tick.
     fn next_tick(&self, target: u64) -> Option<(u64, Option<usize>, usize, u32)> {
         let mut best: Option<(u64, Option<usize>, usize, u32)> = None;
         let dispatchers = std::iter::once((None, &self.main))

@@ -305,8 +305,8 @@ fn local_replies_to_grpc_requests_are_grpc_responses_like_envoys() {
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }
 
-/// Calls made from `proxy_on_tick` are answered on the worker that made them, like a
-/// stream's: each worker refreshes its own token.
+/// Calls made from `proxy_on_tick` are answered on the thread that made them, like a
+/// stream's: each worker (and the main thread's instance) refreshes its own token.
 #[test]
 fn calls_from_ticks_are_answered_on_each_worker() {
     let dir = tempfile::tempdir().unwrap();
@@ -322,7 +322,8 @@ requests:
   - advance: 3s
     expect:
       log_counts:
-        - {{contains: token refreshed, count: 6}}
+        - {{contains: token refreshed, count: 9}}
+        - {{contains: token refreshed, worker: main, count: 3}}
         - {{contains: token refreshed, worker: 0, count: 3}}
         - {{contains: token refreshed, worker: 1, count: 3}}
 ",
@@ -336,7 +337,7 @@ requests:
     let calls = report["scenarios"][0]["cases"][0]["calls"]
         .as_array()
         .unwrap();
-    assert_eq!(calls.len(), 6, "{report:#}");
+    assert_eq!(calls.len(), 9, "{report:#}");
     assert!(
         calls
             .iter()

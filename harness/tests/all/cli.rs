@@ -77,10 +77,11 @@ fn validate_accepts_the_shipped_bootstrap_and_prints_the_plugin_log() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = text(&o);
     assert!(out.contains("ok (1 listener(s), 3 worker(s))"), "{out}");
-    // The canary and each of the three workers configure the plugin.
+    // The canary, the main thread and each of the three workers configure the plugin, as
+    // in Envoy (whose main thread has an instance of every plugin, serving no traffic).
     assert_eq!(
         out.matches("configured role http-header-operation").count(),
-        4,
+        5,
         "{out}"
     );
 }

@@ -244,3 +244,46 @@ fn a_bootstrap_built_by_proxy_for_module_runs_the_same_in_real_envoy() {
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
     assert_eq!(report.cases.len(), 2);
 }
+
+/// Envoy sets a plugin's thread-local slot on the main thread too, so a filter's root ticks
+/// there as well as on each worker: with 2 workers, 3 roots tick. The harness has the same
+/// three (its report labels the main thread `main`).
+#[test]
+fn real_envoy_ticks_on_the_main_thread_and_each_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(
+        dir.path(),
+        &assembled(dir.path(), "tick.wat"),
+        Some(""),
+        |_| {},
+    );
+    let real = wasm_harness::envoy::RealEnvoy::start(&envoy(), &b, 2).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let first_ticks = || -> Vec<String> {
+        real.wasm_logs()
+            .into_iter()
+            .filter(|l| l.contains("on_tick root=1 n=1 "))
+            .collect()
+    };
+    while first_ticks().len() < 3 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // Envoy's default log format: "[time][thread id][level][logger] ...".
+    let threads: std::collections::BTreeSet<String> = first_ticks()
+        .iter()
+        .filter_map(|l| l.split("][").nth(1).map(str::to_string))
+        .collect();
+    assert_eq!(threads.len(), 3, "{:#?}", real.wasm_logs());
+
+    let mut proxy =
+        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions { workers: 2 })
+            .unwrap();
+    assert_eq!(proxy.advance(std::time::Duration::from_secs(1)), 3);
+    let ticked: Vec<Option<usize>> = proxy
+        .logs()
+        .iter()
+        .filter(|l| l.message.contains("on_tick root=1 n=1 "))
+        .map(|l| l.worker)
+        .collect();
+    assert_eq!(ticked, [None, Some(0), Some(1)]);
+}

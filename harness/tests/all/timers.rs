@@ -45,7 +45,7 @@ fn get(proxy: &mut Proxy, worker: usize) -> u16 {
 }
 
 #[test]
-fn each_worker_ticks_once_per_period_on_the_virtual_clock() {
+fn each_worker_and_the_main_thread_tick_once_per_period_on_the_virtual_clock() {
     let dir = tempfile::tempdir().unwrap();
     let mut proxy = proxy_with(dir.path(), "tick.wat", "", 2);
     assert_eq!(
@@ -61,15 +61,18 @@ fn each_worker_ticks_once_per_period_on_the_virtual_clock() {
     );
 
     let before = proxy.log_len();
-    assert_eq!(proxy.advance(Duration::from_secs(3)), 6);
+    // The main thread's instance of the plugin ticks too, as in Envoy (see
+    // envoy::real_envoy_ticks_on_the_main_thread_and_each_worker).
+    assert_eq!(proxy.advance(Duration::from_secs(3)), 9);
     assert_eq!(proxy.elapsed(), Duration::from_secs(3));
     let ticks = lines(&proxy, before, "on_tick");
-    // In time order, worker 0 first at equal times; the clocks read the tick's own time.
+    // In time order, the main thread then worker 0 first at equal times; the clocks read the
+    // tick's own time.
     let expected: Vec<(Option<usize>, String)> = (1..=3u64)
         .flat_map(|n| {
-            [0, 1].map(|w| {
+            [None, Some(0), Some(1)].map(|w| {
                 (
-                    Some(w),
+                    w,
                     format!(
                         "on_tick root=1 n={n} now={} mono={}",
                         START + n * SECOND,
@@ -84,9 +87,9 @@ fn each_worker_ticks_once_per_period_on_the_virtual_clock() {
     // Half a period crosses no boundary; the next half does.
     let before = proxy.log_len();
     assert_eq!(proxy.advance(Duration::from_millis(500)), 0);
-    assert_eq!(proxy.advance(Duration::from_millis(500)), 2);
+    assert_eq!(proxy.advance(Duration::from_millis(500)), 3);
     let ticks = lines(&proxy, before, "on_tick");
-    assert_eq!(ticks.len(), 2);
+    assert_eq!(ticks.len(), 3);
     assert!(ticks[0].1.ends_with(&format!(
         "n=4 now={} mono={}",
         START + 4 * SECOND,
@@ -100,13 +103,13 @@ fn a_period_of_zero_stops_the_ticks() {
     let dir = tempfile::tempdir().unwrap();
     // "stop": the guest sets the period to 0 during its second tick.
     let mut proxy = proxy_with(dir.path(), "tick.wat", "stop", 2);
-    assert_eq!(proxy.advance(Duration::from_secs(10)), 4);
-    for w in [0, 1] {
+    assert_eq!(proxy.advance(Duration::from_secs(10)), 6);
+    for w in [None, Some(0), Some(1)] {
         let mine: Vec<_> = lines(&proxy, 0, "on_tick")
             .into_iter()
-            .filter(|(worker, _)| *worker == Some(w))
+            .filter(|(worker, _)| *worker == w)
             .collect();
-        assert_eq!(mine.len(), 2, "worker {w}: {mine:?}");
+        assert_eq!(mine.len(), 2, "worker {w:?}: {mine:?}");
     }
 }
 
@@ -153,24 +156,27 @@ fn queue_notifications_go_to_the_last_registrant_after_the_enqueuing_callback() 
         ]
     );
 
-    // Ticks on both workers enqueue; every notification reaches worker 0's root, each right
-    // after the tick that enqueued it.
+    // Ticks on the main thread and both workers enqueue; every notification reaches worker
+    // 0's root, each right after the tick that enqueued it.
     let before = proxy.log_len();
-    assert_eq!(proxy.advance(Duration::from_secs(2)), 4);
+    assert_eq!(proxy.advance(Duration::from_secs(2)), 6);
     let seq: Vec<_> = proxy.logs()[before..]
         .iter()
         .map(|r| (r.worker, r.message.clone()))
         .collect();
-    let one_tick = |w: usize| {
+    let one_tick = |w: Option<usize>| {
         [
-            (Some(w), "tick enqueued ping".to_string()),
+            (w, "tick enqueued ping".to_string()),
             (
                 Some(0),
                 "on_queue_ready root=1 queue=1 got ping".to_string(),
             ),
         ]
     };
-    let expected: Vec<_> = [0, 1, 0, 1].into_iter().flat_map(one_tick).collect();
+    let expected: Vec<_> = [None, Some(0), Some(1), None, Some(0), Some(1)]
+        .into_iter()
+        .flat_map(one_tick)
+        .collect();
     assert_eq!(seq, expected);
 
     // Worker 1 registers again: from now on it gets the notifications.
@@ -178,7 +184,7 @@ fn queue_notifications_go_to_the_last_registrant_after_the_enqueuing_callback() 
     let before = proxy.log_len();
     proxy.advance(Duration::from_secs(1));
     let ready = lines(&proxy, before, "on_queue_ready");
-    assert_eq!(ready.len(), 2, "{ready:?}");
+    assert_eq!(ready.len(), 3, "{ready:?}");
     assert!(ready.iter().all(|(w, _)| *w == Some(1)), "{ready:?}");
     assert!(proxy.take_errors().is_empty());
 }
@@ -234,7 +240,8 @@ const TICK_STEPS: &str = r#"
     expect:
       logs: ["on_tick root=1 n=3"]
       log_counts:
-        - {contains: on_tick, count: 6}
+        - {contains: on_tick, count: 9}
+        - {contains: on_tick, worker: main, count: 3}
         - {contains: on_tick, worker: 0, count: 3}
         - {contains: on_tick, worker: 1, count: 3}
   - {name: after, request: {path: /}, expect: {response: {status: 200}}}
@@ -246,7 +253,7 @@ fn a_scenario_advances_the_clock_between_requests() {
     let out = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     assert!(
-        out.contains("ok   advance 3s (clock +3s, 6 tick(s))"),
+        out.contains("ok   advance 3s (clock +3s, 9 tick(s))"),
         "{out}"
     );
     assert!(out.contains("3 passed, 0 failed"), "{out}");
@@ -268,7 +275,7 @@ fn a_wrong_tick_count_fails_the_scenario() {
 fn a_scenario_sees_queue_messages_reach_the_registering_root() {
     let steps = r#"
   - advance: 1s
-    expect: {log_counts: [{contains: "tick: no queue yet", count: 2}, {contains: on_queue_ready, count: 0}]}
+    expect: {log_counts: [{contains: "tick: no queue yet", count: 3}, {contains: on_queue_ready, count: 0}]}
   - name: worker 0 registers the queue
     worker: 0
     request: {path: /}
@@ -278,8 +285,9 @@ fn a_scenario_sees_queue_messages_reach_the_registering_root() {
   - advance: 2s
     expect:
       log_counts:
-        - {contains: tick enqueued ping, count: 4}
-        - {contains: "on_queue_ready root=1 queue=1 got ping", worker: 0, count: 4}
+        - {contains: tick enqueued ping, count: 6}
+        - {contains: tick enqueued ping, worker: main, count: 2}
+        - {contains: "on_queue_ready root=1 queue=1 got ping", worker: 0, count: 6}
         - {contains: on_queue_ready, worker: 1, count: 0}
 "#;
     let o = run_scenario("queue.wat", "", 2, steps);
@@ -323,9 +331,9 @@ fn the_shipped_ticks_and_queues_scenario_passes() {
 fn a_trap_in_on_tick_fails_that_workers_vm_like_any_callback() {
     let dir = tempfile::tempdir().unwrap();
     let mut proxy = proxy_with(dir.path(), "tick.wat", "trap", 2);
-    assert_eq!(proxy.advance(Duration::from_secs(1)), 2);
+    assert_eq!(proxy.advance(Duration::from_secs(1)), 3);
     let traps = lines(&proxy, 0, "Function: proxy_on_tick failed: unreachable");
-    assert_eq!(traps.len(), 2, "{traps:?}");
+    assert_eq!(traps.len(), 3, "{traps:?}");
     // The failed VMs tick no more, and the failure policy (fail closed) answers requests.
     assert_eq!(proxy.advance(Duration::from_secs(5)), 0);
     assert_eq!(get(&mut proxy, 0), 503);
