@@ -1079,7 +1079,7 @@ mod tests {
     #[test]
     fn requests_and_advances_mix_in_order() {
         let s = parse(
-            "bootstrap: b.yaml\nrequests:\n  - {name: first, request: {path: /}}\n  - advance: 1500ms\n  - {name: later, advance: 2s, expect: {logs: [tick], log_counts: [{contains: tick, count: 2, worker: 1}]}}\n  - {name: last, request: {}, expect: {log_counts: [{contains: x, count: 0}]}}\n",
+            "bootstrap: b.yaml\nrequests:\n  - {name: first, request: {path: /}}\n  - advance: 1500ms\n  - {name: later, advance: 2s, expect: {logs: [tick], log_counts: [{contains: tick, count: 2, worker: 1}, {contains: tick, count: 0, worker: main}]}}\n  - {name: last, request: {}, expect: {log_counts: [{contains: x, count: 0}]}}\n",
         )
         .unwrap();
         let names: Vec<String> = s.requests.iter().map(Step::name).collect();
@@ -1088,6 +1088,7 @@ mod tests {
             Step::Advance(a) => {
                 assert_eq!(a.advance.0, Duration::from_secs(2));
                 assert_eq!(a.expect.log_counts[0].worker, Some(LogThread::Worker(1)));
+                assert_eq!(a.expect.log_counts[1].worker, Some(LogThread::Main));
             }
             other => panic!("expected an advance, got {other:?}"),
         }
@@ -1137,8 +1138,9 @@ mod tests {
             &["tick 2".into()],
             &[
                 count("tick", 4, None),
-                count("tick", 2, Some(0)),
-                count("tick", 1, Some(1)),
+                count("tick", 2, Some(LogThread::Worker(0))),
+                count("tick", 1, Some(LogThread::Worker(1))),
+                count("tick", 1, Some(LogThread::Main)),
                 count("tock", 0, None),
             ],
             &logs,
@@ -1147,7 +1149,7 @@ mod tests {
         assert!(failures.is_empty(), "{failures:?}");
         check_logs(
             &["tock".into()],
-            &[count("tick", 3, Some(0))],
+            &[count("tick", 3, Some(LogThread::Worker(0)))],
             &logs,
             &mut failures,
         );
