@@ -35,6 +35,54 @@ pub struct DiffCase {
     /// For a connection step: what each side received through real Envoy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub envoy_connection: Option<crate::proxy::TcpOutcome>,
+    /// For a shutdown step: Envoy was stopped with SIGTERM and its exit logs checked.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub envoy_exited: bool,
+}
+
+/// A shutdown step through real Envoy: SIGTERM, wait for the exit, and check the step's log
+/// expectations against the Wasm lines Envoy wrote meanwhile. Envoy's lines name threads by
+/// id, not worker number, so counts tied to a worker stay the harness's alone.
+fn envoy_shutdown(real: &mut RealEnvoy, name: &str, expect: &scenario::LogExpect) -> DiffCase {
+    // Lines still waiting for Envoy's 50 ms log flush belong before the signal.
+    std::thread::sleep(std::time::Duration::from_millis(150));
+    let before = real.wasm_logs().len();
+    let mut failures = Vec::new();
+    match real.shutdown(std::time::Duration::from_secs(20)) {
+        Ok(()) => {
+            let lines = real.wasm_logs().split_off(before);
+            for needle in &expect.logs {
+                if !lines.iter().any(|l| l.contains(needle.as_str())) {
+                    failures.push(format!(
+                        "log: expected a line containing {needle:?}, Envoy wrote {} lines at shutdown",
+                        lines.len()
+                    ));
+                }
+            }
+            for want in expect.log_counts.iter().filter(|c| c.worker.is_none()) {
+                let got = lines
+                    .iter()
+                    .filter(|l| l.contains(want.contains.as_str()))
+                    .count();
+                if got != want.count {
+                    failures.push(format!(
+                        "log: expected {} line(s) containing {:?}, Envoy wrote {got}",
+                        want.count, want.contains
+                    ));
+                }
+            }
+        }
+        Err(e) => failures.push(e.to_string()),
+    }
+    DiffCase {
+        name: name.to_string(),
+        envoy_failures: failures,
+        differences: Vec::new(),
+        envoy: None,
+        envoy_waited: None,
+        envoy_connection: None,
+        envoy_exited: true,
+    }
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -212,6 +260,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
                     envoy: None,
                     envoy_waited: None,
                     envoy_connection: None,
+                    envoy_exited: false,
                 };
                 match real.connect(c.listener.as_deref(), &c.events()) {
                     Ok(out) => {
@@ -255,6 +304,19 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
                 report.cases.push(case);
                 continue;
             }
+            Step::Shutdown(sd) => {
+                report
+                    .cases
+                    .push(envoy_shutdown(&mut real, &step.name(), &sd.expect));
+                if report
+                    .cases
+                    .last()
+                    .is_some_and(|c| !c.envoy_failures.is_empty())
+                {
+                    report.verdict = Verdict::Failed;
+                }
+                continue;
+            }
             Step::Advance(adv) => {
                 // Its log expectations are the harness's alone, as for requests.
                 let wait = adv.advance.0.min(MAX_REAL_WAIT);
@@ -266,6 +328,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
                     envoy: None,
                     envoy_waited: Some(crate::proxy::format_duration(wait)),
                     envoy_connection: None,
+                    envoy_exited: false,
                 });
                 continue;
             }
@@ -314,6 +377,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
             envoy,
             envoy_waited: None,
             envoy_connection: None,
+            envoy_exited: false,
         });
     }
     report.verdict = report.verdict.max(report.harness.verdict);
@@ -346,6 +410,21 @@ impl std::fmt::Display for DiffReport {
                 )?;
                 for x in &h.failures {
                     writeln!(f, "       harness expected: {x}")?;
+                }
+                continue;
+            }
+            if d.envoy_exited {
+                writeln!(
+                    f,
+                    "       harness: roots got on_done / on_delete | envoy: exited on SIGTERM, its shutdown log checked"
+                )?;
+                for x in h
+                    .failures
+                    .iter()
+                    .map(|x| ("harness expected", x))
+                    .chain(d.envoy_failures.iter().map(|x| ("envoy expected", x)))
+                {
+                    writeln!(f, "       {}: {}", x.0, x.1)?;
                 }
                 continue;
             }

@@ -582,6 +582,29 @@ fn half_close_both(
     }
 }
 
+impl RealEnvoy {
+    /// Envoy's graceful exit: SIGTERM, then wait (up to `timeout`) for it to finish, so its
+    /// shutdown work (root contexts' `proxy_on_done` / `proxy_on_delete`) is in the log.
+    pub fn shutdown(&mut self, timeout: std::time::Duration) -> Result<(), EnvoyError> {
+        #[cfg(unix)]
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
+        unsafe {
+            libc::kill(self.child.id() as libc::pid_t, libc::SIGTERM);
+        }
+        let deadline = std::time::Instant::now() + timeout;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return Ok(());
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        Err(EnvoyError::Io(format!(
+            "Envoy did not exit within {timeout:?} of SIGTERM; log tail:\n{}",
+            self.log_tail()
+        )))
+    }
+}
+
 impl Drop for RealEnvoy {
     fn drop(&mut self) {
         let _ = self.child.kill();

@@ -95,6 +95,14 @@ pub(crate) struct PluginSlot {
     root: u32,
 }
 
+/// A root context still waiting to call `proxy_done` after [`Proxy::shutdown`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingRoot {
+    /// `None`: the main thread.
+    pub worker: Option<usize>,
+    pub root: u32,
+}
+
 /// Where `Proxy::place_plugins` starts plugins: Envoy's configuration canary (thrown away
 /// once every plugin has configured), the main thread, or a worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -155,6 +163,8 @@ pub struct Proxy {
     errors: Vec<DeliveryError>,
     /// Canned callout replies and the record of calls made.
     pub callouts: Callouts,
+    /// Set by [`Proxy::shutdown`]: no more traffic.
+    shut_down: bool,
 }
 
 impl Proxy {
@@ -191,6 +201,7 @@ impl Proxy {
             destinations: Vec::new(),
             errors: Vec::new(),
             callouts: Callouts::default(),
+            shut_down: false,
         };
         proxy.callouts = Callouts::new(&proxy.bootstrap);
         proxy.destinations = proxy
@@ -433,6 +444,9 @@ impl Proxy {
     /// The worker asked for, else the next in round-robin order (requests and connections
     /// share the turn).
     fn pick_worker(&self, worker: Option<usize>) -> Result<usize, String> {
+        if self.shut_down {
+            return Err("the proxy has shut down: it takes no more traffic".into());
+        }
         let w = worker.unwrap_or(self.requests_sent % self.workers.len());
         if w >= self.workers.len() {
             return Err(format!(
@@ -451,6 +465,44 @@ impl Proxy {
             source_port: 40000 + (self.connections % 20000) as u16,
             destination: self.destinations[li].clone(),
         }
+    }
+
+    /// Envoy's shutdown (the server exits, or the plugins are removed): every root context
+    /// on each worker, then on the main thread, gets `proxy_on_done`, then `proxy_on_delete`
+    /// at once if that returned true (or is not exported). A root that returned false stays
+    /// (ticks, queues and callouts still reach it, see [`Proxy::advance`]) until it calls
+    /// `proxy_done`. After this the proxy takes no traffic. Returns the roots still pending.
+    pub fn shutdown(&mut self) -> Vec<PendingRoot> {
+        self.shut_down = true;
+        for worker in &mut self.workers {
+            for vm in &mut worker.vms {
+                vm.shutdown();
+            }
+        }
+        for vm in &mut self.main.vms {
+            vm.shutdown();
+        }
+        self.deliver_posted();
+        self.pending_done()
+    }
+
+    /// Roots whose `proxy_on_done` returned false and that have not called `proxy_done` yet.
+    pub fn pending_done(&self) -> Vec<PendingRoot> {
+        let threads = self
+            .workers
+            .iter()
+            .enumerate()
+            .map(|(w, worker)| (Some(w), worker))
+            .chain(std::iter::once((None, &self.main)));
+        threads
+            .flat_map(|(worker, t)| {
+                t.vms.iter().flat_map(move |vm| {
+                    vm.pending_done()
+                        .iter()
+                        .map(move |&root| PendingRoot { worker, root })
+                })
+            })
+            .collect()
     }
 
     /// Sends `request` to the first listener, on the next worker in turn, and lets the

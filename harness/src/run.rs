@@ -239,6 +239,9 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
         Step::Connection(c) => {
             connection = Some(proxy.connect(c.listener.as_deref(), c.worker, &c.events()));
         }
+        Step::Shutdown(_) => {
+            proxy.shutdown();
+        }
     }
     let records = proxy.logs().split_off(before.min(proxy.log_len()));
     case.logs = records.iter().map(report_line).collect();
@@ -271,6 +274,20 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
         }
         (_, Some(Err(e)), _) | (_, _, Some(Err(e))) => vec![e],
         (Step::Advance(adv), _, _) => scenario::check_advance(adv, &records),
+        (Step::Shutdown(sd), _, _) => {
+            let failures = scenario::check_log_expect(&sd.expect, &records);
+            // Not a failure by itself (a root may finish on a later tick), but worth seeing.
+            for p in proxy.pending_done() {
+                let thread = p
+                    .worker
+                    .map_or("the main thread".to_string(), |w| format!("worker {w}"));
+                case.logs.push(format!(
+                    "root context {} on {thread} is waiting to call proxy_done",
+                    p.root
+                ));
+            }
+            failures
+        }
         _ => Vec::new(),
     };
     case.failures

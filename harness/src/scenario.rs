@@ -83,6 +83,7 @@ pub enum Step {
     Request(Box<RequestCase>),
     Advance(AdvanceStep),
     Connection(Box<ConnectionCase>),
+    Shutdown(ShutdownStep),
 }
 
 impl Step {
@@ -91,6 +92,7 @@ impl Step {
             Step::Request(r) => r.name.clone(),
             Step::Advance(a) => a.name(),
             Step::Connection(c) => c.name.clone(),
+            Step::Shutdown(s) => s.name.clone().unwrap_or_else(|| "shutdown".into()),
         }
     }
 }
@@ -112,6 +114,17 @@ impl<'de> Deserialize<'de> for Step {
             AdvanceStep::deserialize(value)
                 .map(Step::Advance)
                 .map_err(|e| de::Error::custom(format!("{label}: {e}")))
+        } else if value.get("shutdown").is_some() {
+            ShutdownStep::deserialize(value)
+                .map_err(|e| e.to_string())
+                .and_then(|s| {
+                    if s.shutdown {
+                        Ok(Step::Shutdown(s))
+                    } else {
+                        Err("`shutdown: false` means nothing: leave the step out".into())
+                    }
+                })
+                .map_err(|e| de::Error::custom(format!("shutdown step: {e}")))
         } else if value.get("connection").is_some() {
             let label = match name {
                 Some(name) => format!("connection {name:?}"),
@@ -290,6 +303,19 @@ impl AdvanceStep {
             .clone()
             .unwrap_or_else(|| format!("advance {}", self.advance))
     }
+}
+
+/// `- shutdown: true`: Envoy's exit (or the removal of its plugins). Every root context gets
+/// `proxy_on_done`, then `proxy_on_delete` (at once, or when it calls `proxy_done`); later
+/// steps may only `advance`. `expect` checks the lines written meanwhile.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownStep {
+    #[serde(default)]
+    pub name: Option<String>,
+    pub shutdown: bool,
+    #[serde(default)]
+    pub expect: LogExpect,
 }
 
 /// A duration written with a unit: `5s`, `1500ms`, `0.5s`, `2m`, `1h`, `250us`, `10ns`.
@@ -1041,13 +1067,13 @@ pub fn check_logs(
 
 /// Checks an advance step's expectations against the lines written while it ran.
 pub fn check_advance(step: &AdvanceStep, logs: &[LogRecord]) -> Vec<String> {
+    check_log_expect(&step.expect, logs)
+}
+
+/// Checks a step's log-only expectations against the lines written while it ran.
+pub fn check_log_expect(expect: &LogExpect, logs: &[LogRecord]) -> Vec<String> {
     let mut failures = Vec::new();
-    check_logs(
-        &step.expect.logs,
-        &step.expect.log_counts,
-        logs,
-        &mut failures,
-    );
+    check_logs(&expect.logs, &expect.log_counts, logs, &mut failures);
     failures
 }
 

@@ -422,7 +422,13 @@ impl Vm {
         s.current = prev_current;
         s.effective = prev_effective;
         match result {
-            Ok(r) => Some(r),
+            Ok(r) => {
+                // Roots that called proxy_done during the call are deleted after it.
+                for root in std::mem::take(&mut self.store.data_mut().done_now) {
+                    self.delete_root(root);
+                }
+                Some(r)
+            }
             Err(e) => {
                 let message = describe_trap(&e);
                 let s = self.store.data();
@@ -638,6 +644,42 @@ impl Vm {
         let f = self.exports.on_delete.clone();
         self.call("proxy_on_delete", f, ctx, ctx as i32);
         self.state_mut().contexts.remove(&ctx);
+    }
+
+    /// Envoy's shutdown of this VM's roots (cpp-host `startShutdown`, when Envoy exits or
+    /// the plugin is removed), in creation order: `proxy_on_done(root)`; a true (or absent
+    /// export) is followed by `proxy_on_delete(root)` at once, a false leaves the root
+    /// pending until it calls `proxy_done`. Returns the roots left pending.
+    pub fn shutdown(&mut self) -> Vec<u32> {
+        let mut roots: Vec<u32> = self
+            .state()
+            .contexts
+            .iter()
+            .filter(|(_, c)| matches!(c, ContextKind::Root(_)))
+            .map(|(&id, _)| id)
+            .collect();
+        roots.sort_unstable();
+        for root in roots {
+            let f = self.exports.on_done.clone();
+            match self.call("proxy_on_done", f, root, root as i32) {
+                Some(0) => self.state_mut().pending_done.push(root),
+                _ => self.delete_root(root),
+            }
+        }
+        self.state().pending_done.clone()
+    }
+
+    /// Roots still waiting to call `proxy_done`.
+    pub fn pending_done(&self) -> &[u32] {
+        &self.state().pending_done
+    }
+
+    fn delete_root(&mut self, root: u32) {
+        let f = self.exports.on_delete.clone();
+        self.call("proxy_on_delete", f, root, root as i32);
+        let state = self.state_mut();
+        state.contexts.remove(&root);
+        state.timers.remove(&root);
     }
 
     /// Whether `id` is a live root context of this VM.

@@ -184,6 +184,11 @@ pub struct HostState {
     pub clusters: Arc<Vec<String>>,
     pub metrics: metrics::Metrics,
     pub callouts: callouts::CalloutState,
+    /// Roots whose `proxy_on_done` returned false at shutdown: they live on (ticks, queues,
+    /// callouts) until they call `proxy_done`.
+    pub pending_done: Vec<u32>,
+    /// Roots that called `proxy_done` in the current callback: deleted once it returns.
+    pub done_now: Vec<u32>,
 }
 
 impl HostState {
@@ -215,6 +220,8 @@ impl HostState {
             vm_id: plugin.vm_id.clone(),
             clusters,
             callouts: callouts::CalloutState::default(),
+            pending_done: Vec::new(),
+            done_now: Vec::new(),
         }
     }
 

@@ -117,10 +117,20 @@ fn proxy_set_effective_context(
     finish(Ok(()))
 }
 
-/// Only a root whose `proxy_on_done` returned false may call it; the harness does not defer
-/// root shutdown yet, so no root is ever pending.
-fn proxy_done(_caller: Caller<'_, HostState>) -> wasmtime::Result<i32> {
-    finish(Err(Status::NotFound.into()))
+/// A root whose `proxy_on_done` returned false at shutdown says it has finished: its
+/// `proxy_on_delete` follows once the current callback returns (cpp-host defers it so it never
+/// runs inside this call). Any other caller gets `NotFound`.
+fn proxy_done(mut caller: Caller<'_, HostState>) -> wasmtime::Result<i32> {
+    let state = caller.data_mut();
+    let root = state.root_of(state.context_id());
+    match root.and_then(|r| state.pending_done.iter().position(|&p| p == r)) {
+        Some(i) => {
+            let root = state.pending_done.remove(i);
+            state.done_now.push(root);
+            finish(Ok(()))
+        }
+        None => finish(Err(Status::NotFound.into())),
+    }
 }
 
 pub fn add_to_linker(linker: &mut wasmtime::Linker<HostState>) -> wasmtime::Result<()> {

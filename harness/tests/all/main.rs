@@ -12,6 +12,7 @@ mod envoy;
 mod guests;
 mod precompiled;
 mod services;
+mod shutdown;
 mod support;
 mod tcp;
 mod timers;
