@@ -377,25 +377,6 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut c: Caller<'_, HostState>, token: i32| end_call(c.data_mut(), token as u32).code(),
     )?;
     linker.func_wrap("env", "proxy_get_status", proxy_get_status)?;
-    linker.func_wrap(
-        "env",
-        "proxy_call_foreign_function",
-        |c: Caller<'_, HostState>,
-         name: i32,
-         name_size: i32,
-         args: i32,
-         args_size: i32,
-         _ret: i32,
-         _ret_size: i32| {
-            finish((|| {
-                memory::read(&c, name, name_size)?;
-                memory::read(&c, args, args_size)?;
-                // No foreign function is registered in the harness: Envoy's answer for an
-                // unknown name.
-                Err(Status::NotFound.into())
-            })())
-        },
-    )?;
     Ok(())
 }
 

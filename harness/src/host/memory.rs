@@ -51,6 +51,21 @@ pub fn write_u64(caller: &mut Caller<'_, HostState>, ptr: i32, v: u64) -> Result
     write(caller, ptr, &v.to_le_bytes())
 }
 
+/// Allocates `bytes.len()` in the guest (its malloc) and copies `bytes` there; the address.
+pub fn alloc_in_guest(caller: &mut Caller<'_, HostState>, bytes: &[u8]) -> Result<i32, HostError> {
+    let alloc = caller
+        .data()
+        .allocator
+        .clone()
+        .ok_or(Status::InvalidMemoryAccess)?;
+    let ptr = alloc.call(&mut *caller, bytes.len() as i32)?;
+    if ptr == 0 {
+        return Err(Status::InvalidMemoryAccess.into());
+    }
+    write(caller, ptr, bytes)?;
+    Ok(ptr)
+}
+
 /// cpp-host's `copyToPointerSize`: allocate in the guest, copy, then write the pointer and the
 /// size. An allocator that returns 0 or an out-of-range pointer yields `InvalidMemoryAccess`.
 pub fn copy_out(
@@ -61,16 +76,7 @@ pub fn copy_out(
 ) -> Result<(), HostError> {
     let mut ptr = 0i32;
     if !bytes.is_empty() {
-        let alloc = caller
-            .data()
-            .allocator
-            .clone()
-            .ok_or(Status::InvalidMemoryAccess)?;
-        ptr = alloc.call(&mut *caller, bytes.len() as i32)?;
-        if ptr == 0 {
-            return Err(Status::InvalidMemoryAccess.into());
-        }
-        write(caller, ptr, bytes)?;
+        ptr = alloc_in_guest(caller, bytes)?;
     }
     write_u32(caller, ptr_ptr, ptr as u32)?;
     write_u32(caller, size_ptr, bytes.len() as u32)

@@ -6,6 +6,7 @@
 
 pub mod buffers;
 pub mod callouts;
+pub mod foreign;
 pub mod headers;
 pub mod logging;
 pub mod memory;
@@ -331,6 +332,7 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     shared_data::add_to_linker(linker)?;
     queues::add_to_linker(linker)?;
     callouts::add_to_linker(linker)?;
+    foreign::add_to_linker(linker)?;
     metrics::add_to_linker(linker)?;
     wasi::add_to_linker(linker)?;
     Ok(())

@@ -303,3 +303,48 @@ fn connection_addresses_answer_like_envoys() {
     }
     assert_eq!(header(&seen.headers, "x-ints").as_deref(), Some("ok"));
 }
+
+/// `proxy_call_foreign_function`: Envoy's `compress` / `uncompress` round trip, a
+/// serialization failure for bytes that are not zlib, `NotFound` for an unknown name, and
+/// `clear_route_cache` without result pointers; the same statuses in the harness and Envoy.
+#[test]
+fn foreign_functions_answer_like_real_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = assembled(dir.path(), "foreign.wat");
+    let b = bootstrap_variant(dir.path(), &module, None, |_| {});
+    let expected = "compress=0 uncompress=0 same=1 garbage=3 unknown=1 clear=0";
+
+    let mut proxy =
+        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions { workers: 1 })
+            .unwrap();
+    let ex = proxy
+        .round_trip(
+            &wasm_harness::Request::get("/"),
+            wasm_harness::UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    let harness_says: Vec<String> = proxy
+        .logs()
+        .iter()
+        .filter(|l| l.message.starts_with("compress="))
+        .map(|l| l.message.clone())
+        .collect();
+    assert_eq!(harness_says, [expected]);
+
+    let mut real = wasm_harness::envoy::RealEnvoy::start(&envoy(), &b, 1).unwrap();
+    real.send(
+        None,
+        &wasm_harness::Request::get("/"),
+        &wasm_harness::UpstreamReply::new(200),
+    )
+    .unwrap();
+    real.shutdown(std::time::Duration::from_secs(20)).unwrap();
+    let envoy_says: Vec<String> = real
+        .wasm_logs()
+        .into_iter()
+        .filter(|l| l.contains("compress="))
+        .collect();
+    assert_eq!(envoy_says.len(), 1, "{envoy_says:?}");
+    assert!(envoy_says[0].ends_with(expected), "{envoy_says:?}");
+}

@@ -1,0 +1,120 @@
+//! `proxy_call_foreign_function` and the functions Envoy registers for it (its `foreign.cc`).
+//!
+//! Emulated: `compress` / `uncompress` (zlib format; the compressed bytes may differ from
+//! Envoy's zlib build, what decompresses from them does not) and `clear_route_cache` (the
+//! harness routes after the filters anyway). Envoy's others (`declare_property`,
+//! `set_envoy_filter_state`, `sign`, `verify_signature`, `expr_create` / `expr_evaluate` /
+//! `expr_delete`) need Envoy's protobufs, crypto or CEL: they answer `NotFound`, as an unknown
+//! name does, and the log says the harness lacks them. Any other name is `NotFound`, as in
+//! Envoy.
+
+use std::io::{Read, Write};
+
+use wasmtime::{Caller, Linker};
+
+use super::{finish, logging, memory, HostError, HostState};
+use crate::abi::{LogLevel, Status};
+
+/// Registered in Envoy, not emulated here.
+const ENVOY_ONLY: &[&str] = &[
+    "declare_property",
+    "set_envoy_filter_state",
+    "sign",
+    "verify_signature",
+    "expr_create",
+    "expr_evaluate",
+    "expr_delete",
+];
+
+/// Runs the named function: `Ok(Some(bytes))` is a result for the guest, `Ok(None)` none.
+fn run(name: &str, args: &[u8]) -> Result<Option<Vec<u8>>, Status> {
+    match name {
+        "compress" => {
+            let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::default());
+            z.write_all(args)
+                .map_err(|_| Status::SerializationFailure)?;
+            z.finish()
+                .map(Some)
+                .map_err(|_| Status::SerializationFailure)
+        }
+        "uncompress" => {
+            let mut out = Vec::new();
+            flate2::read::ZlibDecoder::new(args)
+                .read_to_end(&mut out)
+                .map_err(|_| Status::SerializationFailure)?;
+            Ok(Some(out))
+        }
+        "clear_route_cache" => Ok(None),
+        _ => Err(Status::NotFound),
+    }
+}
+
+/// cpp-host's `call_foreign_function`: the result goes to memory the guest allocates
+/// (`ret_ptr` 0: the caller does not want it); `(address, size)` are written whenever their
+/// pointers are non-zero, `(0, 0)` if the function produced nothing; then the status.
+fn proxy_call_foreign_function(
+    mut caller: Caller<'_, HostState>,
+    name: i32,
+    name_size: i32,
+    args: i32,
+    args_size: i32,
+    ret_ptr: i32,
+    ret_size: i32,
+) -> wasmtime::Result<i32> {
+    finish((|| -> Result<(), HostError> {
+        let name = memory::read_string(&caller, name, name_size)?;
+        let args = memory::read(&caller, args, args_size)?;
+        if ENVOY_ONLY.contains(&name.as_str()) {
+            logging::record(
+                caller.data(),
+                LogLevel::Warn,
+                format!("wasm-harness: foreign function {name:?} exists in Envoy but is not emulated by the harness; answered NotFound"),
+            );
+        }
+        let outcome = run(&name, &args);
+        let result = match &outcome {
+            Ok(Some(bytes)) => bytes.as_slice(),
+            _ => &[],
+        };
+        let mut address = 0i32;
+        if ret_ptr != 0 && outcome.as_ref().is_ok_and(Option::is_some) {
+            address = memory::alloc_in_guest(&mut caller, result)?;
+        }
+        if ret_ptr != 0 {
+            memory::write_u32(&mut caller, ret_ptr, address as u32)?;
+        }
+        if ret_size != 0 {
+            memory::write_u32(&mut caller, ret_size, result.len() as u32)?;
+        }
+        outcome.map(|_| ()).map_err(Into::into)
+    })())
+}
+
+pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    linker.func_wrap(
+        "env",
+        "proxy_call_foreign_function",
+        proxy_call_foreign_function,
+    )?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn compress_and_uncompress_round_trip_and_garbage_is_a_serialization_failure() {
+        let data = b"hello hello hello hello hello".to_vec();
+        let z = run("compress", &data).unwrap().unwrap();
+        assert_eq!(z[0], 0x78, "zlib header");
+        assert_eq!(run("uncompress", &z).unwrap().unwrap(), data);
+        assert_eq!(
+            run("uncompress", b"not zlib"),
+            Err(Status::SerializationFailure)
+        );
+        assert_eq!(run("clear_route_cache", b""), Ok(None));
+        assert_eq!(run("no_such_function", b""), Err(Status::NotFound));
+        assert_eq!(run("declare_property", b""), Err(Status::NotFound));
+    }
+}
