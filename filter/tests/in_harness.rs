@@ -93,7 +93,7 @@ fn a_bad_configuration_is_rejected_at_start_with_the_filters_reason() {
 }
 
 #[test]
-fn every_worker_configures_its_own_vm() {
+fn the_main_thread_and_every_worker_configure_their_own_vm() {
     let proxy = Proxy::for_module(module())
         .configuration(r#"{"role": "http-header-operation"}"#)
         .workers(3)
@@ -105,6 +105,7 @@ fn every_worker_configures_its_own_vm() {
         .filter(|l| l.message.contains("configured role http-header-operation"))
         .map(|l| l.worker)
         .collect::<Vec<_>>();
-    // The canary (no worker), then workers 0, 1 and 2.
-    assert_eq!(configured, [None, Some(0), Some(1), Some(2)]);
+    // The canary and the main thread's instance (no worker: Envoy's main thread has one of
+    // every plugin), then workers 0, 1 and 2.
+    assert_eq!(configured, [None, None, Some(0), Some(1), Some(2)]);
 }

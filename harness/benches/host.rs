@@ -201,6 +201,11 @@ fn main() {
     };
     println!("wasm-harness ({BATCHES} batches of {BATCH} requests, {VM_STARTS} VM starts; median)");
     let filter = per_request("wasm-filter", bootstrap(None));
+    // `cargo bench --bench host -- requests-only`: just the request loop (for profiling).
+    if std::env::args().any(|a| a == "requests-only") {
+        println!("one request, wasm-filter: {}", us(filter));
+        return;
+    }
     let wat = per_request(
         "add-header.wat",
         bootstrap(Some("testdata/guests/add-header.wat")),

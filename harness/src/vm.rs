@@ -401,14 +401,16 @@ impl Vm {
     fn call<P: WasmParams, R: WasmResults>(
         &mut self,
         name: &str,
-        func: Option<TypedFunc<P, R>>,
+        pick: for<'e> fn(&'e Exports) -> Option<&'e TypedFunc<P, R>>,
         ctx: u32,
         args: P,
     ) -> Option<R> {
         if self.failed.is_some() {
             return None;
         }
-        let func = func?;
+        // Borrowed, not cloned: a TypedFunc clone costs type-registry reference counting on
+        // every callback.
+        let func = pick(&self.exports)?;
         let (prev_current, prev_effective) = {
             let s = self.store.data_mut();
             let prev = (s.current, s.effective);
@@ -460,13 +462,21 @@ impl Vm {
             plugin: name.clone(),
             message: vm.failed.clone().unwrap_or_default(),
         };
-        let f = self.exports.on_context_create.clone();
-        self.call("proxy_on_context_create", f, id, (id as i32, 0));
+        self.call(
+            "proxy_on_context_create",
+            |e| e.on_context_create.as_ref(),
+            id,
+            (id as i32, 0),
+        );
         if self.failed.is_some() {
             return Err(trapped(self));
         }
-        let f = self.exports.on_vm_start.clone();
-        let started = self.call("proxy_on_vm_start", f, id, (id as i32, vm_config_len));
+        let started = self.call(
+            "proxy_on_vm_start",
+            |e| e.on_vm_start.as_ref(),
+            id,
+            (id as i32, vm_config_len),
+        );
         if self.failed.is_some() {
             return Err(trapped(self));
         }
@@ -474,8 +484,12 @@ impl Vm {
             return Err(PluginStartError::VmStartFailed { plugin: name });
         }
         self.state_mut().configuring = Some(id);
-        let f = self.exports.on_configure.clone();
-        let configured = self.call("proxy_on_configure", f, id, (id as i32, config_len));
+        let configured = self.call(
+            "proxy_on_configure",
+            |e| e.on_configure.as_ref(),
+            id,
+            (id as i32, config_len),
+        );
         self.state_mut().configuring = None;
         if self.failed.is_some() {
             return Err(trapped(self));
@@ -497,30 +511,36 @@ impl Vm {
                 ..Default::default()
             })),
         );
-        let f = self.exports.on_context_create.clone();
-        self.call("proxy_on_context_create", f, id, (id as i32, root as i32));
+        self.call(
+            "proxy_on_context_create",
+            |e| e.on_context_create.as_ref(),
+            id,
+            (id as i32, root as i32),
+        );
         id
     }
 
     pub fn on_request_headers(&mut self, ctx: u32, n: usize, eos: bool) -> Option<i32> {
         if self.abi == AbiVersion::V0_1_0 {
-            let f = self.exports.on_request_headers_v010.clone();
-            return self.call("proxy_on_request_headers", f, ctx, (ctx as i32, n as i32));
+            return self.call(
+                "proxy_on_request_headers",
+                |e| e.on_request_headers_v010.as_ref(),
+                ctx,
+                (ctx as i32, n as i32),
+            );
         }
-        let f = self.exports.on_request_headers.clone();
         self.call(
             "proxy_on_request_headers",
-            f,
+            |e| e.on_request_headers.as_ref(),
             ctx,
             (ctx as i32, n as i32, eos as i32),
         )
     }
 
     pub fn on_request_body(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
-        let f = self.exports.on_request_body.clone();
         self.call(
             "proxy_on_request_body",
-            f,
+            |e| e.on_request_body.as_ref(),
             ctx,
             (ctx as i32, size as i32, eos as i32),
         )
@@ -528,36 +548,46 @@ impl Vm {
 
     pub fn on_response_headers(&mut self, ctx: u32, n: usize, eos: bool) -> Option<i32> {
         if self.abi == AbiVersion::V0_1_0 {
-            let f = self.exports.on_response_headers_v010.clone();
-            return self.call("proxy_on_response_headers", f, ctx, (ctx as i32, n as i32));
+            return self.call(
+                "proxy_on_response_headers",
+                |e| e.on_response_headers_v010.as_ref(),
+                ctx,
+                (ctx as i32, n as i32),
+            );
         }
-        let f = self.exports.on_response_headers.clone();
         self.call(
             "proxy_on_response_headers",
-            f,
+            |e| e.on_response_headers.as_ref(),
             ctx,
             (ctx as i32, n as i32, eos as i32),
         )
     }
 
     pub fn on_response_body(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
-        let f = self.exports.on_response_body.clone();
         self.call(
             "proxy_on_response_body",
-            f,
+            |e| e.on_response_body.as_ref(),
             ctx,
             (ctx as i32, size as i32, eos as i32),
         )
     }
 
     pub fn on_request_trailers(&mut self, ctx: u32, n: usize) -> Option<i32> {
-        let f = self.exports.on_request_trailers.clone();
-        self.call("proxy_on_request_trailers", f, ctx, (ctx as i32, n as i32))
+        self.call(
+            "proxy_on_request_trailers",
+            |e| e.on_request_trailers.as_ref(),
+            ctx,
+            (ctx as i32, n as i32),
+        )
     }
 
     pub fn on_response_trailers(&mut self, ctx: u32, n: usize) -> Option<i32> {
-        let f = self.exports.on_response_trailers.clone();
-        self.call("proxy_on_response_trailers", f, ctx, (ctx as i32, n as i32))
+        self.call(
+            "proxy_on_response_trailers",
+            |e| e.on_response_trailers.as_ref(),
+            ctx,
+            (ctx as i32, n as i32),
+        )
     }
 
     /// A new TCP connection context under `root`: `proxy_on_context_create(ctx, root)`, then
@@ -576,41 +606,55 @@ impl Vm {
                 ..Default::default()
             })),
         );
-        let f = self.exports.on_context_create.clone();
-        self.call("proxy_on_context_create", f, id, (id as i32, root as i32));
-        let f = self.exports.on_new_connection.clone();
-        let r = self.call("proxy_on_new_connection", f, id, id as i32);
+        self.call(
+            "proxy_on_context_create",
+            |e| e.on_context_create.as_ref(),
+            id,
+            (id as i32, root as i32),
+        );
+        let r = self.call(
+            "proxy_on_new_connection",
+            |e| e.on_new_connection.as_ref(),
+            id,
+            id as i32,
+        );
         (id, r)
     }
 
     pub fn on_downstream_data(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
-        let f = self.exports.on_downstream_data.clone();
         let args = (ctx as i32, size as i32, eos as i32);
-        self.call("proxy_on_downstream_data", f, ctx, args)
+        self.call(
+            "proxy_on_downstream_data",
+            |e| e.on_downstream_data.as_ref(),
+            ctx,
+            args,
+        )
     }
 
     pub fn on_upstream_data(&mut self, ctx: u32, size: usize, eos: bool) -> Option<i32> {
-        let f = self.exports.on_upstream_data.clone();
         let args = (ctx as i32, size as i32, eos as i32);
-        self.call("proxy_on_upstream_data", f, ctx, args)
+        self.call(
+            "proxy_on_upstream_data",
+            |e| e.on_upstream_data.as_ref(),
+            ctx,
+            args,
+        )
     }
 
     /// `peer`: 0 unknown, 1 local, 2 remote.
     pub fn on_downstream_connection_close(&mut self, ctx: u32, peer: i32) {
-        let f = self.exports.on_downstream_connection_close.clone();
         self.call(
             "proxy_on_downstream_connection_close",
-            f,
+            |e| e.on_downstream_connection_close.as_ref(),
             ctx,
             (ctx as i32, peer),
         );
     }
 
     pub fn on_upstream_connection_close(&mut self, ctx: u32, peer: i32) {
-        let f = self.exports.on_upstream_connection_close.clone();
         self.call(
             "proxy_on_upstream_connection_close",
-            f,
+            |e| e.on_upstream_connection_close.as_ref(),
             ctx,
             (ctx as i32, peer),
         );
@@ -619,12 +663,9 @@ impl Vm {
     /// Envoy's end of a TCP context (`onCloseTCP`): `on_done`, `on_log`, `on_delete`, in that
     /// order (unlike HTTP streams).
     pub fn finish_tcp(&mut self, ctx: u32) {
-        let f = self.exports.on_done.clone();
-        self.call("proxy_on_done", f, ctx, ctx as i32);
-        let f = self.exports.on_log.clone();
-        self.call("proxy_on_log", f, ctx, ctx as i32);
-        let f = self.exports.on_delete.clone();
-        self.call("proxy_on_delete", f, ctx, ctx as i32);
+        self.call("proxy_on_done", |e| e.on_done.as_ref(), ctx, ctx as i32);
+        self.call("proxy_on_log", |e| e.on_log.as_ref(), ctx, ctx as i32);
+        self.call("proxy_on_delete", |e| e.on_delete.as_ref(), ctx, ctx as i32);
         self.state_mut().contexts.remove(&ctx);
     }
 
@@ -637,12 +678,9 @@ impl Vm {
 
     /// Envoy's stream end for HTTP: `on_log`, `on_done`, `on_delete`, then the context is gone.
     pub fn finish_stream(&mut self, ctx: u32) {
-        let f = self.exports.on_log.clone();
-        self.call("proxy_on_log", f, ctx, ctx as i32);
-        let f = self.exports.on_done.clone();
-        self.call("proxy_on_done", f, ctx, ctx as i32);
-        let f = self.exports.on_delete.clone();
-        self.call("proxy_on_delete", f, ctx, ctx as i32);
+        self.call("proxy_on_log", |e| e.on_log.as_ref(), ctx, ctx as i32);
+        self.call("proxy_on_done", |e| e.on_done.as_ref(), ctx, ctx as i32);
+        self.call("proxy_on_delete", |e| e.on_delete.as_ref(), ctx, ctx as i32);
         self.state_mut().contexts.remove(&ctx);
     }
 
@@ -660,8 +698,7 @@ impl Vm {
             .collect();
         roots.sort_unstable();
         for root in roots {
-            let f = self.exports.on_done.clone();
-            match self.call("proxy_on_done", f, root, root as i32) {
+            match self.call("proxy_on_done", |e| e.on_done.as_ref(), root, root as i32) {
                 Some(0) => self.state_mut().pending_done.push(root),
                 _ => self.delete_root(root),
             }
@@ -675,8 +712,12 @@ impl Vm {
     }
 
     fn delete_root(&mut self, root: u32) {
-        let f = self.exports.on_delete.clone();
-        self.call("proxy_on_delete", f, root, root as i32);
+        self.call(
+            "proxy_on_delete",
+            |e| e.on_delete.as_ref(),
+            root,
+            root as i32,
+        );
         let state = self.state_mut();
         state.contexts.remove(&root);
         state.timers.remove(&root);
@@ -695,8 +736,7 @@ impl Vm {
     /// `proxy_on_tick(root)`; skipped if the VM failed or `root` is not a live root context.
     pub fn on_tick(&mut self, root: u32) {
         if self.is_root(root) {
-            let f = self.exports.on_tick.clone();
-            self.call("proxy_on_tick", f, root, root as i32);
+            self.call("proxy_on_tick", |e| e.on_tick.as_ref(), root, root as i32);
         }
     }
 
@@ -704,8 +744,12 @@ impl Vm {
     /// `root` is not a live root context.
     pub fn on_queue_ready(&mut self, root: u32, token: u32) {
         if self.is_root(root) {
-            let f = self.exports.on_queue_ready.clone();
-            self.call("proxy_on_queue_ready", f, root, (root as i32, token as i32));
+            self.call(
+                "proxy_on_queue_ready",
+                |e| e.on_queue_ready.as_ref(),
+                root,
+                (root as i32, token as i32),
+            );
         }
     }
 
@@ -737,28 +781,44 @@ impl Vm {
                     r.trailers.len() as i32,
                 );
                 self.state_mut().callouts.response = readable(r.body, r.headers, r.trailers);
-                let f = self.exports.on_http_call_response.clone();
-                self.call("proxy_on_http_call_response", f, root, args);
+                self.call(
+                    "proxy_on_http_call_response",
+                    |e| e.on_http_call_response.as_ref(),
+                    root,
+                    args,
+                );
             }
             CallOutcome::HttpReset => {
                 let reset = (Status::BrokenConnection.code() as u32, b"reset".to_vec());
                 self.state_mut().callouts.status.insert(root, reset);
-                let f = self.exports.on_http_call_response.clone();
                 let args = (root as i32, token as i32, 0, 0, 0);
-                self.call("proxy_on_http_call_response", f, root, args);
+                self.call(
+                    "proxy_on_http_call_response",
+                    |e| e.on_http_call_response.as_ref(),
+                    root,
+                    args,
+                );
             }
             CallOutcome::GrpcMessage(message) => {
                 let args = (root as i32, token as i32, message.len() as i32);
                 self.state_mut().callouts.response = readable(message, Vec::new(), Vec::new());
-                let f = self.exports.on_grpc_receive.clone();
-                self.call("proxy_on_grpc_receive", f, root, args);
+                self.call(
+                    "proxy_on_grpc_receive",
+                    |e| e.on_grpc_receive.as_ref(),
+                    root,
+                    args,
+                );
             }
             CallOutcome::GrpcClose { status, message } => {
                 let closed = (status, message.into_bytes());
                 self.state_mut().callouts.status.insert(root, closed);
-                let f = self.exports.on_grpc_close.clone();
                 let args = (root as i32, token as i32, status as i32);
-                self.call("proxy_on_grpc_close", f, root, args);
+                self.call(
+                    "proxy_on_grpc_close",
+                    |e| e.on_grpc_close.as_ref(),
+                    root,
+                    args,
+                );
             }
         }
         self.state_mut().callouts.response = None;

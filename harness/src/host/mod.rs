@@ -168,7 +168,8 @@ pub struct HostState {
     pub allocator: Option<TypedFunc<i32, i32>>,
     pub vm_configuration: Arc<Vec<u8>>,
     pub environment: Vec<(String, String)>,
-    pub contexts: HashMap<u32, ContextKind>,
+    /// Looked up on nearly every hostcall: a fast hasher for small integer keys.
+    pub contexts: rustc_hash::FxHashMap<u32, ContextKind>,
     /// The context the host called into (0 = the VM context).
     pub current: u32,
     /// Set by `proxy_set_effective_context` for the rest of the current call.
@@ -176,7 +177,7 @@ pub struct HostState {
     /// The root whose plugin configuration is readable (only during `on_configure`).
     pub configuring: Option<u32>,
     /// Tick timers by root context id.
-    pub timers: HashMap<u32, time::Timer>,
+    pub timers: rustc_hash::FxHashMap<u32, time::Timer>,
     pub rng: u64,
     pub limits: StoreLimits,
     /// The VM's own vm_id (for hostcalls made outside any plugin context).
@@ -210,11 +211,11 @@ impl HostState {
             allocator: None,
             vm_configuration: Arc::new(plugin.vm_configuration.clone()),
             environment: plugin.environment.clone(),
-            contexts: HashMap::new(),
+            contexts: Default::default(),
             current: 0,
             effective: None,
             configuring: None,
-            timers: HashMap::new(),
+            timers: Default::default(),
             // Fixed seed: runs are reproducible; each worker draws its own sequence.
             rng: 0x9E37_79B9_7F4A_7C15 ^ worker.map_or(0, |w| w as u64 + 1),
             limits: HostState::default_limits(),
