@@ -32,7 +32,9 @@ pub fn read_string(
     ptr: i32,
     len: i32,
 ) -> Result<String, HostError> {
-    Ok(String::from_utf8_lossy(&read(caller, ptr, len)?).into_owned())
+    // Valid UTF-8 (nearly always) keeps the one allocation `read` made.
+    Ok(String::from_utf8(read(caller, ptr, len)?)
+        .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
 pub fn write(caller: &mut Caller<'_, HostState>, ptr: i32, bytes: &[u8]) -> Result<(), HostError> {
