@@ -546,8 +546,9 @@ impl Proxy {
             listener_index: li,
             connection,
             contexts: Vec::new(),
+            request: None,
         };
-        let mut exchange = stream.run(request, &request_id, &self.bootstrap, upstream);
+        let mut exchange = stream.run(request, request_id, &self.bootstrap, upstream);
         exchange.worker = w;
         Ok(exchange)
     }
@@ -567,6 +568,8 @@ struct HttpStream<'a> {
     connection: host::Connection,
     /// Per Wasm filter: the stream context created for it, if the filter is active.
     contexts: Vec<Option<(usize, u32)>>,
+    /// The request's headers while the contexts share them (see `share_request`).
+    request: Option<Arc<HeaderMap>>,
 }
 
 /// How a callback's result (after the failure policy) tells the chain to go on.
@@ -749,10 +752,50 @@ impl<'a> HttpStream<'a> {
         }
     }
 
+    /// The whole stream: the exchange, then the contexts' end. What went upstream gets its
+    /// headers back from the contexts, which read them until their end.
     fn run(
         &mut self,
         request: &Request,
-        request_id: &str,
+        request_id: String,
+        bootstrap: &Bootstrap,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+    ) -> Exchange {
+        let mut exchange = self.exchange(request, request_id, bootstrap, upstream);
+        self.finish();
+        if let (Some(seen), Some(shared)) = (exchange.upstream.as_mut(), self.request.take()) {
+            seen.headers = Arc::try_unwrap(shared).unwrap_or_else(|shared| (*shared).clone());
+        }
+        exchange
+    }
+
+    /// Lends the request's headers to every context of the stream: Envoy's filters all read
+    /// the one map for `request.*` properties, after their own headers callback too.
+    fn share_request(&mut self, headers: HeaderMap) {
+        let shared = Arc::new(headers);
+        for &(vm, ctx) in self.contexts.iter().flatten() {
+            if let Some(s) = self.workers[self.w].vms[vm].http_state(ctx) {
+                s.request_snapshot = Some(shared.clone());
+            }
+        }
+        self.request = Some(shared);
+    }
+
+    /// Takes the request's headers back from the contexts, for the router to change.
+    fn unshare_request(&mut self) -> HeaderMap {
+        for &(vm, ctx) in self.contexts.iter().flatten() {
+            if let Some(s) = self.workers[self.w].vms[vm].http_state(ctx) {
+                s.request_snapshot = None;
+            }
+        }
+        let shared = self.request.take().unwrap_or_default();
+        Arc::try_unwrap(shared).unwrap_or_else(|shared| (*shared).clone())
+    }
+
+    fn exchange(
+        &mut self,
+        request: &Request,
+        request_id: String,
         bootstrap: &Bootstrap,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
     ) -> Exchange {
@@ -785,36 +828,33 @@ impl<'a> HttpStream<'a> {
         }
         host::headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
         if host::headers::get(&headers, "x-request-id").is_none() {
-            headers.push(("x-request-id".into(), request_id.as_bytes().to_vec()));
+            headers.push(("x-request-id".into(), request_id.into_bytes()));
         }
         let trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
         let end_at_headers = chunks.is_empty() && trailers.is_none();
 
         let decode_order = Order::Forward(n);
-        let decoded = self
-            .headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0)
-            .and_then(|h| {
-                let (body, trailers) =
-                    self.data_phase(Dir::Request, decode_order, chunks, trailers)?;
-                Ok((h, body, trailers))
-            });
+        let (headers, decoded) =
+            self.headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0);
+        self.share_request(headers);
+        let decoded =
+            decoded.and_then(|()| self.data_phase(Dir::Request, decode_order, chunks, trailers));
 
         let (response, encode_from) = match decoded {
             Err((_, StopReason::Stalled(why))) => {
                 exchange.stalled = Some(why);
-                self.finish();
                 return exchange;
             }
             Err((_, StopReason::Reset(why))) => {
                 exchange.reset = Some(why);
-                self.finish();
                 return exchange;
             }
             Err((i, StopReason::LocalReply(source, reply))) => {
                 exchange.local_reply = Some(source);
                 (local_reply_response(&reply, grpc), i)
             }
-            Ok((mut headers, body, trailers)) => {
+            Ok((body, trailers)) => {
+                let mut headers = self.unshare_request();
                 let action = {
                     let authority = String::from_utf8_lossy(
                         host::headers::get(&headers, ":authority").unwrap_or_default(),
@@ -856,22 +896,23 @@ impl<'a> HttpStream<'a> {
                             Framing::Truncated(note) => exchange.notes.push(note),
                             Framing::Short(why) => {
                                 exchange.stalled = Some(why);
-                                self.finish();
                                 return exchange;
                             }
                         }
-                        // The request is the upstream's now; the stream keeps no copy.
-                        let seen = SeenRequest {
+                        let mut seen = SeenRequest {
                             cluster,
                             headers,
                             body,
                             trailers: trailers.unwrap_or_default(),
                         };
                         let reply = upstream(&seen);
+                        // The contexts read the headers until their end; `run` returns them.
+                        headers = std::mem::take(&mut seen.headers);
                         exchange.upstream = Some(seen);
                         upstream_response(reply)
                     }
                 };
+                self.share_request(headers);
                 (resp, n.saturating_sub(1))
             }
         };
@@ -886,28 +927,26 @@ impl<'a> HttpStream<'a> {
             trailers,
         } = response;
         let resp_eos = chunks.is_empty() && trailers.is_none();
-        let encoded = self
-            .headers_phase(Dir::Response, encode_order, headers, resp_eos, status)
-            .and_then(|h| {
-                let (body, trailers) =
-                    self.data_phase(Dir::Response, encode_order, chunks, trailers)?;
-                Ok(Response {
-                    status,
-                    headers: h,
-                    body,
-                    trailers: trailers.unwrap_or_default(),
-                })
-            });
+        let (headers, encoded) =
+            self.headers_phase(Dir::Response, encode_order, headers, resp_eos, status);
+        let encoded = encoded.and_then(|()| {
+            let (body, trailers) =
+                self.data_phase(Dir::Response, encode_order, chunks, trailers)?;
+            Ok(Response {
+                status,
+                headers,
+                body,
+                trailers: trailers.unwrap_or_default(),
+            })
+        });
         let mut response = match encoded {
             Ok(r) => r,
             Err((_, StopReason::Stalled(why))) => {
                 exchange.stalled = Some(why);
-                self.finish();
                 return exchange;
             }
             Err((_, StopReason::Reset(why))) => {
                 exchange.reset = Some(why);
-                self.finish();
                 return exchange;
             }
             // Envoy can still replace the response before its headers went out.
@@ -928,18 +967,17 @@ impl<'a> HttpStream<'a> {
             Framing::Truncated(note) => exchange.notes.push(note),
             Framing::Short(why) => {
                 exchange.stalled = Some(why);
-                self.finish();
                 return exchange;
             }
         }
         finalize_downstream(&mut response);
         exchange.response = Some(response);
-        self.finish();
         exchange
     }
 
     /// Request or response headers through the filters in `order`; the map each filter
-    /// leaves goes to the next.
+    /// leaves goes to the next. The map is returned however the phase ended: a stopped
+    /// request's headers still answer `request.*` properties.
     fn headers_phase(
         &mut self,
         dir: Dir,
@@ -947,17 +985,13 @@ impl<'a> HttpStream<'a> {
         mut headers: HeaderMap,
         end_of_stream: bool,
         status: u16,
-    ) -> Result<HeaderMap, Stopped> {
+    ) -> (HeaderMap, Result<(), Stopped>) {
         let phase = dir.phase(Part::Headers);
         for pos in 0..order.len() {
             let i = order.at(pos);
             let count = headers.len();
-            let snapshot = (dir == Dir::Request).then(|| headers.clone());
             let unplaced = self.put(i, std::mem::take(&mut headers), |s, h| match dir {
-                Dir::Request => {
-                    s.request_headers = Some(h);
-                    s.request_snapshot = snapshot.unwrap_or_default();
-                }
+                Dir::Request => s.request_headers = Some(h),
                 Dir::Response => {
                     s.response_headers = Some(h);
                     s.response_code = Some(status);
@@ -978,11 +1012,11 @@ impl<'a> HttpStream<'a> {
                 .unwrap_or_default();
             match step {
                 Step::Continue => {}
-                Step::Paused(why) => return Err((i, StopReason::Stalled(why))),
-                Step::Stop(r) => return Err((i, r)),
+                Step::Paused(why) => return (headers, Err((i, StopReason::Stalled(why)))),
+                Step::Stop(r) => return (headers, Err((i, r))),
             }
         }
-        Ok(headers)
+        (headers, Ok(()))
     }
 
     /// Body chunks, then trailers, through the filters in `order`, with Envoy's buffering: a
@@ -1247,7 +1281,7 @@ fn upstream_response(reply: UpstreamReply) -> Outgoing {
     let chunks = reply.chunks();
     let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
     for (k, v) in reply.headers {
-        host::headers::add(&mut headers, &k, v);
+        host::headers::add(&mut headers, k, v);
     }
     if host::headers::get(&headers, "content-length").is_none() {
         let len: usize = chunks.iter().map(Vec::len).sum();

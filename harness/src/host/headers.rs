@@ -47,8 +47,10 @@ fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
 }
 
 /// Envoy keeps pseudo-headers ahead of regular ones; a new pseudo-header goes after the last.
-pub fn add(map: &mut HeaderMap, key: &str, value: Vec<u8>) {
-    let key = key.to_ascii_lowercase();
+/// An owned key is lower-cased in place, so a key read from the guest costs no second copy.
+pub fn add(map: &mut HeaderMap, key: impl Into<String>, value: Vec<u8>) {
+    let mut key = key.into();
+    key.make_ascii_lowercase();
     if key.starts_with(':') {
         let at = map.iter().take_while(|(k, _)| k.starts_with(':')).count();
         map.insert(at, (key, value));
@@ -58,8 +60,9 @@ pub fn add(map: &mut HeaderMap, key: &str, value: Vec<u8>) {
 }
 
 /// Envoy's `setCopy` (current runtime default): drop every value of the key, then add it.
-pub fn replace(map: &mut HeaderMap, key: &str, value: Vec<u8>) {
-    remove(map, key);
+pub fn replace(map: &mut HeaderMap, key: impl Into<String>, value: Vec<u8>) {
+    let key = key.into();
+    remove(map, &key);
     add(map, key, value);
 }
 
@@ -106,7 +109,7 @@ fn proxy_set_header_map_pairs(
         let map = map_mut(caller.data_mut(), ty).ok_or(Status::BadArgument)?;
         map.clear();
         for (k, v) in pairs {
-            add(map, &k, v);
+            add(map, k, v);
         }
         Ok(())
     })())
@@ -122,15 +125,15 @@ fn proxy_get_header_map_value(
 ) -> wasmtime::Result<i32> {
     finish((|| {
         let ty = map_type(ty)?;
-        let key = memory::read_string(&caller, key_ptr, key_size)?;
-        let state = caller.data();
-        let map = map_ref(state, ty).ok_or(Status::BadArgument)?;
-        let value = match get(map, &key) {
-            Some(v) => v.to_vec(),
-            // ABI 0.1.0 modules get an empty value instead of NotFound.
-            None if state.abi == AbiVersion::V0_1_0 => Vec::new(),
-            None => return Err(Status::NotFound.into()),
-        };
+        let value = memory::with_str(&mut caller, key_ptr, key_size, |key, state| {
+            let map = map_ref(state, ty).ok_or(Status::BadArgument)?;
+            match get(map, key) {
+                Some(v) => Ok(v.to_vec()),
+                // ABI 0.1.0 modules get an empty value instead of NotFound.
+                None if state.abi == AbiVersion::V0_1_0 => Ok(Vec::new()),
+                None => Err(Status::NotFound),
+            }
+        })??;
         memory::copy_out(&mut caller, &value, ret_ptr, ret_size)
     })())
 }
@@ -140,17 +143,14 @@ fn edit(
     ty: i32,
     key_ptr: i32,
     key_size: i32,
-    value: Option<(i32, i32)>,
-    op: fn(&mut HeaderMap, &str, Vec<u8>),
+    value: (i32, i32),
+    op: fn(&mut HeaderMap, String, Vec<u8>),
 ) -> Result<(), super::HostError> {
     let ty = map_type(ty)?;
     let key = memory::read_string(caller, key_ptr, key_size)?;
-    let value = match value {
-        Some((p, s)) => memory::read(caller, p, s)?,
-        None => Vec::new(),
-    };
+    let value = memory::read(caller, value.0, value.1)?;
     let map = map_mut(caller.data_mut(), ty).ok_or(Status::BadArgument)?;
-    op(map, &key, value);
+    op(map, key, value);
     Ok(())
 }
 
@@ -167,7 +167,7 @@ fn proxy_add_header_map_value(
         ty,
         key_ptr,
         key_size,
-        Some((value_ptr, value_size)),
+        (value_ptr, value_size),
         add,
     ))
 }
@@ -185,7 +185,7 @@ fn proxy_replace_header_map_value(
         ty,
         key_ptr,
         key_size,
-        Some((value_ptr, value_size)),
+        (value_ptr, value_size),
         replace,
     ))
 }
@@ -196,9 +196,14 @@ fn proxy_remove_header_map_value(
     key_ptr: i32,
     key_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish(edit(&mut caller, ty, key_ptr, key_size, None, |m, k, _| {
-        remove(m, k)
-    }))
+    finish((|| {
+        let ty = map_type(ty)?;
+        memory::with_str(&mut caller, key_ptr, key_size, |key, state| {
+            remove(map_mut(state, ty).ok_or(Status::BadArgument)?, key);
+            Ok::<_, Status>(())
+        })??;
+        Ok(())
+    })())
 }
 
 /// Envoy answers with `HeaderMap::byteSize()` (keys plus values), not the serialized size.

@@ -37,6 +37,20 @@ pub fn read_string(
         .unwrap_or_else(|e| String::from_utf8_lossy(e.as_bytes()).into_owned()))
 }
 
+/// Lends `f` the guest's string at (`ptr`, `len`) together with the host state, without
+/// copying it: for keys that are only looked up.
+pub fn with_str<R>(
+    caller: &mut Caller<'_, HostState>,
+    ptr: i32,
+    len: i32,
+    f: impl FnOnce(&str, &mut HostState) -> R,
+) -> Result<R, HostError> {
+    let memory = caller.data().memory.ok_or(Status::InvalidMemoryAccess)?;
+    let (mem, state) = memory.data_and_store_mut(&mut *caller);
+    let bytes = &mem[bounds(mem.len(), ptr, len)?];
+    Ok(f(&String::from_utf8_lossy(bytes), state))
+}
+
 pub fn write(caller: &mut Caller<'_, HostState>, ptr: i32, bytes: &[u8]) -> Result<(), HostError> {
     let memory = caller.data().memory.ok_or(Status::InvalidMemoryAccess)?;
     let mem = memory.data_mut(&mut *caller);

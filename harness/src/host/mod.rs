@@ -95,8 +95,10 @@ pub struct HttpStreamState {
     pub response_trailers: Option<HeaderMap>,
     pub request_body: Vec<u8>,
     pub response_body: Vec<u8>,
-    /// Request attributes for properties, kept for the whole stream.
-    pub request_snapshot: HeaderMap,
+    /// The request's headers once this filter's request-headers callback is over, shared by
+    /// the stream's contexts, for `request.*` properties (during that callback they come from
+    /// the live `request_headers`).
+    pub request_snapshot: Option<Arc<HeaderMap>>,
     pub connection: Connection,
     pub response_code: Option<u16>,
     /// Properties the guest set on this stream (Envoy's filter state), by `\0`-joined path.

@@ -8,7 +8,7 @@
 
 use wasmtime::{Caller, Linker};
 
-use super::{finish, headers, memory, HostState};
+use super::{finish, headers, memory, HeaderMap, HostState};
 use crate::abi::Status;
 
 fn int(v: i64) -> Vec<u8> {
@@ -56,7 +56,12 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
     if let Some(v) = s.properties.get(&key) {
         return Some(v.clone());
     }
-    let req = &s.request_snapshot;
+    let no_headers = HeaderMap::new();
+    let req = s
+        .request_headers
+        .as_ref()
+        .or(s.request_snapshot.as_deref())
+        .unwrap_or(&no_headers);
     let header = |k: &str| headers::get(req, k).map(<[u8]>::to_vec);
     let full_path = header(":path").unwrap_or_default();
     let mut split = full_path.splitn(2, |b| *b == b'?');

@@ -197,7 +197,7 @@ const CONNECT_FAILURE: &str =
 fn from_upstream(reply: UpstreamReply) -> CallResponse {
     let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
     for (k, v) in reply.headers {
-        host::headers::add(&mut headers, &k, v);
+        host::headers::add(&mut headers, k, v);
     }
     if host::headers::get(&headers, "content-length").is_none() {
         headers.push((
