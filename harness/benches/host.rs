@@ -2,9 +2,12 @@
 //! (single worker; the project's filter with envoy-config/bootstrap.yaml, and the minimal
 //! `add-header.wat` guest), and the time to start a worker VM from a compiled module
 //! (instantiate from `InstancePre` with the pooling allocator + `_initialize` + `on_vm_start` +
-//! `on_configure`). Medians of batches; exits 1 when a target is missed.
+//! `on_configure`). Medians of batches; exits 1 when a target is missed. Also counts heap
+//! allocations per request, a figure that does not move with the machine's load.
 
+use std::alloc::{GlobalAlloc, Layout, System};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +18,34 @@ use wasm_harness::http::{Request, UpstreamReply};
 use wasm_harness::precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
 use wasm_harness::vm::{Runtime, Vm};
+
+/// The system allocator, counting allocations: the time per request swings by 2x with the load
+/// of this shared machine, the number of allocations does not, so a change that adds work to
+/// every request shows here even on a busy day.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Relaxed);
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
 
 const BATCH: u32 = 2000;
 const BATCHES: usize = 21;
@@ -95,7 +126,9 @@ fn envoy_round_trip() -> Option<Duration> {
     Some(median(times))
 }
 
-fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
+/// Median time per request, and heap allocations (and reallocations) per request, counting
+/// the bench's own upstream reply.
+fn per_request(label: &str, bootstrap: Bootstrap, adds: &str) -> (Duration, f64) {
     let mut proxy = Proxy::new(bootstrap, &ProxyOptions { workers: 1 }).unwrap();
     let request = request();
     let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
@@ -103,17 +136,19 @@ fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
         headers: vec![("x-backend-version".into(), b"7".to_vec())],
         ..Default::default()
     };
-    // Warm up, and check the filter did its work (a bench of a broken filter is no bench).
+    // Warm up, and check the filter did its work (a bench of a broken filter is no bench):
+    // the upstream must see the header the filter adds to requests.
     let exchange = proxy.send(None, None, &request, &mut upstream).unwrap();
-    let upstream_saw = exchange.upstream.as_ref().map(|u| u.headers.clone());
     assert!(
         exchange.response.as_ref().is_some_and(|r| r.status == 200)
-            && upstream_saw.is_some_and(|h| h.iter().any(|(k, _)| k.starts_with("x-"))),
-        "{label}: {exchange:?}"
+            && exchange.upstream_header(adds).is_some(),
+        "{label} did not add {adds}: {exchange:?}"
     );
+    let before = ALLOCATIONS.load(Relaxed);
     for _ in 0..BATCH {
         proxy.send(None, None, &request, &mut upstream).unwrap();
     }
+    let allocations = (ALLOCATIONS.load(Relaxed) - before) as f64 / f64::from(BATCH);
     let mut batches = Vec::with_capacity(BATCHES);
     for _ in 0..BATCHES {
         let start = Instant::now();
@@ -122,7 +157,7 @@ fn per_request(label: &str, bootstrap: Bootstrap) -> Duration {
         }
         batches.push(start.elapsed() / BATCH);
     }
-    median(batches)
+    (median(batches), allocations)
 }
 
 fn vm_start(bootstrap: Bootstrap) -> (Duration, Duration) {
@@ -200,20 +235,27 @@ fn main() {
         missed |= !ok;
     };
     println!("wasm-harness ({BATCHES} batches of {BATCH} requests, {VM_STARTS} VM starts; median)");
-    let filter = per_request("wasm-filter", bootstrap(None));
+    let (filter, filter_allocations) = per_request("wasm-filter", bootstrap(None), "x-added-by");
     // `cargo bench --bench host -- requests-only`: just the request loop (for profiling).
     if std::env::args().any(|a| a == "requests-only") {
-        println!("one request, wasm-filter: {}", us(filter));
+        println!(
+            "one request, wasm-filter: {}, {filter_allocations:.1} allocations",
+            us(filter)
+        );
         return;
     }
-    let wat = per_request(
+    let (wat, wat_allocations) = per_request(
         "add-header.wat",
         bootstrap(Some("testdata/guests/add-header.wat")),
+        "x-wat",
     );
     println!(
         "one request, header-only filter, 1 worker: wasm-filter (Rust SDK) {}, add-header.wat {} (target < 5 us)",
         us(filter),
         us(wat)
+    );
+    println!(
+        "heap allocations per request: wasm-filter {filter_allocations:.1}, add-header.wat {wat_allocations:.1}"
     );
     check("request", filter < Duration::from_micros(5));
     match envoy_round_trip() {
