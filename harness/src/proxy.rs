@@ -535,13 +535,6 @@ impl Proxy {
         self.requests_sent += 1;
         let connection = self.new_connection(li);
         self.reload_failed_vms(w);
-        // A UUID's shape, numbered so that runs repeat (36 bytes: one allocation).
-        let mut request_id = String::with_capacity(36);
-        let _ = write!(
-            request_id,
-            "{:08x}-0000-4000-8000-{:012x}",
-            0x5eed, self.requests_sent
-        );
         let mut stream = HttpStream {
             workers: &mut self.workers,
             main: &mut self.main,
@@ -555,7 +548,7 @@ impl Proxy {
             contexts: Vec::new(),
             request: None,
         };
-        let mut exchange = stream.run(request, request_id, &self.bootstrap, upstream);
+        let mut exchange = stream.run(request, self.requests_sent, &self.bootstrap, upstream);
         exchange.worker = w;
         Ok(exchange)
     }
@@ -764,14 +757,14 @@ impl<'a> HttpStream<'a> {
     fn run(
         &mut self,
         request: &Request,
-        request_id: String,
+        number: usize,
         bootstrap: &Bootstrap,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
     ) -> Exchange {
-        let mut exchange = self.exchange(request, request_id, bootstrap, upstream);
+        let mut exchange = self.exchange(request, number, bootstrap, upstream);
         self.finish();
         if let (Some(seen), Some(shared)) = (exchange.upstream.as_mut(), self.request.take()) {
-            seen.headers = Arc::try_unwrap(shared).unwrap_or_else(|shared| (*shared).clone());
+            seen.headers = Arc::unwrap_or_clone(shared);
         }
         exchange
     }
@@ -780,29 +773,31 @@ impl<'a> HttpStream<'a> {
     /// the one map for `request.*` properties, after their own headers callback too.
     fn share_request(&mut self, headers: HeaderMap) {
         let shared = Arc::new(headers);
-        for &(vm, ctx) in self.contexts.iter().flatten() {
-            if let Some(s) = self.workers[self.w].vms[vm].http_state(ctx) {
-                s.request_snapshot = Some(shared.clone());
-            }
-        }
+        self.lend_request(Some(&shared));
         self.request = Some(shared);
     }
 
     /// Takes the request's headers back from the contexts, for the router to change.
     fn unshare_request(&mut self) -> HeaderMap {
+        self.lend_request(None);
+        self.request
+            .take()
+            .map(Arc::unwrap_or_clone)
+            .unwrap_or_default()
+    }
+
+    fn lend_request(&mut self, shared: Option<&Arc<HeaderMap>>) {
         for &(vm, ctx) in self.contexts.iter().flatten() {
             if let Some(s) = self.workers[self.w].vms[vm].http_state(ctx) {
-                s.request_snapshot = None;
+                s.request_snapshot = shared.cloned();
             }
         }
-        let shared = self.request.take().unwrap_or_default();
-        Arc::try_unwrap(shared).unwrap_or_else(|shared| (*shared).clone())
     }
 
     fn exchange(
         &mut self,
         request: &Request,
-        request_id: String,
+        number: usize,
         bootstrap: &Bootstrap,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
     ) -> Exchange {
@@ -836,7 +831,7 @@ impl<'a> HttpStream<'a> {
         }
         host::headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
         if host::headers::get(&headers, "x-request-id").is_none() {
-            headers.push(("x-request-id".into(), request_id.into_bytes()));
+            headers.push(("x-request-id".into(), request_id(number).into_bytes()));
         }
         let trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
         let end_at_headers = chunks.is_empty() && trailers.is_none();
@@ -1188,6 +1183,14 @@ impl<'a> HttpStream<'a> {
             self.deliver_posted();
         }
     }
+}
+
+/// The `x-request-id` Envoy would generate: a UUID's shape, numbered by request so that runs
+/// repeat. Built in its one 36-byte allocation (`format!` grows its buffer on the way).
+fn request_id(number: usize) -> String {
+    let mut id = String::with_capacity(36);
+    let _ = write!(id, "{:08x}-0000-4000-8000-{number:012x}", 0x5eed);
+    id
 }
 
 /// Headers the connection manager, the router and typical filters add to a message: reserved
