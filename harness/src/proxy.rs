@@ -1294,23 +1294,29 @@ fn grpc_local_reply(
 
 fn upstream_response(reply: UpstreamReply) -> Outgoing {
     let chunks = reply.chunks();
-    let mut headers = HeaderMap::with_capacity(reply.headers.len() + ROOM_FOR_FILTERS);
-    headers.push((":status".into(), reply.status.to_string().into_bytes()));
-    for (k, v) in reply.headers {
-        host::headers::add(&mut headers, k, v);
-    }
-    if host::headers::get(&headers, "content-length").is_none() {
-        let len: usize = chunks.iter().map(Vec::len).sum();
-        headers.push(("content-length".into(), len.to_string().into_bytes()));
-    }
-    // The router stamps upstream responses before the filters see them.
-    host::headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
+    let len = chunks.iter().map(Vec::len).sum();
     Outgoing {
         status: reply.status,
-        headers,
+        headers: routed_headers(reply.status, reply.headers, len),
         chunks,
         trailers: (!reply.trailers.is_empty()).then_some(reply.trailers),
     }
+}
+
+/// An upstream's response headers as Envoy's router hands them on, to the filter chain or to
+/// a callout's caller: `:status` first, the upstream's headers, a `content-length` when the
+/// upstream sent none, and the router's service-time stamp.
+pub(crate) fn routed_headers(status: u16, upstream: HeaderMap, body_len: usize) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(upstream.len() + ROOM_FOR_FILTERS);
+    headers.push((":status".into(), status.to_string().into_bytes()));
+    for (k, v) in upstream {
+        host::headers::add(&mut headers, k, v);
+    }
+    if host::headers::get(&headers, "content-length").is_none() {
+        headers.push(("content-length".into(), body_len.to_string().into_bytes()));
+    }
+    host::headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
+    headers
 }
 
 /// How a message's body fits the framing Envoy's HTTP/1 codec sends it with.

@@ -192,22 +192,10 @@ const DISCONNECTED: &str =
 const CONNECT_FAILURE: &str =
     "upstream connect error or disconnect/reset before headers. reset reason: connection failure";
 
-/// An upstream's reply as the guest sees it through Envoy's router: `:status` first, the
-/// upstream's headers, a `content-length`, and the router's service-time stamp.
+/// An upstream's reply as the guest sees it through Envoy's router.
 fn from_upstream(reply: UpstreamReply) -> CallResponse {
-    let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
-    for (k, v) in reply.headers {
-        host::headers::add(&mut headers, k, v);
-    }
-    if host::headers::get(&headers, "content-length").is_none() {
-        headers.push((
-            "content-length".into(),
-            reply.body.len().to_string().into_bytes(),
-        ));
-    }
-    host::headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
     CallResponse {
-        headers,
+        headers: super::routed_headers(reply.status, reply.headers, reply.body.len()),
         body: reply.body,
         ..Default::default()
     }
