@@ -43,7 +43,7 @@ pub enum FetchError {
     Unauthorized { registry: String },
     #[error("not found: {what}")]
     NotFound { what: String },
-    #[error("unsupported layout: the image's layers have media types [{}]; accepted: one layer of application/wasm, application/vnd.wasm.content.layer.v1+wasm or application/vnd.module.wasm.content.layer.v1+wasm, Istio's 2-layer artifact, or an image whose last layer is a tar.gz holding plugin.wasm", found.join(", "))]
+    #[error("unsupported layout: the image's layers have media types [{}]; accepted: one layer of application/wasm, application/vnd.wasm.content.layer.v1+wasm or application/vnd.module.wasm.content.layer.v1+wasm, Istio's 2-layer artifact, or an image whose last layer is a tar.gz holding plugin.wasm", a_few(found))]
     UnsupportedLayout { found: Vec<String> },
     #[error("not in cache: pull policy Never forbids fetching, and no cached module matches; pre-pull it with `wasm-fetcher pull` and policy IfNotPresent")]
     NotInCache,
@@ -55,6 +55,33 @@ pub enum FetchError {
     Unsupported(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// The address guard stopped a connection or a redirect before anything was sent.
+    #[error(transparent)]
+    Refused(#[from] crate::guard::Refusal),
+    #[error("redirect without Location: {from} answered HTTP {status} and no Location header")]
+    RedirectWithoutLocation { from: String, status: u16 },
+    /// A manifest, index, token or other response read into memory was over its limit.
+    #[error("exceeds size limit: the {what} is larger than {limit} bytes")]
+    ResponseTooLarge { what: &'static str, limit: usize },
+    #[error("too long: the server sent more than the {expected} bytes it declared")]
+    TooLong { expected: u64 },
+    #[error("unsafe bearer realm {realm:?}: {reason}")]
+    UnsafeRealm { realm: String, reason: String },
+}
+
+/// At most a few items of a list that a server controls, and how many more there were.
+fn a_few(items: &[String]) -> String {
+    const SHOWN: usize = 5;
+    let mut text = items
+        .iter()
+        .take(SHOWN)
+        .map(|s| s.chars().take(100).collect::<String>())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if items.len() > SHOWN {
+        text.push_str(&format!(", and {} more", items.len() - SHOWN));
+    }
+    text
 }
 
 /// An error and all its sources on one line: reqwest and rustls put the useful part last.

@@ -18,7 +18,9 @@ pub mod auth;
 pub mod bootstrap;
 pub mod cache;
 pub mod error;
+pub mod guard;
 pub mod index;
+pub mod net;
 pub mod policy;
 pub mod progress;
 pub mod reference;
@@ -197,8 +199,8 @@ pub async fn pull(
                 Some(p) => auth::from_docker_config(p, &r.registry)?,
                 None => oci_client::secrets::RegistryAuth::Anonymous,
             };
-            let mut registry = source::oci::Registry::new(r, creds, settings);
-            let resolved = registry.resolve(r, req.platform.as_deref()).await?;
+            let registry = source::oci::Registry::new(r, creds, settings);
+            let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
             // A pin may name the manifest or the index instead of the module.
             let digest_pin = req.sha256.as_ref().map(digest_str).and_then(|pin| {
                 if pin == resolved.manifest_digest {
@@ -248,8 +250,8 @@ pub async fn pull(
                     )
                 }
                 _ => {
-                    registry
-                        .download(&resolved, &mut staging, settings.max_size)
+                    let staging = registry
+                        .download(&connection, cache, &resolved, staging)
                         .await?;
                     let (path, sha) = cache.commit(staging, module_pin.as_ref())?;
                     let pin = digest_pin

@@ -56,6 +56,10 @@ enum Command {
         /// Print a JSON object (path, source, sha256, manifest_digest, pin, from_cache).
         #[arg(long)]
         json: bool,
+        /// Fetch an image layer from the URLs its descriptor lists (foreign, non-distributable
+        /// layers) before asking the registry; those URLs pass the same address guard.
+        #[arg(long)]
+        allow_foreign_layers: bool,
     },
     /// Remove modules unused for longer than WASM_MODULE_EXPIRY (default 24h).
     Purge {
@@ -103,6 +107,7 @@ fn main() -> ExitCode {
             timeout,
             ca_file,
             json,
+            allow_foreign_layers,
         } => {
             let bar = progress_bar(&url);
             let req = PullRequest {
@@ -115,13 +120,20 @@ fn main() -> ExitCode {
                 pull_secret,
                 progress: bar.as_ref().map(reporter).unwrap_or_default(),
             };
-            let result = run_pull(&req, cache_dir, timeout, ca_file, json);
+            let result = run_pull(
+                &req,
+                cache_dir,
+                timeout,
+                ca_file,
+                json,
+                allow_foreign_layers,
+            );
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }
             if let Err(e) = result {
                 eprintln!("wasm-fetcher: {url}: {e:#}");
-                return ExitCode::from(1);
+                return ExitCode::from(exit_code(&e));
             }
         }
         Command::Purge { cache_dir } => {
@@ -148,6 +160,14 @@ fn main() -> ExitCode {
         }
     }
     ExitCode::SUCCESS
+}
+
+/// 2 for a URL that cannot name a module (a usage error, like a bad flag), 1 otherwise.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    match e.downcast_ref::<wasm_fetcher::FetchError>() {
+        Some(wasm_fetcher::FetchError::BadUrl { .. }) => 2,
+        _ => 1,
+    }
 }
 
 /// A progress bar on a terminal, nothing when stderr is piped. It stays hidden for the
@@ -195,8 +215,10 @@ fn run_pull(
     timeout: std::time::Duration,
     ca_file: Option<PathBuf>,
     json: bool,
+    allow_foreign_layers: bool,
 ) -> anyhow::Result<()> {
     let mut settings = Settings::from_env()?;
+    settings.allow_foreign_layers = allow_foreign_layers;
     if let Some(ca) = ca_file {
         let pem = std::fs::read(&ca)
             .with_context(|| format!("cannot read --ca-file {}", ca.display()))?;

@@ -91,9 +91,19 @@ impl Source {
 }
 
 fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
+    let shown: String = rest.chars().take(200).collect();
     let bad = |reason: &str| FetchError::BadUrl {
-        reason: format!("oci://{rest}: {reason}"),
+        reason: format!("oci://{shown}: {reason}"),
     };
+    // An `@` before the first `/` is userinfo, not a digest.
+    if let Some(at) = rest.find('@') {
+        if rest.find('/').is_none_or(|slash| at < slash) {
+            // Not repeated in the message: they are secret.
+            return Err(FetchError::BadUrl {
+                reason: "credentials in an oci:// URL are refused (they would end up in logs and the cache index); pass them with --pull-secret".into(),
+            });
+        }
+    }
     let (name, digest) = match rest.split_once('@') {
         Some((n, d)) => {
             let hex = d
@@ -109,6 +119,7 @@ fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
     if registry.is_empty() || path.is_empty() {
         return Err(bad("expected oci://registry/repository[:tag]"));
     }
+    check_registry(registry).map_err(|reason| bad(&reason))?;
     let (repository, tag) = match path.rsplit_once(':') {
         Some((repo, tag)) if !tag.contains('/') => (repo, Some(tag.to_string())),
         _ => (path, None),
@@ -120,6 +131,17 @@ fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
     {
         return Err(bad(
             "the repository must be lower-case letters, digits, '.', '_', '-' and '/'",
+        ));
+    }
+    // Each path component starts and ends with a letter or digit (the distribution spec's
+    // grammar): no empty, `.` or `..` segment can reach a registry URL.
+    let component_ok = |c: &str| {
+        let alnum = |ch: Option<char>| ch.is_some_and(|ch| ch.is_ascii_alphanumeric());
+        alnum(c.chars().next()) && alnum(c.chars().last())
+    };
+    if !repository.split('/').all(component_ok) {
+        return Err(bad(
+            "empty, '.' and '..' path segments are not allowed; each segment starts and ends with a letter or digit",
         ));
     }
     if let Some(t) = &tag {
@@ -138,6 +160,23 @@ fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
         tag,
         digest,
     })
+}
+
+/// `host[:port]` as a URL authority: a valid port, a bracketed IPv6 literal, nothing else.
+fn check_registry(registry: &str) -> Result<(), String> {
+    let parsed = url::Url::parse(&format!("https://{registry}/"))
+        .map_err(|e| format!("invalid registry {registry:?}: {e}"))?;
+    let plain = parsed.path() == "/"
+        && parsed.query().is_none()
+        && parsed.fragment().is_none()
+        && parsed.username().is_empty()
+        && parsed.host_str().is_some_and(|h| !h.is_empty());
+    if !plain {
+        return Err(format!(
+            "invalid registry {registry:?}: expected host[:port]"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -179,15 +218,67 @@ mod tests {
             "oci://host/Repo",
             "oci://host/a@md5:00",
             "oci://host/a:bad tag",
+            "oci://host/../etc:1",
+            "oci://host/a/./b:1",
+            "oci://host/a//b:1",
+            "oci://host/a/:1",
+            "oci://host/-a:1",
+            "oci://host:99999/a:1",
+            "oci://host:port/a:1",
+            "oci://[::1/a:1",
+            "oci://::1:5000/a:1",
+            "oci://host?x/a:1",
+            "oci://user:pass@host/a:1",
         ] {
             assert!(
                 matches!(Source::parse(bad), Err(FetchError::BadUrl { .. })),
                 "{bad}"
             );
         }
+        let e = Source::parse("oci://user:secret@host/a:1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("credentials"), "{e}");
+        let e = Source::parse("oci://host:99999/a:1")
+            .unwrap_err()
+            .to_string();
+        assert!(e.starts_with("invalid URL") && e.contains("port"), "{e}");
+        let r = oci("oci://[::1]:5000/a/b:1");
+        assert_eq!(r.registry, "[::1]:5000");
         assert!(matches!(
             Source::parse("ftp://x/y"),
             Err(FetchError::UnsupportedScheme { .. })
         ));
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(300))]
+
+            #[test]
+            fn any_text_parses_or_is_refused_without_panic(s in "\\PC{0,120}") {
+                let _ = Source::parse(&s);
+                let _ = Source::parse(&format!("oci://{s}"));
+            }
+
+            #[test]
+            fn an_accepted_reference_has_no_traversal_and_no_credentials(
+                registry in "[a-z0-9.:@\\[\\]-]{0,24}",
+                path in "[a-z0-9A-Z._/:@-]{0,48}",
+            ) {
+                if let Ok(Source::Oci(r)) = Source::parse(&format!("oci://{registry}/{path}")) {
+                    prop_assert!(!r.registry.contains('@') && !r.registry.contains('/'));
+                    prop_assert!(r
+                        .repository
+                        .split('/')
+                        .all(|seg| !seg.is_empty() && seg != "." && seg != ".."));
+                    let endpoint = format!("https://{}/v2/{}/manifests/x", r.registry, r.repository);
+                    prop_assert!(url::Url::parse(&endpoint).is_ok(), "{}", endpoint);
+                }
+            }
+        }
     }
 }

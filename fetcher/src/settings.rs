@@ -21,6 +21,12 @@ pub struct Settings {
     pub insecure_registries: Vec<String>,
     /// Extra trusted roots (`--ca-file`).
     pub extra_roots: Vec<oci_client::client::Certificate>,
+    /// `BLOCKED_CIDRS_IN_WASM_FETCH`: ranges refused beside the always-refused link-local and
+    /// cloud metadata addresses (`crate::guard`).
+    pub blocked_cidrs: Vec<ipnet::IpNet>,
+    /// `--allow-foreign-layers`: fetch an image layer from the `urls` its descriptor lists
+    /// (through the same guard) before asking the registry. Off: those URLs are never used.
+    pub allow_foreign_layers: bool,
 }
 
 impl Settings {
@@ -49,6 +55,8 @@ impl Default for Settings {
             purge_interval: Duration::from_secs(3600),
             insecure_registries: Vec::new(),
             extra_roots: Vec::new(),
+            blocked_cidrs: Vec::new(),
+            allow_foreign_layers: false,
         }
     }
 }
@@ -97,6 +105,14 @@ impl Settings {
                     name: "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
                     value: v.clone(),
                     reason: "expected a positive number of bytes".into(),
+                })?;
+        }
+        if let Some(v) = var("BLOCKED_CIDRS_IN_WASM_FETCH") {
+            s.blocked_cidrs =
+                crate::guard::parse_cidrs(&v).map_err(|reason| FetchError::Setting {
+                    name: "BLOCKED_CIDRS_IN_WASM_FETCH",
+                    value: v.clone(),
+                    reason,
                 })?;
         }
         if let Some(v) = var("WASM_INSECURE_REGISTRIES") {

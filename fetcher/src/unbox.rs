@@ -36,6 +36,84 @@ fn copy(mut from: impl Read, to: &mut Staging) -> Result<(), FetchError> {
     }
 }
 
+/// How much a tar.gz layer may decompress to, as a multiple of the module size limit: room
+/// for a few other files beside `plugin.wasm`, not for a decompression bomb.
+const LAYER_EXPANSION: u64 = 4;
+
+/// A reader that fails once more than `left` bytes were asked of it, instead of ending early
+/// (which a tar reader would report as a damaged archive).
+struct Bounded<R> {
+    inner: R,
+    left: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the layer decompresses to more than its limit")]
+struct OverLimit;
+
+impl<R: Read> Read for Bounded<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.left = self
+            .left
+            .checked_sub(n as u64)
+            .ok_or_else(|| std::io::Error::other(OverLimit))?;
+        Ok(n)
+    }
+}
+
+fn is_over_limit(e: &std::io::Error) -> bool {
+    e.get_ref().is_some_and(|inner| inner.is::<OverLimit>())
+}
+
+/// The `plugin.wasm` of a Docker or OCI image layer (tar.gz) held in `layer`, streamed into a
+/// staging file of its own: nothing is held in memory, an entry declaring more than the size
+/// limit is refused before it is read, and the layer's file is removed when this returns.
+pub fn extract_plugin_wasm(
+    cache: &Cache,
+    mut layer: Staging,
+    media_type: &str,
+) -> Result<Staging, FetchError> {
+    let limit = layer.max_size();
+    let not_targz = |e: std::io::Error| {
+        if is_over_limit(&e) {
+            FetchError::TooLarge { limit }
+        } else {
+            FetchError::NotWasm {
+                reason: format!("the {media_type} layer is not a valid tar.gz: {e}"),
+            }
+        }
+    };
+    let gz = flate2::read::GzDecoder::new(std::io::BufReader::new(layer.reopen()?));
+    let mut archive = tar::Archive::new(Bounded {
+        inner: gz,
+        left: limit.saturating_mul(LAYER_EXPANSION),
+    });
+    for entry in archive.entries().map_err(not_targz)? {
+        let entry = entry.map_err(not_targz)?;
+        let is_plugin = entry
+            .path()
+            .ok()
+            .and_then(|p| p.file_name().map(|n| n == "plugin.wasm"))
+            .unwrap_or(false);
+        if !is_plugin {
+            continue;
+        }
+        if entry.size() > limit {
+            return Err(FetchError::TooLarge { limit });
+        }
+        let mut module = cache.staging(limit)?;
+        copy(entry, &mut module).map_err(|e| match e {
+            FetchError::Io(io) => not_targz(io),
+            other => other,
+        })?;
+        return Ok(module);
+    }
+    Err(FetchError::UnsupportedLayout {
+        found: vec![format!("{media_type} without plugin.wasm")],
+    })
+}
+
 /// Opens boxes until the content is no longer gzip or tar; the checksum is then the one of
 /// the unboxed module.
 pub fn unbox(cache: &Cache, mut staging: Staging) -> Result<Staging, FetchError> {

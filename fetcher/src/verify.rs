@@ -27,6 +27,31 @@ impl Sha256 {
     }
 }
 
+/// The sha256 of bytes already in memory (a manifest).
+pub fn sha256_of(bytes: &[u8]) -> Sha256 {
+    use sha2::Digest;
+    Sha256(sha2::Sha256::digest(bytes).into())
+}
+
+/// A digest named by a manifest or an index: exactly `sha256:` and 64 lower-case hex
+/// characters, checked before it goes into a URL.
+pub fn parse_digest(s: &str) -> Result<Sha256, FetchError> {
+    let bad = || FetchError::Registry {
+        message: format!(
+            "invalid digest {:?} in a manifest: expected sha256: and 64 lower-case hex characters",
+            s.chars().take(100).collect::<String>()
+        ),
+    };
+    let hex_part = s.strip_prefix("sha256:").ok_or_else(bad)?;
+    if !hex_part
+        .bytes()
+        .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    {
+        return Err(bad());
+    }
+    Sha256::parse(hex_part).map_err(|_| bad())
+}
+
 impl std::fmt::Display for Sha256 {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.hex())
@@ -97,6 +122,23 @@ mod tests {
         assert!(Sha256::parse(&"zz".repeat(32))
             .unwrap_err()
             .contains("non-hex"));
+    }
+
+    #[test]
+    fn manifest_digests_are_strict() {
+        let hex = "ab".repeat(32);
+        assert_eq!(parse_digest(&format!("sha256:{hex}")).unwrap().hex(), hex);
+        for bad in [
+            hex.clone(),
+            format!("sha256:{}", hex.to_uppercase()),
+            format!("sha512:{hex}"),
+            format!("sha256:{hex}/../x"),
+            "sha256:../../etc".into(),
+            format!("sha256:{}", &hex[2..]),
+        ] {
+            let e = parse_digest(&bad).unwrap_err().to_string();
+            assert!(e.contains("invalid digest"), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -21,27 +21,17 @@ pub async fn fetch(
     staging: &mut Staging,
     settings: &Settings,
 ) -> Result<(), FetchError> {
-    crate::tls::ensure_provider();
     let host = host_port(url);
     // As Istio: an HTTPS source whose host:port is in WASM_INSECURE_REGISTRIES (or `*`) is
     // fetched without certificate verification; every other one is verified.
-    let mut builder = reqwest::Client::builder()
-        .timeout(settings.http_timeout)
-        .tls_danger_accept_invalid_certs(settings.is_insecure_registry(&host));
-    for ca in &settings.extra_roots {
-        for cert in
-            reqwest::Certificate::from_pem_bundle(&ca.data).map_err(|e| FetchError::Network {
-                attempts: 0,
-                message: format!("--ca-file is not PEM: {e}"),
-            })?
-        {
-            builder = builder.add_root_certificate(cert);
-        }
-    }
-    let client = builder.build().map_err(|e| FetchError::Network {
-        attempts: 0,
-        message: format!("cannot build HTTP client: {e}"),
-    })?;
+    let client = crate::net::client(
+        settings,
+        settings.is_insecure_registry(&host),
+        crate::net::Deadline::Total(settings.http_timeout),
+    )?;
+    // A literal address is checked before anything is sent (a proxy would reach it for us);
+    // names are checked when resolved, redirects hop by hop.
+    crate::guard::check_url(url, &settings.blocked_cidrs)?;
     let mut last = None;
     for attempt in 1..=settings.http_attempts {
         if attempt > 1 {
@@ -83,6 +73,9 @@ enum Attempt {
 /// A failed attempt: timeouts and network errors are retried, an untrusted certificate is not
 /// (it will not change by asking again).
 fn classify(e: reqwest::Error, host: &str, settings: &Settings) -> Attempt {
+    if let Some(refused) = crate::net::refused(&e) {
+        return Attempt::Final(refused);
+    }
     if e.is_timeout() {
         return Attempt::Retry(FetchError::TimedOut {
             attempts: 1,
@@ -121,6 +114,9 @@ async fn attempt_once(
         .send()
         .await
         .map_err(|e| classify(e, host, settings))?;
+    if let Some(e) = crate::net::unfollowed_redirect(&resp) {
+        return Err(Attempt::Final(e));
+    }
     let status = resp.status();
     if status.as_u16() != 200 {
         let e = FetchError::HttpStatus {

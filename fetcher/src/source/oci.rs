@@ -6,21 +6,17 @@
 //! - Istio's 2-layer artifact (`application/vnd.module.wasm.content.layer.v1+wasm`);
 //! - a Docker or OCI image whose last layer is a tar.gz holding `plugin.wasm`.
 
-use std::io::Read;
-
 use futures_util::StreamExt;
-use oci_client::client::{BlobResponse, ClientConfig, ClientProtocol};
-
-use oci_client::errors::OciDistributionError;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
-use oci_client::{Client, Reference};
 use serde_json::Value;
 
-use crate::cache::Staging;
+use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
 use crate::reference::OciRef;
 use crate::settings::Settings;
+use crate::source::distribution::{Distribution, PingFailure, Scheme};
+use crate::verify::{parse_digest, Sha256};
 
 /// Media types, in one place.
 pub mod media {
@@ -33,6 +29,8 @@ pub mod media {
     pub const TAR_GZIP_LAYERS: &[&str] = &[
         "application/vnd.docker.image.rootfs.diff.tar.gzip",
         "application/vnd.oci.image.layer.v1.tar+gzip",
+        "application/vnd.docker.image.rootfs.foreign.diff.tar.gzip",
+        "application/vnd.oci.image.layer.nondistributable.v1.tar+gzip",
     ];
     pub const INDEXES: &[&str] = &[
         "application/vnd.oci.image.index.v1+json",
@@ -47,16 +45,15 @@ pub mod media {
 /// A resolved image: the manifest of the module's image, its digest, and the index digest
 /// when the reference named an index.
 pub struct Resolved {
-    pub reference: Reference,
     pub manifest: OciImageManifest,
     pub manifest_digest: String,
     pub index_digest: Option<String>,
 }
 
 pub struct Registry {
-    client: Client,
-    auth: RegistryAuth,
     registry: String,
+    repository: String,
+    credentials: RegistryAuth,
     transport: Transport,
     settings: Settings,
 }
@@ -86,136 +83,114 @@ impl Transport {
             Transport::Verified
         }
     }
-}
 
-/// The TLS handshake met a server that answered in plain HTTP.
-fn speaks_plain_http(e: &OciDistributionError) -> bool {
-    let text = crate::error::chain(e);
-    text.contains("InvalidContentType") || text.contains("corrupt message")
-}
-
-/// A plain HTTP request met a server that wants TLS: it says 400 ("Client sent an HTTP request
-/// to an HTTPS server", Go; nginx alike) or drops the connection.
-fn wants_tls(e: &OciDistributionError) -> bool {
-    match e {
-        OciDistributionError::ServerError { code: 400, .. } => true,
-        OciDistributionError::RequestError(e) => !e.is_timeout(),
-        other => crate::error::chain(other).contains("HTTPS server"),
+    /// The protocols to try, in order.
+    fn schemes(self) -> &'static [Scheme] {
+        match self {
+            Transport::Verified => &[Scheme::Https],
+            Transport::Loopback => &[Scheme::Http, Scheme::Https],
+            Transport::Insecure => &[Scheme::Https, Scheme::Http],
+        }
     }
 }
 
-fn map_err(registry: &str, e: OciDistributionError) -> FetchError {
-    match e {
-        OciDistributionError::AuthenticationFailure(_)
-        | OciDistributionError::UnauthorizedError { .. } => FetchError::Unauthorized {
-            registry: registry.to_string(),
-        },
-        OciDistributionError::ServerError {
-            code: 401 | 403, ..
-        } => FetchError::Unauthorized {
-            registry: registry.to_string(),
-        },
-        OciDistributionError::ImageManifestNotFoundError(m) => FetchError::NotFound { what: m },
-        OciDistributionError::ServerError { code: 404, url, .. } => {
-            FetchError::NotFound { what: url }
+/// Whether a failed ping over `scheme` is a sign the server speaks the other protocol: a TLS
+/// handshake answered in plain HTTP, or a plain request turned away with 400 or a dropped
+/// connection.
+fn other_protocol(scheme: Scheme, failure: &PingFailure) -> bool {
+    match (scheme, failure) {
+        (Scheme::Https, PingFailure::Send(e)) => {
+            let text = crate::error::chain(e);
+            text.contains("InvalidContentType") || text.contains("corrupt message")
         }
-        OciDistributionError::RegistryError { envelope, url } => {
-            let text = format!("{envelope:?}");
-            if text.contains("Unauthorized") || text.contains("Denied") {
-                FetchError::Unauthorized {
-                    registry: registry.to_string(),
-                }
-            } else if text.contains("Unknown") || text.contains("NotFound") {
-                FetchError::NotFound { what: url }
-            } else {
-                FetchError::Registry {
-                    message: format!("{url}: {text}"),
-                }
-            }
-        }
-        OciDistributionError::RequestError(e) if e.is_timeout() => FetchError::TimedOut {
-            attempts: 1,
-            per_attempt: std::time::Duration::ZERO,
-        },
-        OciDistributionError::RequestError(e) => {
-            let message = crate::error::chain(&e);
-            crate::error::untrusted_certificate(registry, &message)
-                .unwrap_or(FetchError::Registry { message })
-        }
-        other => FetchError::Registry {
-            message: other.to_string(),
-        },
+        (Scheme::Http, PingFailure::BadRequest) => true,
+        (Scheme::Http, PingFailure::Send(e)) => !e.is_timeout(),
+        _ => false,
     }
 }
 
 impl Registry {
-    pub fn new(r: &OciRef, auth: RegistryAuth, settings: &Settings) -> Self {
-        let transport = Transport::for_registry(r, settings);
-        let plain_http = transport == Transport::Loopback;
+    pub fn new(r: &OciRef, credentials: RegistryAuth, settings: &Settings) -> Self {
         Self {
-            client: client(&r.registry, transport, plain_http, settings),
-            auth,
             registry: r.registry.clone(),
-            transport,
+            repository: r.repository.clone(),
+            credentials,
+            transport: Transport::for_registry(r, settings),
             settings: settings.clone(),
         }
     }
 
-    /// The first request of a pull, which settles the protocol for the ones after it.
-    async fn first_manifest(
-        &mut self,
-        reference: &Reference,
-    ) -> Result<(Vec<u8>, String), FetchError> {
-        let first = self.raw_manifest(reference).await;
-        let switch_to_plain = match (&first, self.transport) {
-            (Err(e), Transport::Loopback) if wants_tls(e) => false,
-            (Err(e), Transport::Insecure) if speaks_plain_http(e) => true,
-            _ => return first.map_err(|e| map_err(&self.registry, e)),
-        };
-        tracing::debug!(registry = %self.registry, switch_to_plain, "switching protocol");
-        self.client = client(
-            &self.registry,
-            self.transport,
-            switch_to_plain,
-            &self.settings,
-        );
-        match self.raw_manifest(reference).await {
-            Ok(found) => Ok(found),
-            // The server did speak plain HTTP after all: its first answer is the one to report.
-            Err(e) if !switch_to_plain && speaks_plain_http(&e) => {
-                first.map_err(|e| map_err(&self.registry, e))
+    /// The first request of a pull, which settles the protocol and the authentication.
+    async fn connect(&self) -> Result<Distribution, FetchError> {
+        let insecure = self.transport == Transport::Insecure;
+        let mut first: Option<FetchError> = None;
+        let schemes = self.transport.schemes();
+        for (i, scheme) in schemes.iter().enumerate() {
+            let mut d = Distribution::new(
+                &self.registry,
+                &self.repository,
+                *scheme,
+                insecure,
+                self.credentials.clone(),
+                &self.settings,
+            )?;
+            let failure = match d.ping().await {
+                Ok(()) => return Ok(d),
+                Err(f) => f,
+            };
+            let switch = i + 1 < schemes.len() && other_protocol(*scheme, &failure);
+            // A server that speaks plain HTTP after all: its first answer is the one to report.
+            let speaks_plain = *scheme == Scheme::Https && other_protocol(*scheme, &failure);
+            let error = match failure {
+                PingFailure::Send(e) => d.send_error(e),
+                PingFailure::BadRequest => FetchError::Registry {
+                    message: format!(
+                        "{}://{}/v2/ answered HTTP 400",
+                        if *scheme == Scheme::Http {
+                            "http"
+                        } else {
+                            "https"
+                        },
+                        self.registry
+                    ),
+                },
+                PingFailure::Other(e) => e,
+            };
+            if !switch {
+                return Err(match first {
+                    Some(f) if speaks_plain => f,
+                    _ => error,
+                });
             }
-            Err(e) => Err(map_err(&self.registry, e)),
+            tracing::debug!(registry = %self.registry, "switching protocol after: {error}");
+            first.get_or_insert(error);
         }
+        Err(first.unwrap_or(FetchError::Registry {
+            message: format!("no protocol to reach {}", self.registry),
+        }))
     }
 
-    async fn raw_manifest(
+    /// Fetches the manifest (and, for an index, the chosen child's); returns the connection
+    /// for the layer download.
+    pub async fn resolve(
         &self,
-        reference: &Reference,
-    ) -> Result<(Vec<u8>, String), OciDistributionError> {
-        let accepted: Vec<&str> = media::MANIFESTS
+        r: &OciRef,
+        platform: Option<&str>,
+    ) -> Result<(Distribution, Resolved), FetchError> {
+        let d = self.connect().await?;
+        let accepted = media::MANIFESTS
             .iter()
             .chain(media::INDEXES)
             .copied()
-            .collect();
-        let (bytes, digest) = self
-            .client
-            .pull_manifest_raw(reference, &self.auth, &accepted)
-            .await?;
-        Ok((bytes.to_vec(), digest))
-    }
-
-    /// Fetches the manifest (and, for an index, the chosen child's).
-    pub async fn resolve(
-        &mut self,
-        r: &OciRef,
-        platform: Option<&str>,
-    ) -> Result<Resolved, FetchError> {
-        let reference = r.to_reference();
-        let (bytes, digest) = self.first_manifest(&reference).await?;
-        let doc: Value = serde_json::from_slice(&bytes).map_err(|e| FetchError::Registry {
-            message: format!("manifest is not JSON: {e}"),
-        })?;
+            .collect::<Vec<_>>()
+            .join(", ");
+        let reference = match (&r.digest, &r.tag) {
+            (Some(digest), _) => format!("sha256:{}", digest.hex()),
+            (None, Some(tag)) => tag.clone(),
+            (None, None) => "latest".to_string(),
+        };
+        let (bytes, digest) = d.manifest(&reference, &accepted).await?;
+        let doc = parse_json(&bytes)?;
         if doc.get("manifests").is_some() {
             let child = pick_child(
                 &doc,
@@ -225,35 +200,33 @@ impl Registry {
                     .map(|d| format!("sha256:{}", d.hex()))
                     .as_deref(),
             )?;
-            let child_ref =
-                Reference::with_digest(r.registry.clone(), r.repository.clone(), child.clone());
-            let (bytes, child_digest) = self
-                .raw_manifest(&child_ref)
-                .await
-                .map_err(|e| map_err(&self.registry, e))?;
-            let manifest = parse_manifest(&bytes)?;
-            return Ok(Resolved {
-                reference: child_ref,
-                manifest,
+            let child = parse_digest(&child)?;
+            let (bytes, child_digest) = d
+                .manifest(&format!("sha256:{}", child.hex()), &accepted)
+                .await?;
+            let resolved = Resolved {
+                manifest: parse_manifest(&bytes)?,
                 manifest_digest: child_digest,
                 index_digest: Some(digest),
-            });
+            };
+            return Ok((d, resolved));
         }
-        Ok(Resolved {
-            reference,
+        let resolved = Resolved {
             manifest: parse_manifest(&bytes)?,
             manifest_digest: digest,
             index_digest: None,
-        })
+        };
+        Ok((d, resolved))
     }
 
-    /// Streams the module out of the image into `staging`.
+    /// Streams the module out of the image; returns the staging file that holds it.
     pub async fn download(
         &self,
+        d: &Distribution,
+        cache: &Cache,
         resolved: &Resolved,
-        staging: &mut Staging,
-        max_size: u64,
-    ) -> Result<(), FetchError> {
+        mut staging: Staging,
+    ) -> Result<Staging, FetchError> {
         let layers = &resolved.manifest.layers;
         let wasm: Vec<&OciDescriptor> = layers
             .iter()
@@ -262,134 +235,124 @@ impl Registry {
         let istio = layers
             .iter()
             .find(|l| l.media_type == media::ISTIO_WASM_LAYER);
-        if layers.len() == 1 && wasm.len() == 1 {
-            return self.stream_layer(resolved, wasm[0], staging).await;
-        }
-        if layers.len() == 2 {
-            if let Some(l) = istio {
-                return self.stream_layer(resolved, l, staging).await;
-            }
+        let module_layer = match (layers.len(), wasm.as_slice(), istio) {
+            (1, [only], _) => Some(*only),
+            (2, _, Some(l)) => Some(l),
+            _ => None,
+        };
+        if let Some(layer) = module_layer {
+            self.stream_layer(d, layer, &mut staging).await?;
+            return Ok(staging);
         }
         if let Some(last) = layers
             .last()
             .filter(|l| media::TAR_GZIP_LAYERS.contains(&l.media_type.as_str()))
         {
-            return self
-                .extract_plugin_wasm(resolved, last, staging, max_size)
-                .await;
+            // The layer is kept whole in the staging file (checked against its digest), then
+            // plugin.wasm is streamed out of it into a second one.
+            self.stream_layer(d, last, &mut staging).await?;
+            return crate::unbox::extract_plugin_wasm(cache, staging, &last.media_type);
         }
         Err(FetchError::UnsupportedLayout {
             found: layers.iter().map(|l| l.media_type.clone()).collect(),
         })
     }
 
+    /// One layer into `staging`, checked against its declared size and digest.
     async fn stream_layer(
         &self,
-        resolved: &Resolved,
+        d: &Distribution,
         layer: &OciDescriptor,
         staging: &mut Staging,
     ) -> Result<(), FetchError> {
-        if layer.size as u64 > staging.max_size() {
+        let digest = parse_digest(&layer.digest)?;
+        let declared = u64::try_from(layer.size).map_err(|_| FetchError::Registry {
+            message: format!("layer {} declares a negative size", layer.digest),
+        })?;
+        if declared > staging.max_size() {
             return Err(FetchError::TooLarge {
                 limit: staging.max_size(),
             });
         }
-        // A range from 0 lets the registry answer 206, which oci-client passes through without
-        // hashing: the staging file hashes every byte already, and hashing twice is what made a
-        // 50 MiB pull CPU-bound. A registry that answers 200 is verified by both, still correct.
-        let stream = self
-            .client
-            .pull_blob_stream_partial(&resolved.reference, layer, 0, None)
-            .await
-            .map_err(|e| map_err(&self.registry, e))?;
-        let mut stream = match stream {
-            BlobResponse::Full(s) | BlobResponse::Partial(s) => s,
+        let foreign = if self.settings.allow_foreign_layers {
+            layer.urls.as_deref().unwrap_or_default()
+        } else {
+            &[]
         };
-        staging.started(Some(layer.size as u64));
-        while let Some(chunk) = stream.stream.next().await {
-            let chunk = chunk.map_err(|e| FetchError::Registry {
-                message: format!("reading layer {}: {e}", layer.digest),
-            })?;
-            staging.write(&chunk)?;
-        }
-        if staging.size() != layer.size as u64 {
-            return Err(FetchError::Truncated {
-                got: staging.size(),
-                expected: layer.size as u64,
-            });
-        }
-        // For a raw Wasm layer the module is the blob, so the layer digest pins it too.
-        let actual = format!("sha256:{}", staging.digest_so_far().hex());
-        if layer.digest != actual {
-            return Err(FetchError::ChecksumMismatch {
-                expected: layer.digest.clone(),
-                actual,
-            });
-        }
-        Ok(())
-    }
-
-    async fn extract_plugin_wasm(
-        &self,
-        resolved: &Resolved,
-        layer: &OciDescriptor,
-        staging: &mut Staging,
-        max_size: u64,
-    ) -> Result<(), FetchError> {
-        let mut blob = Vec::with_capacity(layer.size.max(0) as usize);
-        self.client
-            .pull_blob(&resolved.reference, layer, &mut blob)
-            .await
-            .map_err(|e| map_err(&self.registry, e))?;
-        let gz = flate2::read::GzDecoder::new(blob.as_slice());
-        let mut archive = tar::Archive::new(gz.take(max_size.saturating_mul(4)));
-        let entries = archive.entries().map_err(|e| FetchError::NotWasm {
-            reason: format!("layer {} is not a tar.gz: {e}", layer.digest),
-        })?;
-        for entry in entries {
-            let mut entry = entry.map_err(|e| FetchError::NotWasm {
-                reason: format!("layer {} is not a valid tar.gz: {e}", layer.digest),
-            })?;
-            let is_plugin = entry
-                .path()
-                .ok()
-                .and_then(|p| p.file_name().map(|n| n == "plugin.wasm"))
-                .unwrap_or(false);
-            if !is_plugin {
-                continue;
+        let mut last = None;
+        for url in foreign {
+            match d.foreign(url).await {
+                Ok(resp) => match copy_checked(resp, &digest, declared, staging, d).await {
+                    Ok(()) => return Ok(()),
+                    Err(e @ (FetchError::Refused(_) | FetchError::TooLarge { .. })) => {
+                        return Err(e)
+                    }
+                    Err(e) => last = Some(e),
+                },
+                Err(e @ FetchError::Refused(_)) => return Err(e),
+                Err(e) => last = Some(e),
             }
-            let mut buf = vec![0u8; 256 * 1024];
-            loop {
-                let n = entry.read(&mut buf)?;
-                if n == 0 {
-                    return Ok(());
-                }
-                staging.write(&buf[..n])?;
-            }
+            tracing::debug!(%url, "foreign layer URL failed: {last:?}");
+            staging.reset()?;
         }
-        Err(FetchError::UnsupportedLayout {
-            found: vec![format!("{} without plugin.wasm", layer.media_type)],
-        })
+        match d.blob(&digest).await {
+            Ok(resp) => copy_checked(resp, &digest, declared, staging, d).await,
+            Err(e) => Err(last.unwrap_or(e)),
+        }
     }
 }
 
-fn client(registry: &str, transport: Transport, plain_http: bool, settings: &Settings) -> Client {
-    crate::tls::ensure_provider();
-    Client::new(ClientConfig {
-        protocol: if plain_http {
-            ClientProtocol::HttpsExcept(vec![registry.to_string()])
-        } else {
-            ClientProtocol::Https
-        },
-        accept_invalid_certificates: transport == Transport::Insecure,
-        read_timeout: Some(settings.http_timeout),
-        connect_timeout: Some(settings.http_timeout),
-        extra_root_certificates: settings.extra_roots.clone(),
-        ..Default::default()
+/// Streams a blob into `staging`: never past its declared size, and exactly its digest.
+async fn copy_checked(
+    resp: reqwest::Response,
+    digest: &Sha256,
+    declared: u64,
+    staging: &mut Staging,
+    d: &Distribution,
+) -> Result<(), FetchError> {
+    staging.started(Some(declared));
+    let mut stream = resp.bytes_stream();
+    while let Some(chunk) = stream.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            // The connection ended early: what arrived is short of what was declared.
+            Err(e) if !e.is_timeout() && crate::net::refused(&e).is_none() => {
+                return Err(FetchError::Truncated {
+                    got: staging.size(),
+                    expected: declared,
+                })
+            }
+            Err(e) => return Err(d.send_error(e)),
+        };
+        if staging.size() + chunk.len() as u64 > declared {
+            return Err(FetchError::TooLong { expected: declared });
+        }
+        staging.write(&chunk)?;
+    }
+    if staging.size() != declared {
+        return Err(FetchError::Truncated {
+            got: staging.size(),
+            expected: declared,
+        });
+    }
+    let actual = staging.digest_so_far();
+    if actual != *digest {
+        return Err(FetchError::ChecksumMismatch {
+            expected: format!("sha256:{}", digest.hex()),
+            actual: format!("sha256:{}", actual.hex()),
+        });
+    }
+    Ok(())
+}
+
+fn parse_json(bytes: &[u8]) -> Result<Value, FetchError> {
+    serde_json::from_slice(bytes).map_err(|e| FetchError::Registry {
+        message: format!("manifest is not JSON: {e}"),
     })
 }
 
-fn parse_manifest(bytes: &[u8]) -> Result<OciImageManifest, FetchError> {
+/// An image manifest, from bytes already bounded by the manifest size limit.
+pub fn parse_manifest(bytes: &[u8]) -> Result<OciImageManifest, FetchError> {
     serde_json::from_slice(bytes).map_err(|e| FetchError::Registry {
         message: format!("cannot parse image manifest: {e}"),
     })
@@ -531,5 +494,67 @@ mod tests {
         );
         let no_wasm = serde_json::json!({"manifests": [{"digest": "sha256:dd"}]});
         assert_eq!(pick_child(&no_wasm, None, None).unwrap(), "sha256:dd");
+    }
+
+    mod props {
+        use super::*;
+        use proptest::prelude::*;
+
+        fn descriptor() -> impl Strategy<Value = Value> {
+            (
+                "[a-z0-9:./]{0,80}",
+                prop::option::of(("[a-z0-9]{0,8}", "[a-z0-9]{0,8}")),
+                any::<i64>(),
+            )
+                .prop_map(|(digest, platform, size)| {
+                    let mut d = serde_json::json!({"digest": digest, "size": size,
+                        "mediaType": "application/vnd.oci.image.manifest.v1+json"});
+                    if let Some((os, arch)) = platform {
+                        d["platform"] = serde_json::json!({"os": os, "architecture": arch});
+                    }
+                    d
+                })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(300))]
+
+            #[test]
+            fn arbitrary_bytes_never_panic_the_manifest_parser(
+                bytes in prop::collection::vec(any::<u8>(), 0..600),
+            ) {
+                let _ = parse_manifest(&bytes);
+                if let Ok(doc) = serde_json::from_slice::<Value>(&bytes) {
+                    let _ = pick_child(&doc, None, None);
+                }
+            }
+
+            #[test]
+            fn an_index_yields_one_of_its_children_or_a_named_error(
+                children in prop::collection::vec(descriptor(), 0..12),
+                platform in prop::option::of("[a-z0-9]{1,6}/[a-z0-9]{1,6}"),
+            ) {
+                let index = serde_json::json!({"schemaVersion": 2, "manifests": children});
+                match pick_child(&index, platform.as_deref(), None) {
+                    Ok(d) => prop_assert!(children.iter().any(|c| c["digest"] == d.as_str())),
+                    Err(e) => {
+                        let not_found = matches!(e, FetchError::NotFound { .. });
+                        prop_assert!(not_found, "{}", e);
+                    }
+                }
+                let bytes = serde_json::to_vec(&serde_json::json!({
+                    "schemaVersion": 2, "config": children.first(), "layers": children,
+                })).unwrap();
+                // A layer's digest and size are checked when it is downloaded, not trusted here.
+                if let Ok(m) = parse_manifest(&bytes) {
+                    for l in &m.layers {
+                        let checked = crate::verify::parse_digest(&l.digest);
+                        prop_assert_eq!(checked.is_ok(), l.digest.len() == 71
+                            && l.digest.starts_with("sha256:")
+                            && l.digest[7..].bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));
+                    }
+                }
+            }
+        }
     }
 }

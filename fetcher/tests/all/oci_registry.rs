@@ -11,12 +11,14 @@ use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
-#[derive(Default, Clone, Copy)]
+#[derive(Default, Clone)]
 pub struct Options {
     /// Basic auth for `user:pass` (htpasswd from apache2-utils).
     pub htpasswd: bool,
     /// Serve TLS with a certificate signed by a throwaway CA (`Registry::ca_file`).
     pub tls: bool,
+    /// Token authentication: every request is challenged with `Bearer realm="<this>"`.
+    pub token_realm: Option<&'static str>,
 }
 
 pub struct Registry {
@@ -51,7 +53,7 @@ fn run(cmd: &mut Command) {
 }
 
 /// A CA and a server certificate for 127.0.0.1 signed by it, with `openssl`.
-fn make_certs(dir: &Path) {
+pub fn make_certs(dir: &Path) {
     let p = |n: &str| dir.join(n);
     run(Command::new("openssl")
         .args([
@@ -114,7 +116,7 @@ impl Registry {
     /// exits because the port was taken meanwhile, it starts again on another.
     pub fn start_with(options: Options) -> Self {
         let dir = tempfile::tempdir().unwrap();
-        if options.tls {
+        if options.tls || options.token_realm.is_some() {
             make_certs(dir.path());
         }
         if options.htpasswd {
@@ -143,6 +145,12 @@ impl Registry {
                 config.push_str(&format!(
                     "auth: {{htpasswd: {{realm: test, path: {}}}}}\n",
                     dir.path().join("htpasswd").display()
+                ));
+            }
+            if let Some(realm) = options.token_realm {
+                config.push_str(&format!(
+                    "auth: {{token: {{realm: \"{realm}\", service: test-registry, issuer: test-issuer, rootcertbundle: {}}}}}\n",
+                    dir.path().join("ca.pem").display()
                 ));
             }
             let config_path = dir.path().join("config.yml");

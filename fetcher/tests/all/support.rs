@@ -39,33 +39,91 @@ pub enum Behaviour {
     Slow(Duration, Vec<u8>),
     /// Send the body in this many pieces with a pause before each.
     Trickle(Vec<u8>, usize, Duration),
+    /// Any status with these headers (a redirect, a challenge, a manifest's content type).
+    Respond(u16, Vec<(String, String)>, Vec<u8>),
+}
+
+/// A request as the server saw it: the request target and the headers, names lower-cased.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub target: String,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Seen {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 pub struct Server {
     pub base: String,
     hits: Arc<Mutex<HashMap<String, u32>>>,
+    seen: Arc<Mutex<Vec<Seen>>>,
+    connections: Arc<Mutex<u32>>,
 }
 
 impl Server {
     pub fn start(routes: Vec<(&str, Behaviour)>) -> Self {
+        Self::start_on("127.0.0.1", routes)
+    }
+
+    /// On another loopback address (127.0.0.2, ...): a host the tests can block alone.
+    pub fn start_on(ip: &str, routes: Vec<(&str, Behaviour)>) -> Self {
+        let routes = routes
+            .into_iter()
+            .map(|(p, b)| (p.to_string(), b))
+            .collect();
+        Self::listen(TcpListener::bind((ip, 0)).unwrap(), routes)
+    }
+
+    /// Routes that name the server itself (a token realm on the registry): `routes` gets the
+    /// base URL.
+    pub fn start_with_self(routes: impl FnOnce(&str) -> Vec<(String, Behaviour)>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let base = format!("http://{}", listener.local_addr().unwrap());
-        let routes: Arc<HashMap<String, Behaviour>> = Arc::new(
-            routes
-                .into_iter()
-                .map(|(p, b)| (p.to_string(), b))
-                .collect(),
-        );
+        Self::listen(listener, routes(&base))
+    }
+
+    fn listen(listener: TcpListener, routes: Vec<(String, Behaviour)>) -> Self {
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        let routes: Arc<HashMap<String, Behaviour>> = Arc::new(routes.into_iter().collect());
         let hits = Arc::new(Mutex::new(HashMap::new()));
-        let h = hits.clone();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let connections = Arc::new(Mutex::new(0));
+        let (h, s, c) = (hits.clone(), seen.clone(), connections.clone());
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
+                *c.lock().unwrap() += 1;
                 let routes = routes.clone();
-                let hits = h.clone();
-                std::thread::spawn(move || serve(conn, &routes, &hits));
+                let (hits, seen) = (h.clone(), s.clone());
+                std::thread::spawn(move || serve(conn, &routes, &hits, &seen));
             }
         });
-        Self { base, hits }
+        Self {
+            base,
+            hits,
+            seen,
+            connections,
+        }
+    }
+
+    /// `host:port`.
+    pub fn host(&self) -> &str {
+        self.base.trim_start_matches("http://")
+    }
+
+    /// Every request so far.
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    /// Connections accepted so far, whether or not a request followed.
+    pub fn connections(&self) -> u32 {
+        *self.connections.lock().unwrap()
     }
 
     pub fn url(&self, path: &str) -> String {
@@ -77,23 +135,42 @@ impl Server {
     }
 }
 
-fn serve(conn: TcpStream, routes: &HashMap<String, Behaviour>, hits: &Mutex<HashMap<String, u32>>) {
+fn serve(
+    conn: TcpStream,
+    routes: &HashMap<String, Behaviour>,
+    hits: &Mutex<HashMap<String, u32>>,
+    seen: &Mutex<Vec<Seen>>,
+) {
     let mut reader = BufReader::new(conn.try_clone().unwrap());
     let mut request_line = String::new();
     if reader.read_line(&mut request_line).is_err() {
         return;
     }
+    let mut headers = Vec::new();
     loop {
         let mut line = String::new();
         if reader.read_line(&mut line).unwrap_or(0) == 0 || line == "\r\n" {
             break;
         }
+        if let Some((n, v)) = line.trim_end().split_once(':') {
+            headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
+        }
     }
-    let path = request_line
+    let target = request_line
         .split_whitespace()
         .nth(1)
         .unwrap_or("/")
         .to_string();
+    seen.lock().unwrap().push(Seen {
+        target: target.clone(),
+        headers,
+    });
+    // A route names a path; the query, if any, does not take part.
+    let path = if routes.contains_key(&target) {
+        target
+    } else {
+        target.split('?').next().unwrap_or("/").to_string()
+    };
     let n = {
         let mut h = hits.lock().unwrap();
         let e = h.entry(path.clone()).or_insert(0);
@@ -130,6 +207,18 @@ fn serve(conn: TcpStream, routes: &HashMap<String, Behaviour>, hits: &Mutex<Hash
             std::thread::sleep(*d);
             respond(&mut out, 200, body)
         }
+        Some(Behaviour::Respond(status, headers, body)) => {
+            let mut head = format!(
+                "HTTP/1.1 {status} X\r\ncontent-length: {}\r\nconnection: close\r\n",
+                body.len()
+            );
+            for (n, v) in headers {
+                head.push_str(&format!("{n}: {v}\r\n"));
+            }
+            head.push_str("\r\n");
+            let _ = out.write_all(head.as_bytes());
+            let _ = out.write_all(body);
+        }
         Some(Behaviour::Trickle(body, pieces, pause)) => {
             let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
             let _ = out.write_all(head.as_bytes());
@@ -149,6 +238,8 @@ pub fn fetcher() -> Command {
         "WASM_HTTP_REQUEST_TIMEOUT",
         "WASM_HTTP_REQUEST_MAX_RETRIES",
         "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
+        "BLOCKED_CIDRS_IN_WASM_FETCH",
+        "WASM_INSECURE_REGISTRIES",
         "http_proxy",
         "HTTP_PROXY",
         "all_proxy",
@@ -218,4 +309,66 @@ pub fn assert_failed(o: &Output, cache: &Path, url: &str, words: &str) {
         Vec::<PathBuf>::new(),
         "the cache must stay empty"
     );
+}
+
+/// An HTTPS server on 127.0.0.1 that gives every request the same raw answer (`head`, an
+/// HTTP/1.1 status line and headers), with a certificate signed by the CA at `ca`.
+pub struct TlsServer {
+    pub base: String,
+    pub ca: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TlsServer {
+    pub fn start(head: &str) -> Self {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        let dir = tempfile::tempdir().unwrap();
+        crate::oci_registry::make_certs(dir.path());
+        wasm_fetcher::tls::ensure_provider();
+        let certs = CertificateDer::pem_file_iter(dir.path().join("server.pem"))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let key = PrivateKeyDer::from_pem_file(dir.path().join("server.key")).unwrap();
+        let config = Arc::new(
+            rustls::ServerConfig::builder()
+                .with_no_client_auth()
+                .with_single_cert(certs, key)
+                .unwrap(),
+        );
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let base = format!("https://{}", listener.local_addr().unwrap());
+        let head = head.to_string();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let (config, head) = (config.clone(), head.clone());
+                std::thread::spawn(move || {
+                    let Ok(tls) = rustls::ServerConnection::new(config) else {
+                        return;
+                    };
+                    let mut stream = rustls::StreamOwned::new(tls, conn);
+                    let mut request = Vec::new();
+                    let mut byte = [0u8; 1];
+                    while !request.ends_with(b"\r\n\r\n") && request.len() < 64 * 1024 {
+                        match std::io::Read::read(&mut stream, &mut byte) {
+                            Ok(1) => request.push(byte[0]),
+                            _ => return,
+                        }
+                    }
+                    let _ = stream.write_all(
+                        format!("{head}content-length: 0\r\nconnection: close\r\n\r\n").as_bytes(),
+                    );
+                    stream.conn.send_close_notify();
+                    let _ = stream.flush();
+                });
+            }
+        });
+        let ca = dir.path().join("ca.pem");
+        Self {
+            base,
+            ca,
+            _dir: dir,
+        }
+    }
 }

@@ -1,0 +1,132 @@
+//! The one HTTP client setup every request of the fetcher goes through (HTTP sources,
+//! registries, token realms, foreign layers): the address guard on DNS answers and redirects,
+//! the trusted roots, and the timeouts; and bounded reads of the small bodies (manifests,
+//! tokens, error messages) that are read into memory.
+
+use std::time::Duration;
+
+use crate::error::FetchError;
+use crate::guard;
+use crate::settings::Settings;
+
+/// How long one request may take.
+#[derive(Debug, Clone, Copy)]
+pub enum Deadline {
+    /// The whole request, body included (an HTTP source: `WASM_HTTP_REQUEST_TIMEOUT` per attempt).
+    Total(Duration),
+    /// Connecting, and each read: a large blob may take long, but never stalls longer.
+    PerRead(Duration),
+}
+
+/// A client with the guard, `--ca-file` roots and, when `insecure`, no certificate checks.
+pub fn client(
+    settings: &Settings,
+    insecure: bool,
+    deadline: Deadline,
+) -> Result<reqwest::Client, FetchError> {
+    crate::tls::ensure_provider();
+    let dns_deadline = match deadline {
+        Deadline::Total(d) | Deadline::PerRead(d) => d,
+    };
+    let mut builder = reqwest::Client::builder()
+        .dns_resolver(guard::GuardedResolver::new(
+            &settings.blocked_cidrs,
+            dns_deadline,
+        ))
+        .redirect(guard::redirect_policy(&settings.blocked_cidrs))
+        .tls_danger_accept_invalid_certs(insecure);
+    builder = match deadline {
+        Deadline::Total(d) => builder.timeout(d),
+        Deadline::PerRead(d) => builder.connect_timeout(d).read_timeout(d),
+    };
+    for ca in &settings.extra_roots {
+        for cert in
+            reqwest::Certificate::from_pem_bundle(&ca.data).map_err(|e| FetchError::Network {
+                attempts: 0,
+                message: format!("--ca-file is not PEM: {e}"),
+            })?
+        {
+            builder = builder.add_root_certificate(cert);
+        }
+    }
+    builder.build().map_err(|e| FetchError::Network {
+        attempts: 0,
+        message: format!("cannot build HTTP client: {e}"),
+    })
+}
+
+/// What a refused address, redirect or send error becomes, when the guard is why.
+pub fn refused(e: &reqwest::Error) -> Option<FetchError> {
+    guard::refusal_in(e).map(FetchError::from)
+}
+
+/// A response that is a redirect reqwest did not follow: it had no `Location`, or one that is
+/// not an `http`/`https` URL (`file:`, ...), which is never followed.
+pub fn unfollowed_redirect(resp: &reqwest::Response) -> Option<FetchError> {
+    let status = resp.status();
+    if !status.is_redirection() {
+        return None;
+    }
+    Some(match resp.headers().get(reqwest::header::LOCATION) {
+        Some(to) => guard::Refusal::RedirectScheme {
+            to: String::from_utf8_lossy(to.as_bytes())
+                .chars()
+                .take(200)
+                .collect(),
+        }
+        .into(),
+        None => FetchError::RedirectWithoutLocation {
+            from: resp.url().to_string(),
+            status: status.as_u16(),
+        },
+    })
+}
+
+/// Reads a body of at most `limit` bytes: a declared length above it is refused before any
+/// read, and a body that grows past it stops at the limit.
+pub async fn read_limited(
+    mut resp: reqwest::Response,
+    limit: usize,
+    what: &'static str,
+) -> Result<Vec<u8>, FetchError> {
+    let too_large = || FetchError::ResponseTooLarge { what, limit };
+    if resp.content_length().is_some_and(|n| n > limit as u64) {
+        return Err(too_large());
+    }
+    let mut body = Vec::with_capacity(resp.content_length().unwrap_or(0) as usize);
+    while let Some(chunk) = resp.chunk().await.map_err(|e| read_error(e, what))? {
+        if body.len() + chunk.len() > limit {
+            return Err(too_large());
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
+}
+
+/// The start of an error body, as far as a message needs: a registry's error envelope or a
+/// line of text. Whatever is beyond is not read.
+pub async fn error_text(mut resp: reqwest::Response) -> Vec<u8> {
+    const ENOUGH: usize = 16 * 1024;
+    let mut body = Vec::new();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        let room = ENOUGH - body.len();
+        body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+        if body.len() == ENOUGH {
+            break;
+        }
+    }
+    body
+}
+
+fn read_error(e: reqwest::Error, what: &str) -> FetchError {
+    if e.is_timeout() {
+        return FetchError::TimedOut {
+            attempts: 1,
+            per_attempt: Duration::ZERO,
+        };
+    }
+    FetchError::Network {
+        attempts: 1,
+        message: format!("reading the {what}: {}", crate::error::chain(&e)),
+    }
+}

@@ -1,0 +1,450 @@
+//! The pull half of the OCI distribution API, spoken through the guarded client of
+//! `crate::net`: one `GET /v2/` ping that settles the protocol and the authentication, then
+//! manifests (read whole, at most 4 MiB) and blobs (streamed).
+//!
+//! oci-client's `Client` builds its reqwest client privately: no DNS resolver, redirect policy
+//! or body limit can be set on it, and it fetches token realms and follows blob redirects on
+//! its own. So the requests are made here; oci-client still provides the manifest types and
+//! the error envelope (`OciErrorCode`) the answers are classified by.
+//!
+//! Credentials go to the registry host they were configured for (reqwest drops them on a
+//! redirect to another host) and, for a bearer challenge, to a token realm that passed
+//! [`check_realm`] and the address guard.
+
+use oci_client::errors::{OciEnvelope, OciErrorCode};
+use oci_client::secrets::RegistryAuth;
+use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
+use serde_json::Value;
+
+use crate::error::FetchError;
+use crate::net;
+use crate::settings::Settings;
+use crate::verify::Sha256;
+
+/// Manifests and indexes are small JSON documents; anything larger is not one.
+pub const MANIFEST_LIMIT: usize = 4 << 20;
+/// A token response is a few kilobytes.
+pub const TOKEN_LIMIT: usize = 1 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scheme {
+    Http,
+    Https,
+}
+
+impl Scheme {
+    fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Http => "http",
+            Scheme::Https => "https",
+        }
+    }
+}
+
+/// One registry, one repository, one protocol, and what its ping said to send.
+pub struct Distribution {
+    http: reqwest::Client,
+    settings: Settings,
+    registry: String,
+    repository: String,
+    scheme: Scheme,
+    /// Unverified TLS or plain HTTP is allowed (`WASM_INSECURE_REGISTRIES`).
+    insecure: bool,
+    credentials: RegistryAuth,
+    authorization: Option<HeaderValue>,
+}
+
+/// Why a ping failed: the transport error is kept so the caller can try the other protocol.
+pub enum PingFailure {
+    Send(reqwest::Error),
+    /// The server answered HTTP 400: a TLS server reached in plain HTTP says so.
+    BadRequest,
+    Other(FetchError),
+}
+
+impl Distribution {
+    pub fn new(
+        registry: &str,
+        repository: &str,
+        scheme: Scheme,
+        insecure: bool,
+        credentials: RegistryAuth,
+        settings: &Settings,
+    ) -> Result<Self, FetchError> {
+        Ok(Self {
+            http: net::client(
+                settings,
+                insecure,
+                net::Deadline::PerRead(settings.http_timeout),
+            )?,
+            settings: settings.clone(),
+            registry: registry.to_string(),
+            repository: repository.to_string(),
+            scheme,
+            insecure,
+            credentials,
+            authorization: None,
+        })
+    }
+
+    fn url(&self, rest: &str) -> String {
+        format!("{}://{}/v2/{rest}", self.scheme.as_str(), self.registry)
+    }
+
+    /// `GET /v2/`: any answer proves the protocol; a 401 names the authentication to use.
+    pub async fn ping(&mut self) -> Result<(), PingFailure> {
+        let url = self.url("");
+        let resp = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| match net::refused(&e) {
+                Some(refused) => PingFailure::Other(refused),
+                None => PingFailure::Send(e),
+            })?;
+        if let Some(e) = net::unfollowed_redirect(&resp) {
+            return Err(PingFailure::Other(e));
+        }
+        match resp.status().as_u16() {
+            400 => Err(PingFailure::BadRequest),
+            401 => {
+                let challenges: Vec<String> = resp
+                    .headers()
+                    .get_all(WWW_AUTHENTICATE)
+                    .iter()
+                    .filter_map(|v| v.to_str().ok().map(str::to_string))
+                    .collect();
+                self.authorization = self.answer(&challenges).await.map_err(PingFailure::Other)?;
+                Ok(())
+            }
+            // Authentication is not needed, or not announced here: a token from the pull
+            // secret is still presented.
+            _ => {
+                if let RegistryAuth::Bearer(t) = &self.credentials {
+                    self.authorization = header(&format!("Bearer {t}"));
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// The `Authorization` to send after a challenge.
+    async fn answer(&self, challenges: &[String]) -> Result<Option<HeaderValue>, FetchError> {
+        if let RegistryAuth::Bearer(t) = &self.credentials {
+            return Ok(header(&format!("Bearer {t}")));
+        }
+        let parsed = challenges.iter().flat_map(|c| {
+            http_auth::ChallengeParser::new(c)
+                .filter_map(Result::ok)
+                .map(|c| {
+                    let param = |name: &str| {
+                        c.params
+                            .iter()
+                            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+                            .map(|(_, v)| v.to_unescaped())
+                    };
+                    (
+                        c.scheme.to_ascii_lowercase(),
+                        param("realm"),
+                        param("service"),
+                    )
+                })
+                .collect::<Vec<_>>()
+        });
+        let mut basic = false;
+        for (scheme, realm, service) in parsed {
+            match (scheme.as_str(), realm) {
+                ("bearer", Some(realm)) => {
+                    let token = self.token(&realm, service.as_deref()).await?;
+                    return Ok(header(&format!("Bearer {token}")));
+                }
+                ("basic", _) => basic = true,
+                _ => {}
+            }
+        }
+        match (&self.credentials, basic) {
+            (RegistryAuth::Basic(u, p), true) => Ok(header(&format!(
+                "Basic {}",
+                base64::Engine::encode(
+                    &base64::engine::general_purpose::STANDARD,
+                    format!("{u}:{p}")
+                )
+            ))),
+            _ => Err(self.unauthorized()),
+        }
+    }
+
+    /// A pull token from the realm a bearer challenge named.
+    async fn token(&self, realm: &str, service: Option<&str>) -> Result<String, FetchError> {
+        let realm_url = check_realm(
+            realm,
+            self.scheme == Scheme::Http || self.insecure,
+            &self.settings,
+        )?;
+        let scope = format!("repository:{}:pull", self.repository);
+        let mut query = vec![("scope", scope.as_str())];
+        if let Some(s) = service {
+            query.push(("service", s));
+        }
+        let mut req = self.http.get(realm_url.clone()).query(&query);
+        if let RegistryAuth::Basic(u, p) = &self.credentials {
+            req = req.basic_auth(u, Some(p));
+        }
+        let resp = req.send().await.map_err(|e| self.send_error(e))?;
+        if let Some(e) = net::unfollowed_redirect(&resp) {
+            return Err(e);
+        }
+        match resp.status().as_u16() {
+            200 => {}
+            401 | 403 => return Err(self.unauthorized()),
+            status => {
+                let text = net::error_text(resp).await;
+                return Err(FetchError::Registry {
+                    message: format!(
+                        "token realm {realm_url} answered HTTP {status}: {}",
+                        String::from_utf8_lossy(&text).trim()
+                    ),
+                });
+            }
+        }
+        let body = net::read_limited(resp, TOKEN_LIMIT, "token response").await?;
+        let doc: Value = serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
+            message: format!("token realm {realm_url} answered something not JSON: {e}"),
+        })?;
+        ["token", "access_token"]
+            .iter()
+            .find_map(|k| doc.get(k).and_then(Value::as_str))
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| FetchError::Registry {
+                message: format!("token realm {realm_url} answered no token"),
+            })
+    }
+
+    async fn get(&self, rest: &str, accept: Option<&str>) -> Result<reqwest::Response, FetchError> {
+        let url = self.url(rest);
+        let mut req = self.http.get(&url);
+        if let Some(a) = accept {
+            req = req.header(ACCEPT, a);
+        }
+        if let Some(auth) = &self.authorization {
+            req = req.header(AUTHORIZATION, auth.clone());
+        }
+        let resp = req.send().await.map_err(|e| self.send_error(e))?;
+        if let Some(e) = net::unfollowed_redirect(&resp) {
+            return Err(e);
+        }
+        if !resp.status().is_success() {
+            return Err(self.status_error(resp, &url).await);
+        }
+        Ok(resp)
+    }
+
+    /// A manifest or index by tag or digest: its bytes and their digest. A digest reference is
+    /// checked against the bytes, whatever the registry claims.
+    pub async fn manifest(
+        &self,
+        reference: &str,
+        accept: &str,
+    ) -> Result<(Vec<u8>, String), FetchError> {
+        let resp = self
+            .get(
+                &format!("{}/manifests/{reference}", self.repository),
+                Some(accept),
+            )
+            .await?;
+        let bytes = net::read_limited(resp, MANIFEST_LIMIT, "manifest").await?;
+        let digest = format!("sha256:{}", crate::verify::sha256_of(&bytes).hex());
+        if reference.starts_with("sha256:") && reference != digest {
+            return Err(FetchError::ChecksumMismatch {
+                expected: reference.to_string(),
+                actual: digest,
+            });
+        }
+        Ok((bytes, digest))
+    }
+
+    /// A blob, to stream.
+    pub async fn blob(&self, digest: &Sha256) -> Result<reqwest::Response, FetchError> {
+        self.get(
+            &format!("{}/blobs/sha256:{}", self.repository, digest.hex()),
+            None,
+        )
+        .await
+    }
+
+    /// A foreign layer from a URL its descriptor lists: no credentials, the same guard.
+    pub async fn foreign(&self, url: &str) -> Result<reqwest::Response, FetchError> {
+        let parsed = url::Url::parse(url).map_err(|e| FetchError::BadUrl {
+            reason: format!("foreign layer URL {url:?}: {e}"),
+        })?;
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return Err(FetchError::BadUrl {
+                reason: format!("foreign layer URL {url:?}: only http and https are fetched"),
+            });
+        }
+        crate::guard::check_url(&parsed, &self.settings.blocked_cidrs)?;
+        let resp = self
+            .http
+            .get(parsed)
+            .send()
+            .await
+            .map_err(|e| self.send_error(e))?;
+        if let Some(e) = net::unfollowed_redirect(&resp) {
+            return Err(e);
+        }
+        if !resp.status().is_success() {
+            return Err(FetchError::HttpStatus {
+                status: resp.status().as_u16(),
+                reason: format!("from foreign layer URL {url}"),
+            });
+        }
+        Ok(resp)
+    }
+
+    fn unauthorized(&self) -> FetchError {
+        FetchError::Unauthorized {
+            registry: self.registry.clone(),
+        }
+    }
+
+    pub fn send_error(&self, e: reqwest::Error) -> FetchError {
+        send_error(&self.registry, self.settings.http_timeout, e)
+    }
+
+    /// A registry's refusal, classified by its status and error codes.
+    async fn status_error(&self, resp: reqwest::Response, url: &str) -> FetchError {
+        let status = resp.status().as_u16();
+        let text = net::error_text(resp).await;
+        let envelope = serde_json::from_slice::<OciEnvelope>(&text).ok();
+        let codes: Vec<&OciErrorCode> = envelope
+            .iter()
+            .flat_map(|e| e.errors.iter().map(|e| &e.code))
+            .collect();
+        let any = |wanted: &[OciErrorCode]| codes.iter().any(|c| wanted.contains(c));
+        if matches!(status, 401 | 403) || any(&[OciErrorCode::Unauthorized, OciErrorCode::Denied]) {
+            return self.unauthorized();
+        }
+        if status == 404
+            || any(&[
+                OciErrorCode::ManifestUnknown,
+                OciErrorCode::BlobUnknown,
+                OciErrorCode::NameUnknown,
+                OciErrorCode::NotFound,
+            ])
+        {
+            return FetchError::NotFound {
+                what: url.to_string(),
+            };
+        }
+        let message = match &envelope {
+            Some(e) => e
+                .errors
+                .iter()
+                .take(3)
+                .map(|e| format!("{:?}: {}", e.code, e.message))
+                .collect::<Vec<_>>()
+                .join("; "),
+            None => String::from_utf8_lossy(&text)
+                .chars()
+                .take(200)
+                .collect::<String>(),
+        };
+        FetchError::Registry {
+            message: format!("{url}: HTTP {status}: {}", message.trim()),
+        }
+    }
+}
+
+/// What a failed send becomes: the guard's refusal, a timeout, an untrusted certificate, or
+/// the transport's own words.
+pub fn send_error(
+    registry: &str,
+    per_attempt: std::time::Duration,
+    e: reqwest::Error,
+) -> FetchError {
+    if let Some(refused) = net::refused(&e) {
+        return refused;
+    }
+    if e.is_timeout() {
+        return FetchError::TimedOut {
+            attempts: 1,
+            per_attempt,
+        };
+    }
+    let message = crate::error::chain(&e);
+    crate::error::untrusted_certificate(registry, &message)
+        .unwrap_or(FetchError::Registry { message })
+}
+
+/// A bearer challenge's realm, as Istio checks it: an absolute `https` URL (`http` only when
+/// the registry itself is spoken to in plain HTTP or is listed insecure), with a host, and not
+/// an address the guard refuses.
+pub fn check_realm(
+    realm: &str,
+    http_allowed: bool,
+    settings: &Settings,
+) -> Result<url::Url, FetchError> {
+    let unsafe_realm = |reason: &str| FetchError::UnsafeRealm {
+        realm: realm.chars().take(200).collect(),
+        reason: reason.to_string(),
+    };
+    let url = url::Url::parse(realm).map_err(|e| unsafe_realm(&format!("not a URL: {e}")))?;
+    match url.scheme() {
+        "https" => {}
+        "http" if http_allowed => {}
+        "http" => {
+            return Err(unsafe_realm(
+                "a token realm must be https (http only for a registry listed in WASM_INSECURE_REGISTRIES or spoken to in plain HTTP)",
+            ))
+        }
+        _ => return Err(unsafe_realm("a token realm must be https")),
+    }
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(unsafe_realm("it has no host"));
+    }
+    crate::guard::check_url(&url, &settings.blocked_cidrs)?;
+    Ok(url)
+}
+
+fn header(value: &str) -> Option<HeaderValue> {
+    HeaderValue::from_str(value).ok().map(|mut v| {
+        v.set_sensitive(true);
+        v
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn realms_must_be_https_unless_the_registry_is_plain_and_never_blocked() {
+        let s = Settings {
+            blocked_cidrs: crate::guard::parse_cidrs("10.0.0.0/8").unwrap(),
+            ..Settings::default()
+        };
+        assert!(check_realm("https://auth.example/token", false, &s).is_ok());
+        assert!(check_realm("http://auth.example/token", true, &s).is_ok());
+        let e = check_realm("http://auth.example/token", false, &s).unwrap_err();
+        assert!(e.to_string().starts_with("unsafe bearer realm"), "{e}");
+        for bad in ["file:///etc/passwd", "/token", "https://", "ftp://x/y"] {
+            assert!(
+                matches!(
+                    check_realm(bad, true, &s),
+                    Err(FetchError::UnsafeRealm { .. })
+                ),
+                "{bad}"
+            );
+        }
+        for blocked in [
+            "https://169.254.169.254/token",
+            "https://[fd00:ec2::254]/token",
+            "https://10.1.1.1/token",
+        ] {
+            let e = check_realm(blocked, true, &s).unwrap_err();
+            assert!(e.to_string().starts_with("blocked address"), "{e}");
+        }
+    }
+}
