@@ -10,14 +10,7 @@ use crate::oci_registry::{Options, Registry};
 use crate::support::*;
 
 fn pull_blocking(cache: &std::path::Path, blocked: &str, args: &[&str]) -> std::process::Output {
-    fetcher()
-        .env("BLOCKED_CIDRS_IN_WASM_FETCH", blocked)
-        .arg("pull")
-        .args(args)
-        .arg("--cache-dir")
-        .arg(cache)
-        .output()
-        .unwrap()
+    pull_env(cache, &[("BLOCKED_CIDRS_IN_WASM_FETCH", blocked)], args)
 }
 
 #[test]
@@ -76,10 +69,7 @@ fn through_a_proxy_a_blocked_literal_is_refused_before_the_proxy_is_asked() {
     let proxy = Server::start(vec![]);
     let url = "http://127.0.0.2:9/filter.wasm";
     let dir = tempfile::tempdir().unwrap();
-    let o = fetcher()
-        .env("HTTP_PROXY", &proxy.base)
-        .env_remove("NO_PROXY")
-        .env_remove("no_proxy")
+    let o = through_proxy(&proxy.base)
         .env("BLOCKED_CIDRS_IN_WASM_FETCH", "127.0.0.2/32")
         .env("WASM_HTTP_REQUEST_MAX_RETRIES", "1")
         .args(["pull", url, "--cache-dir"])
@@ -94,10 +84,7 @@ fn through_a_proxy_a_blocked_literal_is_refused_before_the_proxy_is_asked() {
         proxy.seen()
     );
     // Unblocked, the request does go to the proxy (which answers 404 for it).
-    let o = fetcher()
-        .env("HTTP_PROXY", &proxy.base)
-        .env_remove("NO_PROXY")
-        .env_remove("no_proxy")
+    let o = through_proxy(&proxy.base)
         .args(["pull", url, "--cache-dir"])
         .arg(dir.path())
         .output()
@@ -172,15 +159,7 @@ fn a_token_realm_at_a_blocked_address_gets_no_request() {
     });
     let dir = tempfile::tempdir().unwrap();
     let url = format!("oci://{}/a/m:1", reg.host);
-    let secret = dir.path().join("config.json");
-    std::fs::write(
-        &secret,
-        format!(
-            r#"{{"auths":{{"{}":{{"auth":"dXNlcjpwYXNz"}}}}}}"#,
-            reg.host
-        ),
-    )
-    .unwrap();
+    let secret = docker_config(dir.path(), &reg.host);
     let cache = dir.path().join("cache");
     let o = pull_blocking(
         &cache,
@@ -245,15 +224,7 @@ fn registry_credentials_do_not_follow_a_redirect_to_another_host() {
     );
     let registry = serve(&routes);
     let dir = tempfile::tempdir().unwrap();
-    let secret = dir.path().join("config.json");
-    std::fs::write(
-        &secret,
-        format!(
-            r#"{{"auths":{{"{}":{{"auth":"dXNlcjpwYXNz"}}}}}}"#,
-            registry.host()
-        ),
-    )
-    .unwrap();
+    let secret = docker_config(dir.path(), &registry.host());
     let url = format!("oci://{}/a/m:1", registry.host());
     let cache = dir.path().join("cache");
     let o = pull(&cache, &[&url, "--pull-secret", secret.to_str().unwrap()]);
@@ -338,12 +309,11 @@ fn a_tar_gz_layer_over_the_size_limit_is_refused_before_its_download() {
     let before = reg.requests("GET", "/v2/big/image/blobs/");
     for repo in ["big/image", "bomb/image"] {
         let url = format!("oci://{}/{repo}:1", reg.host);
-        let o = fetcher()
-            .env("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", "2048")
-            .args(["pull", &url, "--cache-dir"])
-            .arg(dir.path())
-            .output()
-            .unwrap();
+        let o = pull_env(
+            dir.path(),
+            &[("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", "2048")],
+            &[&url],
+        );
         assert_failed(&o, dir.path(), &url, "exceeds size limit of 2048 bytes");
     }
     assert_eq!(

@@ -242,10 +242,7 @@ fn proxy_environment_variables_are_honoured() {
     let m = module("proxied");
     let proxy = Server::start(vec![(url, Behaviour::Ok(m.clone()))]);
     let dir = tempfile::tempdir().unwrap();
-    let o = fetcher()
-        .env("HTTP_PROXY", &proxy.base)
-        .env_remove("NO_PROXY")
-        .env_remove("no_proxy")
+    let o = through_proxy(&proxy.base)
         .args(["pull", url, "--cache-dir"])
         .arg(dir.path())
         .output()

@@ -255,15 +255,7 @@ fn a_registry_with_auth_says_unauthorized_then_accepts_the_pull_secret() {
         .unwrap();
     assert_failed(&o, &cache, &url, "unauthorized");
     assert!(stderr(&o).contains(&reg.host), "{}", stderr(&o));
-    let secret = dir.path().join("dockerconfig.json");
-    std::fs::write(
-        &secret,
-        format!(
-            r#"{{"auths":{{"{}":{{"auth":"dXNlcjpwYXNz"}}}}}}"#,
-            reg.host
-        ),
-    )
-    .unwrap();
+    let secret = docker_config(dir.path(), &reg.host);
     let o = fetcher()
         .env("HOME", dir.path())
         .args(["pull", &url, "--pull-secret"])

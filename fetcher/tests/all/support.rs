@@ -251,13 +251,39 @@ pub fn fetcher() -> Command {
 }
 
 pub fn pull(cache: &Path, args: &[&str]) -> Output {
+    pull_env(cache, &[], args)
+}
+
+/// `pull` with these environment variables set.
+pub fn pull_env(cache: &Path, env: &[(&str, &str)], args: &[&str]) -> Output {
     fetcher()
+        .envs(env.iter().copied())
         .arg("pull")
         .args(args)
         .arg("--cache-dir")
         .arg(cache)
         .output()
         .unwrap()
+}
+
+/// The fetcher with every request sent through the HTTP proxy at `proxy`, no host exempted.
+pub fn through_proxy(proxy: &str) -> Command {
+    let mut c = fetcher();
+    c.env("HTTP_PROXY", proxy)
+        .env_remove("NO_PROXY")
+        .env_remove("no_proxy");
+    c
+}
+
+/// A Docker config JSON in `dir` holding `user:pass` for `registry`, as `--pull-secret` takes.
+pub fn docker_config(dir: &Path, registry: &str) -> PathBuf {
+    let path = dir.join("dockerconfig.json");
+    std::fs::write(
+        &path,
+        format!(r#"{{"auths":{{"{registry}":{{"auth":"dXNlcjpwYXNz"}}}}}}"#),
+    )
+    .unwrap();
+    path
 }
 
 pub fn stderr(o: &Output) -> String {
