@@ -224,7 +224,7 @@ fn registry_credentials_do_not_follow_a_redirect_to_another_host() {
     );
     let registry = serve(&routes);
     let dir = tempfile::tempdir().unwrap();
-    let secret = docker_config(dir.path(), &registry.host());
+    let secret = docker_config(dir.path(), registry.host());
     let url = format!("oci://{}/a/m:1", registry.host());
     let cache = dir.path().join("cache");
     let o = pull(&cache, &[&url, "--pull-secret", secret.to_str().unwrap()]);
