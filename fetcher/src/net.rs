@@ -119,12 +119,6 @@ pub async fn error_text(mut resp: reqwest::Response) -> Vec<u8> {
 }
 
 fn read_error(e: reqwest::Error, what: &str) -> FetchError {
-    if e.is_timeout() {
-        return FetchError::TimedOut {
-            attempts: 1,
-            per_attempt: Duration::ZERO,
-        };
-    }
     FetchError::Network {
         attempts: 1,
         message: format!("reading the {what}: {}", crate::error::chain(&e)),

@@ -276,12 +276,14 @@ impl Distribution {
 
     /// A foreign layer from a URL its descriptor lists: no credentials, the same guard.
     pub async fn foreign(&self, url: &str) -> Result<reqwest::Response, FetchError> {
-        let parsed = url::Url::parse(url).map_err(|e| FetchError::BadUrl {
-            reason: format!("foreign layer URL {url:?}: {e}"),
+        // The manifest's word, not the user's: a bad URL here is the registry's error.
+        let shown: String = url.chars().take(200).collect();
+        let parsed = url::Url::parse(url).map_err(|e| FetchError::Registry {
+            message: format!("foreign layer URL {shown:?}: {e}"),
         })?;
         if !matches!(parsed.scheme(), "http" | "https") {
-            return Err(FetchError::BadUrl {
-                reason: format!("foreign layer URL {url:?}: only http and https are fetched"),
+            return Err(FetchError::Registry {
+                message: format!("foreign layer URL {shown:?}: only http and https are fetched"),
             });
         }
         crate::guard::check_url(&parsed, &self.settings.blocked_cidrs)?;
@@ -297,7 +299,7 @@ impl Distribution {
         if !resp.status().is_success() {
             return Err(FetchError::HttpStatus {
                 status: resp.status().as_u16(),
-                reason: format!("from foreign layer URL {url}"),
+                reason: format!("from foreign layer URL {shown}"),
             });
         }
         Ok(resp)

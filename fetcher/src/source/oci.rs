@@ -1,6 +1,6 @@
-//! `oci://` sources, through `oci-client`: the manifest first (so an unchanged digest costs no
-//! layer download), an image index resolved by platform, then the one layer that holds the
-//! module, in any of the layouts in use:
+//! `oci://` sources, over the distribution API (`super::distribution`): the manifest first
+//! (so an unchanged digest costs no layer download), an image index resolved by platform, then
+//! the one layer that holds the module, in any of the layouts in use:
 //! - a Wasm artifact with exactly one Wasm-typed layer (CNCF, wasm-to-oci, OCI 1.1), whatever
 //!   its config;
 //! - Istio's 2-layer artifact (`application/vnd.module.wasm.content.layer.v1+wasm`);

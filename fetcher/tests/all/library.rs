@@ -77,3 +77,33 @@ fn library_errors_are_typed() {
     assert!(matches!(e, wasm_fetcher::FetchError::NotInCache), "{e:?}");
     assert_eq!(server.hits("/other"), 0, "Never touched the network");
 }
+
+#[test]
+fn a_guard_refusal_is_a_typed_error_naming_the_rule() {
+    let server = Server::start_on("127.0.0.2", vec![("/m.wasm", Behaviour::Ok(module("x")))]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Cache::open(dir.path()).unwrap();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let settings = Settings {
+        blocked_cidrs: vec!["127.0.0.0/30".parse().unwrap()],
+        ..Settings::default()
+    };
+    let req = PullRequest {
+        url: server.url("/m.wasm"),
+        ..Default::default()
+    };
+    let e = rt.block_on(pull(&req, &cache, &settings)).unwrap_err();
+    use wasm_fetcher::guard::{Refusal, Rule};
+    assert!(
+        matches!(
+            &e,
+            wasm_fetcher::FetchError::Refused(Refusal::Blocked { rule: Rule::Listed(net), .. })
+                if net.to_string() == "127.0.0.0/30"
+        ),
+        "{e:?}"
+    );
+    assert_eq!(server.connections(), 0);
+}
