@@ -94,6 +94,12 @@ impl Distribution {
     /// `GET /v2/`: any answer proves the protocol; a 401 names the authentication to use.
     pub async fn ping(&mut self) -> Result<(), PingFailure> {
         let url = self.url("");
+        // Every request of this registry goes to this host: a literal address is checked once,
+        // here, before anything is sent (names are checked as they resolve).
+        if let Ok(parsed) = url::Url::parse(&url) {
+            crate::guard::check_url(&parsed, &self.settings.blocked_cidrs)
+                .map_err(|r| PingFailure::Other(r.into()))?;
+        }
         let resp = self
             .http
             .get(&url)

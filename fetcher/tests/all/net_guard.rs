@@ -28,6 +28,10 @@ fn a_blocked_address_is_refused_before_connecting() {
         "{}",
         stderr(&o)
     );
+    // A registry at that address: not even its ping is sent.
+    let image = format!("oci://{}/a/m:1", server.host());
+    let o = pull_blocking(dir.path(), "127.0.0.2/32", &[&image]);
+    assert_failed(&o, dir.path(), &image, "blocked address: 127.0.0.2");
     assert_eq!(server.connections(), 0, "the blocked address was dialled");
     // Not blocked, the same pull works: the refusal above was the guard's.
     let o = pull_blocking(dir.path(), "10.0.0.0/8", &[&url]);
