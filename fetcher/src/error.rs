@@ -55,6 +55,18 @@ pub enum FetchError {
     Unsupported(String),
     #[error("{0}")]
     Io(#[from] std::io::Error),
+    /// A local input (a `file://` module, `--pull-secret`, `--ca-file`, a bootstrap) that
+    /// cannot be used as given.
+    #[error("cannot read {what} {}: {reason}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    /// The cache refused a write (read-only filesystem, no permission): it can still serve
+    /// what it holds.
+    #[error("cache error at {path}: cannot write ({message}); a cache this process cannot write serves only the modules it holds (--pull-policy Never)")]
+    CacheReadOnly { path: PathBuf, message: String },
 }
 
 /// An error and all its sources on one line: reqwest and rustls put the useful part last.

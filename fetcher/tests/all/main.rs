@@ -1,10 +1,13 @@
 //! The fetcher's integration tests, driving the built `wasm-fetcher` binary against real
 //! files and a real HTTP server on 127.0.0.1 that can misbehave.
 
+mod cache_integrity;
+mod deadline;
 mod library;
 mod oci_registry;
 mod pull_file;
 mod pull_http;
 mod registry;
 mod rewrite;
+mod side_inputs;
 mod support;
