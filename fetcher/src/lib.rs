@@ -453,7 +453,7 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
                 manifest_digest: m.manifest_digest.clone(),
                 size: m.size,
                 last_used: m.last_used,
-                expires: m.last_used + settings.module_expiry.as_secs(),
+                expires: m.last_used.saturating_add(settings.module_expiry.as_secs()),
             })
         })
         .collect())
