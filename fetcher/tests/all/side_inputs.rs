@@ -23,22 +23,28 @@ fn not_regular_files(dir: &Path) -> Vec<(std::path::PathBuf, &'static str)> {
     ]
 }
 
+/// Nothing listens there: the secret is read before any connection.
+const OCI_URL: &str = "oci://127.0.0.1:9/wasm/m:v1";
+
+fn pull_with_secret(secret: &Path, cache: &Path) -> std::process::Output {
+    let (o, _) = run_within(
+        fetcher()
+            .args(["pull", OCI_URL, "--pull-secret"])
+            .arg(secret)
+            .arg("--cache-dir")
+            .arg(cache),
+        Duration::from_secs(20),
+    );
+    o
+}
+
 #[test]
 fn a_pull_secret_that_is_not_a_regular_file_is_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
-    // Nothing listens there: the secret is read before any connection.
-    let url = "oci://127.0.0.1:9/wasm/m:v1";
     for (secret, kind) in not_regular_files(&inputs_dir(dir.path())) {
-        let (o, _) = run_within(
-            fetcher()
-                .args(["pull", url, "--pull-secret"])
-                .arg(&secret)
-                .arg("--cache-dir")
-                .arg(&cache),
-            Duration::from_secs(20),
-        );
-        assert_failed(&o, &cache, url, "cannot read --pull-secret");
+        let o = pull_with_secret(&secret, &cache);
+        assert_failed(&o, &cache, OCI_URL, "cannot read --pull-secret");
         let err = stderr(&o);
         assert!(
             err.contains(&format!("not a regular file ({kind})")),
@@ -58,16 +64,13 @@ fn an_oversized_pull_secret_is_refused_before_it_is_read() {
         .unwrap()
         .set_len(2 << 30)
         .unwrap();
-    let url = "oci://127.0.0.1:9/wasm/m:v1";
-    let (o, _) = run_within(
-        fetcher()
-            .args(["pull", url, "--pull-secret"])
-            .arg(&secret)
-            .arg("--cache-dir")
-            .arg(&cache),
-        Duration::from_secs(20),
+    let o = pull_with_secret(&secret, &cache);
+    assert_failed(
+        &o,
+        &cache,
+        OCI_URL,
+        "larger than the limit of 1048576 bytes",
     );
-    assert_failed(&o, &cache, url, "larger than the limit of 1048576 bytes");
 }
 
 #[test]
