@@ -64,10 +64,16 @@ impl Cache {
         home.join(".cache").join("wasm-fetcher")
     }
 
+    /// Opens the cache at `root`, creating it if needed. A cache this process may not write
+    /// still opens (it can answer `--pull-policy Never` from what it holds); a write is refused
+    /// when it comes, naming the cause.
     pub fn open(root: &Path) -> Result<Self, FetchError> {
         let root = std::path::absolute(root).map_err(|e| cache_err(root, e))?;
         for d in [root.join("modules").join("sha256"), root.join("tmp")] {
-            std::fs::create_dir_all(&d).map_err(|e| io_error(&d, e))?;
+            match std::fs::create_dir_all(&d).map_err(|e| io_error(&d, e)) {
+                Err(FetchError::CacheReadOnly { .. }) if root.is_dir() => {}
+                other => other?,
+            }
         }
         Ok(Self { root })
     }

@@ -43,7 +43,8 @@ enum Command {
         /// The resource's version: with Always, the source is checked again only when it changes.
         #[arg(long)]
         resource_version: Option<String>,
-        /// Docker config JSON with registry credentials (a decoded .dockerconfigjson).
+        /// Docker config JSON with registry credentials (a decoded .dockerconfigjson): a
+        /// regular file of at most 1 MiB.
         #[arg(long)]
         pull_secret: Option<PathBuf>,
         /// Image index platform, os/arch (e.g. wasip1/wasm, linux/amd64).
@@ -53,7 +54,8 @@ enum Command {
         /// included), Go duration syntax; must be more than 0.
         #[arg(long, default_value = "30s", value_parser = settings::parse_timeout)]
         timeout: std::time::Duration,
-        /// Extra trusted CA certificates (PEM) for HTTPS sources and registries.
+        /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file
+        /// (at most 4 MiB) holding at least one certificate.
         #[arg(long)]
         ca_file: Option<PathBuf>,
         /// Print a JSON object (path, source, sha256, manifest_digest, pin, from_cache).
@@ -74,6 +76,7 @@ enum Command {
     },
     /// Point every Wasm plugin of an Envoy bootstrap at a local module; writes YAML.
     Rewrite {
+        /// The Envoy bootstrap, YAML or JSON: a regular file of at most 64 MiB.
         bootstrap: PathBuf,
         #[arg(long)]
         module: PathBuf,

@@ -167,6 +167,8 @@ fn never_is_served_from_a_cache_this_process_cannot_write() {
         serde_json::from_slice(&std::fs::read(&index).unwrap()).unwrap();
     doc["modules"][&sha]["last_used"] = 0.into();
     std::fs::write(&index, serde_json::to_vec(&doc).unwrap()).unwrap();
+    // A cache shipped without its scratch directory, which it cannot create now.
+    std::fs::remove_dir(cache.join("tmp")).unwrap();
     let read_only = "mount --bind -o ro \"$0\" \"$0\"";
     let cache_dir = cache.to_str().unwrap();
     for pin in [vec![], vec!["--sha256", &sha]] {
