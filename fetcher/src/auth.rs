@@ -27,11 +27,36 @@ pub fn default_docker_config() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-/// Credentials for `registry` from the config at `path` (anonymous when it has no entry).
+/// Credentials for `registry` from the config at `path` (anonymous when it has no entry). The
+/// file must be a regular file of at most 1 MiB (a Kubernetes Secret's limit).
 pub fn from_docker_config(path: &Path, registry: &str) -> Result<RegistryAuth, FetchError> {
-    let text = std::fs::read_to_string(path).map_err(|e| bad(path, e))?;
-    let doc: Value = serde_json::from_str(&text)
-        .map_err(|e| bad(path, format!("not a Docker config JSON: {e}")))?;
+    use crate::regular_file::{read_input, PULL_SECRET_LIMIT};
+    let bytes = read_input(path, "--pull-secret", PULL_SECRET_LIMIT)?;
+    parse_docker_config(&bytes, registry).map_err(|e| match e {
+        ConfigError::Invalid(reason) => bad(path, reason),
+        ConfigError::CredentialHelper => FetchError::Unsupported(format!(
+            "{}: credential helpers are not supported; put the credentials for {registry} under \"auths\"",
+            path.display()
+        )),
+    })
+}
+
+/// Why a Docker config gives no credentials.
+#[derive(Debug, PartialEq, Eq)]
+pub enum ConfigError {
+    /// Not a Docker config, or an entry that is not what Docker writes; says what is wrong
+    /// without repeating secret material.
+    Invalid(String),
+    /// The credentials for the registry are behind a credential helper.
+    CredentialHelper,
+}
+
+/// Credentials for `registry` from the bytes of a Docker config JSON. Allocates in proportion
+/// to its input (which the caller bounds), and never fails by panicking.
+pub fn parse_docker_config(bytes: &[u8], registry: &str) -> Result<RegistryAuth, ConfigError> {
+    let invalid = |reason: String| ConfigError::Invalid(reason);
+    let doc: Value = serde_json::from_slice(bytes)
+        .map_err(|e| invalid(format!("not a Docker config JSON: {e}")))?;
     let key_matches = |k: &str| {
         let k = k
             .trim_start_matches("https://")
@@ -49,10 +74,7 @@ pub fn from_docker_config(path: &Path, registry: &str) -> Result<RegistryAuth, F
             .is_some()
             || doc.get("credsStore").is_some();
         if helper {
-            return Err(FetchError::Unsupported(format!(
-                "{}: credential helpers are not supported; put the credentials for {registry} under \"auths\"",
-                path.display()
-            )));
+            return Err(ConfigError::CredentialHelper);
         }
         return Ok(RegistryAuth::Anonymous);
     };
@@ -65,13 +87,12 @@ pub fn from_docker_config(path: &Path, registry: &str) -> Result<RegistryAuth, F
     if let Some(auth) = entry.get("auth").and_then(Value::as_str) {
         let decoded = base64::engine::general_purpose::STANDARD
             .decode(auth.trim())
-            .map_err(|e| bad(path, format!("auths.{registry}.auth is not base64: {e}")))?;
+            .map_err(|e| invalid(format!("auths.{registry}.auth is not base64: {e}")))?;
         let text = String::from_utf8_lossy(&decoded);
         let (u, p) = text.split_once(':').ok_or_else(|| {
-            bad(
-                path,
-                format!("auths.{registry}.auth is not base64(user:password)"),
-            )
+            invalid(format!(
+                "auths.{registry}.auth is not base64(user:password)"
+            ))
         })?;
         return Ok(RegistryAuth::Basic(u.to_string(), p.to_string()));
     }
@@ -109,5 +130,59 @@ mod tests {
             .unwrap_err()
             .to_string()
             .starts_with("unsupported"));
+    }
+
+    mod properties {
+        use super::super::*;
+        use crate::alloc_meter::allocated_by;
+        use proptest::prelude::*;
+
+        /// A JSON string literal holding `s`.
+        fn quoted(s: &str) -> String {
+            serde_json::to_string(s).unwrap()
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// Any bytes: an answer, never a panic, and allocation in proportion to the input
+            /// (which `from_docker_config` caps at 1 MiB before reading).
+            #[test]
+            fn any_bytes_get_an_answer(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
+                let (_, allocated) = allocated_by(|| parse_docker_config(&bytes, "r.io"));
+                prop_assert!(allocated <= 64 * bytes.len() + 4096, "{allocated} bytes for {} of input", bytes.len());
+            }
+
+            /// Configs shaped like Docker's with arbitrary strings in every slot.
+            #[test]
+            fn docker_shaped_configs_get_an_answer(
+                key in "(https?://)?[a-z0-9.:/]{0,24}",
+                auth in "\\PC{0,64}",
+                user in "\\PC{0,16}",
+                registry in "[a-z0-9.:]{1,16}",
+                nesting in 0usize..300,
+            ) {
+                let deep = format!("{}{}", "[".repeat(nesting), "]".repeat(nesting));
+                let text = format!(
+                    r#"{{"auths":{{{}:{{"auth":{},"username":{},"x":{deep}}}}},"credHelpers":{{{}:"h"}}}}"#,
+                    quoted(&key), quoted(&auth), quoted(&user), quoted(&registry)
+                );
+                let (_, allocated) = allocated_by(|| parse_docker_config(text.as_bytes(), &registry));
+                prop_assert!(allocated <= 64 * text.len() + 4096);
+            }
+
+            /// `auth` holding base64(user:password) yields exactly that user and password.
+            #[test]
+            fn auth_entries_decode_exactly(user in "[^:]{0,32}", password in "\\PC{0,32}") {
+                use base64::Engine;
+                let auth = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+                let text = format!(r#"{{"auths":{{"r.io":{{"auth":"{auth}"}}}}}}"#);
+                let parsed = parse_docker_config(text.as_bytes(), "r.io");
+                prop_assert!(
+                    matches!(&parsed, Ok(RegistryAuth::Basic(u, p)) if *u == user && *p == password),
+                    "{parsed:?}"
+                );
+            }
+        }
     }
 }

@@ -25,6 +25,30 @@ fn cache_err(path: &Path, e: impl std::fmt::Display) -> FetchError {
     }
 }
 
+/// An I/O error on the cache at `path`; a refused write is told apart, since a cache the
+/// process may only read can still answer from what it holds.
+pub(crate) fn io_error(path: &Path, e: std::io::Error) -> FetchError {
+    use std::io::ErrorKind::{PermissionDenied, ReadOnlyFilesystem};
+    match e.kind() {
+        ReadOnlyFilesystem | PermissionDenied => FetchError::CacheReadOnly {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        },
+        _ => cache_err(path, e),
+    }
+}
+
+/// How much a cached module file is trusted before it is served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verify {
+    /// Trusted on a stat when its size and mtime are the recorded ones, re-hashed otherwise:
+    /// a warm lookup stays a read and a stat.
+    Stamp(Option<Stamp>),
+    /// Always re-hashed: a pin is a promise about the bytes, and size and mtime can be put
+    /// back by whoever changed them.
+    Hash,
+}
+
 impl Cache {
     /// `$WASM_CACHE_DIR`, else `$XDG_CACHE_HOME/wasm-fetcher`, else `~/.cache/wasm-fetcher`.
     pub fn default_dir() -> PathBuf {
@@ -40,12 +64,39 @@ impl Cache {
         home.join(".cache").join("wasm-fetcher")
     }
 
+    /// Opens the cache at `root`, creating it if needed. A cache this process may not write
+    /// still opens (it can answer `--pull-policy Never` from what it holds); a write is refused
+    /// when it comes, naming the cause.
     pub fn open(root: &Path) -> Result<Self, FetchError> {
         let root = std::path::absolute(root).map_err(|e| cache_err(root, e))?;
         for d in [root.join("modules").join("sha256"), root.join("tmp")] {
-            std::fs::create_dir_all(&d).map_err(|e| cache_err(&d, e))?;
+            match std::fs::create_dir_all(&d).map_err(|e| io_error(&d, e)) {
+                Err(FetchError::CacheReadOnly { .. }) if root.is_dir() => {}
+                other => other?,
+            }
         }
         Ok(Self { root })
+    }
+
+    fn modules_dir(&self) -> PathBuf {
+        self.root.join("modules").join("sha256")
+    }
+
+    /// Every module file in the cache with its metadata, whatever the index says: what an
+    /// index that is lost or damaged is rebuilt from.
+    pub fn module_files(&self) -> Vec<(Sha256, std::fs::Metadata)> {
+        let dir = self.modules_dir();
+        std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let name = e.file_name();
+                let sha = Sha256::parse(name.to_str()?.strip_suffix(".wasm")?).ok()?;
+                let meta = e.metadata().ok().filter(|m| m.is_file())?;
+                Some((sha, meta))
+            })
+            .collect()
     }
 
     pub fn root(&self) -> &Path {
@@ -53,10 +104,7 @@ impl Cache {
     }
 
     pub fn module_path(&self, sha: &Sha256) -> PathBuf {
-        self.root
-            .join("modules")
-            .join("sha256")
-            .join(format!("{}.wasm", sha.hex()))
+        self.modules_dir().join(format!("{}.wasm", sha.hex()))
     }
 
     /// The cached module with this digest, if present.
@@ -65,15 +113,16 @@ impl Cache {
         p.is_file().then_some(p)
     }
 
-    /// The cached module with this digest if present and intact. A file whose size and mtime
-    /// are those the index recorded is trusted on a stat (a warm lookup must stay cheap); any
-    /// other is re-hashed and served only if it still matches its name, so a module damaged
-    /// on disk is downloaded again instead of handed to Envoy.
-    pub fn lookup_intact(&self, sha: &Sha256, recorded: Option<Stamp>) -> Option<PathBuf> {
+    /// The cached module with this digest if present and intact (see [`Verify`]). A file that
+    /// no longer matches its name is not served: it is downloaded again (or refused under
+    /// `Never`) instead of handed to Envoy.
+    pub fn lookup_intact(&self, sha: &Sha256, verify: Verify) -> Option<PathBuf> {
         let path = self.module_path(sha);
         let meta = std::fs::metadata(&path).ok().filter(|m| m.is_file())?;
-        if recorded == Some(Stamp::of(&meta)) {
-            return Some(path);
+        if let Verify::Stamp(Some(recorded)) = verify {
+            if recorded == Stamp::of(&meta) {
+                return Some(path);
+            }
         }
         let intact = hash_file(&path).is_ok_and(|actual| actual == *sha);
         if !intact {
@@ -83,10 +132,11 @@ impl Cache {
     }
 
     /// An exclusive lock on one source (held until dropped), so concurrent processes pulling
-    /// the same module make one download.
-    pub fn lock_source(&self, url: &str) -> Result<std::fs::File, FetchError> {
+    /// the same module make one download; `None` while another holds it. It never blocks, so
+    /// a waiter (`crate::pull`) can give up at its deadline.
+    pub fn try_lock_source(&self, url: &str) -> Result<Option<std::fs::File>, FetchError> {
         let dir = self.root.join("locks");
-        std::fs::create_dir_all(&dir).map_err(|e| cache_err(&dir, e))?;
+        std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
         let name = hex::encode(Hasher::digest(url.as_bytes()));
         let path = dir.join(format!("{}.lock", &name[..32]));
         let f = std::fs::File::options()
@@ -94,9 +144,33 @@ impl Cache {
             .truncate(false)
             .write(true)
             .open(&path)
-            .map_err(|e| cache_err(&path, e))?;
-        f.lock().map_err(|e| cache_err(&path, e))?;
-        Ok(f)
+            .map_err(|e| io_error(&path, e))?;
+        match f.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_error(&path, e)),
+        }
+        // `purge` removes lock files no one holds: a lock taken on a file it just unlinked
+        // guards nothing, so it counts only if the path still names the locked file.
+        Ok(same_file(&f, &path).then_some(f))
+    }
+
+    /// Removes lock files no process holds (each is removed while locked, and a locker checks
+    /// that its file is still in place, so no lock is broken).
+    pub fn remove_unused_locks(&self) {
+        let dir = self.root.join("locks");
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            let path = e.path();
+            if path.extension().is_none_or(|x| x != "lock") {
+                continue;
+            }
+            let Ok(f) = std::fs::File::options().write(true).open(&path) else {
+                continue;
+            };
+            if f.try_lock().is_ok() && same_file(&f, &path) {
+                let _ = std::fs::remove_file(&path);
+            }
+        }
     }
 
     /// Removes downloads older than `age` from `tmp/`: a live download is younger, so what is
@@ -123,7 +197,7 @@ impl Cache {
             .prefix("download-")
             .suffix(".part")
             .tempfile_in(&dir)
-            .map_err(|e| cache_err(&dir, e))?;
+            .map_err(|e| io_error(&dir, e))?;
         Ok(Staging {
             file,
             hasher: Hasher::new(),
@@ -151,7 +225,7 @@ impl Cache {
         // Not fsynced (that was a quarter of a 5 MiB pull): after a power loss the file may be
         // short or empty, and `lookup_intact` then sees a size or mtime the index did not
         // record (or no record at all), re-hashes, and fetches it again. It is never served.
-        file.persist(&dest).map_err(|e| cache_err(&dest, e.error))?;
+        file.persist(&dest).map_err(|e| io_error(&dest, e.error))?;
         Ok((dest, actual))
     }
 }
@@ -193,16 +267,33 @@ fn hash_file(path: &Path) -> std::io::Result<Sha256> {
     }
 }
 
+/// Made world-readable: an Envoy, or a `--pull-policy Never` pull, running as another user
+/// reads the cache it may not write.
 #[cfg(unix)]
-fn set_mode_0644(path: &Path) -> Result<(), FetchError> {
+pub(crate) fn set_mode_0644(path: &Path) -> Result<(), FetchError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-        .map_err(|e| cache_err(path, e))
+        .map_err(|e| io_error(path, e))
 }
 
 #[cfg(not(unix))]
-fn set_mode_0644(_path: &Path) -> Result<(), FetchError> {
+pub(crate) fn set_mode_0644(_path: &Path) -> Result<(), FetchError> {
     Ok(())
+}
+
+/// Whether `path` still names the open file `f`.
+#[cfg(unix)]
+fn same_file(f: &std::fs::File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (f.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn same_file(_f: &std::fs::File, path: &Path) -> bool {
+    path.exists()
 }
 
 /// A download in progress: bytes go to the temp file and through the hash in one pass.
@@ -240,8 +331,14 @@ impl Staging {
             self.head.extend_from_slice(&chunk[..take]);
         }
         self.hasher.update(chunk);
-        self.file.write_all(chunk)?;
-        Ok(())
+        let file = &mut self.file;
+        file.write_all(chunk).map_err(|e| io_error(file.path(), e))
+    }
+
+    /// The first bytes written (up to 8): a source that is never unboxed checks the Wasm
+    /// header with them as soon as they arrive.
+    pub fn head(&self) -> &[u8] {
+        &self.head
     }
 
     pub fn size(&self) -> u64 {
@@ -250,8 +347,11 @@ impl Staging {
 
     /// A fresh reader over what was written.
     pub fn reopen(&mut self) -> Result<std::fs::File, FetchError> {
-        self.file.as_file_mut().flush()?;
-        Ok(self.file.reopen()?)
+        let file = &mut self.file;
+        file.as_file_mut()
+            .flush()
+            .and_then(|()| file.reopen())
+            .map_err(|e| io_error(file.path(), e))
     }
 
     pub fn max_size(&self) -> u64 {
@@ -265,9 +365,12 @@ impl Staging {
 
     /// Starts over (a retried HTTP attempt).
     pub fn reset(&mut self) -> Result<(), FetchError> {
-        self.file.as_file_mut().set_len(0)?;
         use std::io::Seek;
-        self.file.as_file_mut().seek(std::io::SeekFrom::Start(0))?;
+        let file = &mut self.file;
+        file.as_file_mut()
+            .set_len(0)
+            .and_then(|()| file.as_file_mut().seek(std::io::SeekFrom::Start(0)))
+            .map_err(|e| io_error(file.path(), e))?;
         self.hasher = Hasher::new();
         self.head.clear();
         self.size = 0;

@@ -67,6 +67,18 @@ pub enum FetchError {
     TooLong { expected: u64 },
     #[error("unsafe bearer realm {realm:?}: {reason}")]
     UnsafeRealm { realm: String, reason: String },
+    /// A local input (a `file://` module, `--pull-secret`, `--ca-file`, a bootstrap) that
+    /// cannot be used as given.
+    #[error("cannot read {what} {}: {reason}", path.display())]
+    Read {
+        what: &'static str,
+        path: PathBuf,
+        reason: String,
+    },
+    /// The cache refused a write (read-only filesystem, no permission): it can still serve
+    /// what it holds.
+    #[error("cache error at {path}: cannot write ({message}); a cache this process cannot write serves only the modules it holds (--pull-policy Never)")]
+    CacheReadOnly { path: PathBuf, message: String },
 }
 
 /// At most a few items of a list that a server controls, and how many more there were.

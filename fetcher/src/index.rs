@@ -6,10 +6,11 @@
 use std::collections::BTreeMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::Cache;
 use crate::error::FetchError;
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -68,51 +69,162 @@ fn err(path: &Path, e: impl std::fmt::Display) -> FetchError {
     }
 }
 
+/// Far more than any real index (an entry is a few hundred bytes); a bigger file is damage.
+const MAX_INDEX_BYTES: u64 = 64 << 20;
+/// How long an update waits for another process's index lock. The lock is held only for a
+/// read-modify-write, so a longer wait means that process is stuck.
+const LOCK_WAIT: Duration = Duration::from_secs(10);
+
+/// The index as read from disk, or rebuilt from the module files when there was none to read.
+enum Loaded {
+    Read(Index),
+    /// `damaged` when a file was there but unreadable as an index: it is set aside on the
+    /// next write rather than overwritten.
+    Rebuilt {
+        index: Index,
+        damaged: bool,
+    },
+}
+
 /// The index file plus the lock that guards it.
+#[derive(Debug, Clone)]
 pub struct IndexFile {
+    cache: Cache,
     path: PathBuf,
     lock_path: PathBuf,
 }
 
 impl IndexFile {
-    pub fn new(cache_root: &Path) -> Self {
+    pub fn new(cache: &Cache) -> Self {
         Self {
-            path: cache_root.join("index.json"),
-            lock_path: cache_root.join("index.lock"),
+            cache: cache.clone(),
+            path: cache.root().join("index.json"),
+            lock_path: cache.root().join("index.lock"),
         }
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The index. One that is missing, empty or damaged is rebuilt from `modules/`: every
+    /// module stays visible to `ls` and purgeable; which source and resource version each
+    /// came from is lost, so those are fetched again when next asked for.
     pub fn load(&self) -> Result<Index, FetchError> {
-        match std::fs::read(&self.path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                err(&self.path, format!("corrupt cache index ({e}); remove it to start over (cached modules stay valid)"))
-            }),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Index::default()),
-            Err(e) => Err(err(&self.path, e)),
+        Ok(match self.read()? {
+            Loaded::Read(index) | Loaded::Rebuilt { index, .. } => index,
+        })
+    }
+
+    fn read(&self) -> Result<Loaded, FetchError> {
+        use crate::regular_file::{read, ReadError};
+        let problem = match read(&self.path, MAX_INDEX_BYTES) {
+            Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => "empty".to_string(),
+            Ok(bytes) => match serde_json::from_slice(&bytes) {
+                Ok(index) => return Ok(Loaded::Read(index)),
+                Err(e) => format!("not a valid index ({e})"),
+            },
+            Err(ReadError::Missing) => return Ok(self.rebuild(false)),
+            Err(e @ (ReadError::NotRegular(_) | ReadError::TooLarge { .. })) => e.to_string(),
+            Err(ReadError::Io(e)) => return Err(crate::cache::io_error(&self.path, e)),
+        };
+        tracing::warn!(path = %self.path.display(), %problem, "cache index rebuilt from the module files");
+        Ok(self.rebuild(true))
+    }
+
+    fn rebuild(&self, damaged: bool) -> Loaded {
+        let modules = self
+            .cache
+            .module_files()
+            .into_iter()
+            .map(|(sha, meta)| {
+                let mtime = meta
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs());
+                let entry = ModuleEntry {
+                    source: String::new(),
+                    manifest_digest: None,
+                    index_digest: None,
+                    size: meta.len(),
+                    // Not a verified stamp: the first lookup re-hashes the file.
+                    modified_ns: None,
+                    pulled_at: mtime,
+                    last_used: mtime,
+                };
+                (sha.hex(), entry)
+            })
+            .collect();
+        Loaded::Rebuilt {
+            index: Index {
+                modules,
+                ..Index::default()
+            },
+            damaged,
         }
     }
 
     /// Applies `f` to the index under an exclusive lock and saves it atomically.
     pub fn update<T>(&self, f: impl FnOnce(&mut Index) -> T) -> Result<T, FetchError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |e: std::io::Error| crate::cache::io_error(&path, e)
+        };
         let lock = File::options()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&self.lock_path)
-            .map_err(|e| err(&self.lock_path, e))?;
-        lock.lock().map_err(|e| err(&self.lock_path, e))?;
-        let mut index = self.load()?;
+            .map_err(io(&self.lock_path))?;
+        lock_within(&lock, LOCK_WAIT).map_err(io(&self.lock_path))?;
+        let mut index = match self.read()? {
+            Loaded::Read(index) => index,
+            Loaded::Rebuilt { index, damaged } => {
+                if damaged {
+                    // Kept for whoever wants to see what went wrong; the next one replaces it.
+                    let _ = std::fs::rename(&self.path, self.path.with_extension("json.damaged"));
+                }
+                index
+            }
+        };
         let out = f(&mut index);
         let dir = self.path.parent().unwrap_or(Path::new("."));
         let mut tmp = tempfile::Builder::new()
             .prefix("index-")
             .tempfile_in(dir)
-            .map_err(|e| err(dir, e))?;
+            .map_err(io(dir))?;
         let bytes = serde_json::to_vec_pretty(&index).map_err(|e| err(&self.path, e))?;
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| err(&self.path, e))?;
-        tmp.as_file().sync_all().map_err(|e| err(&self.path, e))?;
+        std::io::Write::write_all(&mut tmp, &bytes).map_err(io(tmp.path()))?;
+        tmp.as_file().sync_all().map_err(io(tmp.path()))?;
+        crate::cache::set_mode_0644(tmp.path())?;
         tmp.persist(&self.path)
-            .map_err(|e| err(&self.path, e.error))?;
+            .map_err(|e| io(&self.path)(e.error))?;
         Ok(out)
+    }
+}
+
+/// Takes `lock`, waiting at most `wait` for another holder to let go.
+fn lock_within(lock: &File, wait: Duration) -> std::io::Result<()> {
+    let deadline = Instant::now() + wait;
+    let mut pause = Duration::from_millis(1);
+    loop {
+        match lock.try_lock() {
+            Ok(()) => return Ok(()),
+            Err(std::fs::TryLockError::Error(e)) => return Err(e),
+            Err(std::fs::TryLockError::WouldBlock) if Instant::now() >= deadline => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "another process has held the index lock for {}s; is a wasm-fetcher stuck?",
+                        wait.as_secs()
+                    ),
+                ))
+            }
+            Err(std::fs::TryLockError::WouldBlock) => {
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(50));
+            }
+        }
     }
 }

@@ -14,6 +14,8 @@
 //! # Ok(()) }
 //! ```
 
+#[cfg(test)]
+mod alloc_meter;
 pub mod auth;
 pub mod bootstrap;
 pub mod cache;
@@ -24,6 +26,7 @@ pub mod net;
 pub mod policy;
 pub mod progress;
 pub mod reference;
+pub mod regular_file;
 pub mod settings;
 pub mod source;
 pub mod tls;
@@ -97,7 +100,7 @@ fn from_cache(
     resource: &str,
 ) -> Option<Pulled> {
     let hit = |sha: &str, pin: Option<PinMatch>| -> Option<Pulled> {
-        let path = intact(idx, cache, sha)?;
+        let path = intact(idx, cache, sha, pin.is_some())?;
         Some(Pulled {
             path,
             source: req.url.clone(),
@@ -150,7 +153,7 @@ pub async fn pull(
     let pinned = req.sha256.is_some() || source.pinned_digest().is_some();
     let policy = policy::effective(req.policy, &source, pinned);
     let resource = req.resource.clone().unwrap_or_else(|| req.url.clone());
-    let index = IndexFile::new(cache.root());
+    let index = IndexFile::new(cache);
     let idx = index.load()?;
     if let Some(p) = from_cache(&idx, cache, req, &source, policy, &resource) {
         // A hit that would change nothing but a last-use time under a minute old skips the
@@ -158,27 +161,25 @@ pub async fn pull(
         if already_recorded(&idx, req, &resource, &p) {
             return Ok(p);
         }
-        return record(&index, req, &resource, p, None);
+        return match record(&index, req, &resource, p.clone(), None).await {
+            // The module is there and checked; only the bookkeeping could not be written.
+            Err(FetchError::CacheReadOnly { path, message }) => {
+                tracing::warn!(path = %path.display(), %message, "cache is read-only; last use not recorded");
+                Ok(p)
+            }
+            other => other,
+        };
     }
     if policy == PullPolicy::Never {
         return Err(FetchError::NotInCache);
     }
-    // One download per source: within this process through an async mutex (so waiting tasks
-    // do not block the runtime), across processes through the file lock (taken on a blocking
-    // thread). Whoever waited finds the module cached below.
+    // One download per source: within this process through an async mutex, across processes
+    // through the file lock. Whoever waited finds the module cached below.
     let _in_process = in_flight(cache, &req.url).lock_owned().await;
-    let _lock = {
-        let (c, url) = (cache.clone(), req.url.clone());
-        tokio::task::spawn_blocking(move || c.lock_source(&url))
-            .await
-            .map_err(|e| FetchError::Cache {
-                path: cache.root().to_path_buf(),
-                message: format!("waiting for the source lock: {e}"),
-            })??
-    };
+    let _lock = lock_source(cache, &req.url).await?;
     if policy != PullPolicy::Always || req.resource_version.is_some() {
         if let Some(p) = from_cache(&index.load()?, cache, req, &source, policy, &resource) {
-            return record(&index, req, &resource, p, None);
+            return record(&index, req, &resource, p, None).await;
         }
     }
     let mut staging = cache.staging(settings.max_size)?;
@@ -224,7 +225,7 @@ pub async fn pull(
             let idx = index.load()?;
             let unchanged = idx.modules.iter().find(|(sha, m)| {
                 m.manifest_digest.as_deref() == Some(&resolved.manifest_digest)
-                    && intact(&idx, cache, sha).is_some()
+                    && intact(&idx, cache, sha, pinned).is_some()
             });
             let module_pin = if digest_pin.is_some() {
                 None
@@ -278,7 +279,21 @@ pub async fn pull(
             }
         }
     };
-    record(&index, req, &resource, pulled, index_digest)
+    record(&index, req, &resource, pulled, index_digest).await
+}
+
+/// The cross-process lock on one source. Waiting polls instead of blocking a thread in the
+/// kernel, so a caller's deadline (`--timeout`) ends the wait at once and leaves no thread
+/// behind.
+async fn lock_source(cache: &Cache, url: &str) -> Result<std::fs::File, FetchError> {
+    let mut pause = std::time::Duration::from_millis(2);
+    loop {
+        if let Some(lock) = cache.try_lock_source(url)? {
+            return Ok(lock);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
+    }
 }
 
 /// The in-process lock for one source in one cache. Entries stay for the life of the process:
@@ -294,10 +309,15 @@ fn in_flight(cache: &Cache, url: &str) -> Arc<tokio::sync::Mutex<()>> {
         .clone()
 }
 
-/// The cached module named by `sha` (hex), if its file is intact.
-fn intact(idx: &index::Index, cache: &Cache, sha: &str) -> Option<PathBuf> {
-    let recorded = idx.modules.get(sha).map(ModuleEntry::stamp);
-    cache.lookup_intact(&Sha256::parse(sha).ok()?, recorded)
+/// The cached module named by `sha` (hex), if its file is intact; `pinned` re-hashes it
+/// whatever the index recorded, since the answer is reported as a pin match.
+fn intact(idx: &index::Index, cache: &Cache, sha: &str, pinned: bool) -> Option<PathBuf> {
+    let verify = if pinned {
+        cache::Verify::Hash
+    } else {
+        cache::Verify::Stamp(idx.modules.get(sha).map(ModuleEntry::stamp))
+    };
+    cache.lookup_intact(&Sha256::parse(sha).ok()?, verify)
 }
 
 fn already_recorded(idx: &index::Index, req: &PullRequest, resource: &str, p: &Pulled) -> bool {
@@ -333,9 +353,28 @@ fn commit(
     })
 }
 
+/// [`record_now`] on a blocking thread: waiting for the index lock must not stall the
+/// runtime, or a caller's deadline could not fire.
+async fn record(
+    index: &IndexFile,
+    req: &PullRequest,
+    resource: &str,
+    pulled: Pulled,
+    index_digest: Option<String>,
+) -> Result<Pulled, FetchError> {
+    let (index, req, resource) = (index.clone(), req.clone(), resource.to_string());
+    let root = index.path().to_path_buf();
+    tokio::task::spawn_blocking(move || record_now(&index, &req, &resource, pulled, index_digest))
+        .await
+        .map_err(|e| FetchError::Cache {
+            path: root,
+            message: format!("recording the pull: {e}"),
+        })?
+}
+
 /// Records a successful pull: the module's use, what the source resolved to, and (only now,
 /// after success) the resource version.
-fn record(
+fn record_now(
     index: &IndexFile,
     req: &PullRequest,
     resource: &str,
@@ -358,6 +397,10 @@ fn record(
                 last_used: now,
             });
         entry.last_used = now;
+        if entry.source.is_empty() {
+            // Found by a rebuilt index, which cannot know where a module came from.
+            entry.source = req.url.clone();
+        }
         // Verified by this pull (downloaded, or checked by `intact`): remember the file as is.
         if let Some(stamp) = stamp {
             entry.size = stamp.size;
@@ -399,7 +442,7 @@ pub struct Listed {
 
 /// Every module the index knows and whose file is present.
 pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchError> {
-    let idx = IndexFile::new(cache.root()).load()?;
+    let idx = IndexFile::new(cache).load()?;
     Ok(idx
         .modules
         .iter()
@@ -412,18 +455,19 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
                 manifest_digest: m.manifest_digest.clone(),
                 size: m.size,
                 last_used: m.last_used,
-                expires: m.last_used + settings.module_expiry.as_secs(),
+                expires: m.last_used.saturating_add(settings.module_expiry.as_secs()),
             })
         })
         .collect())
 }
 
 /// Removes modules unused for longer than `WASM_MODULE_EXPIRY`, with their index entries, and
-/// temp files a killed process left behind. Returns the removed modules' digests.
+/// what killed processes left behind: temp files, and lock files no one holds. Returns the
+/// removed modules' digests.
 pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<String>, FetchError> {
     let now = index::now();
     let expiry = settings.module_expiry.as_secs();
-    let removed = IndexFile::new(cache.root()).update(|idx| {
+    let removed = IndexFile::new(cache).update(|idx| {
         let expired: Vec<String> = idx
             .modules
             .iter()
@@ -440,5 +484,6 @@ pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<String>, FetchErr
         expired
     })?;
     cache.remove_stale_temp_files(settings.purge_interval);
+    cache.remove_unused_locks();
     Ok(removed)
 }

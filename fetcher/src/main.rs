@@ -6,7 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
-use wasm_fetcher::{bootstrap, pull, settings, Cache, PullPolicy, PullRequest, Settings, Sha256};
+use wasm_fetcher::{
+    bootstrap, pull, regular_file, settings, Cache, PullPolicy, PullRequest, Settings, Sha256,
+};
 
 #[derive(Parser)]
 #[command(
@@ -41,16 +43,19 @@ enum Command {
         /// The resource's version: with Always, the source is checked again only when it changes.
         #[arg(long)]
         resource_version: Option<String>,
-        /// Docker config JSON with registry credentials (a decoded .dockerconfigjson).
+        /// Docker config JSON with registry credentials (a decoded .dockerconfigjson): a
+        /// regular file of at most 1 MiB.
         #[arg(long)]
         pull_secret: Option<PathBuf>,
         /// Image index platform, os/arch (e.g. wasip1/wasm, linux/amd64).
         #[arg(long)]
         platform: Option<String>,
-        /// Bound on the whole pull, Go duration syntax.
-        #[arg(long, default_value = "30s", value_parser = settings::parse_duration)]
+        /// Bound on the whole pull (waiting for another process's pull of the same source
+        /// included), Go duration syntax; must be more than 0.
+        #[arg(long, default_value = "30s", value_parser = settings::parse_timeout)]
         timeout: std::time::Duration,
-        /// Extra trusted CA certificates (PEM) for HTTPS sources and registries.
+        /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file
+        /// (at most 4 MiB) holding at least one certificate.
         #[arg(long)]
         ca_file: Option<PathBuf>,
         /// Print a JSON object (path, source, sha256, manifest_digest, pin, from_cache).
@@ -75,6 +80,7 @@ enum Command {
     },
     /// Point every Wasm plugin of an Envoy bootstrap at a local module; writes YAML.
     Rewrite {
+        /// The Envoy bootstrap, YAML or JSON: a regular file of at most 64 MiB.
         bootstrap: PathBuf,
         #[arg(long)]
         module: PathBuf,
@@ -132,20 +138,17 @@ fn main() -> ExitCode {
                 bar.finish_and_clear();
             }
             if let Err(e) = result {
-                eprintln!("wasm-fetcher: {url}: {e:#}");
-                return ExitCode::from(exit_code(&e));
+                return fail(&url, &e);
             }
         }
         Command::Purge { cache_dir } => {
             if let Err(e) = run_purge(cache_dir) {
-                eprintln!("wasm-fetcher: purge: {e:#}");
-                return ExitCode::from(1);
+                return fail("purge", &e);
             }
         }
         Command::Ls { cache_dir, json } => {
             if let Err(e) = run_ls(cache_dir, json) {
-                eprintln!("wasm-fetcher: ls: {e:#}");
-                return ExitCode::from(1);
+                return fail("ls", &e);
             }
         }
         Command::Rewrite {
@@ -154,8 +157,7 @@ fn main() -> ExitCode {
             output,
         } => {
             if let Err(e) = run_rewrite(&bootstrap, &module, output.as_deref()) {
-                eprintln!("wasm-fetcher: {}: {e:#}", bootstrap.display());
-                return ExitCode::from(1);
+                return fail("rewrite", &e);
             }
         }
     }
@@ -168,6 +170,16 @@ fn exit_code(e: &anyhow::Error) -> u8 {
         Some(wasm_fetcher::FetchError::BadUrl { .. }) => 2,
         _ => 1,
     }
+}
+
+/// The one line a failure prints: what it was about, then the error and its causes, each said
+/// once (an I/O error is often both a message and that message's source).
+fn fail(subject: &str, e: &anyhow::Error) -> ExitCode {
+    eprintln!(
+        "wasm-fetcher: {subject}: {}",
+        wasm_fetcher::error::chain(e.as_ref())
+    );
+    ExitCode::from(exit_code(e))
 }
 
 /// A progress bar on a terminal, nothing when stderr is piped. It stays hidden for the
@@ -220,18 +232,20 @@ fn run_pull(
     let mut settings = Settings::from_env()?;
     settings.allow_foreign_layers = allow_foreign_layers;
     if let Some(ca) = ca_file {
-        let pem = std::fs::read(&ca)
-            .with_context(|| format!("cannot read --ca-file {}", ca.display()))?;
-        settings.add_ca_pem(pem);
+        settings.add_ca_file(&ca)?;
     }
     let cache = Cache::open(&cache_dir.unwrap_or_else(Cache::default_dir))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    let pulled = runtime
-        .block_on(async { tokio::time::timeout(timeout, pull(req, &cache, &settings)).await })
-        .map_err(|_| anyhow::anyhow!("timed out after {timeout:?} (--timeout)"))??;
+    let outcome = runtime
+        .block_on(async { tokio::time::timeout(timeout, pull(req, &cache, &settings)).await });
+    // A task still blocked in the kernel (opening a FIFO no one writes) is not waited for:
+    // the deadline is the deadline. Nothing it could still do leaves a partial cache file.
+    runtime.shutdown_background();
+    let pulled =
+        outcome.map_err(|_| anyhow::anyhow!("timed out after {timeout:?} (--timeout)"))??;
     if json {
         println!("{}", serde_json::to_string(&pulled)?);
     } else {
@@ -266,13 +280,18 @@ fn run_ls(cache_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
         "SHA256", "SIZE", "LAST USE", "EXPIRES IN"
     );
     for m in modules {
+        let source = if m.source.is_empty() {
+            "(unknown: the cache index was rebuilt)"
+        } else {
+            &m.source
+        };
         println!(
             "{:<14} {:>10} {:>11}s {:>11}s  {}{}",
             &m.sha256[..12],
             m.size,
             now.saturating_sub(m.last_used),
             m.expires.saturating_sub(now),
-            m.source,
+            source,
             m.manifest_digest
                 .map(|d| format!(" ({d})"))
                 .unwrap_or_default()
@@ -286,10 +305,16 @@ fn run_rewrite(
     module: &std::path::Path,
     output: Option<&std::path::Path>,
 ) -> anyhow::Result<()> {
-    let text = std::fs::read_to_string(path).context("cannot read")?;
-    let mut doc: serde_json::Value =
-        serde_norway::from_str(&text).context("not valid YAML or JSON")?;
-    bootstrap::point_wasm_code_at(&mut doc, module)?;
+    // Each failure names the file once: the read error itself, the others by context.
+    let bytes = regular_file::read_input(path, "bootstrap", regular_file::BOOTSTRAP_LIMIT)?;
+    let named = || path.display().to_string();
+    let text = String::from_utf8(bytes)
+        .context("not UTF-8 text")
+        .with_context(named)?;
+    let mut doc: serde_json::Value = serde_norway::from_str(&text)
+        .context("not valid YAML or JSON")
+        .with_context(named)?;
+    bootstrap::point_wasm_code_at(&mut doc, module).with_context(named)?;
     let yaml = serde_norway::to_string(&doc)?;
     match output {
         Some(out) => {

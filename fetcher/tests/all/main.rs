@@ -2,6 +2,8 @@
 //! files and a real HTTP server on 127.0.0.1 that can misbehave.
 
 mod hostile_registry;
+mod cache_integrity;
+mod deadline;
 mod library;
 mod net_guard;
 mod oci_registry;
@@ -9,4 +11,5 @@ mod pull_file;
 mod pull_http;
 mod registry;
 mod rewrite;
+mod side_inputs;
 mod support;

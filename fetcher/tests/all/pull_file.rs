@@ -159,7 +159,8 @@ fn ls_shows_modules_and_purge_removes_only_expired_ones() {
     let o = purge("1h");
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(o.stdout.is_empty(), "nothing is an hour old");
-    let o = purge("0s");
+    // 0 would mean the default (24h), as in Istio: the shortest expiry is 1ns.
+    let o = purge("1ns");
     assert_eq!(
         String::from_utf8_lossy(&o.stdout)
             .matches("purged sha256:")

@@ -294,8 +294,8 @@ pub fn stdout_path(o: &Output) -> PathBuf {
     PathBuf::from(String::from_utf8_lossy(&o.stdout).trim())
 }
 
-/// Every regular file under `dir` except lock files (kept on purpose: removing a lock file
-/// others may be waiting on breaks the lock): after a failed pull there must be none.
+/// Every regular file under `dir` except lock files (left for `purge`, which removes only
+/// those no one holds): after a failed pull there must be none.
 pub fn files_under(dir: &Path) -> Vec<PathBuf> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -397,4 +397,58 @@ impl TlsServer {
             _dir: dir,
         }
     }
+}
+/// Runs `cmd` to completion and how long it took; kills it and fails the test if it is still
+/// running after `limit` (a hang must fail the test, not stall the suite).
+pub fn run_within(cmd: &mut Command, limit: Duration) -> (Output, Duration) {
+    use std::process::Stdio;
+    let start = std::time::Instant::now();
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    loop {
+        if child.try_wait().unwrap().is_some() {
+            let took = start.elapsed();
+            return (child.wait_with_output().unwrap(), took);
+        }
+        if start.elapsed() > limit {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "{cmd:?} still running after {limit:?}; stderr: {}",
+                stderr(&o)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `wasm-fetcher ARGS` in a private mount namespace, after `setup` (a shell snippet with the
+/// cache as `$0`) ran there: root can make a directory read-only or tiny for this process
+/// alone, so "cannot write" is real even for root.
+pub fn fetcher_in_namespace(setup: &str, cache: &Path, args: &[&str]) -> Output {
+    Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg(format!("{setup} && shift && exec \"$@\""))
+        .arg(cache)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_wasm-fetcher"))
+        .args(args)
+        .env_remove("WASM_CACHE_DIR")
+        .output()
+        .expect("unshare (util-linux) is needed")
+}
+
+/// The lock files under `<cache>/locks`.
+pub fn lock_files(cache: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(cache.join("locks"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "lock"))
+        .collect()
 }
