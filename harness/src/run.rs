@@ -113,6 +113,9 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
             return report;
         }
     };
+    if let Some(budget) = scenario.callout_budget {
+        proxy.callouts.budget = budget.0;
+    }
     report.startup_logs = proxy.logs().iter().map(report_line).collect();
     report.startup_failures = proxy
         .take_errors()

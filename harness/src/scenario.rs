@@ -3,6 +3,7 @@
 //! ```yaml
 //! bootstrap: ../../envoy-config/bootstrap.yaml   # relative to this file
 //! workers: 2                                     # optional, Envoy's --concurrency
+//! callout_budget: 10s     # optional: what one step's callouts to loopback upstreams may take
 //! requests:
 //!   - name: adds a header
 //!     request: {method: GET, path: /, authority: demo.local, headers: {x-a: "1"}}
@@ -64,6 +65,9 @@ pub struct Scenario {
     pub bootstrap: PathBuf,
     #[serde(default)]
     pub workers: Option<usize>,
+    /// How long one step's callouts may wait for loopback upstreams in all (default 60s).
+    #[serde(default)]
+    pub callout_budget: Option<DurationSpec>,
     /// Canned replies to HTTP callouts, for every step.
     #[serde(default)]
     pub http_calls: Vec<HttpCallSpec>,

@@ -20,17 +20,7 @@ const PLUGIN: &str = "/static_resources/listeners/0/filter_chains/0/filters/0/ty
 /// cluster `slow` at 127.0.0.1:`port`.
 fn bootstrap_with_slow(dir: &Path, guest_file: &str, config: &str, port: u16) -> PathBuf {
     bootstrap_variant(dir, &guest(guest_file), Some(config), move |doc| {
-        let clusters = doc
-            .pointer_mut("/static_resources/clusters")
-            .unwrap()
-            .as_array_mut()
-            .unwrap();
-        let mut slow = clusters[0].clone();
-        slow["name"] = "slow".into();
-        slow["load_assignment"]["cluster_name"] = "slow".into();
-        slow["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
-            ["socket_address"] = serde_json::json!({"address": "127.0.0.1", "port_value": port});
-        clusters.push(slow);
+        add_loopback_cluster(doc, "slow", port)
     })
 }
 
@@ -411,6 +401,28 @@ fn an_endless_start_function_is_interrupted_naming_it_and_the_deadline() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
         text(&o).contains("_start was interrupted: it ran longer than the harness's deadline of 1s for one call into the VM"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_scenario_sets_the_callout_budget_and_reports_what_it_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_with_slow(dir.path(), "call-storm.wat", "xx", server(silent));
+    let s = dir.path().join("budget.yaml");
+    std::fs::write(
+        &s,
+        format!(
+            "bootstrap: {}\ncallout_budget: 500ms\nrequests:\n  - {{name: silent upstream, request: {{}}}}\n",
+            b.display()
+        ),
+    )
+    .unwrap();
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("took longer than the harness's budget of 500ms for one round: 2 calls were answered, 2 of them 504"),
         "{}",
         text(&o)
     );
