@@ -21,25 +21,38 @@ use wasm_harness::vm::{Runtime, Vm};
 
 /// The system allocator, counting allocations: the time per request swings by 2x with the load
 /// of this shared machine, the number of allocations does not, so a change that adds work to
-/// every request shows here even on a busy day.
+/// every request shows here even on a busy day. It also tracks the bytes live and their peak,
+/// for what a large body costs.
 struct Counting;
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+static LIVE: AtomicU64 = AtomicU64::new(0);
+static PEAK: AtomicU64 = AtomicU64::new(0);
+
+fn grew(bytes: usize) {
+    let live = LIVE.fetch_add(bytes as u64, Relaxed) + bytes as u64;
+    PEAK.fetch_max(live, Relaxed);
+}
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Relaxed);
+        grew(layout.size());
         unsafe { System.alloc(layout) }
     }
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Relaxed);
+        grew(layout.size());
         unsafe { System.alloc_zeroed(layout) }
     }
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         ALLOCATIONS.fetch_add(1, Relaxed);
+        grew(new_size);
+        LIVE.fetch_sub(layout.size() as u64, Relaxed);
         unsafe { System.realloc(ptr, layout, new_size) }
     }
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        LIVE.fetch_sub(layout.size() as u64, Relaxed);
         unsafe { System.dealloc(ptr, layout) }
     }
 }
@@ -160,6 +173,36 @@ fn per_request(label: &str, bootstrap: Bootstrap, adds: &str) -> (Duration, f64)
     (median(batches), allocations)
 }
 
+/// The body size for [`big_bodies`].
+const BIG_BODY: usize = 100 << 20;
+
+/// Peak heap while one request with a 100 MiB body goes through the filter and its upstream
+/// answers with a 100 MiB body, above what the caller already held (its request), in bodies:
+/// what a large body costs the harness, copies included. The exchange it returns holds the
+/// body the upstream saw and the response's, two bodies that are the point of the exchange.
+fn big_bodies() -> f64 {
+    let mut proxy = Proxy::new(bootstrap(None), &ProxyOptions { workers: 1 }).unwrap();
+    let request = Request {
+        body: vec![b'q'; BIG_BODY],
+        ..request()
+    };
+    let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
+        status: 200,
+        body: vec![b'r'; BIG_BODY],
+        ..Default::default()
+    };
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let exchange = proxy.send(None, None, &request, &mut upstream).unwrap();
+    let peak = PEAK.load(Relaxed) - base;
+    assert_eq!(
+        exchange.response.as_ref().map(|r| r.body.len()),
+        Some(BIG_BODY),
+        "the response lost its body"
+    );
+    peak as f64 / BIG_BODY as f64
+}
+
 fn vm_start(bootstrap: Bootstrap) -> (Duration, Duration) {
     let runtime = Runtime::new().unwrap();
     let plugin = Arc::new(bootstrap.listeners[0].http.filters[0].clone());
@@ -229,6 +272,14 @@ fn module_loads() -> (Duration, Duration, Duration) {
 }
 
 fn main() {
+    // `cargo bench --bench host -- big-body`: just the large-body measurement.
+    if std::env::args().any(|a| a == "big-body") {
+        println!(
+            "a 100 MiB request body and a 100 MiB response body: peak heap {:.1} bodies above the caller's request (target < 6)",
+            big_bodies()
+        );
+        return;
+    }
     let mut missed = false;
     let mut check = |what: &str, ok: bool| {
         println!("  {what}: {}", if ok { "ok" } else { "MISSED" });
@@ -272,6 +323,11 @@ fn main() {
         load.as_secs_f64() * 1e3
     );
     check("VM start", start < Duration::from_micros(100));
+    let bodies = big_bodies();
+    println!(
+        "a 100 MiB request body and a 100 MiB response body: peak heap {bodies:.1} bodies above the caller's request (target < 6)"
+    );
+    check("large bodies", bodies < 6.0);
     let (compile, cached, from_section) = module_loads();
     let ms = |d: Duration| format!("{:.1} ms", d.as_secs_f64() * 1e3);
     println!(

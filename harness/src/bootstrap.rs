@@ -4,6 +4,8 @@
 //! sees (another HTTP filter, RDS, regex routes) is an error naming the field, never a silent
 //! skip: a harness that quietly ignores config would pass tests Envoy fails.
 
+mod shape;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
@@ -170,10 +172,13 @@ pub struct WasmPlugin {
 
 impl Bootstrap {
     pub fn load(path: &Path) -> Result<Self, BootstrapError> {
-        let text = std::fs::read_to_string(path).map_err(|source| BootstrapError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::input::read_text(path, crate::input::MAX_CONFIG_BYTES).map_err(|source| {
+                BootstrapError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let doc: Value = serde_norway::from_str(&text).map_err(|e| BootstrapError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
@@ -182,6 +187,7 @@ impl Bootstrap {
     }
 
     pub fn from_value(path: &Path, doc: &Value) -> Result<Self, BootstrapError> {
+        shape::check(doc)?;
         let resources = doc.get("static_resources");
         let mut listeners = Vec::new();
         for (i, l) in array(resources, "listeners").iter().enumerate() {

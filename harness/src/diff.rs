@@ -296,7 +296,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
                         }
                         case.envoy_connection = Some(out);
                     }
-                    Err(e) => case.envoy_failures.push(e),
+                    Err(e) => case.envoy_failures.push(e.to_string()),
                 }
                 if !case.envoy_failures.is_empty() || !case.differences.is_empty() {
                     report.verdict = Verdict::Failed;
@@ -365,7 +365,7 @@ pub fn run_differential(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Dif
                 compare_calls(&hcase.calls, &envoy_calls, &mut diffs);
                 (failures, diffs, Some(ex))
             }
-            Err(e) => (vec![e], Vec::new(), None),
+            Err(e) => (vec![e.to_string()], Vec::new(), None),
         };
         if !envoy_failures.is_empty() || !differences.is_empty() {
             report.verdict = Verdict::Failed;

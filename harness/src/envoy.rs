@@ -9,7 +9,7 @@
 //! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
 
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufReader, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -23,7 +23,9 @@ use crate::http::{
     CallRecord, CannedHttpCall, Exchange, HttpCallAnswer, Request, Response, SeenRequest,
     UpstreamReply,
 };
+use crate::http1;
 use crate::proxy::{TcpEvent, TcpOutcome};
+use crate::traffic::TrafficError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyError {
@@ -133,7 +135,9 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
     });
     let mut writer = conn;
     loop {
-        let Some((head, body)) = read_message(&mut reader, true) else {
+        let Ok(Some(http1::Message { head, body })) =
+            http1::read_message(&mut reader, true, http1::Limits::new(MAX_BODY_BYTES))
+        else {
             return;
         };
         let mut headers_buf = [httparse::EMPTY_HEADER; 128];
@@ -199,47 +203,9 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
     }
 }
 
-/// Reads one HTTP/1.1 message head and its body (content-length or chunked).
-fn read_message(reader: &mut impl BufRead, is_request: bool) -> Option<(Vec<u8>, Vec<u8>)> {
-    let mut head = Vec::new();
-    loop {
-        let mut line = Vec::new();
-        if reader.read_until(b'\n', &mut line).ok()? == 0 {
-            return None;
-        }
-        head.extend_from_slice(&line);
-        if line == b"\r\n" || line == b"\n" {
-            break;
-        }
-    }
-    let text = String::from_utf8_lossy(&head).to_ascii_lowercase();
-    let header = |name: &str| {
-        text.lines().find_map(|l| {
-            l.strip_prefix(&format!("{name}:"))
-                .map(|v| v.trim().to_string())
-        })
-    };
-    let mut body = Vec::new();
-    if let Some(len) = header("content-length").and_then(|v| v.parse::<usize>().ok()) {
-        body.resize(len, 0);
-        reader.read_exact(&mut body).ok()?;
-    } else if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
-        loop {
-            let mut size_line = String::new();
-            reader.read_line(&mut size_line).ok()?;
-            let size = usize::from_str_radix(size_line.trim().split(';').next()?, 16).ok()?;
-            let mut chunk = vec![0; size + 2];
-            reader.read_exact(&mut chunk).ok()?;
-            if size == 0 {
-                break;
-            }
-            body.extend_from_slice(&chunk[..size]);
-        }
-    } else if !is_request {
-        reader.read_to_end(&mut body).ok()?;
-    }
-    Some((head, body))
-}
+/// The most of a message body the loopback upstreams and the client for Envoy's listeners
+/// keep (a scenario's bodies go through Envoy whole).
+const MAX_BODY_BYTES: usize = 256 << 20;
 
 /// A running Envoy with loopback upstreams.
 pub struct RealEnvoy {
@@ -255,7 +221,7 @@ pub struct RealEnvoy {
 impl RealEnvoy {
     /// Starts Envoy on a loopback copy of `bootstrap` with `workers` worker threads.
     pub fn start(envoy: &Path, bootstrap: &Path, workers: usize) -> Result<Self, EnvoyError> {
-        let text = std::fs::read_to_string(bootstrap)
+        let text = crate::input::read_text(bootstrap, crate::input::MAX_CONFIG_BYTES)
             .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
         let mut doc: Value = serde_norway::from_str(&text)
             .map_err(|e| io(&format!("{} is not YAML", bootstrap.display()), e))?;
@@ -399,7 +365,7 @@ impl RealEnvoy {
         listener: Option<&str>,
         request: &Request,
         reply: &UpstreamReply,
-    ) -> Result<Exchange, String> {
+    ) -> Result<Exchange, TrafficError> {
         self.send_with_calls(listener, request, reply, &[])
             .map(|(ex, _)| ex)
     }
@@ -413,12 +379,12 @@ impl RealEnvoy {
         request: &Request,
         reply: &UpstreamReply,
         calls: &[CannedHttpCall],
-    ) -> Result<(Exchange, Vec<CallRecord>), String> {
+    ) -> Result<(Exchange, Vec<CallRecord>), TrafficError> {
         let name = listener.unwrap_or(&self.first_listener);
         let port = *self
             .listeners
             .get(name)
-            .ok_or_else(|| format!("no listener named {name:?}"))?;
+            .ok_or_else(|| TrafficError::NoListener { name: name.into() })?;
         let before: HashMap<String, usize> = self
             .upstreams
             .iter()
@@ -431,11 +397,11 @@ impl RealEnvoy {
             .collect();
         let (response, reset) = match http1_exchange(port, request) {
             Ok(r) => (Some(r), None),
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionAborted => (
+            Err(http1::Http1Error::Closed) => (
                 None,
                 Some("envoy closed the connection without a response".to_string()),
             ),
-            Err(e) => return Err(format!("request to envoy failed: {e}")),
+            Err(e) => return Err(TrafficError::EnvoyRequest(e)),
         };
         let is_callout = |cluster: &str| calls.iter().any(|c| c.cluster == cluster);
         let mut upstream = None;
@@ -481,22 +447,23 @@ impl RealEnvoy {
         &mut self,
         listener: Option<&str>,
         events: &[TcpEvent],
-    ) -> Result<TcpOutcome, String> {
+    ) -> Result<TcpOutcome, TrafficError> {
         let name = listener.unwrap_or(&self.first_listener).to_string();
         let port = *self
             .listeners
             .get(&name)
-            .ok_or_else(|| format!("no listener named {name:?}"))?;
+            .ok_or_else(|| TrafficError::NoListener { name: name.clone() })?;
         let (tx, rx) = std::sync::mpsc::channel();
         for s in self.upstreams.values() {
             s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = Some(tx.clone());
         }
         let result = (|| {
             let mut client = TcpStream::connect(("127.0.0.1", port))
-                .map_err(|e| format!("cannot connect to envoy: {e}"))?;
+                .map_err(TrafficError::socket("cannot connect to envoy"))?;
+            let wait = Duration::from_secs(10);
             let mut upstream = rx
-                .recv_timeout(Duration::from_secs(10))
-                .map_err(|_| "envoy did not connect to the upstream within 10s".to_string())?;
+                .recv_timeout(wait)
+                .map_err(|_| TrafficError::EnvoyNoUpstream(wait))?;
             let mut out = TcpOutcome::default();
             let mut closed = false;
             for event in events {
@@ -504,13 +471,13 @@ impl RealEnvoy {
                     TcpEvent::Downstream(d) => {
                         client
                             .write_all(d)
-                            .map_err(|e| format!("client write: {e}"))?;
+                            .map_err(TrafficError::socket("client write"))?;
                         out.upstream_received.extend(quiet_read(&mut upstream));
                     }
                     TcpEvent::Upstream(d) => {
                         upstream
                             .write_all(d)
-                            .map_err(|e| format!("upstream write: {e}"))?;
+                            .map_err(TrafficError::socket("upstream write"))?;
                         out.downstream_received.extend(quiet_read(&mut client));
                     }
                     TcpEvent::CloseDownstream => {
@@ -664,7 +631,7 @@ fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>> {
     )
 }
 
-fn http1_exchange(port: u16, request: &Request) -> std::io::Result<Response> {
+fn http1_exchange(port: u16, request: &Request) -> Result<Response, http1::Http1Error> {
     let mut headers: HeaderMap = vec![
         (":method".into(), request.method.clone().into_bytes()),
         (":path".into(), request.path.clone().into_bytes()),
@@ -678,63 +645,11 @@ fn http1_exchange(port: u16, request: &Request) -> std::io::Result<Response> {
         headers.push(("content-length".into(), body.len().to_string().into_bytes()));
     }
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    http1_request(addr, &headers, &body, Duration::from_secs(30))
-}
-
-/// One HTTP/1.1 request on a new connection, written exactly as given: `headers` holds the
-/// pseudo-headers `:method`, `:path`, `:authority` (sent as `host`) and the regular headers in
-/// order. Used for requests to real Envoy and for callouts to loopback upstreams.
-pub(crate) fn http1_request(
-    addr: std::net::SocketAddr,
-    headers: &HeaderMap,
-    body: &[u8],
-    timeout: Duration,
-) -> std::io::Result<Response> {
-    let pseudo = |name: &str| {
-        String::from_utf8_lossy(crate::http::header(headers, name).unwrap_or_default()).into_owned()
-    };
-    let mut conn = TcpStream::connect_timeout(&addr, timeout)?;
-    conn.set_read_timeout(Some(timeout))?;
-    conn.set_write_timeout(Some(timeout))?;
-    let mut out = format!(
-        "{} {} HTTP/1.1\r\nhost: {}\r\n",
-        pseudo(":method"),
-        pseudo(":path"),
-        pseudo(":authority")
+    http1::request(
+        addr,
+        &headers,
+        &body,
+        Duration::from_secs(30),
+        http1::Limits::new(MAX_BODY_BYTES),
     )
-    .into_bytes();
-    for (k, v) in headers.iter().filter(|(k, _)| !k.starts_with(':')) {
-        out.extend_from_slice(k.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(body);
-    conn.write_all(&out)?;
-    let mut reader = BufReader::new(conn.try_clone()?);
-    let (head, body) = read_message(&mut reader, false).ok_or_else(|| {
-        std::io::Error::new(
-            std::io::ErrorKind::ConnectionAborted,
-            "connection closed before a response",
-        )
-    })?;
-    let _ = conn.shutdown(Shutdown::Both);
-    let mut headers_buf = [httparse::EMPTY_HEADER; 128];
-    let mut resp = httparse::Response::new(&mut headers_buf);
-    resp.parse(&head)
-        .map_err(|e| std::io::Error::other(format!("bad HTTP response: {e}")))?;
-    let status = resp.code.unwrap_or_default();
-    let mut headers: HeaderMap = vec![(":status".into(), status.to_string().into_bytes())];
-    headers.extend(
-        resp.headers
-            .iter()
-            .map(|h| (h.name.to_ascii_lowercase(), h.value.to_vec())),
-    );
-    Ok(Response {
-        status,
-        headers,
-        body,
-        trailers: Vec::new(),
-    })
 }

@@ -27,13 +27,17 @@ pub mod envoy;
 pub mod guest;
 pub mod host;
 pub mod http;
+pub mod http1;
+pub mod input;
 pub mod precompiled;
 pub mod proxy;
 pub mod run;
 pub mod scenario;
+pub mod traffic;
 pub mod vm;
 
 pub use bootstrap::FailurePolicy;
 pub use builder::ProxyBuilder;
 pub use http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
 pub use proxy::{Proxy, ProxyOptions, StartError};
+pub use traffic::TrafficError;

@@ -168,8 +168,8 @@ fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {
 
 fn precompile(module: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
-    let bytes =
-        std::fs::read(module).with_context(|| format!("cannot read {}", module.display()))?;
+    let bytes = wasm_harness::input::read(module, wasm_harness::input::MAX_MODULE_BYTES)
+        .with_context(|| format!("cannot read {}", module.display()))?;
     let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("cannot start wasmtime: {e:#}"))?;
     let out = precompiled::embed(runtime.engine(), &bytes)
         .with_context(|| format!("{}", module.display()))?;

@@ -4,6 +4,7 @@
 //! (what Envoy's dispatchers run between requests) are in [`events`].
 
 mod callouts;
+mod capacity;
 mod events;
 mod tcp;
 
@@ -18,10 +19,18 @@ use crate::bootstrap::{
 use crate::host::{self, HeaderMap, LocalReply, LogRecord, Shared};
 use crate::http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
 use crate::precompiled;
+use crate::traffic::TrafficError;
 use crate::vm::{CodeSource, LoadedModule, PluginStartError, Runtime, Vm, VmError};
 
-pub use callouts::{Callouts, NO_TIMEOUT_LIMIT};
-pub use events::{format_duration, DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES};
+pub use callouts::{
+    Callouts, DEFAULT_CALLOUT_BUDGET, MAX_CALLOUT_BODY_BYTES, MAX_CONCURRENT_CALLOUTS,
+    NO_TIMEOUT_LIMIT,
+};
+pub use capacity::MAX_WORKERS;
+pub use events::{
+    format_duration, DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES,
+    MAX_TICKS_PER_ADVANCE,
+};
 pub use tcp::{TcpEvent, TcpOutcome};
 
 /// Why the emulated proxy could not start: Envoy would refuse this configuration.
@@ -39,6 +48,10 @@ pub enum StartError {
     },
     #[error("cannot create the Wasm runtime: {0}")]
     Runtime(String),
+    #[error("workers: 0: the harness needs at least one worker (Envoy's --concurrency: set `workers:` in the scenario, or --workers)")]
+    NoWorkers,
+    #[error("workers: {workers} is more than the harness runs (at most {limit}, each worker has its own instance of every VM): lower `workers:` in the scenario, or --workers")]
+    TooManyWorkers { workers: usize, limit: usize },
 }
 
 impl From<PluginStartError> for StartError {
@@ -175,7 +188,10 @@ impl Proxy {
     }
 
     pub fn new(bootstrap: Bootstrap, options: &ProxyOptions) -> Result<Self, StartError> {
-        let runtime = Runtime::new().map_err(|e| StartError::Runtime(format!("{e:#}")))?;
+        capacity::check_workers(options.workers)?;
+        let runtime =
+            Runtime::with_capacity(capacity::instances_needed(&bootstrap, options.workers))
+                .map_err(|e| StartError::Runtime(format!("{e:#}")))?;
         let shared = Arc::new(Shared::default());
         let _ = shared.node.set(bootstrap.node.clone());
         let mut modules = Modules::new();
@@ -226,7 +242,7 @@ impl Proxy {
         // the main thread gets its own instance of every plugin too. It serves no traffic,
         // but its roots configure, tick, and take part in queues like the workers'.
         proxy.main = proxy.place_plugins(&modules, Thread::Main)?;
-        for w in 0..options.workers.max(1) {
+        for w in 0..options.workers {
             let worker = proxy.place_plugins(&modules, Thread::Worker(w))?;
             proxy.workers.push(worker);
         }
@@ -414,11 +430,22 @@ impl Proxy {
 
     /// Every log line so far, in order, from all VMs (the canary's first).
     pub fn logs(&self) -> Vec<LogRecord> {
+        self.logs_since(0)
+    }
+
+    /// The log lines after the first `from` (see [`Proxy::log_len`]).
+    pub fn logs_since(&self, from: usize) -> Vec<LogRecord> {
+        let log = self.shared.log.lock().unwrap_or_else(|e| e.into_inner());
+        log.records().get(from..).unwrap_or_default().to_vec()
+    }
+
+    /// What the run's log cap left out so far (see [`host::log_book`]).
+    pub fn log_dropped(&self) -> host::log_book::Dropped {
         self.shared
             .log
             .lock()
             .unwrap_or_else(|e| e.into_inner())
-            .clone()
+            .dropped()
     }
 
     pub fn log_len(&self) -> usize {
@@ -430,7 +457,7 @@ impl Proxy {
     }
 
     /// The listener's index by name (`None`: the first).
-    fn listener_index(&self, listener: Option<&str>) -> Result<usize, String> {
+    fn listener_index(&self, listener: Option<&str>) -> Result<usize, TrafficError> {
         match listener {
             None => Ok(0),
             Some(name) => self
@@ -438,22 +465,22 @@ impl Proxy {
                 .listeners
                 .iter()
                 .position(|l| l.name == name)
-                .ok_or_else(|| format!("no listener named {name:?} in the bootstrap")),
+                .ok_or_else(|| TrafficError::NoListener { name: name.into() }),
         }
     }
 
     /// The worker asked for, else the next in round-robin order (requests and connections
     /// share the turn).
-    fn pick_worker(&self, worker: Option<usize>) -> Result<usize, String> {
+    fn pick_worker(&self, worker: Option<usize>) -> Result<usize, TrafficError> {
         if self.shut_down {
-            return Err("the proxy has shut down: it takes no more traffic".into());
+            return Err(TrafficError::ShutDown);
         }
         let w = worker.unwrap_or(self.requests_sent % self.workers.len());
         if w >= self.workers.len() {
-            return Err(format!(
-                "worker {w} does not exist (the harness runs {} workers)",
-                self.workers.len()
-            ));
+            return Err(TrafficError::NoWorker {
+                worker: w,
+                workers: self.workers.len(),
+            });
         }
         Ok(w)
     }
@@ -512,7 +539,7 @@ impl Proxy {
         &mut self,
         request: &Request,
         reply: UpstreamReply,
-    ) -> Result<Exchange, String> {
+    ) -> Result<Exchange, TrafficError> {
         self.send(None, None, request, &mut |_| reply.clone())
     }
 
@@ -523,13 +550,12 @@ impl Proxy {
         worker: Option<usize>,
         request: &Request,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
-    ) -> Result<Exchange, String> {
+    ) -> Result<Exchange, TrafficError> {
         let li = self.listener_index(listener)?;
         if self.bootstrap.listeners[li].tcp_proxy.is_some() {
-            return Err(format!(
-                "listener {:?} is a TCP listener (tcp_proxy): send it a connection, not an HTTP request",
-                self.bootstrap.listeners[li].name
-            ));
+            return Err(TrafficError::TcpListener {
+                name: self.bootstrap.listeners[li].name.clone(),
+            });
         }
         let w = self.pick_worker(worker)?;
         self.requests_sent += 1;

@@ -59,6 +59,9 @@ pub struct ScenarioReport {
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub startup_failures: Vec<String>,
     pub cases: Vec<CaseReport>,
+    /// What the run's log cap left out, if anything.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_dropped: Option<crate::host::log_book::Dropped>,
 }
 
 /// What a caller may change about a scenario without editing it.
@@ -88,6 +91,7 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
         startup_logs: Vec::new(),
         startup_failures: Vec::new(),
         cases: Vec::new(),
+        log_dropped: None,
     };
     let scenario = match Scenario::load(path) {
         Ok(s) => s,
@@ -109,6 +113,9 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
             return report;
         }
     };
+    if let Some(budget) = scenario.callout_budget {
+        proxy.callouts.budget = budget.0;
+    }
     report.startup_logs = proxy.logs().iter().map(report_line).collect();
     report.startup_failures = proxy
         .take_errors()
@@ -161,6 +168,7 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
         }
         report.cases.push(case);
     }
+    report.log_dropped = Some(proxy.log_dropped()).filter(|d| *d != Default::default());
     report
 }
 
@@ -209,6 +217,7 @@ fn check_state(
 /// meanwhile; delivery problems (a queue storm) are failures of the step.
 pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
     let before = proxy.log_len();
+    let dropped_before = proxy.log_dropped();
     let calls_before = proxy.callouts.records.len();
     let mut case = CaseReport {
         name: step.name(),
@@ -243,8 +252,16 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
             proxy.shutdown();
         }
     }
-    let records = proxy.logs().split_off(before.min(proxy.log_len()));
+    let records = proxy.logs_since(before);
     case.logs = records.iter().map(report_line).collect();
+    let dropped = proxy.log_dropped();
+    if dropped != dropped_before {
+        case.logs.push(format!(
+            "(this step's log was cut: {} record(s) and {} byte(s) not kept; {dropped})",
+            dropped.records - dropped_before.records,
+            dropped.bytes - dropped_before.bytes
+        ));
+    }
     case.calls = proxy.callouts.records[calls_before..].to_vec();
     case.failures = match (step, outcome, connection) {
         (Step::Request(req), Some(Ok(ex)), _) => {
@@ -272,7 +289,7 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
             case.connection = Some(out);
             failures
         }
-        (_, Some(Err(e)), _) | (_, _, Some(Err(e))) => vec![e],
+        (_, Some(Err(e)), _) | (_, _, Some(Err(e))) => vec![e.to_string()],
         (Step::Advance(adv), _, _) => scenario::check_advance(adv, &records),
         (Step::Shutdown(sd), _, _) => {
             let failures = scenario::check_log_expect(&sd.expect, &records);
@@ -389,6 +406,9 @@ impl std::fmt::Display for ScenarioReport {
             for failure in &case.failures {
                 writeln!(f, "       expected: {failure}")?;
             }
+        }
+        if let Some(dropped) = &self.log_dropped {
+            writeln!(f, "  note: {dropped}")?;
         }
         let failed = self.cases.iter().filter(|c| !c.failures.is_empty()).count();
         writeln!(

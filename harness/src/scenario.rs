@@ -3,6 +3,7 @@
 //! ```yaml
 //! bootstrap: ../../envoy-config/bootstrap.yaml   # relative to this file
 //! workers: 2                                     # optional, Envoy's --concurrency
+//! callout_budget: 10s     # optional: what one step's callouts to loopback upstreams may take
 //! requests:
 //!   - name: adds a header
 //!     request: {method: GET, path: /, authority: demo.local, headers: {x-a: "1"}}
@@ -64,6 +65,9 @@ pub struct Scenario {
     pub bootstrap: PathBuf,
     #[serde(default)]
     pub workers: Option<usize>,
+    /// How long one step's callouts may wait for loopback upstreams in all (default 60s).
+    #[serde(default)]
+    pub callout_budget: Option<DurationSpec>,
     /// Canned replies to HTTP callouts, for every step.
     #[serde(default)]
     pub http_calls: Vec<HttpCallSpec>,
@@ -111,12 +115,11 @@ impl<'de> Deserialize<'de> for Step {
                 Some(name) => format!("advance step {name:?}"),
                 None => format!("advance: {by}"),
             };
-            AdvanceStep::deserialize(value)
+            typed::<AdvanceStep>(value)
                 .map(Step::Advance)
                 .map_err(|e| de::Error::custom(format!("{label}: {e}")))
         } else if value.get("shutdown").is_some() {
-            ShutdownStep::deserialize(value)
-                .map_err(|e| e.to_string())
+            typed::<ShutdownStep>(value)
                 .and_then(|s| {
                     if s.shutdown {
                         Ok(Step::Shutdown(s))
@@ -130,8 +133,7 @@ impl<'de> Deserialize<'de> for Step {
                 Some(name) => format!("connection {name:?}"),
                 None => "a connection without a name".to_string(),
             };
-            ConnectionCase::deserialize(value)
-                .map_err(|e| e.to_string())
+            typed::<ConnectionCase>(value)
                 .and_then(|c| c.validate().map(|()| c))
                 .map(|c| Step::Connection(Box::new(c)))
                 .map_err(|e| de::Error::custom(format!("{label}: {e}")))
@@ -140,11 +142,25 @@ impl<'de> Deserialize<'de> for Step {
                 Some(name) => format!("request {name:?}"),
                 None => "a request without a name".to_string(),
             };
-            RequestCase::deserialize(value)
+            typed::<RequestCase>(value)
                 .map(|r| Step::Request(Box::new(r)))
                 .map_err(|e| de::Error::custom(format!("{label}: {e}")))
         }
     }
+}
+
+/// A step's item as `T`; an error names the field it is about (`request.headers: invalid
+/// type: ...`), which YAML positions cannot, the step having gone through a JSON value.
+fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            inner.to_string()
+        } else {
+            format!("{path}: {inner}")
+        }
+    })
 }
 
 /// A TCP connection to a listener whose chain ends in `tcp_proxy`:
@@ -783,10 +799,13 @@ impl Headers {
 
 impl Scenario {
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScenarioError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::input::read_text(path, crate::input::MAX_CONFIG_BYTES).map_err(|source| {
+                ScenarioError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let mut s: Scenario = serde_norway::from_str(&text).map_err(|e| ScenarioError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),

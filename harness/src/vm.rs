@@ -32,6 +32,8 @@ pub enum VmError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("Wasm module {path} is not a Wasm binary (it does not begin with \"\\0asm\"); only a file named *.wat is read as WebAssembly text")]
+    NotWasm { path: PathBuf },
     #[error("Wasm module {path} failed to compile: {message}")]
     Compile { path: PathBuf, message: String },
     #[error("Wasm module {path}: Missing or unknown Proxy-Wasm ABI version (no proxy_abi_version_* export)")]
@@ -46,9 +48,13 @@ pub enum VmError {
     NoAllocator { path: PathBuf },
 }
 
-/// Instances one engine can hold at once with the pooling allocator (canary + workers, times
-/// distinct VMs, plus restarts). Each slot reserves address space, not memory.
-const POOLED_INSTANCES: u32 = 128;
+/// Instances a runtime's pool holds at least (canary + workers, times distinct VMs, plus
+/// restarts). Each slot reserves address space, not memory.
+pub const POOLED_INSTANCES: usize = 128;
+
+/// Beyond this many instances the runtime allocates each instance on demand instead of
+/// reserving slots for all of them up front (a few TiB of address space).
+pub const MAX_POOLED_INSTANCES: usize = 1024;
 
 /// The engine, the linker with every hostcall, and the thread that advances the epoch.
 pub struct Runtime {
@@ -59,16 +65,17 @@ pub struct Runtime {
     pub compiled: Option<CompiledCache>,
 }
 
-fn engine_config(pooling: bool) -> wasmtime::Config {
+/// `pool`: how many instances the pooling allocator holds; `None` allocates on demand.
+fn engine_config(pool: Option<u32>) -> wasmtime::Config {
     let mut config = wasmtime::Config::new();
     config.epoch_interruption(true);
-    if pooling {
+    if let Some(slots) = pool {
         // Instances come from preallocated slots, so starting a worker VM costs no mmap:
         // that is most of what makes a VM start take microseconds, not milliseconds.
         let mut pool = wasmtime::PoolingAllocationConfig::default();
-        pool.total_core_instances(POOLED_INSTANCES)
-            .total_memories(POOLED_INSTANCES)
-            .total_tables(POOLED_INSTANCES)
+        pool.total_core_instances(slots)
+            .total_memories(slots)
+            .total_tables(slots)
             .max_memory_size(MAX_MEMORY_BYTES);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
     }
@@ -80,9 +87,25 @@ impl Runtime {
     /// address space cannot be reserved) and the compiled-code cache of
     /// [`CompiledCache::default_dir`] when that directory is safe to use.
     pub fn new() -> wasmtime::Result<Self> {
-        let engine = Engine::new(&engine_config(true)).or_else(|e| {
+        Self::with_capacity(POOLED_INSTANCES)
+    }
+
+    /// A runtime for `instances` VM instances alive at once: pooled up to
+    /// [`MAX_POOLED_INSTANCES`], allocated on demand beyond, so no number of workers runs out
+    /// of slots.
+    pub fn with_capacity(instances: usize) -> wasmtime::Result<Self> {
+        let slots = instances.max(POOLED_INSTANCES);
+        let pool = u32::try_from(slots)
+            .ok()
+            .filter(|_| slots <= MAX_POOLED_INSTANCES);
+        if pool.is_none() {
+            tracing::info!(
+                "{instances} VM instances: more than the {MAX_POOLED_INSTANCES} the pooling allocator holds; allocating on demand"
+            );
+        }
+        let engine = Engine::new(&engine_config(pool)).or_else(|e| {
             tracing::warn!("pooling allocator unavailable ({e:#}); allocating on demand");
-            Engine::new(&engine_config(false))
+            Engine::new(&engine_config(None))
         })?;
         let compiled = CompiledCache::default_dir().and_then(|dir| {
             CompiledCache::open(&dir)
@@ -121,10 +144,20 @@ impl Runtime {
         path: &Path,
         precompiled: Option<&str>,
     ) -> Result<Arc<LoadedModule>, VmError> {
-        let bytes = std::fs::read(path).map_err(|source| VmError::Read {
-            path: path.to_path_buf(),
-            source,
+        let bytes = crate::input::read(path, crate::input::MAX_MODULE_BYTES).map_err(|source| {
+            VmError::Read {
+                path: path.to_path_buf(),
+                source,
+            }
         })?;
+        let is_text = path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("wat"));
+        if !is_text && !bytes.starts_with(b"\0asm") {
+            return Err(VmError::NotWasm {
+                path: path.to_path_buf(),
+            });
+        }
         let compile_error = |e: wasmtime::Error| VmError::Compile {
             path: path.to_path_buf(),
             message: format!("{e:#}"),
@@ -337,9 +370,12 @@ impl Vm {
         plugin: &WasmPlugin,
         clusters: Arc<Vec<String>>,
     ) -> Result<Self, VmError> {
-        let start_err = |e: wasmtime::Error| VmError::Start {
-            path: module.path.clone(),
-            message: format!("{e:#}"),
+        let start_err = |name: &'static str| {
+            let deadline = runtime.callback_deadline;
+            move |e: wasmtime::Error| VmError::Start {
+                path: module.path.clone(),
+                message: describe_start_trap(name, &e, deadline),
+            }
         };
         let state = HostState::new(shared, worker, module.abi, plugin, clusters);
         let mut store = Store::new(&runtime.engine, state);
@@ -348,7 +384,10 @@ impl Vm {
             (runtime.callback_deadline.as_millis() / EPOCH_TICK.as_millis()).max(1) as u64;
         store.set_epoch_deadline(deadline_ticks);
         store.epoch_deadline_trap();
-        let instance = module.pre.instantiate(&mut store).map_err(start_err)?;
+        let instance = module
+            .pre
+            .instantiate(&mut store)
+            .map_err(start_err("instantiation"))?;
         let memory = instance.get_memory(&mut store, "memory");
         let allocator = instance
             .get_typed_func::<i32, i32>(&mut store, "malloc")
@@ -361,14 +400,16 @@ impl Vm {
         store.data_mut().memory = memory;
         store.data_mut().allocator = Some(allocator);
         if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
-            init.call(&mut store, ()).map_err(start_err)?;
+            init.call(&mut store, ())
+                .map_err(start_err("_initialize"))?;
             if let Ok(main) = instance.get_typed_func::<(i32, i32), i32>(&mut store, "main") {
-                main.call(&mut store, (0, 0)).map_err(start_err)?;
+                main.call(&mut store, (0, 0)).map_err(start_err("main"))?;
             } else if let Ok(main) = instance.get_typed_func::<(), i32>(&mut store, "__main_void") {
-                main.call(&mut store, ()).map_err(start_err)?;
+                main.call(&mut store, ())
+                    .map_err(start_err("__main_void"))?;
             }
         } else if let Ok(start) = instance.get_typed_func::<(), ()>(&mut store, "_start") {
-            start.call(&mut store, ()).map_err(start_err)?;
+            start.call(&mut store, ()).map_err(start_err("_start"))?;
         }
         let exports = Exports::lookup(&instance, &mut store);
         Ok(Self {
@@ -844,6 +885,18 @@ pub enum CallOutcome {
     GrpcMessage(Vec<u8>),
     /// A unary gRPC call that failed with this gRPC status.
     GrpcClose { status: u32, message: String },
+}
+
+/// Why a start function failed; an interrupt names the function and the deadline it ran past
+/// (a start function gets the same per-call deadline as a callback).
+fn describe_start_trap(name: &str, e: &wasmtime::Error, deadline: Duration) -> String {
+    match e.downcast_ref::<wasmtime::Trap>() {
+        Some(wasmtime::Trap::Interrupt) => format!(
+            "{name} was interrupted: it ran longer than the harness's deadline of {} for one call into the VM (an infinite loop at start-up?)",
+            crate::proxy::format_duration(deadline)
+        ),
+        _ => format!("{name}: {}", describe_trap(e)),
+    }
 }
 
 /// A trap's message as a user needs it: the cause first, then the guest backtrace if any.

@@ -65,6 +65,26 @@ pub fn record(state: &HostState, level: LogLevel, message: String) {
         .push(rec);
 }
 
+/// Bytes of message a new record may still have within the run's log cap.
+pub fn room(state: &HostState) -> usize {
+    state
+        .shared
+        .log
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .room()
+}
+
+/// Counts a message the cap leaves out (whole, or the `bytes` cut from a kept one).
+pub fn count_dropped(state: &HostState, bytes: u64, whole: bool) {
+    let mut log = state.shared.log.lock().unwrap_or_else(|e| e.into_inner());
+    if whole {
+        log.drop_message(bytes);
+    } else {
+        log.drop_bytes(bytes);
+    }
+}
+
 fn proxy_log(
     caller: Caller<'_, HostState>,
     level: i32,
@@ -73,6 +93,12 @@ fn proxy_log(
 ) -> wasmtime::Result<i32> {
     finish((|| {
         let level = LogLevel::from_raw(level).ok_or(Status::BadArgument)?;
+        // Past the cap the message is not copied at all, only checked and counted.
+        let size = memory::check(&caller, ptr, len)?;
+        if size > room(caller.data()) {
+            count_dropped(caller.data(), size as u64, true);
+            return Ok(());
+        }
         let msg = memory::read_string(&caller, ptr, len)?;
         record(caller.data(), level, msg);
         Ok(())

@@ -7,7 +7,11 @@ use wasmtime::Caller;
 use super::{HostError, HostState};
 use crate::abi::Status;
 
-fn bounds(len_total: usize, ptr: i32, len: i32) -> Result<std::ops::Range<usize>, HostError> {
+pub(super) fn bounds(
+    len_total: usize,
+    ptr: i32,
+    len: i32,
+) -> Result<std::ops::Range<usize>, HostError> {
     let start = ptr as u32 as usize;
     let end = start
         .checked_add(len as u32 as usize)
@@ -16,6 +20,20 @@ fn bounds(len_total: usize, ptr: i32, len: i32) -> Result<std::ops::Range<usize>
         return Err(Status::InvalidMemoryAccess.into());
     }
     Ok(start..end)
+}
+
+/// The guest's whole memory, borrowed (for reading many slices without copying them).
+pub fn all<'a>(caller: &'a Caller<'_, HostState>) -> Result<&'a [u8], HostError> {
+    Ok(caller
+        .data()
+        .memory
+        .ok_or(Status::InvalidMemoryAccess)?
+        .data(caller))
+}
+
+/// Checks that (`ptr`, `len`) is inside the guest's memory without copying it; its length.
+pub fn check(caller: &Caller<'_, HostState>, ptr: i32, len: i32) -> Result<usize, HostError> {
+    Ok(bounds(all(caller)?.len(), ptr, len)?.len())
 }
 
 pub fn read(caller: &Caller<'_, HostState>, ptr: i32, len: i32) -> Result<Vec<u8>, HostError> {

@@ -8,6 +8,7 @@ pub mod buffers;
 pub mod callouts;
 pub mod foreign;
 pub mod headers;
+pub mod log_book;
 pub mod logging;
 pub mod memory;
 pub mod metrics;
@@ -35,7 +36,8 @@ pub type HeaderMap = Vec<(String, Vec<u8>)>;
 /// State shared by every VM of one host: the log, the virtual clock, shared data and queues.
 #[derive(Debug, Default)]
 pub struct Shared {
-    pub log: Mutex<Vec<LogRecord>>,
+    /// Every VM's log records, within [`log_book::MAX_LOG_BYTES`] for the run.
+    pub log: Mutex<log_book::LogBook>,
     pub clock: Mutex<time::VirtualClock>,
     pub data: Mutex<shared_data::SharedData>,
     pub queues: Mutex<queues::Queues>,

@@ -8,6 +8,7 @@
 
 use wasmtime::{Caller, Linker};
 
+use super::log_book::MAX_WRITE_BYTES;
 use super::{logging, memory, time, HostState};
 use crate::abi::LogLevel;
 
@@ -33,18 +34,27 @@ fn is_std(fd: i32) -> bool {
     fd == 1 || fd == 2
 }
 
-/// Concatenates the iovecs (8 bytes each: u32 buf, u32 len).
-fn gather(caller: &Caller<'_, HostState>, iovs: i32, n: i32) -> Result<Vec<u8>, super::HostError> {
-    let table = memory::read(caller, iovs, n.saturating_mul(8))?;
+/// Concatenates the iovecs (8 bytes each: u32 buf, u32 len), reading them in place, keeping
+/// at most `keep` bytes; every iovec is checked. Returns the bytes kept and the total size.
+fn gather(
+    caller: &Caller<'_, HostState>,
+    iovs: i32,
+    n: i32,
+    keep: usize,
+) -> Result<(Vec<u8>, u64), super::HostError> {
+    let mem = memory::all(caller)?;
+    let table = &mem[memory::bounds(mem.len(), iovs, n.saturating_mul(8))?];
     let mut out = Vec::new();
+    let mut total = 0u64;
     for iov in table.chunks_exact(8) {
         let ptr = i32::from_le_bytes([iov[0], iov[1], iov[2], iov[3]]);
         let len = i32::from_le_bytes([iov[4], iov[5], iov[6], iov[7]]);
-        if len != 0 {
-            out.extend(memory::read(caller, ptr, len)?);
-        }
+        let range = memory::bounds(mem.len(), ptr, len)?;
+        total = total.saturating_add(range.len() as u64);
+        let take = range.len().min(keep - out.len());
+        out.extend_from_slice(&mem[range.start..range.start + take]);
     }
-    Ok(out)
+    Ok((out, total))
 }
 
 fn write_std(
@@ -57,10 +67,15 @@ fn write_std(
     if !is_std(fd) {
         return Ok(BADF);
     }
-    let bytes = match gather(&caller, iovs, n) {
+    let keep = logging::room(caller.data()).min(MAX_WRITE_BYTES);
+    let (bytes, total) = match gather(&caller, iovs, n, keep) {
         Ok(b) => b,
         Err(_) => return Ok(FAULT),
     };
+    let cut = total - bytes.len() as u64;
+    if cut > 0 {
+        logging::count_dropped(caller.data(), cut, bytes.is_empty());
+    }
     let mut text = String::from_utf8_lossy(&bytes).into_owned();
     if text.ends_with('\n') {
         text.pop();
@@ -73,7 +88,9 @@ fn write_std(
         };
         logging::record(caller.data(), level, text);
     }
-    errno(memory::write_u32(&mut caller, nwritten, bytes.len() as u32))
+    // All of it counts as written, kept or not: the guest has nothing to retry.
+    let written = u32::try_from(total).unwrap_or(u32::MAX);
+    errno(memory::write_u32(&mut caller, nwritten, written))
 }
 
 fn fd_write(

@@ -7,9 +7,13 @@
 //! Calls are answered after the callback that made them returns, in the order they were
 //! made, on the root context that owns them (see [`crate::host::callouts`]); what those
 //! completions cause (more calls, queue notifications, a paused stream resuming) follows
-//! before the stream goes on.
+//! before the stream goes on. The requests to loopback upstreams of the calls pending at once
+//! are in flight together, as in Envoy, and one delivery round has a time budget
+//! ([`Callouts::budget`]): an upstream that never answers costs the round at most that.
 
 use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::Worker;
@@ -25,11 +29,24 @@ use crate::vm::CallOutcome;
 /// forever; a test should not).
 pub const NO_TIMEOUT_LIMIT: Duration = Duration::from_secs(60);
 
+/// The default [`Callouts::budget`]: the time one delivery round may spend waiting for
+/// loopback upstreams, all calls together.
+pub const DEFAULT_CALLOUT_BUDGET: Duration = NO_TIMEOUT_LIMIT;
+
+/// How many requests to loopback upstreams are in flight at once.
+pub const MAX_CONCURRENT_CALLOUTS: usize = 16;
+
+/// The most of a loopback upstream's response body a callout keeps; a longer one resets the
+/// call, as Envoy's buffer limit does.
+pub const MAX_CALLOUT_BODY_BYTES: usize = 16 << 20;
+
+const CALLOUT_LIMITS: crate::http1::Limits = crate::http1::Limits::new(MAX_CALLOUT_BODY_BYTES);
+
 /// gRPC `UNAVAILABLE`.
 const GRPC_UNAVAILABLE: u32 = 14;
 
 /// The proxy's callout answers and the record of every call.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Callouts {
     /// Canned HTTP replies; the first that matches answers.
     pub http: Vec<CannedHttpCall>,
@@ -39,6 +56,40 @@ pub struct Callouts {
     pub records: Vec<CallRecord>,
     /// Each cluster's first endpoint.
     endpoints: Vec<(String, Option<(String, u16)>)>,
+    /// How long one delivery round (the calls pending after a callback, and those their
+    /// completions make) may wait for loopback upstreams in all; calls still waiting then are
+    /// answered 504 and the round reports it.
+    pub budget: Duration,
+}
+
+impl Default for Callouts {
+    fn default() -> Self {
+        Self {
+            http: Vec::new(),
+            grpc: Vec::new(),
+            records: Vec::new(),
+            endpoints: Vec::new(),
+            budget: DEFAULT_CALLOUT_BUDGET,
+        }
+    }
+}
+
+/// How one call was answered: what the guest is told, the record's text, and whether the
+/// round's budget cut it short.
+struct Answer {
+    outcome: CallOutcome,
+    how: String,
+    cut: bool,
+}
+
+impl Answer {
+    fn new(outcome: CallOutcome, how: String) -> Self {
+        Self {
+            outcome,
+            how,
+            cut: false,
+        }
+    }
 }
 
 impl Callouts {
@@ -60,8 +111,8 @@ impl Callouts {
             .and_then(|(_, e)| e.as_ref())
     }
 
-    /// Answers one call; returns what the guest is told and how it was answered.
-    fn answer(&self, request: &CallRequest) -> (CallOutcome, String) {
+    /// Answers one call by `deadline` (the round's budget).
+    fn answer(&self, request: &CallRequest, deadline: Instant) -> Answer {
         match request {
             CallRequest::Http {
                 cluster,
@@ -69,13 +120,41 @@ impl Callouts {
                 body,
                 timeout,
                 ..
-            } => self.answer_http(cluster, headers, body, *timeout),
+            } => self.answer_http(cluster, headers, body, *timeout, deadline),
             CallRequest::Grpc {
                 cluster,
                 service,
                 method,
                 ..
-            } => self.answer_grpc(cluster, service, method),
+            } => {
+                let (outcome, how) = self.answer_grpc(cluster, service, method);
+                Answer::new(outcome, how)
+            }
+        }
+    }
+
+    fn canned_http(&self, cluster: &str, headers: &HeaderMap) -> Option<&CannedHttpCall> {
+        let path = host::headers::get(headers, ":path").unwrap_or_default();
+        self.http.iter().find(|c| {
+            c.cluster == cluster
+                && c.path_prefix
+                    .as_deref()
+                    .is_none_or(|p| path.starts_with(p.as_bytes()))
+        })
+    }
+
+    /// Whether answering `request` means waiting for a loopback upstream.
+    fn goes_upstream(&self, request: &CallRequest) -> bool {
+        match request {
+            CallRequest::Http {
+                cluster, headers, ..
+            } => {
+                self.canned_http(cluster, headers).is_none()
+                    && self
+                        .endpoint(cluster)
+                        .is_some_and(|(host, port)| loopback(host, *port).is_some())
+            }
+            CallRequest::Grpc { .. } => false,
         }
     }
 
@@ -85,15 +164,10 @@ impl Callouts {
         headers: &HeaderMap,
         body: &[u8],
         timeout: Option<Duration>,
-    ) -> (CallOutcome, String) {
-        let path =
-            String::from_utf8_lossy(host::headers::get(headers, ":path").unwrap_or_default())
-                .into_owned();
-        let canned = self.http.iter().find(|c| {
-            c.cluster == cluster && c.path_prefix.as_deref().is_none_or(|p| path.starts_with(p))
-        });
-        if let Some(c) = canned {
-            return match &c.answer {
+        deadline: Instant,
+    ) -> Answer {
+        if let Some(c) = self.canned_http(cluster, headers) {
+            let (outcome, how) = match &c.answer {
                 HttpCallAnswer::Reply(r) => (
                     CallOutcome::Http(from_upstream(r.clone())),
                     format!("canned reply {}", r.status),
@@ -104,24 +178,53 @@ impl Callouts {
                 ),
                 HttpCallAnswer::Reset => (CallOutcome::HttpReset, "canned reset".into()),
             };
+            return Answer::new(outcome, how);
         }
         let Some((host, port)) = self.endpoint(cluster) else {
-            return (
+            return Answer::new(
                 CallOutcome::Http(router_reply(503, "no healthy upstream")),
                 format!("cluster {cluster:?} has no endpoint: 503 no healthy upstream"),
             );
         };
         let Some(addr) = loopback(host, *port) else {
-            return (
+            return Answer::new(
                 CallOutcome::Http(router_reply(503, CONNECT_FAILURE)),
                 format!(
                     "no canned reply, and cluster {cluster:?}'s endpoint {host}:{port} is not on loopback (the harness only talks to 127.0.0.1 / ::1): answered 503 as an unreachable upstream; give the scenario an http_calls entry for {cluster:?}"
                 ),
             );
         };
-        let limit = timeout.unwrap_or(NO_TIMEOUT_LIMIT);
-        let started = Instant::now();
-        match crate::envoy::http1_request(addr, headers, body, limit) {
+        let own = timeout.unwrap_or(NO_TIMEOUT_LIMIT);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (limit, by_budget) = if left < own {
+            (left, true)
+        } else {
+            (own, false)
+        };
+        let timed_out = |e: &dyn std::fmt::Display| {
+            if by_budget {
+                Answer {
+                    outcome: CallOutcome::Http(router_reply(504, "upstream request timeout")),
+                    how: format!(
+                        "upstream {addr}: no response when the harness's callout budget of {} for this round ran out ({e}): 504",
+                        super::format_duration(self.budget)
+                    ),
+                    cut: true,
+                }
+            } else {
+                Answer::new(
+                    CallOutcome::Http(router_reply(504, "upstream request timeout")),
+                    format!(
+                        "upstream {addr}: no response within {} ({e}): 504",
+                        super::format_duration(own)
+                    ),
+                )
+            }
+        };
+        if limit.is_zero() {
+            return timed_out(&"not sent");
+        }
+        match crate::http1::request(addr, headers, body, limit, CALLOUT_LIMITS) {
             Ok(resp) => {
                 let reply = UpstreamReply {
                     status: resp.status,
@@ -134,23 +237,67 @@ impl Callouts {
                     ..UpstreamReply::default()
                 };
                 let status = reply.status;
-                (
+                Answer::new(
                     CallOutcome::Http(from_upstream(reply)),
                     format!("upstream {addr}: {status}"),
                 )
             }
-            Err(e) if started.elapsed() >= limit => (
-                CallOutcome::Http(router_reply(504, "upstream request timeout")),
-                format!(
-                    "upstream {addr}: no response within {} ({e}): 504",
-                    super::format_duration(limit)
-                ),
+            Err(e @ crate::http1::Http1Error::TimedOut(_)) => timed_out(&e),
+            Err(e @ crate::http1::Http1Error::BodyTooLarge { .. }) => Answer::new(
+                CallOutcome::HttpReset,
+                format!("upstream {addr}: {e}: reset, as Envoy's buffer limit resets the call"),
             ),
-            Err(e) => (
+            Err(e) => Answer::new(
                 CallOutcome::Http(router_reply(503, CONNECT_FAILURE)),
                 format!("upstream {addr}: {e}: 503"),
             ),
         }
+    }
+
+    /// Answers every call of `batch` by `deadline`, those waiting for loopback upstreams
+    /// up to [`MAX_CONCURRENT_CALLOUTS`] at a time; the answers in the batch's order.
+    fn answer_all(&self, batch: &[PendingCall], deadline: Instant) -> Vec<Answer> {
+        let upstream = batch
+            .iter()
+            .filter(|c| self.goes_upstream(&c.request))
+            .count();
+        if upstream <= 1 {
+            return batch
+                .iter()
+                .map(|c| self.answer(&c.request, deadline))
+                .collect();
+        }
+        let slots: Vec<Mutex<Option<Answer>>> = batch.iter().map(|_| Mutex::new(None)).collect();
+        let next = AtomicUsize::new(0);
+        let work = || loop {
+            let i = next.fetch_add(1, Ordering::Relaxed);
+            let Some(call) = batch.get(i) else {
+                return;
+            };
+            let answer = self.answer(&call.request, deadline);
+            *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(answer);
+        };
+        std::thread::scope(|scope| {
+            // This thread works too, so a refused spawn only means less concurrency.
+            for _ in 1..upstream.min(MAX_CONCURRENT_CALLOUTS) {
+                let spawned = std::thread::Builder::new()
+                    .name("wasm-harness-callout".into())
+                    .spawn_scoped(scope, work);
+                if spawned.is_err() {
+                    break;
+                }
+            }
+            work();
+        });
+        slots
+            .into_iter()
+            .zip(batch)
+            .map(|(slot, call)| {
+                slot.into_inner()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .unwrap_or_else(|| self.answer(&call.request, deadline))
+            })
+            .collect()
     }
 
     fn answer_grpc(&self, cluster: &str, service: &str, method: &str) -> (CallOutcome, String) {
@@ -267,48 +414,76 @@ fn record(call: &PendingCall, answer: String) -> CallRecord {
     }
 }
 
-/// Answers every pending call, oldest first, including calls the answers cause, up to
-/// `limit`; a call whose VM is gone (the canary's, a failed one) is dropped unanswered, as
-/// Envoy cancels it. Returns how many were answered.
+/// What one call to [`deliver_calls`] did.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Delivered {
+    /// Completions delivered to guests.
+    pub answered: usize,
+    /// Of those, calls answered 504 because the round's budget ran out.
+    pub cut: usize,
+}
+
+/// Answers the calls pending now, oldest first, at most `limit` of them, by `deadline`; a
+/// call whose VM is gone (the canary's, a failed one) or that was cancelled is dropped
+/// unanswered, as Envoy cancels it. Calls the completions make wait for the next call.
 pub(super) fn deliver_calls(
     shared: &Shared,
     workers: &mut [Worker],
     main: &mut Worker,
     callouts: &mut Callouts,
     limit: usize,
-) -> usize {
-    let mut answered = 0;
-    while answered < limit {
-        let next = shared
-            .calls
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop_front();
-        let Some(call) = next else {
-            break;
-        };
-        let dispatcher = match call.receiver.worker {
-            Some(w) => workers.get_mut(w),
-            None => Some(&mut *main),
-        };
-        let Some(vm) = dispatcher.and_then(|w| {
-            w.vms
-                .iter_mut()
-                .find(|vm| vm.state().instance == call.receiver.instance)
-        }) else {
+    deadline: Instant,
+) -> Delivered {
+    let mut batch: Vec<PendingCall> = {
+        let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let n = pending.len().min(limit);
+        pending.drain(..n).collect()
+    };
+    batch.retain(|call| match receiver_vm(workers, main, call) {
+        Some(vm)
+            if vm.failed.is_none() && vm.state().callouts.in_flight.contains_key(&call.token) =>
+        {
+            true
+        }
+        Some(vm) => {
+            // Failed VMs get no callbacks; a cancelled call is never answered.
+            vm.state_mut().callouts.in_flight.remove(&call.token);
+            false
+        }
+        None => false,
+    });
+    let answers = callouts.answer_all(&batch, deadline);
+    let mut delivered = Delivered::default();
+    for (call, answer) in batch.iter().zip(answers) {
+        let Some(vm) = receiver_vm(workers, main, call) else {
             continue;
         };
         if vm.failed.is_some() || !vm.state().callouts.in_flight.contains_key(&call.token) {
-            // Failed VMs get no callbacks; a cancelled call is never answered.
             vm.state_mut().callouts.in_flight.remove(&call.token);
             continue;
         }
-        let (outcome, how) = callouts.answer(&call.request);
-        callouts.records.push(record(&call, how));
-        vm.complete_call(call.token, outcome);
-        answered += 1;
+        callouts.records.push(record(call, answer.how));
+        vm.complete_call(call.token, answer.outcome);
+        delivered.answered += 1;
+        delivered.cut += usize::from(answer.cut);
     }
-    answered
+    delivered
+}
+
+/// The VM instance owning `call`, if it still exists.
+fn receiver_vm<'w>(
+    workers: &'w mut [Worker],
+    main: &'w mut Worker,
+    call: &PendingCall,
+) -> Option<&'w mut crate::vm::Vm> {
+    let dispatcher = match call.receiver.worker {
+        Some(w) => workers.get_mut(w)?,
+        None => main,
+    };
+    dispatcher
+        .vms
+        .iter_mut()
+        .find(|vm| vm.state().instance == call.receiver.instance)
 }
 
 #[cfg(test)]

@@ -6,7 +6,7 @@
 //! notification) and the proxy delivers once the callback has returned, so no VM is ever
 //! entered while it is executing.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::callouts::{self, Callouts};
 use super::{Proxy, Worker};
@@ -34,14 +34,50 @@ pub enum DeliveryError {
         at: String,
     },
     #[error(
-        "callouts never settled: {answered} calls were answered one after another and each completion made more; the harness dropped the {dropped} still pending at virtual time {at}"
+        "callouts never settled: the harness answers at most {} calls in one round and answered {answered} ({}), then dropped the {dropped} still pending unanswered, at virtual time {at}",
+        MAX_CALL_DELIVERIES,
+        storm_cause(*.made_by_completions)
     )]
     CalloutStorm {
         answered: usize,
         dropped: usize,
+        /// How many of the calls (answered or dropped) completion callbacks made; the rest
+        /// were pending when the round began.
+        made_by_completions: usize,
+        at: String,
+    },
+    #[error(
+        "callouts to loopback upstreams took longer than the harness's budget of {} for one round: {answered} calls were answered, {cut} of them 504 because no response came before the budget ran out (an upstream that never answers?), at virtual time {at}",
+        format_duration(*.budget)
+    )]
+    CalloutBudget {
+        answered: usize,
+        cut: usize,
+        budget: Duration,
+        at: String,
+    },
+    #[error(
+        "ticks never settled: advancing the clock by {advance} would fire more than {} proxy_on_tick calls (a tick period of a few milliseconds over a long advance?); the harness fired {fired} and stopped the clock at virtual time {at}",
+        MAX_TICKS_PER_ADVANCE
+    )]
+    TickStorm {
+        advance: String,
+        fired: usize,
         at: String,
     },
 }
+
+fn storm_cause(made_by_completions: usize) -> String {
+    if made_by_completions == 0 {
+        "every one of them made at once, before any was answered".into()
+    } else {
+        format!("{made_by_completions} of the calls were made by completion callbacks, each completion making more")
+    }
+}
+
+/// How many `proxy_on_tick` calls one [`Proxy::advance`] may make, all workers together,
+/// before the harness calls it a storm and stops the clock there.
+pub const MAX_TICKS_PER_ADVANCE: usize = 100_000;
 
 /// Runs everything posted since the last callback returned: queue notifications and callout
 /// completions, and whatever those post in turn, until nothing is left.
@@ -58,29 +94,48 @@ pub(super) fn deliver_all(
     {
         return;
     }
-    let mut answered = 0;
+    let pending_at_start = shared.calls.lock().unwrap_or_else(|e| e.into_inner()).len();
+    let deadline = Instant::now() + calls.budget;
+    let mut total = callouts::Delivered::default();
+    let at = || format_duration(Duration::from_nanos(shared.monotonic_nanos()));
     loop {
         if let Err(e) = deliver_queue_ready(shared, workers, main) {
             errors.push(e);
         }
-        let n =
-            callouts::deliver_calls(shared, workers, main, calls, MAX_CALL_DELIVERIES - answered);
-        answered += n;
-        if answered == MAX_CALL_DELIVERIES {
-            let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
-            if !pending.is_empty() {
-                errors.push(DeliveryError::CalloutStorm {
-                    answered,
-                    dropped: pending.len(),
-                    at: format_duration(Duration::from_nanos(shared.monotonic_nanos())),
-                });
-                pending.clear();
-            }
-            return;
+        let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
+        if pending.is_empty() {
+            break;
         }
-        if n == 0 {
-            return;
+        if total.answered == MAX_CALL_DELIVERIES {
+            let dropped = pending.len();
+            errors.push(DeliveryError::CalloutStorm {
+                answered: total.answered,
+                dropped,
+                made_by_completions: (total.answered + dropped).saturating_sub(pending_at_start),
+                at: at(),
+            });
+            pending.clear();
+            break;
         }
+        drop(pending);
+        let round = callouts::deliver_calls(
+            shared,
+            workers,
+            main,
+            calls,
+            MAX_CALL_DELIVERIES - total.answered,
+            deadline,
+        );
+        total.answered += round.answered;
+        total.cut += round.cut;
+    }
+    if total.cut > 0 {
+        errors.push(DeliveryError::CalloutBudget {
+            answered: total.answered,
+            cut: total.cut,
+            budget: calls.budget,
+            at: at(),
+        });
     }
 }
 
@@ -143,13 +198,23 @@ impl Proxy {
     /// set gets `proxy_on_tick` once per period boundary crossed, in time order (at equal
     /// times: worker 0 first, then VM and root context order), with the clock reading the
     /// tick's time during the call; what each tick enqueues is delivered right after it.
-    /// Returns the number of `proxy_on_tick` calls. Delivery problems are kept for
-    /// [`Proxy::take_errors`].
+    /// Returns the number of `proxy_on_tick` calls. At most [`MAX_TICKS_PER_ADVANCE`] fire:
+    /// then the clock stops at the next tick's time and a [`DeliveryError::TickStorm`] says so.
+    /// Delivery problems are kept for [`Proxy::take_errors`].
     pub fn advance(&mut self, by: Duration) -> usize {
         let start = self.shared.monotonic_nanos();
         let target = start.saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX));
         let mut ticks = 0;
         while let Some((due, w, v, root)) = self.next_tick(target) {
+            if ticks == MAX_TICKS_PER_ADVANCE {
+                self.errors.push(DeliveryError::TickStorm {
+                    advance: format_duration(by),
+                    fired: ticks,
+                    at: format_duration(Duration::from_nanos(due)),
+                });
+                self.set_clock(due);
+                return ticks;
+            }
             self.set_clock(due);
             let vm = match w {
                 Some(w) => &mut self.workers[w].vms[v],

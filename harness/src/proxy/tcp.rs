@@ -26,6 +26,7 @@ use serde::Serialize;
 use super::{Callouts, DeliveryError, PluginSlot, Proxy, Worker};
 use crate::bootstrap::{FailurePolicy, WasmPlugin};
 use crate::host::{self, Shared};
+use crate::traffic::TrafficError;
 use crate::vm::Vm;
 
 /// One thing that happens on a connection, in order.
@@ -81,13 +82,12 @@ impl Proxy {
         listener: Option<&str>,
         worker: Option<usize>,
         events: &[TcpEvent],
-    ) -> Result<TcpOutcome, String> {
+    ) -> Result<TcpOutcome, TrafficError> {
         let li = self.listener_index(listener)?;
         let Some(tcp_proxy) = self.bootstrap.listeners[li].tcp_proxy.clone() else {
-            return Err(format!(
-                "listener {:?} is an HTTP listener: send it requests, not a connection",
-                self.bootstrap.listeners[li].name
-            ));
+            return Err(TrafficError::HttpListener {
+                name: self.bootstrap.listeners[li].name.clone(),
+            });
         };
         let w = self.pick_worker(worker)?;
         self.requests_sent += 1;

@@ -24,17 +24,7 @@ fn auth_bootstrap(
         filter.as_object_mut().unwrap().remove("configuration");
         filter["name"] = "auth".into();
         filter["root_id"] = "auth".into();
-        let clusters = doc
-            .pointer_mut("/static_resources/clusters")
-            .unwrap()
-            .as_array_mut()
-            .unwrap();
-        let mut auth = clusters[0].clone();
-        auth["name"] = "auth".into();
-        auth["load_assignment"]["cluster_name"] = "auth".into();
-        auth["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
-            ["socket_address"] = serde_json::json!({"address": "127.0.0.1", "port_value": port});
-        clusters.push(auth);
+        add_loopback_cluster(doc, "auth", port);
     })
 }
 

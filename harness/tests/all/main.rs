@@ -10,6 +10,7 @@ mod callouts;
 mod cli;
 mod envoy;
 mod guests;
+mod hostile;
 mod precompiled;
 mod services;
 mod shutdown;

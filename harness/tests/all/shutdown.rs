@@ -42,7 +42,10 @@ fn every_root_gets_on_done_then_on_delete_like_real_envoy_at_exit() {
     let refused = proxy
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
         .unwrap_err();
-    assert!(refused.contains("shut down"), "{refused}");
+    assert!(
+        matches!(refused, wasm_harness::TrafficError::ShutDown),
+        "{refused}"
+    );
     let harness_lines: Vec<String> = proxy.logs().iter().map(|r| r.message.clone()).collect();
 
     let mut real = wasm_harness::envoy::RealEnvoy::start(&envoy(), &b, 2).unwrap();

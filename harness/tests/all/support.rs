@@ -67,6 +67,21 @@ pub fn bootstrap_variant(
     path
 }
 
+/// Adds cluster `name`, a copy of the first cluster with its endpoint at 127.0.0.1:`port`.
+pub fn add_loopback_cluster(doc: &mut Value, name: &str, port: u16) {
+    let clusters = doc
+        .pointer_mut("/static_resources/clusters")
+        .unwrap()
+        .as_array_mut()
+        .unwrap();
+    let mut cluster = clusters[0].clone();
+    cluster["name"] = name.into();
+    cluster["load_assignment"]["cluster_name"] = name.into();
+    cluster["load_assignment"]["endpoints"][0]["lb_endpoints"][0]["endpoint"]["address"]
+        ["socket_address"] = serde_json::json!({"address": "127.0.0.1", "port_value": port});
+    clusters.push(cluster);
+}
+
 /// A scenario beside `bootstrap` with these requests (YAML list).
 pub fn scenario(dir: &Path, bootstrap: &Path, requests: &str) -> PathBuf {
     let path = dir.join("scenario.yaml");

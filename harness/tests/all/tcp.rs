@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use wasm_harness::envoy::RealEnvoy;
 use wasm_harness::proxy::TcpEvent;
 use wasm_harness::run::Verdict;
-use wasm_harness::{Proxy, ProxyOptions};
+use wasm_harness::{Proxy, ProxyOptions, TrafficError};
 
 use crate::support::*;
 
@@ -126,7 +126,11 @@ fn tcp_and_http_listeners_refuse_the_other_kind_of_traffic_by_name() {
     let e = proxy
         .send(None, None, &Default::default(), &mut |_| Default::default())
         .unwrap_err();
-    assert!(e.contains("\"tcp\" is a TCP listener"), "{e}");
+    assert!(
+        matches!(&e, TrafficError::TcpListener { name } if name == "tcp"),
+        "{e}"
+    );
+    assert!(e.to_string().contains("\"tcp\" is a TCP listener"), "{e}");
 
     let b = bootstrap_variant(dir.path(), &guest("tcp-bytes.wat"), None, |doc| {
         // A network Wasm filter in front of the HTTP connection manager.
@@ -154,5 +158,6 @@ fn tcp_and_http_listeners_refuse_the_other_kind_of_traffic_by_name() {
     let http = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
     let mut proxy = Proxy::from_bootstrap(&http, &ProxyOptions::default()).unwrap();
     let e = proxy.connect(None, None, &[]).unwrap_err();
-    assert!(e.contains("is an HTTP listener"), "{e}");
+    assert!(matches!(e, TrafficError::HttpListener { .. }), "{e}");
+    assert!(e.to_string().contains("is an HTTP listener"), "{e}");
 }

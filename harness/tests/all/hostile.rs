@@ -1,0 +1,429 @@
+//! Guests, inputs and upstreams written to hurt the host: each must end in a clear error or a
+//! reported, bounded outcome, never an abort, a hang or an exhausted memory.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+use wasm_harness::host::log_book::MAX_LOG_BYTES;
+use wasm_harness::http::{Request, UpstreamReply};
+use wasm_harness::proxy::{DeliveryError, MAX_CALL_DELIVERIES, MAX_TICKS_PER_ADVANCE, MAX_WORKERS};
+use wasm_harness::{Proxy, ProxyOptions, StartError};
+
+use crate::support::*;
+
+const PLUGIN: &str = "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config";
+
+/// The shipped bootstrap with `guest_file` as its filter (configuration `config`) and a
+/// cluster `slow` at 127.0.0.1:`port`.
+fn bootstrap_with_slow(dir: &Path, guest_file: &str, config: &str, port: u16) -> PathBuf {
+    bootstrap_variant(dir, &guest(guest_file), Some(config), move |doc| {
+        add_loopback_cluster(doc, "slow", port)
+    })
+}
+
+fn proxy(bootstrap: &Path, workers: usize) -> Proxy {
+    Proxy::from_bootstrap(bootstrap, &ProxyOptions { workers }).unwrap()
+}
+
+/// A loopback server that serves each connection with `serve` on its own thread.
+fn server(serve: fn(std::net::TcpStream)) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            std::thread::spawn(move || serve(conn));
+        }
+    });
+    port
+}
+
+/// Reads the request head, so that what follows is the answer to it.
+fn read_head(conn: &mut std::net::TcpStream) {
+    let mut head = Vec::new();
+    let mut byte = [0u8];
+    while !head.ends_with(b"\r\n\r\n") && conn.read(&mut byte).unwrap_or(0) == 1 {
+        head.push(byte[0]);
+    }
+}
+
+#[test]
+fn a_guest_flooding_the_log_is_kept_within_the_cap_and_told_what_was_dropped() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("log-flood.wat"), None, |_| {});
+    let mut p = proxy(&b, 1);
+    let ex = p
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    let kept: usize = p.logs().iter().map(|r| r.message.len()).sum();
+    assert!(kept <= MAX_LOG_BYTES, "{kept} bytes of log kept");
+    assert!(kept > MAX_LOG_BYTES / 2, "only {kept} bytes of log kept");
+    let dropped = p.log_dropped();
+    // 100 records of 1 MiB: what did not fit, and the 4 GiB fd_write, are counted.
+    assert!(dropped.records >= 100 - 64, "{dropped:?}");
+    assert!(dropped.bytes >= 4 << 30, "{dropped:?}");
+
+    let s = scenario(dir.path(), &b, "  - {name: flood, request: {}}\n");
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("the log reached the harness's cap of 64 MiB for a run"),
+        "{}",
+        &text(&o)[..2000.min(text(&o).len())]
+    );
+}
+
+#[test]
+fn a_tick_every_millisecond_over_an_hour_stops_at_the_cap_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("tick-storm.wat"), None, |_| {});
+    let mut p = proxy(&b, 2);
+    let ticks = p.advance(Duration::from_secs(3600));
+    assert_eq!(ticks, MAX_TICKS_PER_ADVANCE);
+    let errors = p.take_errors();
+    assert!(
+        matches!(&errors[..], [DeliveryError::TickStorm { fired, .. }] if *fired == MAX_TICKS_PER_ADVANCE),
+        "{errors:?}"
+    );
+    let message = errors[0].to_string();
+    assert!(
+        message
+            .contains("advancing the clock by 1h would fire more than 100000 proxy_on_tick calls"),
+        "{message}"
+    );
+    // The clock stopped where the ticks did (three roots, one per ms), not an hour later.
+    assert!(p.elapsed() < Duration::from_secs(60), "{:?}", p.elapsed());
+}
+
+/// Answers every request after 300 ms.
+fn slow_200(mut conn: std::net::TcpStream) {
+    read_head(&mut conn);
+    std::thread::sleep(Duration::from_millis(300));
+    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok");
+}
+
+#[test]
+fn callouts_to_loopback_upstreams_are_in_flight_together() {
+    let dir = tempfile::tempdir().unwrap();
+    // 32 calls of 300 ms each: 9.6 s one after another, well over the 5 s budget.
+    let b = bootstrap_with_slow(
+        dir.path(),
+        "call-storm.wat",
+        &"x".repeat(32),
+        server(slow_200),
+    );
+    let mut p = proxy(&b, 1);
+    p.callouts.budget = Duration::from_secs(5);
+    let ex = p
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    let answers: Vec<&str> = p
+        .callouts
+        .records
+        .iter()
+        .map(|r| r.answer.as_str())
+        .collect();
+    assert_eq!(answers.len(), 32);
+    assert!(answers.iter().all(|a| a.ends_with(": 200")), "{answers:?}");
+    assert!(p.take_errors().is_empty());
+}
+
+/// Accepts, reads the request, and never answers.
+fn silent(mut conn: std::net::TcpStream) {
+    read_head(&mut conn);
+    std::thread::sleep(Duration::from_secs(600));
+}
+
+#[test]
+fn many_calls_to_an_upstream_that_never_answers_end_within_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    // 200 calls without a timeout: an hour and more one after another at 60 s each.
+    let b = bootstrap_with_slow(
+        dir.path(),
+        "call-storm.wat",
+        &"x".repeat(200),
+        server(silent),
+    );
+    let mut p = proxy(&b, 1);
+    p.callouts.budget = Duration::from_secs(1);
+    let started = std::time::Instant::now();
+    let ex = p
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    // Not a timing target: a guard against hanging for the calls' own 60 s limits.
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(ex.response_status(), Some(200));
+    assert_eq!(p.callouts.records.len(), 200);
+    assert!(
+        p.callouts
+            .records
+            .iter()
+            .all(|r| r.answer.contains("callout budget of 1s") && r.answer.ends_with(": 504")),
+        "{:?}",
+        p.callouts.records[0].answer
+    );
+    let errors = p.take_errors();
+    assert!(
+        matches!(
+            &errors[..],
+            [DeliveryError::CalloutBudget {
+                answered: 200,
+                cut: 200,
+                ..
+            }]
+        ),
+        "{errors:?}"
+    );
+    assert!(
+        errors[0].to_string().contains("200 calls were answered, 200 of them 504 because no response came before the budget ran out"),
+        "{}",
+        errors[0]
+    );
+}
+
+#[test]
+fn a_callout_storm_says_how_many_were_answered_and_dropped_and_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_with_slow(
+        dir.path(),
+        "call-storm.wat",
+        &"x".repeat(MAX_CALL_DELIVERIES + 50),
+        9,
+    );
+    let mut p = proxy(&b, 1);
+    p.callouts.http = vec![wasm_harness::http::CannedHttpCall {
+        cluster: "slow".into(),
+        path_prefix: None,
+        answer: wasm_harness::http::HttpCallAnswer::Reply(Default::default()),
+    }];
+    let ex = p
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    let errors = p.take_errors();
+    assert!(
+        matches!(
+            &errors[..],
+            [DeliveryError::CalloutStorm { answered, dropped: 50, made_by_completions: 0, .. }]
+                if *answered == MAX_CALL_DELIVERIES
+        ),
+        "{errors:?}"
+    );
+    let message = errors[0].to_string();
+    assert!(
+        message.contains("answered 10000 (every one of them made at once, before any was answered), then dropped the 50 still pending"),
+        "{message}"
+    );
+}
+
+/// Answers with a content-length no machine could hold, then a little data.
+fn huge_length(mut conn: std::net::TcpStream) {
+    read_head(&mut conn);
+    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551615\r\n\r\nabc");
+}
+
+/// Answers with a chunk size that overflows, then garbage.
+fn garbled(mut conn: std::net::TcpStream) {
+    read_head(&mut conn);
+    let _ = conn.write_all(
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1ffffffffffffffffff\r\n\x00\x01",
+    );
+}
+
+/// A response head that never ends.
+fn endless_head(mut conn: std::net::TcpStream) {
+    read_head(&mut conn);
+    let _ = conn.write_all(b"HTTP/1.1 200 OK\r\nx-a: ");
+    let line = vec![b'a'; 64 * 1024];
+    while conn.write_all(&line).is_ok() {}
+}
+
+/// A body larger than a callout keeps, sent for real.
+fn huge_body(mut conn: std::net::TcpStream) {
+    read_head(&mut conn);
+    let size = wasm_harness::proxy::MAX_CALLOUT_BODY_BYTES + 1;
+    let _ = conn.write_all(format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n").as_bytes());
+    let _ = conn.write_all(&vec![b'b'; size]);
+}
+
+#[test]
+fn hostile_upstream_responses_end_the_call_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    for (serve, answer) in [
+        (
+            huge_length as fn(_),
+            "body longer than the harness's limit of 16777216 bytes: reset",
+        ),
+        (garbled, "malformed HTTP/1.1 message: chunk size"),
+        (endless_head, "message head longer than 65536 bytes: 503"),
+        (
+            huge_body,
+            "body longer than the harness's limit of 16777216 bytes: reset",
+        ),
+    ] {
+        let b = bootstrap_with_slow(dir.path(), "call-storm.wat", "x", server(serve));
+        let mut p = proxy(&b, 1);
+        let ex = p
+            .round_trip(&Request::get("/"), UpstreamReply::new(200))
+            .unwrap();
+        assert_eq!(ex.response_status(), Some(200));
+        let got = &p.callouts.records[0].answer;
+        assert!(got.contains(answer), "expected {answer:?} in {got:?}");
+    }
+}
+
+#[test]
+fn many_workers_get_their_vms_and_zero_or_too_many_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
+    let o = harness(&["validate", b.to_str().unwrap(), "--workers", "128"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("128 worker(s)"), "{}", text(&o));
+    let p = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 0 });
+    assert!(matches!(p, Err(StartError::NoWorkers)), "{:?}", p.err());
+    let o = harness(&["validate", b.to_str().unwrap(), "--workers", "0"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("workers: 0: the harness needs at least one worker"),
+        "{}",
+        text(&o)
+    );
+    let too_many = (MAX_WORKERS + 1).to_string();
+    let o = harness(&["validate", b.to_str().unwrap(), "--workers", &too_many]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("is more than the harness runs (at most 1024"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn devices_fifos_and_directories_are_refused_as_inputs() {
+    let dir = tempfile::tempdir().unwrap();
+    let o = harness(&["run", "/dev/zero"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o)
+            .contains("cannot read scenario /dev/zero: not a regular file (a character device)"),
+        "{}",
+        text(&o)
+    );
+    let o = harness(&["validate", dir.path().to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("not a regular file (a directory)"),
+        "{}",
+        text(&o)
+    );
+    let fifo = dir.path().join("module.wasm");
+    let status = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let b = bootstrap_variant(dir.path(), &fifo, None, |_| {});
+    let o = harness(&["validate", b.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("not a regular file (a FIFO)"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_module_that_is_not_wasm_is_named_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let module = dir.path().join("plugin.wasm");
+    std::fs::write(&module, "(module)").unwrap();
+    let b = bootstrap_variant(dir.path(), &module, None, |_| {});
+    let o = harness(&["validate", b.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("is not a Wasm binary"), "{}", text(&o));
+    // The same text in a .wat file is WebAssembly text (and lacks the ABI export).
+    let wat = dir.path().join("plugin.wat");
+    std::fs::write(&wat, "(module)").unwrap();
+    let b = bootstrap_variant(dir.path(), &wat, None, |_| {});
+    let o = harness(&["validate", b.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("Missing or unknown Proxy-Wasm ABI version"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn fields_of_the_wrong_type_are_named_with_the_type_they_need() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |doc| {
+        doc["static_resources"]["listeners"] = Value::from(5);
+    });
+    let o = harness(&["validate", b.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("static_resources.listeners: expected a list, found a number (5)"),
+        "{}",
+        text(&o)
+    );
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |doc| {
+        doc.pointer_mut(PLUGIN).unwrap()["fail_open"] = "yes".into();
+    });
+    let o = harness(&["validate", b.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("config.fail_open: expected true or false, found a string (\"yes\")"),
+        "{}",
+        text(&o)
+    );
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
+    let s = scenario(dir.path(), &b, "  - {name: r, request: {headers: 5}}\n");
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("request \"r\": request.headers: invalid type: integer `5`, expected a map of header names to values"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn an_endless_start_function_is_interrupted_naming_it_and_the_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("start-loop.wat"), None, |_| {});
+    let o = harness(&["validate", b.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("_start was interrupted: it ran longer than the harness's deadline of 1s for one call into the VM"),
+        "{}",
+        text(&o)
+    );
+}
+
+#[test]
+fn a_scenario_sets_the_callout_budget_and_reports_what_it_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_with_slow(dir.path(), "call-storm.wat", "xx", server(silent));
+    let s = dir.path().join("budget.yaml");
+    std::fs::write(
+        &s,
+        format!(
+            "bootstrap: {}\ncallout_budget: 500ms\nrequests:\n  - {{name: silent upstream, request: {{}}}}\n",
+            b.display()
+        ),
+    )
+    .unwrap();
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("took longer than the harness's budget of 500ms for one round: 2 calls were answered, 2 of them 504"),
+        "{}",
+        text(&o)
+    );
+}
