@@ -1,8 +1,13 @@
 //! `http-body-operation` on a stream. A side that rewrites drops `content-length` in its
 //! headers callback (the body's new size is unknown until its end, and Envoy sends headers
 //! on before the body), holds chunks until the end of the stream, then rewrites the whole
-//! body in place. A response whose overflow policy is `reject` also holds its headers, so a
-//! 502 can still replace it.
+//! body in place.
+//!
+//! Headers cannot wait for the body: Envoy turns a paused headers callback into "stop
+//! everything", so no body callback would come. A `content-length` over the buffer is
+//! therefore refused in the headers callback (413 / 502); a body that outgrows the buffer
+//! without announcing it is caught in a body callback, where a request still gets its 413
+//! but a response's headers are already on their way, so the stream is reset.
 
 use std::rc::Rc;
 
@@ -60,6 +65,8 @@ pub struct BodyFilter {
     ops: Rc<BodyOperation>,
     request: SideState,
     response: SideState,
+    /// Set when the response became a 502: the text its body is replaced with.
+    replacement: Option<String>,
 }
 
 impl BodyFilter {
@@ -68,6 +75,7 @@ impl BodyFilter {
             ops,
             request: SideState::default(),
             response: SideState::default(),
+            replacement: None,
         }
     }
 
@@ -104,12 +112,34 @@ impl BodyFilter {
         Action::Pause
     }
 
+    /// A response whose headers are in hand but whose body cannot be rewritten: its status
+    /// becomes 502 and its body is swapped, chunk by chunk, for the reason. (A local reply
+    /// cannot do this: Envoy resets a stream whose response a Wasm filter replaces at this
+    /// point.)
+    fn replace_response(&mut self, why: String) -> Action {
+        log!(Info, "response refused with 502: {why}");
+        for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
+            let status = raw::replace_header(raw::RESPONSE_HEADERS, name, value);
+            if status != raw::OK {
+                log!(
+                    Warn,
+                    "setting response {name} failed with host status {status}"
+                );
+            }
+        }
+        raw::remove_header(raw::RESPONSE_HEADERS, "content-length");
+        self.replacement = Some(why);
+        Action::Continue
+    }
+
     fn on_headers(&mut self, which: Which, end_of_stream: bool) -> Action {
+        let declared = || {
+            raw::header_text(which.headers(), "content-length")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
         if which == Which::Request {
             if let Some(max) = self.ops.request.max_bytes {
-                let declared = raw::header_text(raw::REQUEST_HEADERS, "content-length")
-                    .and_then(|v| v.trim().parse::<u64>().ok());
-                if let Some(len) = declared.filter(|len| *len > max) {
+                if let Some(len) = declared().filter(|len| *len > max) {
                     return self.refuse(
                         which,
                         &format!("content-length {len} is over the {max}-byte limit"),
@@ -120,6 +150,18 @@ impl BodyFilter {
         if end_of_stream || !self.side(which).rewrites() {
             return Action::Continue;
         }
+        let limit = self.ops.max_buffer_bytes;
+        if self.ops.on_overflow == Overflow::Reject {
+            if let Some(len) = declared().filter(|len| *len > limit) {
+                let why = format!(
+                    "content-length {len} is over max_buffer_bytes ({limit}): the body cannot be rewritten"
+                );
+                return match which {
+                    Which::Request => self.refuse(which, &why),
+                    Which::Response => self.replace_response(why),
+                };
+            }
+        }
         let status = raw::remove_header(which.headers(), "content-length");
         if status != raw::OK {
             log!(
@@ -127,9 +169,6 @@ impl BodyFilter {
                 "removing {} content-length failed with host status {status}",
                 which.name()
             );
-        }
-        if which == Which::Response && self.ops.on_overflow == Overflow::Reject {
-            return Action::Pause;
         }
         Action::Continue
     }
@@ -155,6 +194,21 @@ impl BodyFilter {
         let limit = self.ops.max_buffer_bytes;
         if size > limit {
             return match self.ops.on_overflow {
+                Overflow::Reject if which == Which::Response => {
+                    log!(
+                        Info,
+                        "response body over max_buffer_bytes ({limit}) after its headers were sent: stream reset"
+                    );
+                    let status = raw::close_stream(raw::HTTP_RESPONSE_STREAM);
+                    if status != raw::OK {
+                        log!(
+                            Warn,
+                            "resetting the stream failed with host status {status}"
+                        );
+                    }
+                    self.response.answered = true;
+                    Action::Pause
+                }
                 Overflow::Reject => self.refuse(
                     which,
                     &format!("the body is over max_buffer_bytes ({limit}) and cannot be rewritten"),
@@ -250,6 +304,17 @@ impl HttpContext for BodyFilter {
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.answered() {
+            return Action::Continue;
+        }
+        if let Some(why) = &self.replacement {
+            let text = if end_of_stream { why.as_bytes() } else { b"" };
+            let status = raw::set_buffer(raw::RESPONSE_BODY, body_size, text);
+            if status != raw::OK {
+                log!(
+                    Warn,
+                    "replacing the response body failed with host status {status}"
+                );
+            }
             return Action::Continue;
         }
         self.on_body(Which::Response, body_size, end_of_stream)

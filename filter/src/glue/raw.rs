@@ -21,6 +21,8 @@ pub const PLUGIN_CONFIGURATION: u32 = 7;
 
 pub const COUNTER: u32 = 0;
 
+pub const HTTP_RESPONSE_STREAM: u32 = 1;
+
 #[link(wasm_import_module = "env")]
 extern "C" {
     fn proxy_log(level: u32, m: *const u8, ml: usize) -> u32;
@@ -81,6 +83,7 @@ extern "C" {
     fn proxy_get_current_time_nanoseconds(t: *mut u64) -> u32;
     fn proxy_define_metric(kind: u32, n: *const u8, nl: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
+    fn proxy_close_stream(stream: u32) -> u32;
 }
 
 /// Takes ownership of host-returned memory.
@@ -292,4 +295,10 @@ pub fn define_counter(name: &str) -> Result<u32, u32> {
 pub fn increment(id: u32, by: u64) -> u32 {
     // SAFETY: no pointers.
     unsafe { proxy_increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX)) }
+}
+
+/// Resets a stream (the client sees the connection close, no response).
+pub fn close_stream(stream: u32) -> u32 {
+    // SAFETY: no pointers.
+    unsafe { proxy_close_stream(stream) }
 }

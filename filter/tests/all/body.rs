@@ -118,9 +118,21 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
     assert_eq!(ex.response_status(), Some(413));
     let ex = reject
         .round_trip(
-            &Request::get("/"),
-            UpstreamReply::new(200).body("aaaaaaaaaaaa"),
+            &Request::post("/", "aaaaaaaaaaaa").header("content-length", "12"),
+            UpstreamReply::new(200),
         )
         .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    assert!(ex.upstream.is_none());
+    // A response announcing a size over the buffer becomes a 502 before its headers go on.
+    let mut reply = UpstreamReply::new(200)
+        .header("content-length", "12")
+        .body("aaaaaa");
+    reply.body_chunks = vec![b"aaaaaa".to_vec()];
+    let ex = reject.round_trip(&Request::get("/"), reply).unwrap();
     assert_eq!(ex.response_status(), Some(502), "{ex:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&ex.response.as_ref().unwrap().body),
+        "content-length 12 is over max_buffer_bytes (10): the body cannot be rewritten"
+    );
 }

@@ -103,7 +103,7 @@ fn header_and_body_roles_in_real_envoy() {
 }
 
 #[test]
-fn a_response_over_the_buffer_is_refused_with_502_when_configured() {
+fn a_response_announcing_a_size_over_the_buffer_becomes_a_502_when_configured() {
     let dir = tempfile::tempdir().unwrap();
     let mut real = start(dir.path(), 1, |t| {
         t.replace(
@@ -119,7 +119,12 @@ fn a_response_over_the_buffer_is_refused_with_502_when_configured() {
             &UpstreamReply::new(200).body(r#"{"password": "0123456789abcdef"}"#),
         )
         .unwrap();
-    assert_eq!(ex.response_status(), Some(502), "{ex:?}");
+    assert_eq!(
+        ex.response_status(),
+        Some(502),
+        "{ex:?}\n{}",
+        std::fs::read_to_string(&real.log_path).unwrap()
+    );
     let ex = real
         .send(
             Some("bodies"),
