@@ -6,9 +6,15 @@
 
 use serde::Deserialize;
 
+use crate::conditions::Condition;
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HeaderOperation {
+    /// Both lists apply only to requests that match (the response list: to responses to
+    /// requests that matched).
+    #[serde(default)]
+    pub when: Option<Condition>,
     #[serde(default)]
     pub request: Ops,
     #[serde(default)]
@@ -42,7 +48,7 @@ pub enum Edit<'a> {
 }
 
 /// RFC 9110 `tchar`.
-fn is_token(s: &str) -> bool {
+pub fn is_token(s: &str) -> bool {
     !s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
@@ -50,6 +56,9 @@ fn is_token(s: &str) -> bool {
 
 impl HeaderOperation {
     pub fn validate(&mut self) -> Result<(), String> {
+        if let Some(when) = &mut self.when {
+            when.validate("when")?;
+        }
         self.request.validate("request")?;
         self.response.validate("response")
     }
@@ -143,6 +152,7 @@ mod tests {
     fn ops(json: &str) -> Result<HeaderOperation, String> {
         match PluginConfig::parse(json.as_bytes())? {
             PluginConfig::HttpHeaderOperation(o) => Ok(o),
+            other => Err(format!("parsed as {}", other.role())),
         }
     }
 

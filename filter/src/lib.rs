@@ -2,12 +2,19 @@
 //! configuration's `role` field picks one, so operators ship and pin a single artifact.
 //!
 //! The crate is split so the decisions can be tested natively: `config` and each role module
-//! are plain Rust (parsing, validation, and what to do to a request), while `glue` (compiled
-//! only for Wasm) is the thin layer on the proxy-wasm SDK that reads buffers and edits maps.
-//! The glue never unwraps a host status: a failed hostcall is logged and the request goes on.
+//! are plain Rust (parsing, validation, and what to do to a request, a body, a bucket, a
+//! record), while `glue` (compiled only for Wasm) is the thin layer on the proxy-wasm SDK that
+//! reads buffers, edits maps and talks to shared data and queues. The glue never unwraps a
+//! host status: a failed hostcall is logged and the request goes on.
 
+pub mod body_ops;
+pub mod conditions;
 pub mod config;
 pub mod header_ops;
+pub mod rate_limit;
+pub mod redact;
+pub mod stats;
+pub mod tcp_count;
 
 #[cfg(target_family = "wasm")]
 mod glue;

@@ -86,7 +86,8 @@ fn bootstrap(code: Option<&str>) -> Bootstrap {
 
 fn bootstrap_file(code: Option<&str>) -> (tempfile::TempDir, PathBuf) {
     let root = repo_root();
-    let text = std::fs::read_to_string(root.join("envoy-config/bootstrap.yaml")).unwrap();
+    let text =
+        std::fs::read_to_string(root.join("testdata/scenarios/header-ops.bootstrap.yaml")).unwrap();
     let text = match code {
         Some(code) => text.replace(
             "target/wasm32-wasip1/wasm-release/wasm_filter.wasm",

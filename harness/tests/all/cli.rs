@@ -5,7 +5,7 @@ use crate::support::*;
 #[test]
 fn the_demo_scenario_passes() {
     filter_wasm();
-    let o = harness(&["run", "testdata/scenarios/demo.yaml"]);
+    let o = harness(&["run", "testdata/scenarios/header-ops.yaml"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = text(&o);
     assert!(out.contains("3 passed, 0 failed"), "{out}");
@@ -33,7 +33,7 @@ fn the_demo_fails_loudly_when_the_filter_does_not_add_the_header() {
         "run",
         "--bootstrap",
         b.to_str().unwrap(),
-        "testdata/scenarios/demo.yaml",
+        "testdata/scenarios/header-ops.yaml",
     ]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let out = text(&o);
@@ -71,9 +71,14 @@ fn a_rejected_plugin_configuration_cannot_start() {
 }
 
 #[test]
-fn validate_accepts_the_shipped_bootstrap_and_prints_the_plugin_log() {
+fn validate_accepts_a_bootstrap_and_prints_the_plugin_log() {
     filter_wasm();
-    let o = harness(&["validate", "envoy-config/bootstrap.yaml", "--workers", "3"]);
+    let o = harness(&[
+        "validate",
+        "testdata/scenarios/header-ops.bootstrap.yaml",
+        "--workers",
+        "3",
+    ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = text(&o);
     assert!(out.contains("ok (1 listener(s), 3 worker(s))"), "{out}");
@@ -111,7 +116,7 @@ fn an_unsupported_filter_is_named_not_skipped() {
 #[test]
 fn json_report_is_machine_readable() {
     filter_wasm();
-    let o = harness(&["run", "--json", "testdata/scenarios/demo.yaml"]);
+    let o = harness(&["run", "--json", "testdata/scenarios/header-ops.yaml"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["verdict"], "passed");
@@ -126,7 +131,7 @@ fn the_highest_exit_code_wins_across_scenarios() {
     let missing = dir.path().join("nope.yaml");
     let o = harness(&[
         "run",
-        "testdata/scenarios/demo.yaml",
+        "testdata/scenarios/header-ops.yaml",
         missing.to_str().unwrap(),
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

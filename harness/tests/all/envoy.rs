@@ -58,7 +58,7 @@ fn harness_and_envoy_agree_on_the_demo() {
     let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
     let report = diff::run_differential(
         &envoy(),
-        &root().join("testdata/scenarios/demo.yaml"),
+        &root().join("testdata/scenarios/header-ops.yaml"),
         &RunOptions {
             workers: None,
             bootstrap: Some(b),
@@ -81,7 +81,7 @@ fn a_difference_between_harness_and_envoy_is_reported() {
     let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
     let report = diff::run_differential(
         &envoy(),
-        &root().join("testdata/scenarios/demo.yaml"),
+        &root().join("testdata/scenarios/header-ops.yaml"),
         &RunOptions {
             workers: Some(1),
             bootstrap: Some(b),
@@ -140,7 +140,7 @@ fn build_pull_and_run_end_to_end() {
         "--envoy",
         "--bootstrap",
         b.to_str().unwrap(),
-        "testdata/scenarios/demo.yaml",
+        "testdata/scenarios/header-ops.yaml",
     ]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("harness vs real Envoy"), "{}", text(&o));
@@ -152,7 +152,7 @@ fn an_advance_step_keeps_harness_and_envoy_steps_aligned() {
     let dir = tempfile::tempdir().unwrap();
     let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
     // The demo's requests with a clock advance between the first and the second.
-    let demo = std::fs::read_to_string(root().join("testdata/scenarios/demo.yaml")).unwrap();
+    let demo = std::fs::read_to_string(root().join("testdata/scenarios/header-ops.yaml")).unwrap();
     let demo = demo.replace(
         "  - name: a POST body",
         "  - advance: 200ms\n\n  - name: a POST body",
@@ -236,7 +236,7 @@ fn a_bootstrap_built_by_proxy_for_module_runs_the_same_in_real_envoy() {
     std::fs::write(&path, builder.bootstrap_yaml()).unwrap();
     // The demo's requests, minus the /healthz direct response the built bootstrap has no
     // route for.
-    let demo = std::fs::read_to_string(root().join("testdata/scenarios/demo.yaml")).unwrap();
+    let demo = std::fs::read_to_string(root().join("testdata/scenarios/header-ops.yaml")).unwrap();
     let requests = &demo[demo.find("requests:").unwrap() + "requests:\n".len()
         ..demo.find("  - name: the route's direct response").unwrap()];
     let s = scenario(dir.path(), &path, requests);

@@ -132,7 +132,7 @@ fn the_precompile_command_makes_a_module_the_harness_loads_and_envoy_accepts() {
         "{}",
         text(&v)
     );
-    let demo = root().join("testdata/scenarios/demo.yaml");
+    let demo = root().join("testdata/scenarios/header-ops.yaml");
     let o = harness(&[
         "run",
         "--bootstrap",

@@ -41,7 +41,8 @@ pub fn envoy() -> PathBuf {
 }
 
 pub fn shipped_bootstrap() -> Value {
-    let text = std::fs::read_to_string(root().join("envoy-config/bootstrap.yaml")).unwrap();
+    let text = std::fs::read_to_string(root().join("testdata/scenarios/header-ops.bootstrap.yaml"))
+        .unwrap();
     serde_norway::from_str(&text).unwrap()
 }
 

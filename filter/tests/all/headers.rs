@@ -1,20 +1,12 @@
-//! The filter as Envoy runs it: the crate's own module, built for wasm32-wasip1 by the test,
-//! in the harness's Envoy-faithful host. This is how a filter author tests a filter with
-//! `cargo test` and no Envoy (the harness's own tests compare the same runs with real Envoy).
+//! `http-header-operation` in the harness: op order, pseudo-headers, `when` conditions, and
+//! a `:path` rewrite that lands on another route.
 
-use wasm_harness::{guest, Proxy, Request, StartError, UpstreamReply};
+use wasm_harness::{Proxy, ProxyOptions, Request, StartError, UpstreamReply};
 
-fn module() -> std::path::PathBuf {
-    guest::build(env!("CARGO_MANIFEST_DIR"), "wasm-release").unwrap_or_else(|e| panic!("{e}"))
-}
+use crate::support::{module, role};
 
 fn header_ops(config: serde_json::Value) -> Result<Proxy, StartError> {
-    let mut config = config;
-    config["role"] = "http-header-operation".into();
-    Proxy::for_module(module())
-        .configuration(config.to_string())
-        .workers(1)
-        .build()
+    role("http-header-operation", config, 1)
 }
 
 #[test]
@@ -108,4 +100,60 @@ fn the_main_thread_and_every_worker_configure_their_own_vm() {
     // The canary and the main thread's instance (no worker: Envoy's main thread has one of
     // every plugin), then workers 0, 1 and 2.
     assert_eq!(configured, [None, None, Some(0), Some(1), Some(2)]);
+}
+
+#[test]
+fn ops_apply_only_to_requests_matching_when() {
+    let mut proxy = header_ops(serde_json::json!({
+        "when": {"methods": ["POST"], "path_prefix": "/api", "headers": [{"name": "x-tenant", "value": "blue"}]},
+        "request": {"add": [{"name": "x-matched", "value": "yes"}]},
+        "response": {"add": [{"name": "x-matched", "value": "yes"}]}
+    }))
+    .unwrap();
+    let matching = Request::post("/api/orders?id=1", "{}").header("x-tenant", "blue");
+    let ex = proxy
+        .round_trip(&matching, UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.upstream_header("x-matched"), Some("yes"));
+    assert_eq!(ex.response_header("x-matched"), Some("yes"));
+    for other in [
+        Request::get("/api/orders").header("x-tenant", "blue"),
+        Request::post("/web", "{}").header("x-tenant", "blue"),
+        Request::post("/api/orders", "{}").header("x-tenant", "red"),
+        Request::post("/api/orders", "{}"),
+    ] {
+        let ex = proxy.round_trip(&other, UpstreamReply::new(200)).unwrap();
+        assert_eq!(ex.upstream_header("x-matched"), None, "{other:?}");
+        assert_eq!(ex.response_header("x-matched"), None, "{other:?}");
+    }
+}
+
+#[test]
+fn a_rewritten_path_is_routed_again() {
+    // The shipped bootstrap's header listener sends /v2/... to the `backend-v2` cluster; the
+    // filter rewrites /legacy/... there (Envoy clears the route cache after request filters
+    // change headers, so the new path picks the route).
+    let dir = tempfile::tempdir().unwrap();
+    let bootstrap = crate::support::bootstrap_copy(dir.path(), "envoy-config/bootstrap.yaml");
+    let mut proxy = Proxy::from_bootstrap(&bootstrap, &ProxyOptions::default()).unwrap();
+    let ex = proxy
+        .send(
+            Some("headers"),
+            None,
+            &Request::get("/legacy/items"),
+            &mut |seen| {
+                UpstreamReply::new(if seen.cluster == "backend-v2" {
+                    200
+                } else {
+                    404
+                })
+            },
+        )
+        .unwrap();
+    assert_eq!(ex.upstream_header(":path"), Some("/v2/items"));
+    assert_eq!(
+        ex.upstream.as_ref().map(|u| u.cluster.as_str()),
+        Some("backend-v2")
+    );
+    assert_eq!(ex.response_status(), Some(200));
 }

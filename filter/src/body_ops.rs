@@ -1,0 +1,305 @@
+//! The `http-body-operation` role: a request body size limit, JSON field redaction and
+//! literal text replacement, on whole bodies gathered across chunks.
+//!
+//! A body to rewrite is held until its last chunk, up to `max_buffer_bytes`; past that the
+//! role cannot rewrite it and does what `on_overflow` says (pass it on untouched and log, or
+//! answer 413 for a request, 502 for a response). A request size limit needs no buffering: it
+//! counts bytes as they pass and answers 413 as soon as the count goes over (or at once when
+//! `content-length` already says so).
+
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+
+use crate::redact::{redact, Redacted};
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BodyOperation {
+    #[serde(default)]
+    pub request: BodySide,
+    #[serde(default)]
+    pub response: BodySide,
+    /// The most a body to rewrite may grow to while it is held.
+    #[serde(default = "default_max_buffer")]
+    pub max_buffer_bytes: u64,
+    #[serde(default)]
+    pub on_overflow: Overflow,
+}
+
+/// Half of Envoy's default per-connection buffer limit (1 MiB), which answers 413 / 500 on
+/// its own when a held body outgrows it: this role's overflow policy must act first.
+fn default_max_buffer() -> u64 {
+    512 * 1024
+}
+
+/// A bigger hold needs `per_connection_buffer_limit_bytes` raised too. 64 MiB bounds what
+/// one stream may pin.
+pub const MAX_BUFFER_LIMIT: u64 = 64 * 1024 * 1024;
+
+/// What to do with a body to rewrite that outgrows `max_buffer_bytes`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Overflow {
+    /// Send it on unmodified and log it.
+    #[default]
+    Pass,
+    /// 413 for a request, 502 for a response.
+    Reject,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BodySide {
+    /// Requests only: bodies over this many bytes get 413.
+    #[serde(default)]
+    pub max_bytes: Option<u64>,
+    #[serde(default)]
+    pub redact_json: Option<Redact>,
+    #[serde(default)]
+    pub replace: Vec<Replace>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Redact {
+    pub keys: BTreeSet<String>,
+    #[serde(default = "default_mask")]
+    pub mask: String,
+}
+
+fn default_mask() -> String {
+    "***".into()
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Replace {
+    pub from: String,
+    pub to: String,
+}
+
+/// A whole body, after the side's rewrites.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rewrite {
+    Unchanged,
+    /// The new body, and what was done (for the debug log).
+    Changed(Vec<u8>, String),
+    /// Redaction was asked for and the body is not JSON: it goes on untouched.
+    NotJson(String),
+}
+
+impl BodyOperation {
+    pub fn validate(&mut self) -> Result<(), String> {
+        if self.max_buffer_bytes == 0 || self.max_buffer_bytes > MAX_BUFFER_LIMIT {
+            return Err(format!(
+                "max_buffer_bytes {}: must be between 1 and {MAX_BUFFER_LIMIT}",
+                self.max_buffer_bytes
+            ));
+        }
+        if self.response.max_bytes.is_some() {
+            return Err("response.max_bytes: a size limit applies to request bodies only".into());
+        }
+        if self.request.max_bytes == Some(0) {
+            return Err("request.max_bytes: must be at least 1 (leave it out for no limit)".into());
+        }
+        self.request.validate("request")?;
+        self.response.validate("response")
+    }
+
+    /// What `on_configure` logs.
+    pub fn summary(&self) -> String {
+        let side = |s: &BodySide| {
+            let mut parts = Vec::new();
+            if let Some(m) = s.max_bytes {
+                parts.push(format!("limit {m} bytes"));
+            }
+            if let Some(r) = &s.redact_json {
+                parts.push(format!("redact {} keys", r.keys.len()));
+            }
+            if !s.replace.is_empty() {
+                parts.push(format!("{} replacements", s.replace.len()));
+            }
+            if parts.is_empty() {
+                "nothing".to_string()
+            } else {
+                parts.join(", ")
+            }
+        };
+        format!(
+            "request: {}; response: {}",
+            side(&self.request),
+            side(&self.response)
+        )
+    }
+}
+
+impl BodySide {
+    fn validate(&self, at: &str) -> Result<(), String> {
+        if let Some(r) = &self.redact_json {
+            if r.keys.is_empty() {
+                return Err(format!("{at}.redact_json.keys: list at least one key"));
+            }
+            if r.keys.iter().any(String::is_empty) {
+                return Err(format!("{at}.redact_json.keys: a key must not be empty"));
+            }
+        }
+        for (i, r) in self.replace.iter().enumerate() {
+            if r.from.is_empty() {
+                return Err(format!("{at}.replace[{i}].from: must not be empty"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether bodies of this side are held and rewritten.
+    pub fn rewrites(&self) -> bool {
+        self.redact_json.is_some() || !self.replace.is_empty()
+    }
+
+    /// Redaction first (on the JSON as sent), then each replacement in order.
+    pub fn rewrite(&self, body: &[u8]) -> Rewrite {
+        let mut done = Vec::new();
+        let mut current: Option<Vec<u8>> = None;
+        if let Some(r) = &self.redact_json {
+            match redact(body, &r.keys, &r.mask) {
+                Redacted::NotJson(e) => return Rewrite::NotJson(e),
+                Redacted::Unchanged => {}
+                Redacted::Changed(b, n) => {
+                    done.push(format!("{n} values redacted"));
+                    current = Some(b);
+                }
+            }
+        }
+        for r in &self.replace {
+            let from = current.as_deref().unwrap_or(body);
+            if let Some((b, n)) = replace_all(from, r.from.as_bytes(), r.to.as_bytes()) {
+                done.push(format!("{n} x {:?}", r.from));
+                current = Some(b);
+            }
+        }
+        match current {
+            Some(b) => Rewrite::Changed(b, done.join(", ")),
+            None => Rewrite::Unchanged,
+        }
+    }
+}
+
+/// Every non-overlapping occurrence of `from`, left to right; `None` when there is none.
+fn replace_all(body: &[u8], from: &[u8], to: &[u8]) -> Option<(Vec<u8>, usize)> {
+    let mut out: Option<Vec<u8>> = None;
+    let (mut at, mut copied, mut n) = (0, 0, 0);
+    while let Some(rest) = body.get(at..) {
+        if rest.len() < from.len() {
+            break;
+        }
+        if rest.starts_with(from) {
+            let o = out.get_or_insert_with(|| Vec::with_capacity(body.len()));
+            o.extend_from_slice(body.get(copied..at).unwrap_or_default());
+            o.extend_from_slice(to);
+            at += from.len();
+            copied = at;
+            n += 1;
+        } else {
+            at += 1;
+        }
+    }
+    let mut o = out?;
+    o.extend_from_slice(body.get(copied..).unwrap_or_default());
+    Some((o, n))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PluginConfig;
+
+    fn parse(json: &str) -> Result<BodyOperation, String> {
+        match PluginConfig::parse(json.as_bytes())? {
+            PluginConfig::HttpBodyOperation(o) => Ok(o),
+            other => Err(format!("parsed as {}", other.role())),
+        }
+    }
+
+    #[test]
+    fn parses_defaults() {
+        let o = parse(r#"{"role":"http-body-operation"}"#).unwrap();
+        assert_eq!(o.max_buffer_bytes, 512 * 1024);
+        assert_eq!(o.on_overflow, Overflow::Pass);
+        assert!(!o.request.rewrites() && !o.response.rewrites());
+        assert_eq!(o.summary(), "request: nothing; response: nothing");
+    }
+
+    #[test]
+    fn bad_configurations_name_the_field() {
+        for (json, want) in [
+            (r#"{"max_buffer_bytes":0}"#, "max_buffer_bytes 0"),
+            (r#"{"max_buffer_bytes":99999999999}"#, "max_buffer_bytes"),
+            (r#"{"response":{"max_bytes":10}}"#, "response.max_bytes"),
+            (r#"{"request":{"max_bytes":0}}"#, "request.max_bytes"),
+            (
+                r#"{"response":{"redact_json":{"keys":[]}}}"#,
+                "response.redact_json.keys",
+            ),
+            (
+                r#"{"response":{"redact_json":{"keys":[""]}}}"#,
+                "must not be empty",
+            ),
+            (
+                r#"{"request":{"replace":[{"from":"","to":"x"}]}}"#,
+                "request.replace[0].from",
+            ),
+            (r#"{"on_overflow":"drop"}"#, "unknown variant `drop`"),
+            (r#"{"response":{"redact":{}}}"#, "unknown field `redact`"),
+            (r#"{"max_buffer_bytes":-1}"#, "invalid value"),
+        ] {
+            let mut v: serde_json::Value = serde_json::from_str(json).unwrap();
+            v["role"] = "http-body-operation".into();
+            let e = parse(&v.to_string()).unwrap_err();
+            assert!(e.contains(want), "{json}: {e}");
+        }
+    }
+
+    #[test]
+    fn redacts_then_replaces() {
+        let o = parse(
+            r#"{"role":"http-body-operation","response":{
+            "redact_json":{"keys":["token"],"mask":"[hidden]"},
+            "replace":[{"from":"internal.example","to":"example.com"}]}}"#,
+        )
+        .unwrap();
+        match o
+            .response
+            .rewrite(br#"{"token":"abc","url":"https://internal.example/x"}"#)
+        {
+            Rewrite::Changed(b, what) => {
+                assert_eq!(
+                    b,
+                    br#"{"token":"[hidden]","url":"https://example.com/x"}"#.to_vec()
+                );
+                assert_eq!(what, "1 values redacted, 1 x \"internal.example\"");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            o.response.rewrite(b"<html>internal.example</html>"),
+            Rewrite::NotJson(_)
+        ));
+        assert_eq!(o.response.rewrite(br#"{"a":1}"#), Rewrite::Unchanged);
+    }
+
+    #[test]
+    fn replacement_is_literal_and_non_overlapping() {
+        assert_eq!(replace_all(b"aaaa", b"aa", b"b"), Some((b"bb".to_vec(), 2)));
+        assert_eq!(
+            replace_all(b"x.y.z", b".", b"::"),
+            Some((b"x::y::z".to_vec(), 2))
+        );
+        assert_eq!(replace_all(b"abc", b"abcd", b""), None);
+        assert_eq!(replace_all(b"", b"a", b""), None);
+        assert_eq!(
+            replace_all(b"\xff\x00ab", b"ab", b""),
+            Some((b"\xff\x00".to_vec(), 1))
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! `stats-aggregator`: HTTP streams (`mode: record`) put one record each on the shared
+//! queue; the singleton service (`mode: aggregate`) registers the queue, drains it whenever
+//! it is told there is something, and on each tick logs a summary and posts it to the
+//! collector. A post that fails, or is refused, puts its counts back for the next tick.
+
+use std::cell::Cell;
+use std::rc::Rc;
+use std::time::Duration;
+
+use proxy_wasm::traits::{Context, HttpContext};
+use proxy_wasm::types::Action;
+
+use super::{log, raw};
+use crate::config::VmConfig;
+use crate::stats::{Aggregate, Record, StatsConfig};
+
+/// Records taken per `on_queue_ready`, so one callback stays short; the rest wait for the
+/// next notification or tick.
+const MAX_DRAIN: usize = 10_000;
+
+pub struct Recorder {
+    vm_id: String,
+    queue_name: String,
+    queue: Cell<Option<u32>>,
+    told_missing: Cell<bool>,
+}
+
+impl Recorder {
+    pub fn new(vm: &VmConfig) -> Self {
+        Self {
+            vm_id: raw::property_text(&["plugin_vm_id"]).unwrap_or_default(),
+            queue_name: vm.queue_name.clone(),
+            queue: Cell::new(None),
+            told_missing: Cell::new(false),
+        }
+    }
+
+    /// The queue, once the aggregator has registered it.
+    fn queue(&self) -> Option<u32> {
+        if let Some(q) = self.queue.get() {
+            return Some(q);
+        }
+        match raw::resolve_queue(&self.vm_id, &self.queue_name) {
+            Ok(Some(q)) => {
+                self.queue.set(Some(q));
+                Some(q)
+            }
+            Ok(None) | Err(_) => {
+                if !self.told_missing.replace(true) {
+                    log!(
+                        Warn,
+                        "stats queue {:?} of vm {:?} is not registered (is the stats-aggregator service running?); records are dropped until it is",
+                        self.queue_name,
+                        self.vm_id
+                    );
+                }
+                None
+            }
+        }
+    }
+
+    fn send(&self, record: &Record) {
+        let Some(q) = self.queue() else { return };
+        let status = raw::enqueue(q, record.encode().as_bytes());
+        if status != raw::OK {
+            // Resolved again on the next stream (the service may have been restarted).
+            self.queue.set(None);
+            log!(
+                Debug,
+                "enqueueing a stats record failed with host status {status}"
+            );
+        }
+    }
+}
+
+pub struct RecordFilter {
+    recorder: Rc<Recorder>,
+    start_ns: u64,
+    path: String,
+    status: Option<u16>,
+}
+
+impl RecordFilter {
+    pub fn new(recorder: Rc<Recorder>) -> Self {
+        Self {
+            recorder,
+            start_ns: 0,
+            path: String::new(),
+            status: None,
+        }
+    }
+}
+
+impl Context for RecordFilter {}
+
+impl HttpContext for RecordFilter {
+    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+        self.start_ns = raw::now_ns();
+        self.path = raw::header_text(raw::REQUEST_HEADERS, ":path").unwrap_or_default();
+        Action::Continue
+    }
+
+    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
+        self.status =
+            raw::header_text(raw::RESPONSE_HEADERS, ":status").and_then(|s| s.parse().ok());
+        Action::Continue
+    }
+
+    fn on_log(&mut self) {
+        let latency = raw::now_ns().saturating_sub(self.start_ns);
+        self.recorder
+            .send(&Record::new(&self.path, self.status, latency));
+    }
+}
+
+pub struct Service {
+    config: StatsConfig,
+    queue: u32,
+    counts: Aggregate,
+    /// The summary being posted: its call's token and counts.
+    posting: Option<(u32, Aggregate)>,
+}
+
+impl Service {
+    pub fn new(config: StatsConfig, vm: &VmConfig) -> Result<Self, String> {
+        let queue = raw::register_queue(&vm.queue_name).map_err(|s| {
+            format!(
+                "registering the stats queue {:?} failed with host status {s}",
+                vm.queue_name
+            )
+        })?;
+        let status = raw::set_tick_period_ms(config.tick_ms());
+        if status != raw::OK {
+            return Err(format!(
+                "setting the tick period failed with host status {status}"
+            ));
+        }
+        log!(
+            Info,
+            "stats-aggregator: registered queue {:?}",
+            vm.queue_name
+        );
+        Ok(Self {
+            config,
+            queue,
+            counts: Aggregate::default(),
+            posting: None,
+        })
+    }
+
+    pub fn drain(&mut self, queue: u32) {
+        if queue != self.queue {
+            return;
+        }
+        let mut bad = 0;
+        for _ in 0..MAX_DRAIN {
+            match raw::dequeue(queue) {
+                Ok(Some(bytes)) => match Record::decode(&bytes) {
+                    Ok(r) => self.counts.add(&r),
+                    Err(_) => bad += 1,
+                },
+                Ok(None) => break,
+                Err(status) => {
+                    log!(Warn, "dequeueing stats failed with host status {status}");
+                    break;
+                }
+            }
+        }
+        if bad > 0 {
+            log!(Warn, "stats-aggregator: {bad} unreadable records skipped");
+        }
+    }
+
+    pub fn on_tick(&mut self) {
+        self.drain(self.queue);
+        log!(Info, "stats summary: {}", self.counts.summary());
+        let Some(collector) = &self.config.collector else {
+            self.counts = Aggregate::default();
+            return;
+        };
+        if self.posting.is_some() {
+            log!(
+                Warn,
+                "stats-aggregator: the previous post has no answer yet; its counts wait for it"
+            );
+            return;
+        }
+        if self.counts.is_empty() {
+            return;
+        }
+        let body = self.counts.summary();
+        let headers = vec![
+            (":method", "POST"),
+            (":path", collector.path.as_str()),
+            (":authority", collector.authority.as_str()),
+            ("content-type", "application/json"),
+        ];
+        let timeout = Duration::from_millis(u64::from(collector.timeout_ms));
+        match proxy_wasm::hostcalls::dispatch_http_call(
+            &collector.cluster,
+            headers,
+            Some(body.as_bytes()),
+            vec![],
+            timeout,
+        ) {
+            Ok(token) => {
+                self.posting = Some((token, std::mem::take(&mut self.counts)));
+            }
+            Err(status) => {
+                log!(
+                    Warn,
+                    "stats-aggregator: posting to cluster {:?} failed ({status:?}); the counts carry over to the next tick",
+                    collector.cluster
+                );
+            }
+        }
+    }
+
+    pub fn on_post_answer(&mut self, token: u32, num_headers: usize, _body: usize) {
+        let Some((pending, _)) = &self.posting else {
+            return;
+        };
+        if *pending != token {
+            return;
+        }
+        let Some((_, counts)) = self.posting.take() else {
+            return;
+        };
+        let cluster = self
+            .config
+            .collector
+            .as_ref()
+            .map(|c| c.cluster.as_str())
+            .unwrap_or_default();
+        let status = if num_headers == 0 {
+            None
+        } else {
+            raw::header_text(raw::HTTP_CALL_RESPONSE_HEADERS, ":status")
+        };
+        match status.as_deref() {
+            Some(s) if s.starts_with('2') => {
+                log!(
+                    Info,
+                    "stats-aggregator: summary of {} requests posted to {cluster:?} ({s})",
+                    counts.requests
+                );
+            }
+            other => {
+                log!(
+                    Warn,
+                    "stats-aggregator: collector {cluster:?} answered {}; the {} requests carry over to the next tick",
+                    other.unwrap_or("nothing (the call failed)"),
+                    counts.requests
+                );
+                self.counts.merge(counts);
+            }
+        }
+    }
+}

@@ -1,0 +1,325 @@
+//! The `rate-limit` role: a token bucket per key (a header's value, or the client's address),
+//! held in shared data so every worker VM takes from the same bucket. The arithmetic is here,
+//! with the clock passed in; the glue reads the bucket, calls [`take`], and writes it back
+//! with compare-and-swap, retrying when another worker got there first.
+//!
+//! Tokens are counted in thousandths so a fractional refill rate (0.5 per second) is exact
+//! enough without floating point in the stored state. A bucket is stored as text,
+//! `<milli-tokens> <last-update-ns>`; an empty value is a bucket dropped for being idle (the
+//! ABI has no delete, so the key stays, with nothing behind it).
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    pub key: KeySource,
+    /// The bucket's size: how many requests may come at once.
+    pub burst: u32,
+    /// Tokens added back per second (fractions allowed, e.g. 0.5).
+    pub refill_per_second: f64,
+    /// A bucket unused this long is dropped on the next tick.
+    #[serde(default = "default_idle")]
+    pub idle_seconds: u32,
+}
+
+fn default_idle() -> u32 {
+    300
+}
+
+/// Where the bucket's key comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+pub enum KeySource {
+    /// `{"header": "x-api-key"}`: that request header's value; requests without it share
+    /// the bucket named `-`.
+    Header(String),
+    /// `"client-address"`: the client's IP address (`source.address`, port left out).
+    ClientAddress,
+}
+
+/// Keys longer than this are cut, so a client cannot make the shared-data keys huge.
+pub const MAX_KEY_LEN: usize = 256;
+/// The bucket of requests that have no key.
+pub const NO_KEY: &str = "-";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bucket {
+    pub milli_tokens: u64,
+    pub updated_ns: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    Allowed { remaining: u64 },
+    Limited { retry_after_secs: u64 },
+}
+
+impl RateLimit {
+    pub fn validate(&mut self) -> Result<(), String> {
+        if let KeySource::Header(h) = &mut self.key {
+            if !crate::header_ops::is_token(h.strip_prefix(':').unwrap_or(h)) {
+                return Err(format!("key.header {h:?}: not a valid HTTP header name"));
+            }
+            *h = h.to_ascii_lowercase();
+        }
+        if self.burst == 0 {
+            return Err("burst: must be at least 1".into());
+        }
+        if !(self.refill_per_second.is_finite()
+            && self.refill_per_second >= 0.001
+            && self.refill_per_second <= 1_000_000.0)
+        {
+            return Err(format!(
+                "refill_per_second {}: must be between 0.001 and 1000000",
+                self.refill_per_second
+            ));
+        }
+        if self.idle_seconds == 0 {
+            return Err("idle_seconds: must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    fn capacity(&self) -> u64 {
+        u64::from(self.burst) * 1000
+    }
+
+    fn milli_per_second(&self) -> u64 {
+        ((self.refill_per_second * 1000.0).round() as u64).max(1)
+    }
+
+    pub fn idle_ns(&self) -> u64 {
+        u64::from(self.idle_seconds) * 1_000_000_000
+    }
+
+    /// Refills `bucket` (a new one is full) up to `now_ns` and takes one token if there is
+    /// one. The bucket returned is what to store, in both cases.
+    pub fn take(&self, bucket: Option<Bucket>, now_ns: u64) -> (Bucket, Decision) {
+        let cap = self.capacity();
+        let rate = self.milli_per_second();
+        let mut tokens = match bucket {
+            None => cap,
+            Some(b) => {
+                let elapsed = u128::from(now_ns.saturating_sub(b.updated_ns));
+                let added = elapsed * u128::from(rate) / 1_000_000_000;
+                let added = u64::try_from(added).unwrap_or(u64::MAX);
+                b.milli_tokens.saturating_add(added).min(cap)
+            }
+        };
+        let decision = if tokens >= 1000 {
+            tokens -= 1000;
+            Decision::Allowed {
+                remaining: tokens / 1000,
+            }
+        } else {
+            let missing_ns = u128::from(1000 - tokens) * 1_000_000_000 / u128::from(rate);
+            let secs = missing_ns.div_ceil(1_000_000_000).max(1);
+            Decision::Limited {
+                retry_after_secs: u64::try_from(secs).unwrap_or(u64::MAX),
+            }
+        };
+        let stored = Bucket {
+            milli_tokens: tokens,
+            updated_ns: now_ns.max(bucket.map_or(0, |b| b.updated_ns)),
+        };
+        (stored, decision)
+    }
+}
+
+impl Bucket {
+    pub fn encode(&self) -> String {
+        format!("{} {}", self.milli_tokens, self.updated_ns)
+    }
+
+    /// `None` for an absent or dropped bucket.
+    pub fn decode(value: Option<&[u8]>) -> Result<Option<Self>, String> {
+        let Some(value) = value.filter(|v| !v.is_empty()) else {
+            return Ok(None);
+        };
+        let text = std::str::from_utf8(value).map_err(|_| "bucket is not UTF-8".to_string())?;
+        let (t, u) = text
+            .split_once(' ')
+            .ok_or_else(|| format!("bucket {text:?}: expected `<milli-tokens> <ns>`"))?;
+        match (t.parse(), u.parse()) {
+            (Ok(milli_tokens), Ok(updated_ns)) => Ok(Some(Self {
+                milli_tokens,
+                updated_ns,
+            })),
+            _ => Err(format!("bucket {text:?}: expected two numbers")),
+        }
+    }
+
+    pub fn is_idle(&self, now_ns: u64, idle_ns: u64) -> bool {
+        now_ns.saturating_sub(self.updated_ns) >= idle_ns
+    }
+}
+
+/// The shared-data key of a bucket: the VM's prefix, the plugin's name (two rate-limit
+/// plugins in one VM keep separate buckets), the key cut to [`MAX_KEY_LEN`] bytes.
+pub fn bucket_key(prefix: &str, plugin: &str, key: &str) -> String {
+    let mut end = key.len().min(MAX_KEY_LEN);
+    while !key.is_char_boundary(end) {
+        end -= 1;
+    }
+    let key = key.get(..end).unwrap_or_default();
+    let key = if key.is_empty() { NO_KEY } else { key };
+    format!("{prefix}rate-limit/{plugin}/{key}")
+}
+
+/// `127.0.0.1:40001` -> `127.0.0.1`, `[::1]:5000` -> `::1`; an address without a port is
+/// kept as it is.
+pub fn strip_port(address: &str) -> &str {
+    if let Some(rest) = address.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    match address.split_once(':') {
+        Some((host, port)) if !port.contains(':') => host,
+        _ => address,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PluginConfig;
+
+    const S: u64 = 1_000_000_000;
+
+    fn limit(json: &str) -> Result<RateLimit, String> {
+        match PluginConfig::parse(json.as_bytes())? {
+            PluginConfig::RateLimit(r) => Ok(r),
+            other => Err(format!("parsed as {}", other.role())),
+        }
+    }
+
+    fn two_per_second() -> RateLimit {
+        limit(r#"{"role":"rate-limit","key":"client-address","burst":3,"refill_per_second":2}"#)
+            .unwrap()
+    }
+
+    #[test]
+    fn a_full_bucket_allows_burst_then_limits_then_refills() {
+        let r = two_per_second();
+        let mut b = None;
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let (nb, d) = r.take(b, 10 * S);
+            b = Some(nb);
+            seen.push(d);
+        }
+        assert_eq!(
+            seen,
+            [
+                Decision::Allowed { remaining: 2 },
+                Decision::Allowed { remaining: 1 },
+                Decision::Allowed { remaining: 0 },
+                Decision::Limited {
+                    retry_after_secs: 1
+                },
+            ]
+        );
+        // Half a second at 2/s is one token.
+        let (nb, d) = r.take(b, 10 * S + S / 2);
+        assert_eq!(d, Decision::Allowed { remaining: 0 });
+        // A long pause refills to the burst, not beyond.
+        let (_, d) = r.take(Some(nb), 1000 * S);
+        assert_eq!(d, Decision::Allowed { remaining: 2 });
+    }
+
+    #[test]
+    fn retry_after_rounds_up_to_whole_seconds() {
+        let r = limit(
+            r#"{"role":"rate-limit","key":{"header":"X-Key"},"burst":1,"refill_per_second":0.25}"#,
+        )
+        .unwrap();
+        assert_eq!(r.key, KeySource::Header("x-key".into()));
+        let (b, _) = r.take(None, 0);
+        assert_eq!(
+            r.take(Some(b), S).1,
+            Decision::Limited {
+                retry_after_secs: 3
+            }
+        );
+    }
+
+    #[test]
+    fn a_clock_going_back_does_not_refill_or_wrap() {
+        let r = two_per_second();
+        let b = Bucket {
+            milli_tokens: 0,
+            updated_ns: 5 * S,
+        };
+        let (stored, d) = r.take(Some(b), S);
+        assert!(matches!(d, Decision::Limited { .. }));
+        assert_eq!(stored.updated_ns, 5 * S);
+    }
+
+    #[test]
+    fn buckets_encode_and_go_idle() {
+        let b = Bucket {
+            milli_tokens: 2500,
+            updated_ns: 7,
+        };
+        assert_eq!(b.encode(), "2500 7");
+        assert_eq!(Bucket::decode(Some(b"2500 7")).unwrap(), Some(b));
+        assert_eq!(Bucket::decode(Some(b"")).unwrap(), None);
+        assert_eq!(Bucket::decode(None).unwrap(), None);
+        assert!(Bucket::decode(Some(b"x 7")).is_err());
+        assert!(Bucket::decode(Some(b"17")).is_err());
+        assert!(b.is_idle(7 + 10, 10));
+        assert!(!b.is_idle(7 + 9, 10));
+    }
+
+    #[test]
+    fn keys_are_prefixed_bounded_and_never_empty() {
+        assert_eq!(bucket_key("p/", "rl", "alice"), "p/rate-limit/rl/alice");
+        assert_eq!(bucket_key("p/", "rl", ""), "p/rate-limit/rl/-");
+        let long = "é".repeat(200);
+        let k = bucket_key("", "rl", &long);
+        assert!(k.len() <= "rate-limit/rl/".len() + MAX_KEY_LEN);
+        assert!(k.ends_with('é'));
+    }
+
+    #[test]
+    fn ports_are_stripped() {
+        assert_eq!(strip_port("127.0.0.1:40001"), "127.0.0.1");
+        assert_eq!(strip_port("[::1]:5000"), "::1");
+        assert_eq!(strip_port("10.0.0.1"), "10.0.0.1");
+        assert_eq!(strip_port("fe80::1"), "fe80::1");
+    }
+
+    #[test]
+    fn bad_configurations_name_the_field() {
+        for (json, want) in [
+            (
+                r#""key":"client-address","burst":0,"refill_per_second":1"#,
+                "burst",
+            ),
+            (
+                r#""key":"client-address","burst":1,"refill_per_second":0"#,
+                "refill_per_second 0",
+            ),
+            (
+                r#""key":"client-address","burst":1,"refill_per_second":1,"idle_seconds":0"#,
+                "idle_seconds",
+            ),
+            (
+                r#""key":{"header":"a b"},"burst":1,"refill_per_second":1"#,
+                "key.header",
+            ),
+            (
+                r#""key":"ip","burst":1,"refill_per_second":1"#,
+                "unknown variant `ip`",
+            ),
+            (r#""burst":1,"refill_per_second":1"#, "missing field `key`"),
+            (
+                r#""key":"client-address","burst":1,"refill_per_second":1,"per":1"#,
+                "unknown field `per`",
+            ),
+        ] {
+            let e = limit(&format!(r#"{{"role":"rate-limit",{json}}}"#)).unwrap_err();
+            assert!(e.contains(want), "{json}: {e}");
+        }
+    }
+}

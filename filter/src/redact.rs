@@ -1,0 +1,268 @@
+//! JSON field redaction that keeps the document as it was written: key order, spacing and
+//! number spelling are copied byte for byte, and only the values of the listed keys (at any
+//! depth) are replaced by the mask. A body that is not JSON is reported, never guessed at.
+
+use std::collections::BTreeSet;
+
+/// What redaction did to a body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redacted {
+    /// No listed key was present.
+    Unchanged,
+    /// The new body and how many values were masked.
+    Changed(Vec<u8>, usize),
+    /// Not JSON; the reason, for the log.
+    NotJson(String),
+}
+
+/// Masks the value of every key in `keys`, at any depth, with `mask` (written as a JSON
+/// string). The whole value is replaced, whatever its type, so nothing of it leaks.
+pub fn redact(body: &[u8], keys: &BTreeSet<String>, mask: &str) -> Redacted {
+    // serde_json checks the syntax, so the scanner below walks a document known to be
+    // valid; it bounds the nesting itself, to stay well within the guest's stack.
+    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+        return Redacted::NotJson(e.to_string());
+    }
+    let mut scan = Scanner {
+        b: body,
+        i: 0,
+        keys,
+        spans: Vec::new(),
+        depth: 0,
+    };
+    if scan.value().is_none() {
+        return Redacted::NotJson(format!("nested deeper than {MAX_DEPTH} levels"));
+    }
+    if scan.spans.is_empty() {
+        return Redacted::Unchanged;
+    }
+    let mask = serde_json::Value::String(mask.to_string()).to_string();
+    let mut out = Vec::with_capacity(body.len());
+    let mut at = 0;
+    for &(start, end) in &scan.spans {
+        out.extend_from_slice(body.get(at..start).unwrap_or_default());
+        out.extend_from_slice(mask.as_bytes());
+        at = end;
+    }
+    out.extend_from_slice(body.get(at..).unwrap_or_default());
+    Redacted::Changed(out, scan.spans.len())
+}
+
+struct Scanner<'a> {
+    b: &'a [u8],
+    i: usize,
+    keys: &'a BTreeSet<String>,
+    /// Byte ranges of values to mask, in document order, never overlapping.
+    spans: Vec<(usize, usize)>,
+    depth: usize,
+}
+
+/// Objects and arrays nested deeper than this are refused (serde_json's own default).
+pub const MAX_DEPTH: usize = 128;
+
+impl Scanner<'_> {
+    fn peek(&self) -> Option<u8> {
+        self.b.get(self.i).copied()
+    }
+
+    fn ws(&mut self) {
+        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
+            self.i += 1;
+        }
+    }
+
+    fn eat(&mut self, c: u8) -> Option<()> {
+        self.ws();
+        (self.peek()? == c).then(|| self.i += 1)
+    }
+
+    /// Walks one value, recording spans of listed keys' values inside it.
+    fn value(&mut self) -> Option<()> {
+        self.ws();
+        if matches!(self.peek()?, b'{' | b'[') {
+            self.depth += 1;
+            if self.depth > MAX_DEPTH {
+                return None;
+            }
+            let walked = self.nested();
+            self.depth -= 1;
+            return walked;
+        }
+        match self.peek()? {
+            b'"' => self.string().map(drop),
+            _ => {
+                while !matches!(
+                    self.peek(),
+                    None | Some(b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r')
+                ) {
+                    self.i += 1;
+                }
+                Some(())
+            }
+        }
+    }
+
+    fn nested(&mut self) -> Option<()> {
+        match self.peek()? {
+            b'{' => self.object(),
+            _ => {
+                self.i += 1;
+                self.ws();
+                if self.peek()? == b']' {
+                    self.i += 1;
+                    return Some(());
+                }
+                loop {
+                    self.value()?;
+                    self.ws();
+                    match self.peek()? {
+                        b',' => self.i += 1,
+                        b']' => {
+                            self.i += 1;
+                            return Some(());
+                        }
+                        _ => return None,
+                    }
+                }
+            }
+        }
+    }
+
+    fn object(&mut self) -> Option<()> {
+        self.i += 1;
+        self.ws();
+        if self.peek()? == b'}' {
+            self.i += 1;
+            return Some(());
+        }
+        loop {
+            self.ws();
+            let (start, end) = self.string()?;
+            self.eat(b':')?;
+            self.ws();
+            let value_start = self.i;
+            if self.listed(start, end) {
+                // Skip it without looking for keys inside: the whole value goes.
+                let before = self.spans.len();
+                self.value()?;
+                self.spans.truncate(before);
+                self.spans.push((value_start, self.i));
+            } else {
+                self.value()?;
+            }
+            self.ws();
+            match self.peek()? {
+                b',' => self.i += 1,
+                b'}' => {
+                    self.i += 1;
+                    return Some(());
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    /// Skips a string at the cursor; returns the range including its quotes.
+    fn string(&mut self) -> Option<(usize, usize)> {
+        let start = self.i;
+        if self.peek()? != b'"' {
+            return None;
+        }
+        self.i += 1;
+        loop {
+            match self.peek()? {
+                b'\\' => self.i += 2,
+                b'"' => {
+                    self.i += 1;
+                    return Some((start, self.i));
+                }
+                _ => self.i += 1,
+            }
+        }
+    }
+
+    fn listed(&self, start: usize, end: usize) -> bool {
+        let Some(raw) = self.b.get(start..end) else {
+            return false;
+        };
+        let inner = raw.get(1..raw.len().saturating_sub(1)).unwrap_or_default();
+        if !inner.contains(&b'\\') {
+            return std::str::from_utf8(inner).is_ok_and(|k| self.keys.contains(k));
+        }
+        serde_json::from_slice::<String>(raw).is_ok_and(|k| self.keys.contains(&k))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(k: &[&str]) -> BTreeSet<String> {
+        k.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn text(r: Redacted) -> String {
+        match r {
+            Redacted::Changed(b, _) => String::from_utf8(b).unwrap(),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn masks_listed_keys_at_any_depth_and_keeps_the_rest_byte_for_byte() {
+        let body =
+            br#"{ "user": {"name": "al", "password": "x", "cards": [{"pan": 4111, "exp": "1/30"}]},
+  "password" : {"nested": true}, "z": 1.50e2 }"#;
+        let out = text(redact(body, &keys(&["password", "pan"]), "***"));
+        assert_eq!(
+            out,
+            r#"{ "user": {"name": "al", "password": "***", "cards": [{"pan": "***", "exp": "1/30"}]},
+  "password" : "***", "z": 1.50e2 }"#
+        );
+    }
+
+    #[test]
+    fn counts_masks_and_reports_unchanged() {
+        match redact(
+            br#"[{"a":1},{"a":[1,2]},{"b":{"a":null}}]"#,
+            &keys(&["a"]),
+            "-",
+        ) {
+            Redacted::Changed(b, n) => {
+                assert_eq!(n, 3);
+                assert_eq!(b, br#"[{"a":"-"},{"a":"-"},{"b":{"a":"-"}}]"#);
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            redact(br#"{"b": "a"}"#, &keys(&["a"]), "-"),
+            Redacted::Unchanged
+        );
+        assert_eq!(redact(b"42", &keys(&["a"]), "-"), Redacted::Unchanged);
+    }
+
+    #[test]
+    fn escaped_keys_and_masks_are_handled() {
+        let out = text(redact(
+            br#"{"pass\u0077ord": "x", "q\"": "y"}"#,
+            &keys(&["password"]),
+            "a\"b",
+        ));
+        assert_eq!(out, r#"{"pass\u0077ord": "a\"b", "q\"": "y"}"#);
+    }
+
+    #[test]
+    fn not_json_is_reported() {
+        for body in [&b"hello"[..], b"{\"a\":", b"", b"{\"a\":1} trailing"] {
+            assert!(
+                matches!(redact(body, &keys(&["a"]), "-"), Redacted::NotJson(_)),
+                "{body:?}"
+            );
+        }
+        let deep = "[".repeat(200) + &"]".repeat(200);
+        assert!(matches!(
+            redact(deep.as_bytes(), &keys(&["a"]), "-"),
+            Redacted::NotJson(_)
+        ));
+    }
+}

@@ -1,0 +1,347 @@
+//! The `stats-aggregator` role, in two parts sharing one configuration shape:
+//! `mode: record` on an HTTP listener puts one small [`Record`] per stream on a shared queue;
+//! `mode: aggregate` in a singleton Wasm service drains the queue into an [`Aggregate`] and,
+//! on every tick, logs a summary and (with a `collector`) posts it. A post that fails keeps
+//! its counts, which go out with the next tick's: nothing is dropped silently.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StatsConfig {
+    #[serde(default)]
+    pub mode: Mode,
+    /// Aggregate only: seconds between summaries (default 10).
+    #[serde(default)]
+    pub tick_seconds: Option<u32>,
+    /// Aggregate only: where summaries are posted.
+    #[serde(default)]
+    pub collector: Option<Collector>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    #[default]
+    Record,
+    Aggregate,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Collector {
+    /// A cluster of the bootstrap.
+    pub cluster: String,
+    #[serde(default = "default_path")]
+    pub path: String,
+    #[serde(default = "default_authority")]
+    pub authority: String,
+    #[serde(default = "default_timeout")]
+    pub timeout_ms: u32,
+}
+
+fn default_path() -> String {
+    "/".into()
+}
+fn default_authority() -> String {
+    "stats-collector".into()
+}
+fn default_timeout() -> u32 {
+    5000
+}
+
+impl StatsConfig {
+    pub fn validate(&mut self) -> Result<(), String> {
+        if self.mode == Mode::Record {
+            if self.tick_seconds.is_some() {
+                return Err("tick_seconds: only `mode: aggregate` (the service) ticks".into());
+            }
+            if self.collector.is_some() {
+                return Err("collector: only `mode: aggregate` (the service) posts".into());
+            }
+        }
+        if self.tick_seconds == Some(0) {
+            return Err("tick_seconds: must be at least 1".into());
+        }
+        if let Some(c) = &self.collector {
+            if c.cluster.is_empty() {
+                return Err("collector.cluster: must name a cluster".into());
+            }
+            if !c.path.starts_with('/') {
+                return Err(format!("collector.path {:?}: must start with /", c.path));
+            }
+            if c.timeout_ms == 0 {
+                return Err("collector.timeout_ms: must be at least 1".into());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn tick_ms(&self) -> u32 {
+        self.tick_seconds.unwrap_or(10).saturating_mul(1000)
+    }
+}
+
+/// Upper bounds of the latency buckets, in milliseconds; one more bucket holds the rest.
+pub const LATENCY_BOUNDS_MS: [u64; 7] = [1, 5, 10, 50, 100, 500, 1000];
+/// Distinct routes kept; more are counted as `(other)`, so a path scan cannot grow memory.
+pub const MAX_ROUTES: usize = 256;
+const MAX_ROUTE_LEN: usize = 64;
+const CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
+
+/// One stream, as it goes on the queue: `<status class>|<latency bucket>|<route>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The first segment of the path (`/api/items?x` -> `/api`), at most 64 bytes.
+    pub route: String,
+    /// 1-5 for 1xx-5xx, 0 when there was no response.
+    pub class: u8,
+    /// Index into [`LATENCY_BOUNDS_MS`] (its length: slower than the last bound).
+    pub latency_bucket: u8,
+}
+
+impl Record {
+    pub fn new(path: &str, status: Option<u16>, latency_ns: u64) -> Self {
+        let path = path.split(['?', '#']).next().unwrap_or_default();
+        let first = path
+            .strip_prefix('/')
+            .map(|rest| rest.split('/').next().unwrap_or_default())
+            .unwrap_or_default();
+        let mut route = format!("/{first}");
+        if route.len() > MAX_ROUTE_LEN {
+            let mut end = MAX_ROUTE_LEN;
+            while !route.is_char_boundary(end) {
+                end -= 1;
+            }
+            route.truncate(end);
+        }
+        let class = match status {
+            Some(s @ 100..=599) => (s / 100) as u8,
+            _ => 0,
+        };
+        let ms = latency_ns / 1_000_000;
+        let latency_bucket = LATENCY_BOUNDS_MS
+            .iter()
+            .position(|b| ms < *b)
+            .unwrap_or(LATENCY_BOUNDS_MS.len()) as u8;
+        Self {
+            route,
+            class,
+            latency_bucket,
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        format!("{}|{}|{}", self.class, self.latency_bucket, self.route)
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let text = std::str::from_utf8(bytes).map_err(|_| "record is not UTF-8".to_string())?;
+        let mut parts = text.splitn(3, '|');
+        let (Some(c), Some(l), Some(route)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err(format!("record {text:?}: expected class|latency|route"));
+        };
+        let class: u8 = c
+            .parse()
+            .map_err(|_| format!("record {text:?}: bad class"))?;
+        let latency_bucket: u8 = l
+            .parse()
+            .map_err(|_| format!("record {text:?}: bad latency"))?;
+        if usize::from(class) >= CLASSES.len()
+            || usize::from(latency_bucket) > LATENCY_BOUNDS_MS.len()
+        {
+            return Err(format!("record {text:?}: out of range"));
+        }
+        Ok(Self {
+            route: route.to_string(),
+            class,
+            latency_bucket,
+        })
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Aggregate {
+    pub requests: u64,
+    pub by_route: BTreeMap<String, [u64; CLASSES.len()]>,
+    pub latency: [u64; LATENCY_BOUNDS_MS.len() + 1],
+}
+
+impl Aggregate {
+    pub fn add(&mut self, r: &Record) {
+        self.requests = self.requests.saturating_add(1);
+        let route = if self.by_route.len() >= MAX_ROUTES && !self.by_route.contains_key(&r.route) {
+            "(other)".to_string()
+        } else {
+            r.route.clone()
+        };
+        let counts = self.by_route.entry(route).or_default();
+        if let Some(c) = counts.get_mut(usize::from(r.class)) {
+            *c = c.saturating_add(1);
+        }
+        if let Some(l) = self.latency.get_mut(usize::from(r.latency_bucket)) {
+            *l = l.saturating_add(1);
+        }
+    }
+
+    /// Puts counts back (a failed post's), keeping the route bound.
+    pub fn merge(&mut self, other: Aggregate) {
+        self.requests = self.requests.saturating_add(other.requests);
+        for (route, counts) in other.by_route {
+            let route = if self.by_route.len() >= MAX_ROUTES && !self.by_route.contains_key(&route)
+            {
+                "(other)".to_string()
+            } else {
+                route
+            };
+            let mine = self.by_route.entry(route).or_default();
+            for (m, o) in mine.iter_mut().zip(counts) {
+                *m = m.saturating_add(o);
+            }
+        }
+        for (m, o) in self.latency.iter_mut().zip(other.latency) {
+            *m = m.saturating_add(o);
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.requests == 0
+    }
+
+    /// One line of JSON: `{"requests":3,"routes":{"/api":{"2xx":2,"5xx":1}},"latency_ms":{"<1":3}}`
+    /// (only non-zero counts).
+    pub fn summary(&self) -> String {
+        let mut routes = serde_json::Map::new();
+        for (route, counts) in &self.by_route {
+            let mut by_class = serde_json::Map::new();
+            for (name, n) in CLASSES.iter().zip(counts) {
+                if *n > 0 {
+                    by_class.insert((*name).to_string(), (*n).into());
+                }
+            }
+            routes.insert(route.clone(), by_class.into());
+        }
+        let mut latency = serde_json::Map::new();
+        for (i, n) in self.latency.iter().enumerate() {
+            if *n == 0 {
+                continue;
+            }
+            let name = match LATENCY_BOUNDS_MS.get(i) {
+                Some(b) => format!("<{b}"),
+                None => format!(">={}", LATENCY_BOUNDS_MS[LATENCY_BOUNDS_MS.len() - 1]),
+            };
+            latency.insert(name, (*n).into());
+        }
+        serde_json::json!({"requests": self.requests, "routes": routes, "latency_ms": latency})
+            .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::PluginConfig;
+
+    fn config(json: &str) -> Result<StatsConfig, String> {
+        match PluginConfig::parse(json.as_bytes())? {
+            PluginConfig::StatsAggregator(c) => Ok(c),
+            other => Err(format!("parsed as {}", other.role())),
+        }
+    }
+
+    #[test]
+    fn records_name_the_route_class_and_latency() {
+        let r = Record::new("/api/items?x=1", Some(201), 7_000_000);
+        assert_eq!(
+            r,
+            Record {
+                route: "/api".into(),
+                class: 2,
+                latency_bucket: 2
+            }
+        );
+        assert_eq!(r.encode(), "2|2|/api");
+        assert_eq!(Record::decode(b"2|2|/api").unwrap(), r);
+        assert_eq!(Record::new("/", None, 0).encode(), "0|0|/");
+        assert_eq!(
+            Record::new("*", Some(999), 5 * 1_000_000_000).encode(),
+            "0|7|/"
+        );
+        assert_eq!(Record::new(&"/".repeat(1), Some(404), 0).route, "/");
+        assert!(
+            Record::new(&format!("/{}", "é".repeat(100)), None, 0)
+                .route
+                .len()
+                <= 64
+        );
+        for bad in [&b"2|2"[..], b"9|0|/", b"0|8|/", b"a|0|/", b"\xff"] {
+            assert!(Record::decode(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn aggregates_summarises_and_merges() {
+        let mut a = Aggregate::default();
+        for (path, status) in [("/api/a", 200), ("/api/b", 200), ("/api", 503), ("/x", 404)] {
+            a.add(&Record::new(path, Some(status), 0));
+        }
+        assert_eq!(
+            a.summary(),
+            r#"{"latency_ms":{"<1":4},"requests":4,"routes":{"/api":{"2xx":2,"5xx":1},"/x":{"4xx":1}}}"#
+        );
+        let mut b = Aggregate::default();
+        b.add(&Record::new("/x", Some(404), 2_000_000_000));
+        b.merge(a);
+        assert_eq!(b.requests, 5);
+        assert_eq!(b.by_route["/x"][4], 2);
+        assert_eq!(b.latency[7], 1);
+        assert!(!b.is_empty() && Aggregate::default().is_empty());
+    }
+
+    #[test]
+    fn routes_are_bounded() {
+        let mut a = Aggregate::default();
+        for i in 0..MAX_ROUTES + 10 {
+            a.add(&Record::new(&format!("/r{i}"), Some(200), 0));
+        }
+        assert_eq!(a.by_route.len(), MAX_ROUTES + 1);
+        assert_eq!(a.by_route["(other)"][2], 10);
+    }
+
+    #[test]
+    fn configuration() {
+        let c = config(r#"{"role":"stats-aggregator","mode":"aggregate","tick_seconds":2,"collector":{"cluster":"collector"}}"#).unwrap();
+        assert_eq!(c.tick_ms(), 2000);
+        assert_eq!(c.collector.as_ref().unwrap().path, "/");
+        assert_eq!(
+            config(r#"{"role":"stats-aggregator"}"#).unwrap().mode,
+            Mode::Record
+        );
+        for (json, want) in [
+            (r#""tick_seconds":5"#, "tick_seconds: only"),
+            (r#""collector":{"cluster":"c"}"#, "collector: only"),
+            (
+                r#""mode":"aggregate","tick_seconds":0"#,
+                "tick_seconds: must",
+            ),
+            (
+                r#""mode":"aggregate","collector":{"cluster":""}"#,
+                "collector.cluster",
+            ),
+            (
+                r#""mode":"aggregate","collector":{"cluster":"c","path":"x"}"#,
+                "collector.path",
+            ),
+            (
+                r#""mode":"aggregate","collector":{"cluster":"c","timeout_ms":0}"#,
+                "collector.timeout_ms",
+            ),
+            (r#""mode":"sum""#, "unknown variant `sum`"),
+        ] {
+            let e = config(&format!(r#"{{"role":"stats-aggregator",{json}}}"#)).unwrap_err();
+            assert!(e.contains(want), "{json}: {e}");
+        }
+    }
+}

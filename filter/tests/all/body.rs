@@ -1,0 +1,138 @@
+//! `http-body-operation` in the harness: the request size limit, redaction and replacement
+//! across chunks, content-length, and each overflow policy.
+
+use wasm_harness::{Request, UpstreamReply};
+
+use crate::support::{lines, role};
+
+fn body_ops(config: serde_json::Value) -> wasm_harness::Proxy {
+    role("http-body-operation", config, 1).unwrap()
+}
+
+fn chunked(mut r: Request, chunks: &[&str]) -> Request {
+    r.body_chunks = chunks.iter().map(|c| c.as_bytes().to_vec()).collect();
+    r
+}
+
+#[test]
+fn a_request_over_the_limit_gets_413_before_the_upstream() {
+    let mut proxy = body_ops(serde_json::json!({"request": {"max_bytes": 8}}));
+    let ex = proxy
+        .round_trip(
+            &chunked(Request::post("/upload", "1234"), &["5678", "9"]),
+            UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    let ex = proxy
+        .round_trip(
+            &Request::post("/upload", "123456789").header("content-length", "9"),
+            UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    assert!(ex.upstream.is_none());
+    let ex = proxy
+        .round_trip(
+            &chunked(Request::post("/upload", "1234"), &["5678"]),
+            UpstreamReply::new(201),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(201));
+    assert_eq!(ex.upstream.as_ref().unwrap().body, b"12345678");
+}
+
+#[test]
+fn json_fields_are_redacted_across_chunks_and_content_length_dropped() {
+    let mut proxy = body_ops(serde_json::json!({
+        "response": {"redact_json": {"keys": ["password", "token"], "mask": "[redacted]"},
+                     "replace": [{"from": "internal.example", "to": "example.com"}]}
+    }));
+    let mut reply = UpstreamReply::new(200)
+        .header("content-type", "application/json")
+        .header("content-length", "71")
+        .body(r#"{"user": {"name": "al", "pass"#);
+    reply.body_chunks = vec![
+        br#"word": "s3cret"}, "token": [1, 2],"#.to_vec(),
+        br#" "link": "https://internal.example/"}"#.to_vec(),
+    ];
+    let ex = proxy.round_trip(&Request::get("/me"), reply).unwrap();
+    let r = ex.response.as_ref().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&r.body),
+        r#"{"user": {"name": "al", "password": "[redacted]"}, "token": "[redacted]", "link": "https://example.com/"}"#
+    );
+    assert_eq!(ex.response_header("content-length"), None);
+    assert!(ex.notes.is_empty(), "{:?}", ex.notes);
+}
+
+#[test]
+fn a_body_that_is_not_json_passes_through_and_is_logged() {
+    let mut proxy = body_ops(serde_json::json!({"response": {"redact_json": {"keys": ["a"]}}}));
+    let ex = proxy
+        .round_trip(
+            &Request::get("/"),
+            UpstreamReply::new(200).body("<html>a</html>"),
+        )
+        .unwrap();
+    assert_eq!(ex.response.as_ref().unwrap().body, b"<html>a</html>");
+    assert_eq!(lines(&proxy, "response body is not JSON").len(), 1);
+    assert!(proxy.take_errors().is_empty());
+}
+
+#[test]
+fn overflow_passes_unmodified_or_is_refused_as_configured() {
+    let config = |policy: &str| {
+        serde_json::json!({
+            "max_buffer_bytes": 10, "on_overflow": policy,
+            "request": {"replace": [{"from": "a", "to": "b"}]},
+            "response": {"replace": [{"from": "a", "to": "b"}]}
+        })
+    };
+    let mut pass = body_ops(config("pass"));
+    let ex = pass
+        .round_trip(
+            &chunked(Request::post("/", "aaaaaa"), &["aaaaaa"]),
+            UpstreamReply::new(200).body("aaaaaaaaaaaa"),
+        )
+        .unwrap();
+    assert_eq!(ex.upstream.as_ref().unwrap().body, b"aaaaaaaaaaaa");
+    assert_eq!(ex.response.as_ref().unwrap().body, b"aaaaaaaaaaaa");
+    assert_eq!(
+        lines(&pass, "over max_buffer_bytes (10): passed on unmodified").len(),
+        2
+    );
+    let ex = pass
+        .round_trip(&Request::post("/", "aa"), UpstreamReply::new(200).body("a"))
+        .unwrap();
+    assert_eq!(ex.upstream.as_ref().unwrap().body, b"bb");
+    assert_eq!(ex.response.as_ref().unwrap().body, b"b");
+
+    let mut reject = body_ops(config("reject"));
+    let ex = reject
+        .round_trip(
+            &chunked(Request::post("/", "aaaaaa"), &["aaaaaa"]),
+            UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    let ex = reject
+        .round_trip(
+            &Request::post("/", "aaaaaaaaaaaa").header("content-length", "12"),
+            UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    assert!(ex.upstream.is_none());
+    // A response announcing a size over the buffer becomes a 502 before its headers go on.
+    let mut reply = UpstreamReply::new(200)
+        .header("content-length", "12")
+        .body("aaaaaa");
+    reply.body_chunks = vec![b"aaaaaa".to_vec()];
+    let ex = reject.round_trip(&Request::get("/"), reply).unwrap();
+    assert_eq!(ex.response_status(), Some(502), "{ex:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&ex.response.as_ref().unwrap().body),
+        "content-length 12 is over max_buffer_bytes (10): the body cannot be rewritten"
+    );
+}

@@ -1,0 +1,221 @@
+//! Every role in real Envoy 1.40 (V8), on the shipped bootstrap or a variant of it: what a
+//! client and an upstream see, and what only Envoy's log and stats can show (TCP totals,
+//! summaries of the singleton aggregator).
+
+use wasm_harness::envoy::RealEnvoy;
+use wasm_harness::proxy::TcpEvent;
+use wasm_harness::{Request, UpstreamReply};
+
+use crate::support::{bootstrap_copy, envoy, envoy_lines};
+
+/// The shipped bootstrap with `edit` applied to its text.
+fn start(dir: &std::path::Path, workers: usize, edit: impl Fn(String) -> String) -> RealEnvoy {
+    let path = bootstrap_copy(dir, "envoy-config/bootstrap.yaml");
+    let text = edit(std::fs::read_to_string(&path).unwrap());
+    std::fs::write(&path, text).unwrap();
+    RealEnvoy::start(&envoy(), &path, workers).unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn the_shipped_bootstrap_passes_envoy_validate() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = bootstrap_copy(dir.path(), "envoy-config/bootstrap.yaml");
+    wasm_harness::envoy::validate(&envoy(), &path).unwrap_or_else(|e| panic!("{e}"));
+}
+
+#[test]
+fn header_and_body_roles_in_real_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = start(dir.path(), 2, |t| t);
+    let ex = real
+        .send(
+            Some("headers"),
+            &Request::get("/api/items").header("x-internal-secret", "s"),
+            &UpstreamReply::new(200).header("x-backend-version", "1"),
+        )
+        .unwrap();
+    assert_eq!(ex.upstream_header("x-added-by"), Some("wasm-filter"));
+    assert_eq!(ex.upstream_header("x-internal-secret"), None);
+    assert_eq!(ex.response_header("x-served-by"), Some("wasm-filter"));
+    assert_eq!(ex.response_header("x-backend-version"), None);
+
+    // `when` matches a GET under /legacy/: the new :path picks the /v2/ route.
+    let ex = real
+        .send(
+            Some("headers"),
+            &Request::get("/legacy/items"),
+            &UpstreamReply::new(200),
+        )
+        .unwrap();
+    let seen = ex.upstream.as_ref().unwrap();
+    assert_eq!(seen.cluster, "backend-v2");
+    assert_eq!(ex.upstream_header(":path"), Some("/v2/items"));
+    let ex = real
+        .send(
+            Some("headers"),
+            &Request::post("/legacy/items", "x"),
+            &UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.upstream.as_ref().unwrap().cluster, "backend");
+
+    // Request size limit: 413, the upstream never sees it.
+    let ex = real
+        .send(
+            Some("bodies"),
+            &Request::post("/upload", vec![b'x'; 70_000]),
+            &UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    assert!(ex.upstream.is_none());
+
+    // Redaction and replacement in a response; content-length no longer claims the old size.
+    let ex = real
+        .send(
+            Some("bodies"),
+            &Request::get("/me"),
+            &UpstreamReply::new(200)
+                .header("content-type", "application/json")
+                .body(r#"{"name":"al","password":"p","links":["https://internal.example/a"]}"#),
+        )
+        .unwrap();
+    let body = String::from_utf8_lossy(&ex.response.as_ref().unwrap().body).into_owned();
+    assert_eq!(
+        body,
+        r#"{"name":"al","password":"[redacted]","links":["https://example.com/a"]}"#
+    );
+    assert_ne!(ex.response_header("content-length"), Some("67"));
+
+    // Not JSON: through unmodified, and logged.
+    let ex = real
+        .send(
+            Some("bodies"),
+            &Request::get("/page"),
+            &UpstreamReply::new(200).body("<p>internal.example</p>"),
+        )
+        .unwrap();
+    assert_eq!(
+        ex.response.as_ref().unwrap().body,
+        b"<p>internal.example</p>"
+    );
+    assert_eq!(envoy_lines(&real, "response body is not JSON", 1).len(), 1);
+}
+
+#[test]
+fn a_response_announcing_a_size_over_the_buffer_becomes_a_502_when_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = start(dir.path(), 1, |t| {
+        t.replace(
+            r#""max_buffer_bytes": 262144,"#,
+            r#""max_buffer_bytes": 16,"#,
+        )
+        .replace(r#""on_overflow": "pass""#, r#""on_overflow": "reject""#)
+    });
+    let ex = real
+        .send(
+            Some("bodies"),
+            &Request::get("/big"),
+            &UpstreamReply::new(200).body(r#"{"password": "0123456789abcdef"}"#),
+        )
+        .unwrap();
+    assert_eq!(
+        ex.response_status(),
+        Some(502),
+        "{ex:?}\n{}",
+        std::fs::read_to_string(&real.log_path).unwrap()
+    );
+    let ex = real
+        .send(
+            Some("bodies"),
+            &Request::get("/small"),
+            &UpstreamReply::new(200).body(r#"{"a":1}"#),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    assert_eq!(ex.response.as_ref().unwrap().body, br#"{"a":1}"#);
+}
+
+#[test]
+fn tcp_totals_and_rate_limit_in_real_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = start(dir.path(), 2, |t| {
+        t.replace(
+            r#""burst": 20, "refill_per_second": 10"#,
+            r#""burst": 3, "refill_per_second": 0.01"#,
+        )
+    });
+    for (data, reply) in [("hello", "hi"), ("0123456789", "x")] {
+        let out = real
+            .connect(
+                Some("tcp"),
+                &[
+                    TcpEvent::Downstream(data.as_bytes().to_vec()),
+                    TcpEvent::Upstream(reply.as_bytes().to_vec()),
+                    TcpEvent::CloseDownstream,
+                ],
+            )
+            .unwrap();
+        assert_eq!(out.upstream_received, data.as_bytes());
+    }
+    let closed = envoy_lines(&real, "tcp connection closed:", 2);
+    assert!(
+        closed.iter().any(|l| l.ends_with("in=5 out=2")),
+        "{closed:?}"
+    );
+    assert!(
+        closed.iter().any(|l| l.ends_with("in=10 out=1")),
+        "{closed:?}"
+    );
+    assert_eq!(real.stat("wasmcustom.tcp_bytes_in"), Some(15));
+    assert_eq!(real.stat("wasmcustom.tcp_bytes_out"), Some(3));
+    assert_eq!(real.stat("wasmcustom.tcp_connections"), Some(2));
+
+    // Three tokens for 127.0.0.1, whichever worker each connection lands on.
+    let statuses: Vec<_> = (0..5)
+        .map(|_| {
+            real.send(
+                Some("headers"),
+                &Request::get("/"),
+                &UpstreamReply::new(200),
+            )
+            .unwrap()
+        })
+        .collect();
+    let codes: Vec<_> = statuses.iter().map(|e| e.response_status()).collect();
+    assert_eq!(
+        codes,
+        [Some(200), Some(200), Some(200), Some(429), Some(429)]
+    );
+    assert_eq!(statuses[3].response_header("retry-after"), Some("100"));
+    assert_eq!(real.stat("wasmcustom.rate_limit_limited"), Some(2));
+}
+
+#[test]
+fn the_singleton_aggregates_every_worker_and_posts_to_the_collector() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = start(dir.path(), 2, |t| {
+        t.replace(r#""tick_seconds": 5"#, r#""tick_seconds": 1"#)
+    });
+    for path in ["/api/a", "/api/b", "/web", "/api/c"] {
+        let ex = real
+            .send(
+                Some("headers"),
+                &Request::get(path),
+                &UpstreamReply::new(200),
+            )
+            .unwrap();
+        assert_eq!(ex.response_status(), Some(200));
+    }
+    let posted = envoy_lines(
+        &real,
+        "summary of 4 requests posted to \"stats-collector\" (200)",
+        1,
+    );
+    assert_eq!(posted.len(), 1, "{:#?}", real.wasm_logs());
+    let summaries = envoy_lines(&real, "\"requests\":4", 1);
+    assert!(
+        summaries[0].contains(r#""routes":{"/api":{"2xx":3},"/web":{"2xx":1}}"#),
+        "{summaries:?}"
+    );
+}

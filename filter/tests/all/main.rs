@@ -1,0 +1,12 @@
+//! The filter as Envoy runs it: the crate's own module, built for wasm32-wasip1 by the test,
+//! in the harness's Envoy-faithful host (and, in `envoy`, in real Envoy). One `mod` per role,
+//! plus the contexts every role shares.
+
+mod body;
+mod contexts;
+mod envoy;
+mod headers;
+mod rate_limit;
+mod stats;
+mod support;
+mod tcp;

@@ -1,0 +1,82 @@
+//! The module under test, the repository's paths, and the shorthand the role tests share.
+
+use std::path::{Path, PathBuf};
+
+use wasm_harness::{guest, Proxy, StartError};
+
+/// The crate built for wasm32-wasip1 (a no-op when fresh).
+pub fn module() -> PathBuf {
+    guest::build(env!("CARGO_MANIFEST_DIR"), "wasm-release").unwrap_or_else(|e| panic!("{e}"))
+}
+
+pub fn root() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/.."))
+}
+
+/// A proxy running the module in `role` with the rest of `config`.
+pub fn role(role: &str, config: serde_json::Value, workers: usize) -> Result<Proxy, StartError> {
+    let mut config = config;
+    config["role"] = role.into();
+    Proxy::for_module(module())
+        .configuration(config.to_string())
+        .workers(workers)
+        .build()
+}
+
+/// Log lines containing `needle`.
+pub fn lines(proxy: &Proxy, needle: &str) -> Vec<String> {
+    proxy
+        .logs()
+        .iter()
+        .filter(|l| l.message.contains(needle))
+        .map(|l| l.message.clone())
+        .collect()
+}
+
+/// A copy of a bootstrap from the repository (`envoy-config/bootstrap.yaml`, ...) whose
+/// module path is absolute (the harness and Envoy resolve relative ones against their
+/// current directory, the repository root when run by hand).
+pub fn bootstrap_copy(dir: &Path, relative: &str) -> PathBuf {
+    let text = std::fs::read_to_string(root().join(relative)).unwrap();
+    let text = text.replace(
+        "target/wasm32-wasip1/wasm-release/wasm_filter.wasm",
+        &module().display().to_string(),
+    );
+    let path = dir.join("bootstrap.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Real Envoy: `$ENVOY_BIN`, else the project's `.venv` (`make envoy`).
+pub fn envoy() -> PathBuf {
+    let p = std::env::var_os("ENVOY_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/envoy"));
+    assert!(
+        p.exists(),
+        "envoy not found at {}: run `make envoy`",
+        p.display()
+    );
+    p
+}
+
+/// Real Envoy's `wasm log` lines containing `needle`, waiting (up to 10 s) for at least
+/// `want` of them: Envoy writes its log every 50 ms, ticks come on their own time.
+pub fn envoy_lines(
+    real: &wasm_harness::envoy::RealEnvoy,
+    needle: &str,
+    want: usize,
+) -> Vec<String> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let found: Vec<String> = real
+            .wasm_logs()
+            .into_iter()
+            .filter(|l| l.contains(needle))
+            .collect();
+        if found.len() >= want || std::time::Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
