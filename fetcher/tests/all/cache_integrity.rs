@@ -66,6 +66,49 @@ fn a_pinned_hit_is_rehashed_so_a_module_changed_with_its_mtime_restored_is_not_s
 }
 
 #[test]
+fn an_oci_pin_is_checked_against_the_bytes_not_the_stamp() {
+    let reg = crate::oci_registry::Registry::start(false);
+    let good = module("oci-good");
+    let evil = module("oci-evil");
+    let manifest = reg.push(
+        "pin/m:1.0",
+        vec![("application/wasm", good.clone())],
+        "application/vnd.wasm.config.v0+json",
+        &oci_client::secrets::RegistryAuth::Anonymous,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("oci://{}/pin/m:1.0", reg.host);
+    let module_pin = sha256_hex(&good);
+    let manifest_pin = manifest.trim_start_matches("sha256:").to_string();
+    let o = pull(&cache, &[&url, "--sha256", &module_pin]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cached = stdout_path(&o);
+    for (pin, matched) in [
+        (&module_pin, "module_sha256"),
+        (&manifest_pin, "manifest_digest"),
+    ] {
+        let mtime = std::fs::metadata(&cached).unwrap().modified().unwrap();
+        std::fs::write(&cached, &evil).unwrap();
+        std::fs::File::options()
+            .write(true)
+            .open(&cached)
+            .unwrap()
+            .set_modified(mtime)
+            .unwrap();
+        let o = pull(&cache, &[&url, "--sha256", pin, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["pin"], matched);
+        assert_eq!(
+            v["from_cache"], false,
+            "{matched}: the layer is downloaded again"
+        );
+        assert_eq!(std::fs::read(&cached).unwrap(), good, "{matched}");
+    }
+}
+
+#[test]
 fn a_missing_empty_or_damaged_index_is_rebuilt_from_the_modules() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
