@@ -445,9 +445,11 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
         .modules
         .iter()
         .filter_map(|(sha, m)| {
-            let path = cache.lookup(&Sha256::parse(sha).ok()?)?;
+            // A hand-edited index may spell a digest otherwise: listed in one spelling.
+            let sha = Sha256::parse(sha).ok()?;
+            let path = cache.lookup(&sha)?;
             Some(Listed {
-                sha256: sha.clone(),
+                sha256: sha.hex(),
                 path,
                 source: m.source.clone(),
                 manifest_digest: m.manifest_digest.clone(),
