@@ -189,11 +189,12 @@ impl IndexFile {
             }
         };
         let out = f(&mut index);
-        let dir = self.path.parent().unwrap_or(Path::new("."));
+        // In `tmp/` with the downloads: one a killed process leaves is removed by `purge`.
+        let dir = self.cache.root().join("tmp");
         let mut tmp = tempfile::Builder::new()
             .prefix("index-")
-            .tempfile_in(dir)
-            .map_err(io(dir))?;
+            .tempfile_in(&dir)
+            .map_err(io(&dir))?;
         let bytes = serde_json::to_vec_pretty(&index).map_err(|e| err(&self.path, e))?;
         std::io::Write::write_all(&mut tmp, &bytes).map_err(io(tmp.path()))?;
         tmp.as_file().sync_all().map_err(io(tmp.path()))?;

@@ -220,7 +220,8 @@ fn run_pull(
     let outcome = runtime
         .block_on(async { tokio::time::timeout(timeout, pull(req, &cache, &settings)).await });
     // A task still blocked in the kernel (opening a FIFO no one writes) is not waited for:
-    // the deadline is the deadline. Nothing it could still do leaves a partial cache file.
+    // the deadline is the deadline. Whatever it was writing is a temp file in the cache's
+    // `tmp/`, never a module or the index, and `purge` removes it.
     runtime.shutdown_background();
     let pulled =
         outcome.map_err(|_| anyhow::anyhow!("timed out after {timeout:?} (--timeout)"))??;
