@@ -229,3 +229,31 @@ fn lock_within(lock: &File, wait: Duration) -> std::io::Result<()> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever `index.json` holds, loading answers (rebuilding when it must) and never
+        /// loses a module file.
+        #[test]
+        fn any_index_file_loads(bytes in proptest::collection::vec(any::<u8>(), 0..512), json in "\\{\"modules\":\\{\"[a-f0-9]{0,64}\":\\{[^}]{0,40}\\}\\}\\}") {
+            let dir = tempfile::tempdir().unwrap();
+            let cache = Cache::open(dir.path()).unwrap();
+            let sha = crate::verify::Sha256([7; 32]);
+            std::fs::write(cache.module_path(&sha), b"\0asm\x01\0\0\0").unwrap();
+            let index = IndexFile::new(&cache);
+            for content in [&bytes[..], json.as_bytes()] {
+                std::fs::write(index.path(), content).unwrap();
+                let loaded = index.load().unwrap();
+                if serde_json::from_slice::<Index>(content).is_err() {
+                    prop_assert!(loaded.modules.contains_key(&sha.hex()));
+                }
+            }
+        }
+    }
+}

@@ -135,6 +135,17 @@ fn a_missing_empty_or_damaged_index_is_rebuilt_from_the_modules() {
         shas.sort();
         assert_eq!(found, shas, "{damage:?}: every module is listed again");
         assert!(listed.iter().all(|m| m["size"].as_u64().unwrap() > 8));
+        let text = fetcher()
+            .args(["ls", "--cache-dir"])
+            .arg(&cache)
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&text.stdout)
+                .contains("(unknown: the cache index was rebuilt)"),
+            "{}",
+            String::from_utf8_lossy(&text.stdout)
+        );
         // A pinned pull finds its module without its source.
         let src = dir.path().join("one.wasm");
         std::fs::remove_file(&src).unwrap();
