@@ -193,11 +193,7 @@ pub async fn pull(
             (commit(cache, staging, req, None)?, None)
         }
         Source::Oci(r) => {
-            let secret = req.pull_secret.clone().or_else(auth::default_docker_config);
-            let creds = match &secret {
-                Some(p) => auth::from_docker_config(p, &r.registry)?,
-                None => oci_client::secrets::RegistryAuth::Anonymous,
-            };
+            let creds = auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
             let mut registry = source::oci::Registry::new(r, creds, settings);
             let resolved = registry.resolve(r, req.platform.as_deref()).await?;
             // A pin may name the manifest or the index instead of the module.
