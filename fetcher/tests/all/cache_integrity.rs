@@ -29,6 +29,19 @@ fn purge(cache: &Path, expiry: &str) -> std::process::Output {
         .unwrap()
 }
 
+/// Writes `bytes` (of the same length) over `path` and puts its mtime back: size and mtime,
+/// all the index's stamp records, say nothing changed.
+fn replace_keeping_stamp(path: &Path, bytes: &[u8]) {
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    std::fs::write(path, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+}
+
 #[test]
 fn a_pinned_hit_is_rehashed_so_a_module_changed_with_its_mtime_restored_is_not_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -41,15 +54,7 @@ fn a_pinned_hit_is_rehashed_so_a_module_changed_with_its_mtime_restored_is_not_s
     let url = format!("file://{}", src.display());
     let sha = sha256_hex(&good);
     let cached = stdout_path(&pull(&cache, &[&url, "--sha256", &sha]));
-    let mtime = std::fs::metadata(&cached).unwrap().modified().unwrap();
-    // Same size, other bytes, mtime put back: the index's stamp cannot tell.
-    std::fs::write(&cached, &evil).unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&cached)
-        .unwrap()
-        .set_modified(mtime)
-        .unwrap();
+    replace_keeping_stamp(&cached, &evil);
     let o = pull(&cache, &[&url, "--sha256", &sha, "--pull-policy", "Never"]);
     assert_eq!(
         o.status.code(),
@@ -88,14 +93,7 @@ fn an_oci_pin_is_checked_against_the_bytes_not_the_stamp() {
         (&module_pin, "module_sha256"),
         (&manifest_pin, "manifest_digest"),
     ] {
-        let mtime = std::fs::metadata(&cached).unwrap().modified().unwrap();
-        std::fs::write(&cached, &evil).unwrap();
-        std::fs::File::options()
-            .write(true)
-            .open(&cached)
-            .unwrap()
-            .set_modified(mtime)
-            .unwrap();
+        replace_keeping_stamp(&cached, &evil);
         let o = pull(&cache, &[&url, "--sha256", pin, "--json"]);
         assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
