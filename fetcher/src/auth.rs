@@ -10,9 +10,9 @@ use serde_json::Value;
 
 use crate::error::FetchError;
 
-fn bad(path: &Path, reason: impl std::fmt::Display) -> FetchError {
+fn bad(what: &'static str, path: &Path, reason: impl std::fmt::Display) -> FetchError {
     FetchError::Setting {
-        name: "--pull-secret",
+        name: what,
         value: path.display().to_string(),
         reason: reason.to_string(),
     }
@@ -27,13 +27,27 @@ pub fn default_docker_config() -> Option<PathBuf> {
     p.is_file().then_some(p)
 }
 
-/// Credentials for `registry` from the config at `path` (anonymous when it has no entry). The
-/// file must be a regular file of at most 1 MiB (a Kubernetes Secret's limit).
-pub fn from_docker_config(path: &Path, registry: &str) -> Result<RegistryAuth, FetchError> {
+/// Credentials for `registry`: from `pull_secret` when given, else from the default Docker
+/// config when there is one, else none. Errors name the file as the user knows it.
+pub fn credentials(pull_secret: Option<&Path>, registry: &str) -> Result<RegistryAuth, FetchError> {
+    match (pull_secret, default_docker_config()) {
+        (Some(p), _) => from_docker_config(p, "--pull-secret", registry),
+        (None, Some(p)) => from_docker_config(&p, "Docker config", registry),
+        (None, None) => Ok(RegistryAuth::Anonymous),
+    }
+}
+
+/// Credentials for `registry` from the config at `path`, input `what` (anonymous when it has
+/// no entry). The file must be a regular file of at most 1 MiB (a Kubernetes Secret's limit).
+pub fn from_docker_config(
+    path: &Path,
+    what: &'static str,
+    registry: &str,
+) -> Result<RegistryAuth, FetchError> {
     use crate::regular_file::{read_input, PULL_SECRET_LIMIT};
-    let bytes = read_input(path, "--pull-secret", PULL_SECRET_LIMIT)?;
+    let bytes = read_input(path, what, PULL_SECRET_LIMIT)?;
     parse_docker_config(&bytes, registry).map_err(|e| match e {
-        ConfigError::Invalid(reason) => bad(path, reason),
+        ConfigError::Invalid(reason) => bad(what, path, reason),
         ConfigError::CredentialHelper => FetchError::Unsupported(format!(
             "{}: credential helpers are not supported; put the credentials for {registry} under \"auths\"",
             path.display()
@@ -116,17 +130,17 @@ mod tests {
         )
         .unwrap();
         assert!(
-            matches!(from_docker_config(&p, "127.0.0.1:5000").unwrap(), RegistryAuth::Basic(u, pw) if u == "foo" && pw == "bar")
+            matches!(from_docker_config(&p, "--pull-secret", "127.0.0.1:5000").unwrap(), RegistryAuth::Basic(u, pw) if u == "foo" && pw == "bar")
         );
         assert!(
-            matches!(from_docker_config(&p, "other.io").unwrap(), RegistryAuth::Basic(u, _) if u == "u")
+            matches!(from_docker_config(&p, "--pull-secret", "other.io").unwrap(), RegistryAuth::Basic(u, _) if u == "u")
         );
         assert!(matches!(
-            from_docker_config(&p, "third.io").unwrap(),
+            from_docker_config(&p, "--pull-secret", "third.io").unwrap(),
             RegistryAuth::Anonymous
         ));
         std::fs::write(&p, r#"{"credsStore":"desktop"}"#).unwrap();
-        assert!(from_docker_config(&p, "x.io")
+        assert!(from_docker_config(&p, "--pull-secret", "x.io")
             .unwrap_err()
             .to_string()
             .starts_with("unsupported"));

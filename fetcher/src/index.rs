@@ -189,11 +189,12 @@ impl IndexFile {
             }
         };
         let out = f(&mut index);
-        let dir = self.path.parent().unwrap_or(Path::new("."));
+        // In `tmp/` with the downloads: one a killed process leaves is removed by `purge`.
+        let dir = self.cache.root().join("tmp");
         let mut tmp = tempfile::Builder::new()
             .prefix("index-")
-            .tempfile_in(dir)
-            .map_err(io(dir))?;
+            .tempfile_in(&dir)
+            .map_err(io(&dir))?;
         let bytes = serde_json::to_vec_pretty(&index).map_err(|e| err(&self.path, e))?;
         std::io::Write::write_all(&mut tmp, &bytes).map_err(io(tmp.path()))?;
         tmp.as_file().sync_all().map_err(io(tmp.path()))?;
@@ -224,6 +225,34 @@ fn lock_within(lock: &File, wait: Duration) -> std::io::Result<()> {
             Err(std::fs::TryLockError::WouldBlock) => {
                 std::thread::sleep(pause);
                 pause = (pause * 2).min(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        /// Whatever `index.json` holds, loading answers (rebuilding when it must) and never
+        /// loses a module file.
+        #[test]
+        fn any_index_file_loads(bytes in proptest::collection::vec(any::<u8>(), 0..512), json in "\\{\"modules\":\\{\"[a-f0-9]{0,64}\":\\{[^}]{0,40}\\}\\}\\}") {
+            let dir = tempfile::tempdir().unwrap();
+            let cache = Cache::open(dir.path()).unwrap();
+            let sha = crate::verify::Sha256([7; 32]);
+            std::fs::write(cache.module_path(&sha), b"\0asm\x01\0\0\0").unwrap();
+            let index = IndexFile::new(&cache);
+            for content in [&bytes[..], json.as_bytes()] {
+                std::fs::write(index.path(), content).unwrap();
+                let loaded = index.load().unwrap();
+                if serde_json::from_slice::<Index>(content).is_err() {
+                    prop_assert!(loaded.modules.contains_key(&sha.hex()));
+                }
             }
         }
     }

@@ -195,11 +195,7 @@ pub async fn pull(
             (commit(cache, staging, req, None)?, None)
         }
         Source::Oci(r) => {
-            let secret = req.pull_secret.clone().or_else(auth::default_docker_config);
-            let creds = match &secret {
-                Some(p) => auth::from_docker_config(p, &r.registry)?,
-                None => oci_client::secrets::RegistryAuth::Anonymous,
-            };
+            let creds = auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
             let registry = source::oci::Registry::new(r, creds, settings);
             let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
             // A pin may name the manifest or the index instead of the module.
@@ -447,9 +443,11 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
         .modules
         .iter()
         .filter_map(|(sha, m)| {
-            let path = cache.lookup(&Sha256::parse(sha).ok()?)?;
+            // A hand-edited index may spell a digest otherwise: listed in one spelling.
+            let sha = Sha256::parse(sha).ok()?;
+            let path = cache.lookup(&sha)?;
             Some(Listed {
-                sha256: sha.clone(),
+                sha256: sha.hex(),
                 path,
                 source: m.source.clone(),
                 manifest_digest: m.manifest_digest.clone(),

@@ -242,7 +242,8 @@ fn run_pull(
     let outcome = runtime
         .block_on(async { tokio::time::timeout(timeout, pull(req, &cache, &settings)).await });
     // A task still blocked in the kernel (opening a FIFO no one writes) is not waited for:
-    // the deadline is the deadline. Nothing it could still do leaves a partial cache file.
+    // the deadline is the deadline. Whatever it was writing is a temp file in the cache's
+    // `tmp/`, never a module or the index, and `purge` removes it.
     runtime.shutdown_background();
     let pulled =
         outcome.map_err(|_| anyhow::anyhow!("timed out after {timeout:?} (--timeout)"))??;
@@ -287,7 +288,7 @@ fn run_ls(cache_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
         };
         println!(
             "{:<14} {:>10} {:>11}s {:>11}s  {}{}",
-            &m.sha256[..12],
+            m.sha256.get(..12).unwrap_or(&m.sha256),
             m.size,
             now.saturating_sub(m.last_used),
             m.expires.saturating_sub(now),

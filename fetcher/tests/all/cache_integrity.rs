@@ -29,6 +29,19 @@ fn purge(cache: &Path, expiry: &str) -> std::process::Output {
         .unwrap()
 }
 
+/// Writes `bytes` (of the same length) over `path` and puts its mtime back: size and mtime,
+/// all the index's stamp records, say nothing changed.
+fn replace_keeping_stamp(path: &Path, bytes: &[u8]) {
+    let mtime = std::fs::metadata(path).unwrap().modified().unwrap();
+    std::fs::write(path, bytes).unwrap();
+    std::fs::File::options()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_modified(mtime)
+        .unwrap();
+}
+
 #[test]
 fn a_pinned_hit_is_rehashed_so_a_module_changed_with_its_mtime_restored_is_not_served() {
     let dir = tempfile::tempdir().unwrap();
@@ -41,15 +54,7 @@ fn a_pinned_hit_is_rehashed_so_a_module_changed_with_its_mtime_restored_is_not_s
     let url = format!("file://{}", src.display());
     let sha = sha256_hex(&good);
     let cached = stdout_path(&pull(&cache, &[&url, "--sha256", &sha]));
-    let mtime = std::fs::metadata(&cached).unwrap().modified().unwrap();
-    // Same size, other bytes, mtime put back: the index's stamp cannot tell.
-    std::fs::write(&cached, &evil).unwrap();
-    std::fs::File::options()
-        .write(true)
-        .open(&cached)
-        .unwrap()
-        .set_modified(mtime)
-        .unwrap();
+    replace_keeping_stamp(&cached, &evil);
     let o = pull(&cache, &[&url, "--sha256", &sha, "--pull-policy", "Never"]);
     assert_eq!(
         o.status.code(),
@@ -63,6 +68,42 @@ fn a_pinned_hit_is_rehashed_so_a_module_changed_with_its_mtime_restored_is_not_s
     assert_eq!(v["from_cache"], false, "fetched again from the source");
     assert_eq!(v["pin"], "module_sha256");
     assert_eq!(std::fs::read(&cached).unwrap(), good);
+}
+
+#[test]
+fn an_oci_pin_is_checked_against_the_bytes_not_the_stamp() {
+    let reg = crate::oci_registry::Registry::start(false);
+    let good = module("oci-good");
+    let evil = module("oci-evil");
+    let manifest = reg.push(
+        "pin/m:1.0",
+        vec![("application/wasm", good.clone())],
+        "application/vnd.wasm.config.v0+json",
+        &oci_client::secrets::RegistryAuth::Anonymous,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let url = format!("oci://{}/pin/m:1.0", reg.host);
+    let module_pin = sha256_hex(&good);
+    let manifest_pin = manifest.trim_start_matches("sha256:").to_string();
+    let o = pull(&cache, &[&url, "--sha256", &module_pin]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let cached = stdout_path(&o);
+    for (pin, matched) in [
+        (&module_pin, "module_sha256"),
+        (&manifest_pin, "manifest_digest"),
+    ] {
+        replace_keeping_stamp(&cached, &evil);
+        let o = pull(&cache, &[&url, "--sha256", pin, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["pin"], matched);
+        assert_eq!(
+            v["from_cache"], false,
+            "{matched}: the layer is downloaded again"
+        );
+        assert_eq!(std::fs::read(&cached).unwrap(), good, "{matched}");
+    }
 }
 
 #[test]
@@ -92,6 +133,17 @@ fn a_missing_empty_or_damaged_index_is_rebuilt_from_the_modules() {
         shas.sort();
         assert_eq!(found, shas, "{damage:?}: every module is listed again");
         assert!(listed.iter().all(|m| m["size"].as_u64().unwrap() > 8));
+        let text = fetcher()
+            .args(["ls", "--cache-dir"])
+            .arg(&cache)
+            .output()
+            .unwrap();
+        assert!(
+            String::from_utf8_lossy(&text.stdout)
+                .contains("(unknown: the cache index was rebuilt)"),
+            "{}",
+            String::from_utf8_lossy(&text.stdout)
+        );
         // A pinned pull finds its module without its source.
         let src = dir.path().join("one.wasm");
         std::fs::remove_file(&src).unwrap();

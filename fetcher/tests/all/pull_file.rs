@@ -80,6 +80,18 @@ fn a_wasm_component_is_refused_by_name() {
 }
 
 #[test]
+fn an_endless_device_is_refused_at_its_first_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let url = "file:///dev/zero";
+    let (o, _) = run_within(
+        fetcher().args(["pull", url, "--cache-dir"]).arg(&cache),
+        std::time::Duration::from_secs(20),
+    );
+    assert_failed(&o, &cache, url, "not a Wasm module");
+}
+
+#[test]
 fn a_missing_file_fails_and_caches_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");

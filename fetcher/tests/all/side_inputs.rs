@@ -74,6 +74,33 @@ fn an_oversized_pull_secret_is_refused_before_it_is_read() {
 }
 
 #[test]
+fn the_default_docker_config_is_read_with_the_same_limit_and_named_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let config = dir.path().join("config.json");
+    std::fs::File::create(&config)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
+    let (o, _) = run_within(
+        fetcher()
+            .env("DOCKER_CONFIG", dir.path())
+            .args(["pull", OCI_URL, "--cache-dir"])
+            .arg(&cache),
+        Duration::from_secs(20),
+    );
+    assert_failed(
+        &o,
+        &cache,
+        OCI_URL,
+        &format!(
+            "cannot read Docker config {}: larger than the limit of 1048576 bytes",
+            config.display()
+        ),
+    );
+}
+
+#[test]
 fn a_ca_file_that_is_not_a_regular_file_or_holds_no_certificate_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
