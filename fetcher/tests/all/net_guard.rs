@@ -132,16 +132,22 @@ fn redirects_to_file_without_location_or_from_https_to_http_are_refused() {
             ),
         ),
         ("/nowhere", Behaviour::Respond(302, vec![], vec![])),
+        (
+            "/loop",
+            Behaviour::Respond(302, vec![("location".into(), "/loop".into())], vec![]),
+        ),
         ("/m.wasm", Behaviour::Ok(module("downgraded"))),
     ]);
     let dir = tempfile::tempdir().unwrap();
     for (path, words) in [
         ("/to-file", "refused redirect to file:///etc/passwd"),
         ("/nowhere", "redirect without Location"),
+        ("/loop", "more than 10 redirects"),
     ] {
         let url = plain.url(path);
         assert_failed(&pull(dir.path(), &[&url]), dir.path(), &url, words);
-        assert_eq!(plain.hits(path), 1, "{path} was retried");
+        let expected = if path == "/loop" { 11 } else { 1 };
+        assert_eq!(plain.hits(path), expected, "{path} was retried");
     }
     let tls = TlsServer::start(&format!(
         "HTTP/1.1 302 Found\r\nlocation: {}\r\n",
@@ -189,7 +195,7 @@ fn a_token_realm_at_a_blocked_address_gets_no_request() {
 }
 
 #[test]
-fn an_https_registry_may_not_send_credentials_to_an_http_realm() {
+fn an_https_registry_may_not_name_an_http_realm() {
     let realm_server = Server::start(vec![]);
     let realm: &'static str = Box::leak(realm_server.url("/token").into_boxed_str());
     let reg = Registry::start_with(Options {
