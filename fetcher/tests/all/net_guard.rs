@@ -87,6 +87,17 @@ fn through_a_proxy_a_blocked_literal_is_refused_before_the_proxy_is_asked() {
         "the proxy was asked: {:?}",
         proxy.seen()
     );
+    // A proxy at a blocked address is not dialled either.
+    let blocked_proxy = Server::start_on("127.0.0.2", vec![]);
+    let named = "http://wasm-modules.invalid/filter.wasm";
+    let o = through_proxy(&blocked_proxy.base)
+        .env("BLOCKED_CIDRS_IN_WASM_FETCH", "127.0.0.2/32")
+        .args(["pull", named, "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_failed(&o, dir.path(), named, "blocked address: 127.0.0.2");
+    assert_eq!(blocked_proxy.connections(), 0);
     // Unblocked, the request does go to the proxy (which answers 404 for it).
     let o = through_proxy(&proxy.base)
         .args(["pull", url, "--cache-dir"])
