@@ -381,9 +381,9 @@ pub fn send_error(
             per_attempt,
         };
     }
-    let message = crate::error::chain(&e);
-    crate::error::untrusted_certificate(registry, &message)
-        .unwrap_or(FetchError::Registry { message })
+    crate::error::untrusted_certificate(registry, &e).unwrap_or_else(|| FetchError::Registry {
+        message: crate::error::chain(&e),
+    })
 }
 
 /// A bearer challenge's realm, as Istio checks it: an absolute `https` URL (`http` only when
