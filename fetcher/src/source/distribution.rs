@@ -351,7 +351,10 @@ impl Distribution {
                 .errors
                 .iter()
                 .take(3)
-                .map(|e| format!("{:?}: {}", e.code, e.message))
+                .map(|e| {
+                    let message: String = e.message.chars().take(200).collect();
+                    format!("{:?}: {message}", e.code)
+                })
                 .collect::<Vec<_>>()
                 .join("; "),
             None => String::from_utf8_lossy(&text)
