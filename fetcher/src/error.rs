@@ -111,11 +111,30 @@ pub fn chain(e: &dyn std::error::Error) -> String {
     message
 }
 
-/// A TLS verification failure in an error chain, as its own error naming the way out.
-pub fn untrusted_certificate(host: &str, chain: &str) -> Option<FetchError> {
-    let at = chain.find("invalid peer certificate")?;
-    Some(FetchError::UntrustedCertificate {
-        host: host.to_string(),
-        detail: chain[at..].to_string(),
-    })
+/// The TLS error inside a transport error, wherever the layers put it: hyper and tokio wrap it
+/// in an `io::Error`, whose `source` skips what it holds.
+pub fn tls_error_in<'a>(e: &'a (dyn std::error::Error + 'static)) -> Option<&'a rustls::Error> {
+    if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+        return Some(tls);
+    }
+    let held = e
+        .downcast_ref::<std::io::Error>()
+        .and_then(|io| io.get_ref())
+        .map(|inner| inner as &(dyn std::error::Error + 'static));
+    held.and_then(tls_error_in)
+        .or_else(|| e.source().and_then(tls_error_in))
+}
+
+/// A certificate verification failure in an error chain, as its own error naming the way out.
+pub fn untrusted_certificate(
+    host: &str,
+    e: &(dyn std::error::Error + 'static),
+) -> Option<FetchError> {
+    match tls_error_in(e)? {
+        tls @ rustls::Error::InvalidCertificate(_) => Some(FetchError::UntrustedCertificate {
+            host: host.to_string(),
+            detail: tls.to_string(),
+        }),
+        _ => None,
+    }
 }

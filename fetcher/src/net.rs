@@ -18,6 +18,39 @@ pub enum Deadline {
     PerRead(Duration),
 }
 
+/// The proxy variables reqwest reads from the environment.
+const PROXY_VARS: [&str; 6] = [
+    "HTTP_PROXY",
+    "http_proxy",
+    "HTTPS_PROXY",
+    "https_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+];
+
+/// A proxy named by an address the guard refuses. A proxy's host name goes through the
+/// resolver like any other; an address literal would be dialled without it.
+pub fn blocked_proxy(
+    var: impl Fn(&str) -> Option<String>,
+    listed: &[ipnet::IpNet],
+) -> Result<(), guard::Refusal> {
+    for name in PROXY_VARS {
+        let Some(value) = var(name).filter(|v| !v.trim().is_empty()) else {
+            continue;
+        };
+        let value = value.trim();
+        let with_scheme = if value.contains("://") {
+            value.to_string()
+        } else {
+            format!("http://{value}")
+        };
+        if let Ok(url) = url::Url::parse(&with_scheme) {
+            guard::check_url(&url, listed)?;
+        }
+    }
+    Ok(())
+}
+
 /// A client with the guard, `--ca-file` roots and, when `insecure`, no certificate checks.
 pub fn client(
     settings: &Settings,
@@ -25,6 +58,7 @@ pub fn client(
     deadline: Deadline,
 ) -> Result<reqwest::Client, FetchError> {
     crate::tls::ensure_provider();
+    blocked_proxy(|name| std::env::var(name).ok(), &settings.blocked_cidrs)?;
     let dns_deadline = match deadline {
         Deadline::Total(d) | Deadline::PerRead(d) => d,
     };
@@ -122,5 +156,37 @@ fn read_error(e: reqwest::Error, what: &str) -> FetchError {
     FetchError::Network {
         attempts: 1,
         message: format!("reading the {what}: {}", crate::error::chain(&e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_proxy_at_a_blocked_literal_is_refused() {
+        let env = |vars: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                vars.iter()
+                    .find(|(n, _)| *n == name)
+                    .map(|(_, v)| v.to_string())
+            }
+        };
+        let listed = crate::guard::parse_cidrs("10.0.0.0/8").unwrap();
+        assert!(blocked_proxy(env(&[]), &listed).is_ok());
+        assert!(blocked_proxy(env(&[("HTTP_PROXY", "http://proxy.corp:3128")]), &listed).is_ok());
+        assert!(blocked_proxy(env(&[("https_proxy", "192.168.1.1:3128")]), &listed).is_ok());
+        for (name, value) in [
+            ("HTTP_PROXY", "http://169.254.169.254:80"),
+            ("https_proxy", "10.1.2.3:3128"),
+            ("ALL_PROXY", "socks5://[fe80::1]:1080"),
+        ] {
+            let vars: &'static [(&str, &str)] = Box::leak(Box::new([(name, value)]));
+            let e = blocked_proxy(env(vars), &listed).unwrap_err();
+            assert!(
+                e.to_string().starts_with("blocked address"),
+                "{name}={value}: {e}"
+            );
+        }
     }
 }

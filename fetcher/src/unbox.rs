@@ -156,3 +156,72 @@ pub fn unbox(cache: &Cache, mut staging: Staging) -> Result<Staging, FetchError>
     }
     Ok(staging)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tar_gz(entries: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
+        for (name, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_cksum();
+            b.append_data(&mut h, name, *data).unwrap();
+        }
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    fn extract(layer: &[u8], limit: u64) -> (tempfile::TempDir, Result<Vec<u8>, FetchError>) {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let mut staging = cache.staging(limit).unwrap();
+        staging.write(layer).unwrap();
+        let out = extract_plugin_wasm(
+            &cache,
+            staging,
+            "application/vnd.oci.image.layer.v1.tar+gzip",
+        )
+        .and_then(|mut s| {
+            let mut v = Vec::new();
+            s.reopen()?.read_to_end(&mut v)?;
+            Ok(v)
+        });
+        (dir, out)
+    }
+
+    fn tmp_files(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("tmp")).unwrap().count()
+    }
+
+    #[test]
+    fn plugin_wasm_is_found_among_other_entries() {
+        let m = b"\0asm\x01\0\0\0module";
+        let layer = tar_gz(&[("etc/other", b"x"), ("./plugin.wasm", m)]);
+        let (dir, out) = extract(&layer, 1 << 20);
+        assert_eq!(out.unwrap(), m);
+        assert_eq!(tmp_files(dir.path()), 0, "a staging file was left behind");
+    }
+
+    #[test]
+    fn a_bomb_before_plugin_wasm_stops_at_the_expansion_limit() {
+        let zeros = vec![0u8; 64 * 1024];
+        let layer = tar_gz(&[("padding", &zeros), ("plugin.wasm", b"\0asm\x01\0\0\0")]);
+        // 64 KiB of padding against a 4 KiB limit: 16 KiB may be decompressed, no more.
+        let (dir, out) = extract(&layer, 4096);
+        assert!(
+            matches!(out, Err(FetchError::TooLarge { limit: 4096 })),
+            "{out:?}"
+        );
+        assert_eq!(tmp_files(dir.path()), 0);
+        let (_, out) = extract(&tar_gz(&[("a", b"x")]), 4096);
+        let e = out.unwrap_err().to_string();
+        assert!(e.contains("without plugin.wasm"), "{e}");
+        let (_, out) = extract(b"\x1f\x8bnot really gzip", 4096);
+        let e = out.unwrap_err().to_string();
+        assert!(e.contains("not a valid tar.gz"), "{e}");
+    }
+}

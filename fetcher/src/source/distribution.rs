@@ -351,7 +351,10 @@ impl Distribution {
                 .errors
                 .iter()
                 .take(3)
-                .map(|e| format!("{:?}: {}", e.code, e.message))
+                .map(|e| {
+                    let message: String = e.message.chars().take(200).collect();
+                    format!("{:?}: {message}", e.code)
+                })
                 .collect::<Vec<_>>()
                 .join("; "),
             None => String::from_utf8_lossy(&text)
@@ -381,9 +384,9 @@ pub fn send_error(
             per_attempt,
         };
     }
-    let message = crate::error::chain(&e);
-    crate::error::untrusted_certificate(registry, &message)
-        .unwrap_or(FetchError::Registry { message })
+    crate::error::untrusted_certificate(registry, &e).unwrap_or_else(|| FetchError::Registry {
+        message: crate::error::chain(&e),
+    })
 }
 
 /// A bearer challenge's realm, as Istio checks it: an absolute `https` URL (`http` only when

@@ -82,12 +82,11 @@ fn classify(e: reqwest::Error, host: &str, settings: &Settings) -> Attempt {
             per_attempt: settings.http_timeout,
         });
     }
-    let message = crate::error::chain(&e);
-    match crate::error::untrusted_certificate(host, &message) {
+    match crate::error::untrusted_certificate(host, &e) {
         Some(untrusted) => Attempt::Final(untrusted),
         None => Attempt::Retry(FetchError::Network {
             attempts: 1,
-            message,
+            message: crate::error::chain(&e),
         }),
     }
 }

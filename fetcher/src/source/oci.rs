@@ -99,10 +99,10 @@ impl Transport {
 /// connection.
 fn other_protocol(scheme: Scheme, failure: &PingFailure) -> bool {
     match (scheme, failure) {
-        (Scheme::Https, PingFailure::Send(e)) => {
-            let text = crate::error::chain(e);
-            text.contains("InvalidContentType") || text.contains("corrupt message")
-        }
+        (Scheme::Https, PingFailure::Send(e)) => matches!(
+            crate::error::tls_error_in(e),
+            Some(rustls::Error::InvalidMessage(_))
+        ),
         (Scheme::Http, PingFailure::BadRequest) => true,
         (Scheme::Http, PingFailure::Send(e)) => !e.is_timeout(),
         _ => false,

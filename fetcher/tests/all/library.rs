@@ -81,12 +81,6 @@ fn library_errors_are_typed() {
 #[test]
 fn a_guard_refusal_is_a_typed_error_naming_the_rule() {
     let server = Server::start_on("127.0.0.2", vec![("/m.wasm", Behaviour::Ok(module("x")))]);
-    let dir = tempfile::tempdir().unwrap();
-    let cache = Cache::open(dir.path()).unwrap();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
     let settings = Settings {
         blocked_cidrs: vec!["127.0.0.0/30".parse().unwrap()],
         ..Settings::default()
@@ -95,7 +89,8 @@ fn a_guard_refusal_is_a_typed_error_naming_the_rule() {
         url: server.url("/m.wasm"),
         ..Default::default()
     };
-    let e = rt.block_on(pull(&req, &cache, &settings)).unwrap_err();
+    let dir = tempfile::tempdir().unwrap();
+    let e = pull_in(dir.path(), &req, &settings).unwrap_err();
     use wasm_fetcher::guard::{Refusal, Rule};
     assert!(
         matches!(
@@ -106,4 +101,18 @@ fn a_guard_refusal_is_a_typed_error_naming_the_rule() {
         "{e:?}"
     );
     assert_eq!(server.connections(), 0);
+}
+
+/// One pull through the library into the cache at `dir`, on a runtime of its own.
+fn pull_in(
+    dir: &std::path::Path,
+    req: &PullRequest,
+    settings: &Settings,
+) -> Result<wasm_fetcher::Pulled, wasm_fetcher::FetchError> {
+    let cache = Cache::open(dir).unwrap();
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(pull(req, &cache, settings))
 }

@@ -87,6 +87,17 @@ fn through_a_proxy_a_blocked_literal_is_refused_before_the_proxy_is_asked() {
         "the proxy was asked: {:?}",
         proxy.seen()
     );
+    // A proxy at a blocked address is not dialled either.
+    let blocked_proxy = Server::start_on("127.0.0.2", vec![]);
+    let named = "http://wasm-modules.invalid/filter.wasm";
+    let o = through_proxy(&blocked_proxy.base)
+        .env("BLOCKED_CIDRS_IN_WASM_FETCH", "127.0.0.2/32")
+        .args(["pull", named, "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert_failed(&o, dir.path(), named, "blocked address: 127.0.0.2");
+    assert_eq!(blocked_proxy.connections(), 0);
     // Unblocked, the request does go to the proxy (which answers 404 for it).
     let o = through_proxy(&proxy.base)
         .args(["pull", url, "--cache-dir"])
@@ -132,16 +143,22 @@ fn redirects_to_file_without_location_or_from_https_to_http_are_refused() {
             ),
         ),
         ("/nowhere", Behaviour::Respond(302, vec![], vec![])),
+        (
+            "/loop",
+            Behaviour::Respond(302, vec![("location".into(), "/loop".into())], vec![]),
+        ),
         ("/m.wasm", Behaviour::Ok(module("downgraded"))),
     ]);
     let dir = tempfile::tempdir().unwrap();
     for (path, words) in [
         ("/to-file", "refused redirect to file:///etc/passwd"),
         ("/nowhere", "redirect without Location"),
+        ("/loop", "more than 10 redirects"),
     ] {
         let url = plain.url(path);
         assert_failed(&pull(dir.path(), &[&url]), dir.path(), &url, words);
-        assert_eq!(plain.hits(path), 1, "{path} was retried");
+        let expected = if path == "/loop" { 11 } else { 1 };
+        assert_eq!(plain.hits(path), expected, "{path} was retried");
     }
     let tls = TlsServer::start(&format!(
         "HTTP/1.1 302 Found\r\nlocation: {}\r\n",
@@ -189,7 +206,7 @@ fn a_token_realm_at_a_blocked_address_gets_no_request() {
 }
 
 #[test]
-fn an_https_registry_may_not_send_credentials_to_an_http_realm() {
+fn an_https_registry_may_not_name_an_http_realm() {
     let realm_server = Server::start(vec![]);
     let realm: &'static str = Box::leak(realm_server.url("/token").into_boxed_str());
     let reg = Registry::start_with(Options {

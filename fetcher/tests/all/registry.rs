@@ -352,3 +352,24 @@ fn a_registry_that_never_answers_times_out_within_the_timeout() {
         start.elapsed()
     );
 }
+
+#[test]
+fn a_plain_http_registry_listed_insecure_is_reached_after_the_tls_attempt() {
+    let reg = Registry::start(false);
+    let m = module("insecure-plain");
+    reg.push(
+        "plain/filter:1.0",
+        vec![(WASM, m.clone())],
+        CNCF_CONFIG,
+        &RegistryAuth::Anonymous,
+    );
+    let url = format!("oci://{}/plain/filter:1.0", reg.host);
+    let dir = tempfile::tempdir().unwrap();
+    let o = pull_env(
+        dir.path(),
+        &[("WASM_INSECURE_REGISTRIES", reg.host.as_str())],
+        &[&url],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(std::fs::read(stdout_path(&o)).unwrap(), m);
+}
