@@ -462,3 +462,26 @@ fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
         "{stored} values stored"
     );
 }
+
+#[test]
+fn a_guest_adding_headers_in_a_loop_is_refused_at_the_map_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("header-flood.wat"), None, |_| {});
+    let mut p = proxy(&b, 1);
+    let ex = p
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    let lines: Vec<String> = p.logs().iter().map(ToString::to_string).collect();
+    assert!(
+        lines.iter().any(|l| l.contains("header refused")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("would pass the harness's limit of 8192 entries or 16777216 bytes")),
+        "{lines:?}"
+    );
+    let seen = ex.upstream.unwrap().headers;
+    let flood = seen.iter().filter(|(k, _)| k == "x-flood").count();
+    assert!((8000..=8192).contains(&flood), "{flood} x-flood headers");
+}
