@@ -1,7 +1,8 @@
 //! The HTTP vocabulary shared by the harness, the scenario runner and the real-Envoy runner:
 //! a request as a client sends it, what the upstream saw, what the client got back.
 
-use serde::Serialize;
+use serde::ser::{SerializeMap, SerializeSeq};
+use serde::{Serialize, Serializer};
 
 use crate::host::HeaderMap;
 
@@ -14,10 +15,14 @@ pub struct Request {
     /// Regular headers (no pseudo-headers), names lower-cased.
     pub headers: HeaderMap,
     /// The body, arriving as one chunk.
+    #[serde(serialize_with = "bytes_as_text")]
     pub body: Vec<u8>,
     /// More of the body, arriving chunk by chunk after `body` (each is one
     /// `on_http_request_body` call at the first filter).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "chunks_as_text"
+    )]
     pub body_chunks: Vec<Vec<u8>>,
     /// Trailers after the body (as an HTTP/2 client or a gRPC call sends them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
@@ -64,6 +69,39 @@ impl Request {
     }
 }
 
+/// Bytes in a report: the text when it is UTF-8 (bodies nearly always are), else
+/// `{"base64": "..."}`. As an array of numbers, a body would take four to five bytes of JSON
+/// per byte, and a large one gigabytes.
+pub fn bytes_as_text<T: AsRef<[u8]>, S: Serializer>(bytes: &T, s: S) -> Result<S::Ok, S::Error> {
+    BytesAsText(bytes.as_ref()).serialize(s)
+}
+
+/// Body chunks in a report, each as [`bytes_as_text`] writes it.
+pub fn chunks_as_text<S: Serializer>(chunks: &[Vec<u8>], s: S) -> Result<S::Ok, S::Error> {
+    let mut seq = s.serialize_seq(Some(chunks.len()))?;
+    for c in chunks {
+        seq.serialize_element(&BytesAsText(c))?;
+    }
+    seq.end()
+}
+
+struct BytesAsText<'a>(&'a [u8]);
+
+impl Serialize for BytesAsText<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match std::str::from_utf8(self.0) {
+            Ok(text) => s.serialize_str(text),
+            Err(_) => {
+                use base64::Engine as _;
+                let mut map = s.serialize_map(Some(1))?;
+                let encoded = base64::engine::general_purpose::STANDARD.encode(self.0);
+                map.serialize_entry("base64", &encoded)?;
+                map.end()
+            }
+        }
+    }
+}
+
 fn chunks(body: &[u8], more: &[Vec<u8>]) -> Vec<Vec<u8>> {
     std::iter::once(body)
         .filter(|b| !b.is_empty())
@@ -77,9 +115,13 @@ fn chunks(body: &[u8], more: &[Vec<u8>]) -> Vec<Vec<u8>> {
 pub struct UpstreamReply {
     pub status: u16,
     pub headers: HeaderMap,
+    #[serde(serialize_with = "bytes_as_text")]
     pub body: Vec<u8>,
     /// More of the body, chunk by chunk after `body`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "chunks_as_text"
+    )]
     pub body_chunks: Vec<Vec<u8>>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub trailers: HeaderMap,
@@ -118,6 +160,7 @@ pub struct SeenRequest {
     pub cluster: String,
     /// All headers including pseudo-headers (`:method`, `:path`, `:authority`).
     pub headers: HeaderMap,
+    #[serde(serialize_with = "bytes_as_text")]
     pub body: Vec<u8>,
     /// Request trailers as the router forwards them (an HTTP/1.1 upstream drops them unless
     /// the cluster enables trailers; not compared with real Envoy).
@@ -146,6 +189,7 @@ pub enum LocalReplySource {
 pub struct Response {
     pub status: u16,
     pub headers: HeaderMap,
+    #[serde(serialize_with = "bytes_as_text")]
     pub body: Vec<u8>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub trailers: HeaderMap,
@@ -247,7 +291,24 @@ pub struct CallRecord {
     /// (`/service/method`), then the initial metadata.
     pub headers: HeaderMap,
     /// HTTP: the request body. gRPC: the request message.
+    #[serde(serialize_with = "bytes_as_text")]
     pub body: Vec<u8>,
     /// What answered: `canned reply 200`, `upstream 127.0.0.1:8081: 200`, `reset`, ...
     pub answer: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bodies_are_text_in_reports_and_base64_when_not_utf8() {
+        let reply = UpstreamReply {
+            body_chunks: vec![vec![0xff, 0x00]],
+            ..UpstreamReply::new(200).body("hello")
+        };
+        let json = serde_json::to_value(&reply).unwrap();
+        assert_eq!(json["body"], "hello");
+        assert_eq!(json["body_chunks"][0]["base64"], "/wA=");
+    }
 }

@@ -1,5 +1,6 @@
 //! `wasm-harness`: run proxy-wasm scenarios in the harness, or against real Envoy too.
 
+use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -104,28 +105,66 @@ fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, json: boo
         None
     };
     for path in scenarios {
-        let (verdict, value, text) = match &envoy_bin {
-            Some(bin) => {
-                let r = diff::run_differential(bin, path, opts);
-                (r.verdict, serde_json::to_value(&r), r.to_string())
-            }
-            None => {
-                let r = run::run_scenario(path, opts);
-                (r.verdict, serde_json::to_value(&r), r.to_string())
-            }
+        let report = match &envoy_bin {
+            Some(bin) => Report::Differential(diff::run_differential(bin, path, opts)),
+            None => Report::Harness(run::run_scenario(path, opts)),
         };
-        worst = worst.max(verdict);
+        worst = worst.max(report.verdict());
         if json {
-            reports.push(value.unwrap_or_default());
+            reports.push(report);
         } else {
-            print!("{text}");
+            print!("{report}");
         }
     }
     if json {
-        let out = serde_json::json!({"verdict": worst, "scenarios": reports});
-        println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+        // Written straight to stdout, with no JSON value built first: a report holding a large
+        // body would take many times its size as a `serde_json::Value`.
+        let out = JsonReport {
+            verdict: worst,
+            scenarios: reports,
+        };
+        let mut stdout = std::io::stdout().lock();
+        let written = serde_json::to_writer_pretty(&mut stdout, &out)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(stdout));
+        if let Err(e) = written {
+            eprintln!("wasm-harness: cannot write the JSON report: {e}");
+            return Verdict::CannotStart;
+        }
     }
     worst
+}
+
+/// One scenario's report, from the harness alone or compared with real Envoy.
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Report {
+    Harness(run::ScenarioReport),
+    Differential(diff::DiffReport),
+}
+
+impl Report {
+    fn verdict(&self) -> Verdict {
+        match self {
+            Report::Harness(r) => r.verdict,
+            Report::Differential(r) => r.verdict,
+        }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Report::Harness(r) => r.fmt(f),
+            Report::Differential(r) => r.fmt(f),
+        }
+    }
+}
+
+#[derive(serde::Serialize)]
+struct JsonReport {
+    verdict: Verdict,
+    scenarios: Vec<Report>,
 }
 
 fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {

@@ -420,11 +420,28 @@ impl std::fmt::Display for ScenarioReport {
     }
 }
 
+/// The first 60 characters of a body, for a report line (cut on a character boundary).
 fn summary_body(body: &[u8]) -> String {
     let text = String::from_utf8_lossy(body);
-    if text.len() > 60 {
-        format!("{:?}...", &text[..60])
-    } else {
-        format!("{text:?}")
+    match text.char_indices().nth(60) {
+        Some((cut, _)) => format!("{:?}...", &text[..cut]),
+        None => format!("{text:?}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_summary_never_cuts_a_character() {
+        let body = format!("a{}", "\u{20ac}".repeat(100));
+        assert_eq!(
+            summary_body(body.as_bytes()),
+            format!("{:?}...", format!("a{}", "\u{20ac}".repeat(59)))
+        );
+        assert_eq!(summary_body(b"short"), "\"short\"");
+        let replaced = summary_body(&[0xff; 70]);
+        assert_eq!(replaced.chars().filter(|c| *c == '\u{fffd}').count(), 60);
     }
 }

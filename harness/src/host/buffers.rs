@@ -7,17 +7,18 @@ use wasmtime::{Caller, Linker};
 use super::{finish, memory, ContextKind, HostError, HostState};
 use crate::abi::{BufferType, Status};
 
-/// A copy of the buffer's bytes, or the status Envoy gives when it has none to offer.
-fn buffer_bytes(state: &HostState, ty: BufferType) -> Result<Vec<u8>, Status> {
+/// The buffer's bytes, borrowed (a guest reading a large body piece by piece costs a copy
+/// of each piece, not of the body), or the status Envoy gives when it has none to offer.
+fn buffer_bytes(state: &HostState, ty: BufferType) -> Result<&[u8], Status> {
     let id = state.context_id();
     match ty {
-        BufferType::VmConfiguration => Ok(state.vm_configuration.as_ref().clone()),
+        BufferType::VmConfiguration => Ok(state.vm_configuration.as_slice()),
         BufferType::PluginConfiguration => {
             let root = state.root_of(id);
             match (root, state.configuring) {
                 (Some(r), Some(c)) if r == c => state
                     .plugin_of(id)
-                    .map(|p| p.configuration.clone())
+                    .map(|p| p.configuration.as_slice())
                     .ok_or(Status::NotFound),
                 _ => Err(Status::NotFound),
             }
@@ -25,22 +26,22 @@ fn buffer_bytes(state: &HostState, ty: BufferType) -> Result<Vec<u8>, Status> {
         BufferType::HttpRequestBody | BufferType::HttpResponseBody => {
             let s = state.http_stream_ref().ok_or(Status::NotFound)?;
             Ok(if ty == BufferType::HttpRequestBody {
-                s.request_body.clone()
+                &s.request_body
             } else {
-                s.response_body.clone()
+                &s.response_body
             })
         }
         BufferType::DownstreamData | BufferType::UpstreamData => match state.contexts.get(&id) {
             Some(ContextKind::Tcp(s)) => Ok(if ty == BufferType::DownstreamData {
-                s.downstream_data.clone()
+                &s.downstream_data
             } else {
-                s.upstream_data.clone()
+                &s.upstream_data
             }),
             _ => Err(Status::NotFound),
         },
         BufferType::HttpCallResponseBody | BufferType::GrpcReceiveBuffer => {
             super::callouts::current_response(state)
-                .map(|r| r.body.clone())
+                .map(|r| r.body.as_slice())
                 .ok_or(Status::NotFound)
         }
         _ => Err(Status::NotFound),
@@ -78,14 +79,14 @@ fn proxy_get_buffer_bytes(
         let bytes = buffer_bytes(caller.data(), ty)?;
         let start = start as u32 as usize;
         let slice = if start >= bytes.len() {
-            &[][..]
+            Vec::new()
         } else {
             let end = start
                 .saturating_add(max_size as u32 as usize)
                 .min(bytes.len());
-            &bytes[start..end]
+            bytes[start..end].to_vec()
         };
-        memory::copy_out(&mut caller, slice, ret_ptr, ret_size)
+        memory::copy_out(&mut caller, &slice, ret_ptr, ret_size)
     })())
 }
 
@@ -103,6 +104,10 @@ fn proxy_get_buffer_status(
         memory::write_u32(&mut caller, ret_flags, 0)
     })())
 }
+
+/// The most a guest may grow a body or connection buffer to with `proxy_set_buffer_bytes`:
+/// the size of the largest memory a guest has, so no guest could read more in one piece.
+pub const MAX_BUFFER_BYTES: usize = crate::vm::MAX_MEMORY_BYTES;
 
 /// Envoy's `Buffer::copyFrom` rules for `proxy_set_buffer_bytes`.
 pub fn apply_set(buf: &mut Vec<u8>, start: usize, size: usize, data: &[u8]) -> Result<(), Status> {
@@ -128,6 +133,21 @@ fn proxy_set_buffer_bytes(
 ) -> wasmtime::Result<i32> {
     finish((|| {
         let ty = BufferType::from_raw(ty).ok_or(Status::BadArgument)?;
+        let adding = memory::check(&caller, data_ptr, data_size)?;
+        if buffer_bytes(caller.data(), ty)
+            .map_or(0, <[u8]>::len)
+            .saturating_add(adding)
+            > MAX_BUFFER_BYTES
+        {
+            super::logging::record(
+                caller.data(),
+                crate::abi::LogLevel::Critical,
+                format!(
+                    "proxy_set_buffer_bytes: adding {adding} bytes would take the {ty:?} buffer past the harness's limit of {MAX_BUFFER_BYTES} bytes: refused (BadArgument)"
+                ),
+            );
+            return Err(Status::BadArgument.into());
+        }
         let data = memory::read(&caller, data_ptr, data_size)?;
         let state = caller.data_mut();
         let id = state.context_id();

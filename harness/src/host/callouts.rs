@@ -60,6 +60,8 @@ pub struct PendingCall {
     pub receiver: Receiver,
     pub token: u32,
     pub request: CallRequest,
+    /// Bytes held for it against [`super::held::MAX_HELD_BYTES`] until it is answered.
+    pub held: usize,
 }
 
 /// Calls waiting for the proxy to answer, oldest first, from every VM.
@@ -111,8 +113,24 @@ pub fn current_response(state: &HostState) -> Option<&CallResponse> {
     (state.root_of(state.context_id()) == Some(r.root)).then_some(r)
 }
 
+/// Runs `make` (which reads and starts a call) with the `size` bytes it reads from the guest
+/// held for the call; a call that does not start gives them back.
+fn holding(
+    caller: &mut Caller<'_, HostState>,
+    size: usize,
+    what: &str,
+    make: impl FnOnce(&mut Caller<'_, HostState>) -> Result<(), super::HostError>,
+) -> Result<(), super::HostError> {
+    super::held::hold(caller.data(), size, what)?;
+    let made = make(caller);
+    if made.is_err() {
+        caller.data().shared.held.release(size);
+    }
+    made
+}
+
 /// Registers a call on the owning root and on the proxy's pending list; returns its token.
-fn start(caller: &mut Caller<'_, HostState>, kind: u32, request: CallRequest) -> u32 {
+fn start(caller: &mut Caller<'_, HostState>, kind: u32, request: CallRequest, held: usize) -> u32 {
     let state = caller.data_mut();
     let root = state
         .root_of(state.context_id())
@@ -133,6 +151,7 @@ fn start(caller: &mut Caller<'_, HostState>, kind: u32, request: CallRequest) ->
             receiver,
             token,
             request,
+            held,
         });
     state
         .shared
@@ -159,12 +178,25 @@ fn proxy_http_call(
     timeout_ms: i32,
     ret_token: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
-        let cluster = memory::read_string(&caller, up_ptr, up_size)?;
-        let mut headers = abi::decode_pairs(&memory::read(&caller, h_ptr, h_size)?);
-        let body = memory::read(&caller, b_ptr, b_size)?;
-        let trailers = abi::decode_pairs(&memory::read(&caller, t_ptr, t_size)?);
-        memory::write_u32(&mut caller, ret_token, 0)?;
+    let size = [
+        (up_ptr, up_size),
+        (h_ptr, h_size),
+        (b_ptr, b_size),
+        (t_ptr, t_size),
+    ]
+    .into_iter()
+    .map(|(p, n)| memory::check(&caller, p, n))
+    .sum::<Result<usize, _>>();
+    let size = match size {
+        Ok(size) => size,
+        Err(e) => return finish(Err(e)),
+    };
+    finish(holding(&mut caller, size, "proxy_http_call", |caller| {
+        let cluster = memory::read_string(caller, up_ptr, up_size)?;
+        let mut headers = abi::decode_pairs(&memory::read(caller, h_ptr, h_size)?);
+        let body = memory::read(caller, b_ptr, b_size)?;
+        let trailers = abi::decode_pairs(&memory::read(caller, t_ptr, t_size)?);
+        memory::write_u32(caller, ret_token, 0)?;
         if timeout_ms < 0 || !caller.data().clusters.contains(&cluster) {
             return Err(Status::BadArgument.into());
         }
@@ -199,9 +231,9 @@ fn proxy_http_call(
             trailers,
             timeout: timeout(timeout_ms),
         };
-        let token = start(&mut caller, HTTP_CALL, request);
-        memory::write_u32(&mut caller, ret_token, token)
-    })())
+        let token = start(caller, HTTP_CALL, request, size);
+        memory::write_u32(caller, ret_token, token)
+    }))
 }
 
 /// The parts of a gRPC call both `proxy_grpc_call` and `proxy_grpc_stream` read.
@@ -253,17 +285,31 @@ fn proxy_grpc_call(
     timeout_ms: i32,
     ret_token: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
-        let message = memory::read(&caller, msg, msg_size)?;
+    let size = [
+        (up, up_size),
+        (svc, svc_size),
+        (method, method_size),
+        (md, md_size),
+        (msg, msg_size),
+    ]
+    .into_iter()
+    .map(|(p, n)| memory::check(&caller, p, n))
+    .sum::<Result<usize, _>>();
+    let size = match size {
+        Ok(size) => size,
+        Err(e) => return finish(Err(e)),
+    };
+    finish(holding(&mut caller, size, "proxy_grpc_call", |caller| {
+        let message = memory::read(caller, msg, msg_size)?;
         let t = grpc_target(
-            &caller,
+            caller,
             (up, up_size),
             (svc, svc_size),
             (method, method_size),
             (md, md_size),
         )?;
         // Validate the token pointer before starting anything.
-        memory::write_u32(&mut caller, ret_token, 0)?;
+        memory::write_u32(caller, ret_token, 0)?;
         let request = CallRequest::Grpc {
             cluster: t.cluster,
             service: t.service,
@@ -272,9 +318,9 @@ fn proxy_grpc_call(
             message,
             timeout: timeout(timeout_ms),
         };
-        let token = start(&mut caller, GRPC_CALL, request);
-        memory::write_u32(&mut caller, ret_token, token)
-    })())
+        let token = start(caller, GRPC_CALL, request, size);
+        memory::write_u32(caller, ret_token, token)
+    }))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -331,7 +377,7 @@ fn proxy_grpc_send(
     _end_stream: i32,
 ) -> wasmtime::Result<i32> {
     finish((|| {
-        memory::read(&caller, msg, msg_size)?;
+        memory::check(&caller, msg, msg_size)?;
         // Only stream tokens take messages, and no stream is ever open in the harness.
         if token as u32 % CALLOUT_INCREMENT != GRPC_STREAM {
             return Err(Status::BadArgument.into());

@@ -138,6 +138,46 @@ fn proxy_get_header_map_value(
     })())
 }
 
+/// The most entries a header map may reach through `proxy_add_header_map_value` /
+/// `proxy_replace_header_map_value` (Envoy's codecs allow 100 by default).
+pub const MAX_MAP_ENTRIES: usize = 8192;
+
+/// The most bytes of names and values such a map may reach.
+pub const MAX_MAP_BYTES: usize = 16 << 20;
+
+/// Edits of a small map with a small header are not counted byte by byte (the common case,
+/// on every request): such edits add at most this many entries of this size to what the
+/// full check allowed.
+const UNCOUNTED_ENTRIES: usize = 64;
+const UNCOUNTED_BYTES: usize = 4096;
+
+/// Refuses an edit that would take the map past [`MAX_MAP_ENTRIES`] or [`MAX_MAP_BYTES`]
+/// (give or take `UNCOUNTED_ENTRIES` small headers), saying so in the log: a guest adding
+/// headers in a loop must not exhaust the host.
+fn check_growth(
+    caller: &Caller<'_, HostState>,
+    ty: MapType,
+    adding: usize,
+) -> Result<(), super::HostError> {
+    let map = map_ref(caller.data(), ty).ok_or(Status::BadArgument)?;
+    if map.len() < UNCOUNTED_ENTRIES && adding <= UNCOUNTED_BYTES {
+        return Ok(());
+    }
+    let bytes: usize = map.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if map.len() < MAX_MAP_ENTRIES && bytes.saturating_add(adding) <= MAX_MAP_BYTES {
+        return Ok(());
+    }
+    super::logging::record(
+        caller.data(),
+        crate::abi::LogLevel::Critical,
+        format!(
+            "header map {ty:?} would pass the harness's limit of {MAX_MAP_ENTRIES} entries or {MAX_MAP_BYTES} bytes ({} entries, {bytes} bytes, adding {adding}): refused (BadArgument)",
+            map.len()
+        ),
+    );
+    Err(Status::BadArgument.into())
+}
+
 fn edit(
     caller: &mut Caller<'_, HostState>,
     ty: i32,
@@ -147,6 +187,9 @@ fn edit(
     op: fn(&mut HeaderMap, String, Vec<u8>),
 ) -> Result<(), super::HostError> {
     let ty = map_type(ty)?;
+    let adding =
+        memory::check(caller, key_ptr, key_size)? + memory::check(caller, value.0, value.1)?;
+    check_growth(caller, ty, adding)?;
     let key = memory::read_string(caller, key_ptr, key_size)?;
     let value = memory::read(caller, value.0, value.1)?;
     let map = map_mut(caller.data_mut(), ty).ok_or(Status::BadArgument)?;

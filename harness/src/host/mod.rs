@@ -8,6 +8,7 @@ pub mod buffers;
 pub mod callouts;
 pub mod foreign;
 pub mod headers;
+pub mod held;
 pub mod log_book;
 pub mod logging;
 pub mod memory;
@@ -41,6 +42,8 @@ pub struct Shared {
     pub clock: Mutex<time::VirtualClock>,
     pub data: Mutex<shared_data::SharedData>,
     pub queues: Mutex<queues::Queues>,
+    /// Bytes guests make the host hold (shared data, queued items, pending callouts).
+    pub held: held::Held,
     /// HTTP and gRPC callouts made and not yet answered, from every VM.
     pub calls: Mutex<callouts::PendingCalls>,
     /// Set whenever a queue notification or a callout is posted, so the proxy only takes

@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 
 use wasmtime::{Caller, Linker};
 
-use super::{finish, memory, shared_data::vm_id, HostState};
+use super::{finish, held, memory, shared_data::vm_id, HostState};
 use crate::abi::Status;
 
 /// Who gets a queue's notifications: a root context in one VM instance.
@@ -143,6 +143,16 @@ fn proxy_enqueue_shared_queue(
     value_size: i32,
 ) -> wasmtime::Result<i32> {
     finish((|| {
+        let size = memory::check(&caller, value_ptr, value_size)?;
+        let token = token as u32;
+        let known = (caller.data().shared.queues.lock())
+            .unwrap_or_else(|e| e.into_inner())
+            .by_token
+            .contains_key(&token);
+        if !known {
+            return Err(Status::NotFound.into());
+        }
+        held::hold(caller.data(), size, "proxy_enqueue_shared_queue")?;
         let value = memory::read(&caller, value_ptr, value_size)?;
         let mut queues = caller
             .data()
@@ -150,8 +160,10 @@ fn proxy_enqueue_shared_queue(
             .queues
             .lock()
             .unwrap_or_else(|e| e.into_inner());
-        let token = token as u32;
-        let q = queues.by_token.get_mut(&token).ok_or(Status::NotFound)?;
+        let Some(q) = queues.by_token.get_mut(&token) else {
+            caller.data().shared.held.release(size);
+            return Err(Status::NotFound.into());
+        };
         q.items.push_back(value);
         let receiver = q.receiver;
         queues.ready.push_back(Notification { receiver, token });
@@ -184,6 +196,7 @@ fn proxy_dequeue_shared_queue(
                 .ok_or(Status::NotFound)?;
             q.items.pop_front().ok_or(Status::Empty)?
         };
+        caller.data().shared.held.release(item.len());
         memory::copy_out(&mut caller, &item, ret_ptr, ret_size)
     })())
 }

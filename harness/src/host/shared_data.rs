@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use wasmtime::{Caller, Linker};
 
-use super::{finish, memory, HostState};
+use super::{finish, held, memory, HostState};
 use crate::abi::Status;
 
 #[derive(Debug)]
@@ -35,7 +35,15 @@ impl SharedData {
         self.by_vm.get(vm_id)?.get(key).cloned()
     }
 
-    pub fn set(&mut self, vm_id: &str, key: &str, value: Vec<u8>, cas: u32) -> Result<(), Status> {
+    /// Writes `value` under `key` (cpp-host's CAS rules); returns the bytes of the value it
+    /// replaced, if any.
+    pub fn set(
+        &mut self,
+        vm_id: &str,
+        key: &str,
+        value: Vec<u8>,
+        cas: u32,
+    ) -> Result<Option<usize>, Status> {
         let exists = self
             .by_vm
             .get(vm_id)
@@ -47,11 +55,12 @@ impl SharedData {
             }
         }
         let cas = self.next_cas();
-        self.by_vm
+        let old = self
+            .by_vm
             .entry(vm_id.to_string())
             .or_default()
             .insert(key.to_string(), (value, cas));
-        Ok(())
+        Ok(old.map(|(v, _)| key.len() + v.len()))
     }
 
     /// Every key of a vm_id, for reports and expectations.
@@ -108,17 +117,29 @@ fn proxy_set_shared_data(
     cas: i32,
 ) -> wasmtime::Result<i32> {
     finish((|| {
-        let key = memory::read_string(&caller, key_ptr, key_size)?;
-        let value = memory::read(&caller, value_ptr, value_size)?;
-        let vm = vm_id(caller.data());
-        caller
-            .data()
-            .shared
-            .data
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set(&vm, &key, value, cas as u32)?;
-        Ok(())
+        let size = memory::check(&caller, key_ptr, key_size)?
+            + memory::check(&caller, value_ptr, value_size)?;
+        held::hold(caller.data(), size, "proxy_set_shared_data")?;
+        let stored = (|| {
+            let key = memory::read_string(&caller, key_ptr, key_size)?;
+            let value = memory::read(&caller, value_ptr, value_size)?;
+            let vm = vm_id(caller.data());
+            let replaced = caller
+                .data()
+                .shared
+                .data
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .set(&vm, &key, value, cas as u32)?;
+            Ok(replaced.unwrap_or(0))
+        })();
+        // What is no longer held: the value replaced, or the new one if it was not stored.
+        let freed = match &stored {
+            Ok(replaced) => *replaced,
+            Err(_) => size,
+        };
+        caller.data().shared.held.release(freed);
+        stored.map(|_| ())
     })())
 }
 

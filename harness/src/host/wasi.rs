@@ -184,11 +184,21 @@ fn environ_sizes_get(
 fn environ_get(mut caller: Caller<'_, HostState>, array: i32, buf: i32) -> wasmtime::Result<i32> {
     let env = environ(caller.data());
     errno((|| {
+        // Addresses past the end of i32 are the guest's fault, never an overflow.
+        let fault = || super::HostError::Status(crate::abi::Status::InvalidMemoryAccess);
         let mut at = buf;
         for (i, entry) in env.iter().enumerate() {
-            memory::write_u32(&mut caller, array + 4 * i as i32, at as u32)?;
+            let slot = i32::try_from(i)
+                .ok()
+                .and_then(|i| i.checked_mul(4))
+                .and_then(|o| array.checked_add(o))
+                .ok_or_else(fault)?;
+            memory::write_u32(&mut caller, slot, at as u32)?;
             memory::write(&mut caller, at, entry)?;
-            at += entry.len() as i32;
+            at = i32::try_from(entry.len())
+                .ok()
+                .and_then(|n| at.checked_add(n))
+                .ok_or_else(fault)?;
         }
         Ok(())
     })())

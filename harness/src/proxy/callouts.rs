@@ -439,6 +439,10 @@ pub(super) fn deliver_calls(
         let n = pending.len().min(limit);
         pending.drain(..n).collect()
     };
+    // Answered or dropped, these calls no longer count against what guests may hold.
+    shared
+        .held
+        .release(batch.iter().map(|c| c.held).sum::<usize>());
     batch.retain(|call| match receiver_vm(workers, main, call) {
         Some(vm)
             if vm.failed.is_none() && vm.state().callouts.in_flight.contains_key(&call.token) =>

@@ -114,6 +114,9 @@ pub(super) fn deliver_all(
                 made_by_completions: (total.answered + dropped).saturating_sub(pending_at_start),
                 at: at(),
             });
+            shared
+                .held
+                .release(pending.iter().map(|c| c.held).sum::<usize>());
             pending.clear();
             break;
         }

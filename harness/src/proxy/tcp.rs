@@ -49,8 +49,10 @@ pub struct TcpOutcome {
     /// The `tcp_proxy` cluster.
     pub cluster: String,
     /// Every byte the upstream received.
+    #[serde(serialize_with = "crate::http::bytes_as_text")]
     pub upstream_received: Vec<u8>,
     /// Every byte the client received.
+    #[serde(serialize_with = "crate::http::bytes_as_text")]
     pub downstream_received: Vec<u8>,
     /// Who closed the connection: `client`, `upstream`, a plugin, the failure policy, or
     /// `still open` when the events ended first (the harness then closes it as the client).

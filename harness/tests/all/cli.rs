@@ -123,6 +123,12 @@ fn json_report_is_machine_readable() {
     let case = &v["scenarios"][0]["cases"][0];
     assert_eq!(case["failures"].as_array().unwrap().len(), 0);
     assert_eq!(case["exchange"]["response"]["status"], 200);
+    // Bodies are text, not arrays of numbers.
+    assert!(
+        case["exchange"]["response"]["body"].is_string(),
+        "{:#}",
+        case["exchange"]["response"]
+    );
 }
 
 #[test]

@@ -427,3 +427,61 @@ fn a_scenario_sets_the_callout_budget_and_reports_what_it_cut() {
         text(&o)
     );
 }
+
+#[test]
+fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("hoard.wat"), None, |_| {});
+    let mut p = proxy(&b, 1);
+    let ex = p
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    let lines: Vec<String> = p.logs().iter().map(ToString::to_string).collect();
+    assert!(
+        lines.iter().any(|l| l.contains("hoard refused")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains(
+            "proxy_set_shared_data: refused 1048578 bytes: guests already make the harness hold"
+        ) && l.contains("it holds at most 268435456 (InternalFailure)")),
+        "{lines:?}"
+    );
+    // What was stored before the refusal is there; the last key stored is under the budget.
+    let vm_id = &p.bootstrap.listeners[0].http.filters[0].vm_id;
+    let stored = (0u16..1024)
+        .take_while(|&i| {
+            let key = [b'A' + (i & 31) as u8, b'A' + (i >> 5) as u8];
+            let key = std::str::from_utf8(&key).unwrap();
+            p.shared_data(vm_id, key).is_some()
+        })
+        .count();
+    assert!(
+        stored * (1 << 20) <= wasm_harness::host::held::MAX_HELD_BYTES && stored >= 250,
+        "{stored} values stored"
+    );
+}
+
+#[test]
+fn a_guest_adding_headers_in_a_loop_is_refused_at_the_map_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &guest("header-flood.wat"), None, |_| {});
+    let mut p = proxy(&b, 1);
+    let ex = p
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    let lines: Vec<String> = p.logs().iter().map(ToString::to_string).collect();
+    assert!(
+        lines.iter().any(|l| l.contains("header refused")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("would pass the harness's limit of 8192 entries or 16777216 bytes")),
+        "{lines:?}"
+    );
+    let seen = ex.upstream.unwrap().headers;
+    let flood = seen.iter().filter(|(k, _)| k == "x-flood").count();
+    assert!((8000..=8192).contains(&flood), "{flood} x-flood headers");
+}
