@@ -7,6 +7,7 @@ mod contexts;
 mod envoy;
 mod headers;
 mod rate_limit;
+mod remote;
 mod scenarios;
 mod stats;
 mod support;
