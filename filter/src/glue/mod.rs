@@ -80,7 +80,7 @@ enum Role {
     Tcp(Rc<tcp::TcpRoot>),
     RateLimit(Rc<rate_limit::Limiter>),
     StatsRecord(Rc<stats::Recorder>),
-    StatsService(stats::Service),
+    StatsService(Box<stats::Service>),
 }
 
 struct Root {
@@ -174,7 +174,7 @@ impl RootContext for Root {
             }
             PluginConfig::StatsAggregator(c) if c.mode == Mode::Aggregate => {
                 match stats::Service::new(c, &self.vm) {
-                    Ok(s) => (Role::StatsService(s), "aggregating".into()),
+                    Ok(s) => (Role::StatsService(Box::new(s)), "aggregating".into()),
                     Err(e) => {
                         self.role = Role::Unconfigured;
                         log!(Error, "invalid plugin configuration: {e}");

@@ -98,7 +98,8 @@ enum PullPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 enum Phase {
-    UnspecifiedPhase,
+    #[serde(rename = "UNSPECIFIED_PHASE")]
+    Unspecified,
     Authn,
     Authz,
     Stats,
@@ -107,15 +108,19 @@ enum Phase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 enum FailStrategy {
-    FailClose,
-    FailOpen,
-    FailReload,
+    #[serde(rename = "FAIL_CLOSE")]
+    Close,
+    #[serde(rename = "FAIL_OPEN")]
+    Open,
+    #[serde(rename = "FAIL_RELOAD")]
+    Reload,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 enum PluginType {
-    UnspecifiedPluginType,
+    #[serde(rename = "UNSPECIFIED_PLUGIN_TYPE")]
+    Unspecified,
     Http,
     Network,
 }
