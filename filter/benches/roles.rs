@@ -383,7 +383,12 @@ fn main() {
                 "  floor (noop module): +{floor:.1} us, throughput x{:.2}",
                 results[1].1 / base_rps
             );
-            for (r, (t, rps)) in roles.iter().zip(&results[2..]) {
+            println!(
+                "  the module with no work (header role, no ops): +{:.1} us, throughput x{:.2}",
+                results[2].0 - base_us,
+                results[2].1 / base_rps
+            );
+            for (r, (t, rps)) in roles.iter().zip(&results[3..]) {
                 let added = t - base_us;
                 println!(
                     "  {:<28} +{added:.1} us (floor +{floor:.1}), throughput x{:.2}",
