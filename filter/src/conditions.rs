@@ -58,7 +58,7 @@ impl Condition {
             let Some(method) = header(":method") else {
                 return false;
             };
-            if !self.methods.iter().any(|m| *m == method) {
+            if !self.methods.contains(&method) {
                 return false;
             }
         }

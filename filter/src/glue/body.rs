@@ -188,7 +188,8 @@ impl BodyFilter {
             }
         }
         if !holding {
-            self.state(which).passed += size;
+            let state = self.state(which);
+            state.passed = state.passed.saturating_add(size);
             return Action::Continue;
         }
         let limit = self.ops.max_buffer_bytes;
@@ -221,7 +222,7 @@ impl BodyFilter {
                     );
                     let state = self.state(which);
                     state.overflowed = true;
-                    state.passed += size;
+                    state.passed = state.passed.saturating_add(size);
                     Action::Continue
                 }
             };

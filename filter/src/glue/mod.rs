@@ -38,6 +38,19 @@ proxy_wasm::main! {{
 thread_local! {
     /// The VM's log level (one VM per thread in Envoy and in the harness).
     static LEVEL: Cell<LogLevel> = const { Cell::new(LogLevel::Info) };
+    /// The linear memory size last reported, in 64 KiB pages.
+    static PAGES: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Logs the VM's linear memory each time it has grown (it never shrinks), when a stream
+/// starts: operators see a VM that keeps growing, and `make bench` reads the figure. Costs
+/// one instruction per stream otherwise.
+fn note_memory() {
+    let pages = core::arch::wasm32::memory_size(0);
+    if pages > PAGES.with(Cell::get) {
+        PAGES.with(|p| p.set(pages));
+        log!(Info, "linear memory is {} KiB", pages * 64);
+    }
 }
 
 pub(crate) fn enabled(level: LogLevel) -> bool {
@@ -67,7 +80,7 @@ enum Role {
     Tcp(Rc<tcp::TcpRoot>),
     RateLimit(Rc<rate_limit::Limiter>),
     StatsRecord(Rc<stats::Recorder>),
-    StatsService(stats::Service),
+    StatsService(Box<stats::Service>),
 }
 
 struct Root {
@@ -161,7 +174,7 @@ impl RootContext for Root {
             }
             PluginConfig::StatsAggregator(c) if c.mode == Mode::Aggregate => {
                 match stats::Service::new(c, &self.vm) {
-                    Ok(s) => (Role::StatsService(s), "aggregating".into()),
+                    Ok(s) => (Role::StatsService(Box::new(s)), "aggregating".into()),
                     Err(e) => {
                         self.role = Role::Unconfigured;
                         log!(Error, "invalid plugin configuration: {e}");
@@ -194,6 +207,7 @@ impl RootContext for Root {
     }
 
     fn create_http_context(&self, _context_id: u32) -> Option<Box<dyn HttpContext>> {
+        note_memory();
         Some(match &self.role {
             Role::Headers(ops) => Box::new(headers::HeaderFilter::new(ops.clone())),
             Role::Body(ops) => Box::new(body::BodyFilter::new(ops.clone())),
@@ -204,6 +218,7 @@ impl RootContext for Root {
     }
 
     fn create_stream_context(&self, _context_id: u32) -> Option<Box<dyn StreamContext>> {
+        note_memory();
         Some(match &self.role {
             Role::Tcp(root) => Box::new(tcp::Counter::new(root.clone())),
             _ => Box::new(PassThrough),

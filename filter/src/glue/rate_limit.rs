@@ -95,13 +95,10 @@ impl Limiter {
             let Ok((value, cas)) = raw::shared_data(key) else {
                 return true;
             };
-            match Bucket::decode(value.as_deref()) {
-                Ok(Some(b)) if b.is_idle(now, idle) => {
-                    if raw::set_shared_data(key, b"", cas) == raw::OK {
-                        dropped += 1;
-                    }
-                }
-                _ => {}
+            let idle_now =
+                matches!(Bucket::decode(value.as_deref()), Ok(Some(b)) if b.is_idle(now, idle));
+            if idle_now && raw::set_shared_data(key, b"", cas) == raw::OK {
+                dropped += 1;
             }
             false
         });

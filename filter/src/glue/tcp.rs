@@ -71,13 +71,13 @@ impl Context for Counter {}
 
 impl StreamContext for Counter {
     fn on_downstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
-        self.bytes_in += data_size as u64;
+        self.bytes_in = self.bytes_in.saturating_add(data_size as u64);
         bump(self.root.bytes_in, data_size as u64);
         Action::Continue
     }
 
     fn on_upstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
-        self.bytes_out += data_size as u64;
+        self.bytes_out = self.bytes_out.saturating_add(data_size as u64);
         bump(self.root.bytes_out, data_size as u64);
         Action::Continue
     }

@@ -219,3 +219,69 @@ fn the_singleton_aggregates_every_worker_and_posts_to_the_collector() {
         "{summaries:?}"
     );
 }
+
+#[test]
+fn real_envoy_refuses_each_bad_configuration_with_the_filters_reason() {
+    let dir = tempfile::tempdir().unwrap();
+    for (from, to, want) in [
+        (
+            r#""burst": 20, "refill_per_second": 10"#,
+            r#""burst": 0, "refill_per_second": 10"#,
+            "burst: must be at least 1",
+        ),
+        (
+            r#""on_overflow": "pass""#,
+            r#""on_overflow": "drop""#,
+            "unknown variant `drop`",
+        ),
+        (
+            r#"{"role": "tcp-total-data-size-counter"}"#,
+            r#"{"role": "tcp-total-data-size-counter", "verbose": true}"#,
+            "unknown field `verbose`",
+        ),
+        (
+            r#""path_prefix": "/legacy/""#,
+            r#""path_prefix": "legacy""#,
+            "when.path_prefix \"legacy\": must start with /",
+        ),
+        (
+            r#""log_level": "info""#,
+            r#""log_level": "chatty""#,
+            "invalid VM configuration: unknown variant `chatty`",
+        ),
+    ] {
+        let path = bootstrap_copy(dir.path(), "envoy-config/bootstrap.yaml");
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(text.contains(from), "{from}");
+        std::fs::write(&path, text.replace(from, to)).unwrap();
+        let e = wasm_harness::envoy::validate(&envoy(), &path)
+            .err()
+            .unwrap_or_else(|| panic!("{to}: envoy accepted it"))
+            .to_string();
+        assert!(e.contains(want), "{to}: {e}");
+    }
+}
+
+/// `envoy --mode validate` does not start bootstrap extensions, so a bad service
+/// configuration shows only when Envoy runs: the service does not load, and the log says why.
+#[test]
+fn real_envoy_names_a_bad_aggregator_configuration_in_its_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = bootstrap_copy(dir.path(), "envoy-config/bootstrap.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(
+        &path,
+        text.replace(r#""tick_seconds": 5"#, r#""tick_seconds": 0"#),
+    )
+    .unwrap();
+    let wanted = "invalid plugin configuration: tick_seconds: must be at least 1";
+    match RealEnvoy::start(&envoy(), &path, 1) {
+        Ok(real) => assert_eq!(
+            envoy_lines(&real, wanted, 1).len(),
+            1,
+            "{}",
+            real.log_tail()
+        ),
+        Err(e) => assert!(e.to_string().contains(wanted), "{e}"),
+    }
+}

@@ -1,12 +1,15 @@
 //! The filter as Envoy runs it: the crate's own module, built for wasm32-wasip1 by the test,
-//! in the harness's Envoy-faithful host (and, in `envoy`, in real Envoy). One `mod` per role,
-//! plus the contexts every role shares.
+//! in the harness's Envoy-faithful host and in real Envoy 1.40. One `mod` per role, plus the
+//! contexts every role shares, the shipped configurations and the scenarios.
 
 mod body;
 mod contexts;
 mod envoy;
 mod headers;
 mod rate_limit;
+mod remote;
+mod scenarios;
 mod stats;
 mod support;
 mod tcp;
+mod wasmplugins;
