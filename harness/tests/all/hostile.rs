@@ -483,3 +483,15 @@ fn a_guest_adding_headers_in_a_loop_is_refused_at_the_map_limit() {
     let flood = seen.iter().filter(|(k, _)| k == "x-flood").count();
     assert!((8000..=8192).contains(&flood), "{flood} x-flood headers");
 }
+
+#[test]
+fn a_guest_setting_stream_properties_in_a_loop_is_refused_at_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, lines) = one_request(dir.path(), "property-flood.wat", "props refused");
+    assert!(
+        lines.iter().any(|l| l.contains(
+            "proxy_set_property: the stream's properties would pass the harness's limit of 16777216 bytes"
+        )),
+        "{lines:?}"
+    );
+}
