@@ -473,7 +473,13 @@ impl Vm {
                 Some(r)
             }
             Err(e) => {
-                let message = describe_trap(&e);
+                let message = match e.downcast_ref::<wasmtime::Trap>() {
+                    Some(wasmtime::Trap::Interrupt) => format!(
+                        "interrupted: the callback ran longer than the harness's deadline of {} (an infinite loop?)",
+                        crate::proxy::format_duration(EPOCH_TICK * self.deadline_ticks as u32)
+                    ),
+                    _ => describe_trap(&e),
+                };
                 let s = self.store.data();
                 let saved = (s.current, s.effective);
                 self.store.data_mut().current = ctx;
@@ -899,12 +905,10 @@ fn describe_start_trap(name: &str, e: &wasmtime::Error, deadline: Duration) -> S
     }
 }
 
-/// A trap's message as a user needs it: the cause first, then the guest backtrace if any.
+/// A trap's message as a user needs it: the cause first, then the guest backtrace if any
+/// (an interrupt is worded by the caller, which knows the deadline).
 fn describe_trap(e: &wasmtime::Error) -> String {
     if let Some(trap) = e.downcast_ref::<wasmtime::Trap>() {
-        if *trap == wasmtime::Trap::Interrupt {
-            return "interrupted: the callback ran longer than the harness's deadline (an infinite loop?)".into();
-        }
         if *trap == wasmtime::Trap::UnreachableCodeReached {
             return "unreachable (the guest panicked or aborted)".into();
         }

@@ -113,16 +113,21 @@ pub fn current_response(state: &HostState) -> Option<&CallResponse> {
     (state.root_of(state.context_id()) == Some(r.root)).then_some(r)
 }
 
-/// Runs `make` (which reads and starts a call) with the `size` bytes it reads from the guest
-/// held for the call; a call that does not start gives them back.
+/// Runs `make` (which reads and starts a call) with the bytes of the guest's `slices` held
+/// for the call, checked before anything is copied; a call that does not start gives them
+/// back. `make` gets the size, to record on the call.
 fn holding(
     caller: &mut Caller<'_, HostState>,
-    size: usize,
+    slices: &[(i32, i32)],
     what: &str,
-    make: impl FnOnce(&mut Caller<'_, HostState>) -> Result<(), super::HostError>,
+    make: impl FnOnce(&mut Caller<'_, HostState>, usize) -> Result<(), super::HostError>,
 ) -> Result<(), super::HostError> {
+    let size = slices
+        .iter()
+        .map(|&(p, n)| memory::check(caller, p, n))
+        .sum::<Result<usize, _>>()?;
     super::held::hold(caller.data(), size, what)?;
-    let made = make(caller);
+    let made = make(caller, size);
     if made.is_err() {
         caller.data().shared.held.release(size);
     }
@@ -178,62 +183,60 @@ fn proxy_http_call(
     timeout_ms: i32,
     ret_token: i32,
 ) -> wasmtime::Result<i32> {
-    let size = [
+    let slices = [
         (up_ptr, up_size),
         (h_ptr, h_size),
         (b_ptr, b_size),
         (t_ptr, t_size),
-    ]
-    .into_iter()
-    .map(|(p, n)| memory::check(&caller, p, n))
-    .sum::<Result<usize, _>>();
-    let size = match size {
-        Ok(size) => size,
-        Err(e) => return finish(Err(e)),
-    };
-    finish(holding(&mut caller, size, "proxy_http_call", |caller| {
-        let cluster = memory::read_string(caller, up_ptr, up_size)?;
-        let mut headers = abi::decode_pairs(&memory::read(caller, h_ptr, h_size)?);
-        let body = memory::read(caller, b_ptr, b_size)?;
-        let trailers = abi::decode_pairs(&memory::read(caller, t_ptr, t_size)?);
-        memory::write_u32(caller, ret_token, 0)?;
-        if timeout_ms < 0 || !caller.data().clusters.contains(&cluster) {
-            return Err(Status::BadArgument.into());
-        }
-        for required in [":path", ":method", ":authority"] {
-            if !headers.iter().any(|(k, _)| k == required) {
+    ];
+    finish(holding(
+        &mut caller,
+        &slices,
+        "proxy_http_call",
+        |caller, size| {
+            let cluster = memory::read_string(caller, up_ptr, up_size)?;
+            let mut headers = abi::decode_pairs(&memory::read(caller, h_ptr, h_size)?);
+            let body = memory::read(caller, b_ptr, b_size)?;
+            let trailers = abi::decode_pairs(&memory::read(caller, t_ptr, t_size)?);
+            memory::write_u32(caller, ret_token, 0)?;
+            if timeout_ms < 0 || !caller.data().clusters.contains(&cluster) {
                 return Err(Status::BadArgument.into());
             }
-        }
-        for (k, _) in headers.iter_mut() {
-            k.make_ascii_lowercase();
-        }
-        // What Envoy's async client and router add on the way out.
-        if !body.is_empty() {
-            super::headers::replace(
-                &mut headers,
-                "content-length",
-                body.len().to_string().into_bytes(),
-            );
-        }
-        super::headers::replace(&mut headers, "x-envoy-internal", b"true".to_vec());
-        if timeout_ms > 0 {
-            super::headers::replace(
-                &mut headers,
-                "x-envoy-expected-rq-timeout-ms",
-                timeout_ms.to_string().into_bytes(),
-            );
-        }
-        let request = CallRequest::Http {
-            cluster,
-            headers,
-            body,
-            trailers,
-            timeout: timeout(timeout_ms),
-        };
-        let token = start(caller, HTTP_CALL, request, size);
-        memory::write_u32(caller, ret_token, token)
-    }))
+            for required in [":path", ":method", ":authority"] {
+                if !headers.iter().any(|(k, _)| k == required) {
+                    return Err(Status::BadArgument.into());
+                }
+            }
+            for (k, _) in headers.iter_mut() {
+                k.make_ascii_lowercase();
+            }
+            // What Envoy's async client and router add on the way out.
+            if !body.is_empty() {
+                super::headers::replace(
+                    &mut headers,
+                    "content-length",
+                    body.len().to_string().into_bytes(),
+                );
+            }
+            super::headers::replace(&mut headers, "x-envoy-internal", b"true".to_vec());
+            if timeout_ms > 0 {
+                super::headers::replace(
+                    &mut headers,
+                    "x-envoy-expected-rq-timeout-ms",
+                    timeout_ms.to_string().into_bytes(),
+                );
+            }
+            let request = CallRequest::Http {
+                cluster,
+                headers,
+                body,
+                trailers,
+                timeout: timeout(timeout_ms),
+            };
+            let token = start(caller, HTTP_CALL, request, size);
+            memory::write_u32(caller, ret_token, token)
+        },
+    ))
 }
 
 /// The parts of a gRPC call both `proxy_grpc_call` and `proxy_grpc_stream` read.
@@ -285,42 +288,40 @@ fn proxy_grpc_call(
     timeout_ms: i32,
     ret_token: i32,
 ) -> wasmtime::Result<i32> {
-    let size = [
+    let slices = [
         (up, up_size),
         (svc, svc_size),
         (method, method_size),
         (md, md_size),
         (msg, msg_size),
-    ]
-    .into_iter()
-    .map(|(p, n)| memory::check(&caller, p, n))
-    .sum::<Result<usize, _>>();
-    let size = match size {
-        Ok(size) => size,
-        Err(e) => return finish(Err(e)),
-    };
-    finish(holding(&mut caller, size, "proxy_grpc_call", |caller| {
-        let message = memory::read(caller, msg, msg_size)?;
-        let t = grpc_target(
-            caller,
-            (up, up_size),
-            (svc, svc_size),
-            (method, method_size),
-            (md, md_size),
-        )?;
-        // Validate the token pointer before starting anything.
-        memory::write_u32(caller, ret_token, 0)?;
-        let request = CallRequest::Grpc {
-            cluster: t.cluster,
-            service: t.service,
-            method: t.method,
-            metadata: t.metadata,
-            message,
-            timeout: timeout(timeout_ms),
-        };
-        let token = start(caller, GRPC_CALL, request, size);
-        memory::write_u32(caller, ret_token, token)
-    }))
+    ];
+    finish(holding(
+        &mut caller,
+        &slices,
+        "proxy_grpc_call",
+        |caller, size| {
+            let message = memory::read(caller, msg, msg_size)?;
+            let t = grpc_target(
+                caller,
+                (up, up_size),
+                (svc, svc_size),
+                (method, method_size),
+                (md, md_size),
+            )?;
+            // Validate the token pointer before starting anything.
+            memory::write_u32(caller, ret_token, 0)?;
+            let request = CallRequest::Grpc {
+                cluster: t.cluster,
+                service: t.service,
+                method: t.method,
+                metadata: t.metadata,
+                message,
+                timeout: timeout(timeout_ms),
+            };
+            let token = start(caller, GRPC_CALL, request, size);
+            memory::write_u32(caller, ret_token, token)
+        },
+    ))
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -19,11 +19,22 @@ pub enum MetricType {
     Histogram,
 }
 
+/// The most samples a histogram keeps (Envoy keeps buckets, not samples); later ones only
+/// count in `dropped_samples`, so a guest recording in a loop cannot exhaust the host.
+pub const MAX_HISTOGRAM_SAMPLES: usize = 1 << 20;
+
 /// One stat of the store: a counter's or gauge's value, a histogram's samples.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct Stat {
     pub value: u64,
     pub samples: Vec<u64>,
+    /// Samples past [`MAX_HISTOGRAM_SAMPLES`], not kept.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub dropped_samples: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// The proxy-wide stats, by type and full name (`wasmcustom.<name>`), as Envoy keeps
@@ -84,7 +95,10 @@ impl Metrics {
         self.with(id, |ty, m| match ty {
             MetricType::Counter => m.value += value,
             MetricType::Gauge => m.value = value,
-            MetricType::Histogram => m.samples.push(value),
+            MetricType::Histogram if m.samples.len() < MAX_HISTOGRAM_SAMPLES => {
+                m.samples.push(value)
+            }
+            MetricType::Histogram => m.dropped_samples += 1,
         })
     }
 
@@ -110,11 +124,17 @@ fn proxy_define_metric(
             2 => MetricType::Histogram,
             _ => return Err(Status::BadArgument.into()),
         };
+        // Every define keeps its id and name for the VM's life: held against the budget.
+        let size = memory::check(&caller, name_ptr, name_size)? + DEFINE_OVERHEAD;
+        super::held::hold(caller.data(), size, "proxy_define_metric")?;
         let name = memory::read_string(&caller, name_ptr, name_size)?;
         let id = caller.data_mut().metrics.define(ty, &name);
         memory::write_u32(&mut caller, ret_id, id)
     })())
 }
+
+/// What one metric id costs beyond its name, for the held-bytes budget.
+const DEFINE_OVERHEAD: usize = 64;
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap("env", "proxy_define_metric", proxy_define_metric)?;
@@ -153,4 +173,23 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         },
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_histogram_keeps_a_bounded_number_of_samples_and_counts_the_rest() {
+        let stats = Stats::default();
+        let mut metrics = Metrics::new(stats.clone());
+        let id = metrics.define(MetricType::Histogram, "latency");
+        for v in 0..(MAX_HISTOGRAM_SAMPLES as u64 + 5) {
+            metrics.record(id, v).unwrap();
+        }
+        let stats = stats.lock().unwrap();
+        let stat = &stats[&(MetricType::Histogram, "wasmcustom.latency".to_string())];
+        assert_eq!(stat.samples.len(), MAX_HISTOGRAM_SAMPLES);
+        assert_eq!(stat.dropped_samples, 5);
+    }
 }

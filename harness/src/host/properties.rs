@@ -156,6 +156,20 @@ fn proxy_set_property(
     value_size: i32,
 ) -> wasmtime::Result<i32> {
     finish((|| {
+        let adding = memory::check(&caller, path_ptr, path_size)?
+            + memory::check(&caller, value_ptr, value_size)?;
+        let s = caller.data_mut().http_stream().ok_or(Status::NotFound)?;
+        let held: usize = s.properties.iter().map(|(k, v)| k.len() + v.len()).sum();
+        if held.saturating_add(adding) > MAX_STREAM_PROPERTY_BYTES {
+            super::logging::record(
+                caller.data(),
+                crate::abi::LogLevel::Critical,
+                format!(
+                    "proxy_set_property: the stream's properties would pass the harness's limit of {MAX_STREAM_PROPERTY_BYTES} bytes ({held} held, adding {adding}): refused (BadArgument)"
+                ),
+            );
+            return Err(Status::BadArgument.into());
+        }
         let path = memory::read_string(&caller, path_ptr, path_size)?;
         let value = memory::read(&caller, value_ptr, value_size)?;
         let s = caller.data_mut().http_stream().ok_or(Status::NotFound)?;
@@ -163,6 +177,9 @@ fn proxy_set_property(
         Ok(())
     })())
 }
+
+/// The most bytes of paths and values a stream's properties (Envoy's filter state) may hold.
+pub const MAX_STREAM_PROPERTY_BYTES: usize = 16 << 20;
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap("env", "proxy_get_property", proxy_get_property)?;

@@ -67,7 +67,13 @@ fn an_infinite_loop_is_interrupted() {
         "  - {name: loop, request: {path: /}, expect: {response: {status: 503}, local_reply: failure_policy}}\n",
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
-    assert!(text(&o).contains("interrupted"), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "Function: proxy_on_request_headers failed: interrupted: the callback ran longer than the harness's deadline of 1s"
+        ),
+        "{}",
+        text(&o)
+    );
 }
 
 #[test]

@@ -428,20 +428,28 @@ fn a_scenario_sets_the_callout_budget_and_reports_what_it_cut() {
     );
 }
 
-#[test]
-fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
-    let dir = tempfile::tempdir().unwrap();
-    let b = bootstrap_variant(dir.path(), &guest("hoard.wat"), None, |_| {});
+/// One request through `guest_file` on one worker, answered 200 as the guest let it go on,
+/// with the guest's own line `said` in the log; the proxy, the exchange and the log lines.
+fn one_request(
+    dir: &Path,
+    guest_file: &str,
+    said: &str,
+) -> (Proxy, wasm_harness::http::Exchange, Vec<String>) {
+    let b = bootstrap_variant(dir, &guest(guest_file), None, |_| {});
     let mut p = proxy(&b, 1);
     let ex = p
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
         .unwrap();
     assert_eq!(ex.response_status(), Some(200));
     let lines: Vec<String> = p.logs().iter().map(ToString::to_string).collect();
-    assert!(
-        lines.iter().any(|l| l.contains("hoard refused")),
-        "{lines:?}"
-    );
+    assert!(lines.iter().any(|l| l.contains(said)), "{lines:?}");
+    (p, ex, lines)
+}
+
+#[test]
+fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (p, _, lines) = one_request(dir.path(), "hoard.wat", "hoard refused");
     assert!(
         lines.iter().any(|l| l.contains(
             "proxy_set_shared_data: refused 1048578 bytes: guests already make the harness hold"
@@ -466,17 +474,7 @@ fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
 #[test]
 fn a_guest_adding_headers_in_a_loop_is_refused_at_the_map_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let b = bootstrap_variant(dir.path(), &guest("header-flood.wat"), None, |_| {});
-    let mut p = proxy(&b, 1);
-    let ex = p
-        .round_trip(&Request::get("/"), UpstreamReply::new(200))
-        .unwrap();
-    assert_eq!(ex.response_status(), Some(200));
-    let lines: Vec<String> = p.logs().iter().map(ToString::to_string).collect();
-    assert!(
-        lines.iter().any(|l| l.contains("header refused")),
-        "{lines:?}"
-    );
+    let (_, ex, lines) = one_request(dir.path(), "header-flood.wat", "header refused");
     assert!(
         lines.iter().any(|l| l.contains("would pass the harness's limit of 8192 entries or 16777216 bytes")),
         "{lines:?}"
@@ -484,4 +482,16 @@ fn a_guest_adding_headers_in_a_loop_is_refused_at_the_map_limit() {
     let seen = ex.upstream.unwrap().headers;
     let flood = seen.iter().filter(|(k, _)| k == "x-flood").count();
     assert!((8000..=8192).contains(&flood), "{flood} x-flood headers");
+}
+
+#[test]
+fn a_guest_setting_stream_properties_in_a_loop_is_refused_at_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, lines) = one_request(dir.path(), "property-flood.wat", "props refused");
+    assert!(
+        lines.iter().any(|l| l.contains(
+            "proxy_set_property: the stream's properties would pass the harness's limit of 16777216 bytes"
+        )),
+        "{lines:?}"
+    );
 }
