@@ -285,3 +285,68 @@ fn real_envoy_names_a_bad_aggregator_configuration_in_its_log() {
         Err(e) => assert!(e.to_string().contains(wanted), "{e}"),
     }
 }
+
+/// Many clients at once, on both workers: the bucket in shared data hands out exactly its
+/// tokens, never one twice (each take is a compare-and-swap retried on a conflict).
+#[test]
+fn concurrent_clients_on_two_workers_get_exactly_the_burst() {
+    use std::io::{Read, Write};
+    use std::net::{TcpListener, TcpStream};
+
+    const BURST: usize = 50;
+    let dir = tempfile::tempdir().unwrap();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let path = bootstrap_copy(dir.path(), "envoy-config/bootstrap.yaml");
+    let mut text = std::fs::read_to_string(&path).unwrap().replace(
+        r#""burst": 20, "refill_per_second": 10"#,
+        &format!(r#""burst": {BURST}, "refill_per_second": 0.001"#),
+    );
+    text = text.replace("port_value: 10000", &format!("port_value: {port}"));
+    for other in ["9901", "10001", "10002"] {
+        text = text.replace(&format!("port_value: {other}"), "port_value: 0");
+    }
+    std::fs::write(&path, text).unwrap();
+    let envoy = crate::support::EnvoyProcess::with_workers(dir.path(), &path, 2);
+    assert!(
+        envoy.wait_for("configured role rate-limit"),
+        "{}",
+        envoy.log()
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(std::time::Instant::now() < deadline, "{}", envoy.log());
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    // /healthz is answered by the route itself: the rate limit runs, no upstream is needed.
+    let statuses: Vec<String> = std::thread::scope(|s| {
+        let clients: Vec<_> = (0..8)
+            .map(|_| {
+                s.spawn(move || {
+                    (0..13)
+                        .map(|_| {
+                            let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
+                            c.write_all(
+                                b"GET /healthz HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n",
+                            )
+                            .unwrap();
+                            let mut out = String::new();
+                            c.read_to_string(&mut out).unwrap();
+                            out.get(9..12).unwrap_or_default().to_string()
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect()
+    });
+    let ok = statuses.iter().filter(|s| *s == "200").count();
+    let limited = statuses.iter().filter(|s| *s == "429").count();
+    assert_eq!((ok, limited), (BURST, 104 - BURST), "{statuses:?}");
+}

@@ -4,14 +4,13 @@
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sha2::Digest;
 
-use crate::support::{envoy, module, root};
+use crate::support::{module, root, EnvoyProcess};
 
 /// Serves `body` to every GET; counts requests.
 fn serve(body: Vec<u8>) -> (u16, Arc<AtomicUsize>) {
@@ -59,59 +58,13 @@ fn bootstrap(dir: &Path, port: u16, sha256: &str) -> std::path::PathBuf {
     path
 }
 
-struct Envoy {
-    child: Child,
-    log: std::path::PathBuf,
-}
-
-impl Envoy {
-    fn start(dir: &Path, bootstrap: &Path) -> Self {
-        let log = dir.join("envoy.log");
-        let child = Command::new(envoy())
-            .arg("-c")
-            .arg(bootstrap)
-            .args(["--concurrency", "1", "--disable-hot-restart", "-l", "info"])
-            .args(["--file-flush-interval-msec", "50", "--log-path"])
-            .arg(&log)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        Self { child, log }
-    }
-
-    /// Waits (up to 30 s) for a log line containing `needle`.
-    fn wait_for(&self, needle: &str) -> bool {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-            if text.contains(needle) {
-                return true;
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        false
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 #[test]
 fn envoy_fetches_the_module_itself_and_runs_every_role() {
     let bytes = std::fs::read(module()).unwrap();
     let sha = hex::encode(sha2::Sha256::digest(&bytes));
     let (port, served) = serve(bytes);
     let dir = tempfile::tempdir().unwrap();
-    let envoy = Envoy::start(dir.path(), &bootstrap(dir.path(), port, &sha));
+    let envoy = EnvoyProcess::start(dir.path(), &bootstrap(dir.path(), port, &sha));
     for role in [
         "configured role stats-aggregator (aggregating)",
         "configured role rate-limit",
@@ -129,7 +82,7 @@ fn envoy_refuses_a_module_whose_sha256_does_not_match() {
     let bytes = std::fs::read(module()).unwrap();
     let (port, served) = serve(bytes);
     let dir = tempfile::tempdir().unwrap();
-    let envoy = Envoy::start(dir.path(), &bootstrap(dir.path(), port, &"ab".repeat(32)));
+    let envoy = EnvoyProcess::start(dir.path(), &bootstrap(dir.path(), port, &"ab".repeat(32)));
     assert!(envoy.wait_for("failed to load"), "{}", envoy.log());
     let deadline = Instant::now() + Duration::from_secs(30);
     while served.load(Ordering::SeqCst) == 0 && Instant::now() < deadline {

@@ -1,6 +1,8 @@
 //! The module under test, the repository's paths, and the shorthand the role tests share.
 
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use wasm_harness::{guest, Proxy, StartError};
 
@@ -78,5 +80,63 @@ pub fn envoy_lines(
             return found;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// Real Envoy started on a bootstrap as it is (no port rewriting), one worker unless told,
+/// stopped when dropped.
+pub struct EnvoyProcess {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl EnvoyProcess {
+    pub fn start(dir: &Path, bootstrap: &Path) -> Self {
+        Self::with_workers(dir, bootstrap, 1)
+    }
+
+    pub fn with_workers(dir: &Path, bootstrap: &Path, workers: usize) -> Self {
+        let log = dir.join("envoy.log");
+        let child = Command::new(envoy())
+            .arg("-c")
+            .arg(bootstrap)
+            .args([
+                "--concurrency",
+                &workers.to_string(),
+                "--disable-hot-restart",
+                "-l",
+                "info",
+            ])
+            .args(["--file-flush-interval-msec", "50", "--log-path"])
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        Self { child, log }
+    }
+
+    /// Waits (up to 30 s) for a log line containing `needle`.
+    pub fn wait_for(&self, needle: &str) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if text.contains(needle) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        false
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for EnvoyProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
