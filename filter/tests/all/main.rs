@@ -4,6 +4,7 @@
 
 mod body;
 mod contexts;
+mod docs;
 mod envoy;
 mod headers;
 mod rate_limit;
