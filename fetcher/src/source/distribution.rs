@@ -115,13 +115,27 @@ impl Distribution {
         match resp.status().as_u16() {
             400 => Err(PingFailure::BadRequest),
             401 => {
+                // A ping redirected to another origin brings back that origin's challenge: its
+                // realm is not one the registry named, and gets no credentials.
+                let from_registry = url::Url::parse(&url).is_ok_and(|asked| {
+                    let got = resp.url();
+                    (got.scheme(), got.host_str(), got.port_or_known_default())
+                        == (
+                            asked.scheme(),
+                            asked.host_str(),
+                            asked.port_or_known_default(),
+                        )
+                });
                 let challenges: Vec<String> = resp
                     .headers()
                     .get_all(WWW_AUTHENTICATE)
                     .iter()
                     .filter_map(|v| v.to_str().ok().map(str::to_string))
                     .collect();
-                self.authorization = self.answer(&challenges).await.map_err(PingFailure::Other)?;
+                self.authorization = self
+                    .answer(&challenges, from_registry)
+                    .await
+                    .map_err(PingFailure::Other)?;
                 Ok(())
             }
             // Authentication is not needed, or not announced here: a token from the pull
@@ -135,8 +149,13 @@ impl Distribution {
         }
     }
 
-    /// The `Authorization` to send after a challenge.
-    async fn answer(&self, challenges: &[String]) -> Result<Option<HeaderValue>, FetchError> {
+    /// The `Authorization` to send after a challenge; `from_registry`: the registry itself
+    /// issued it, so its token realm may be sent the registry's credentials.
+    async fn answer(
+        &self,
+        challenges: &[String],
+        from_registry: bool,
+    ) -> Result<Option<HeaderValue>, FetchError> {
         if let RegistryAuth::Bearer(t) = &self.credentials {
             return Ok(header(&format!("Bearer {t}")));
         }
@@ -162,7 +181,9 @@ impl Distribution {
         for (scheme, realm, service) in parsed {
             match (scheme.as_str(), realm) {
                 ("bearer", Some(realm)) => {
-                    let token = self.token(&realm, service.as_deref()).await?;
+                    let token = self
+                        .token(&realm, service.as_deref(), from_registry)
+                        .await?;
                     return Ok(header(&format!("Bearer {token}")));
                 }
                 ("basic", _) => basic = true,
@@ -181,8 +202,14 @@ impl Distribution {
         }
     }
 
-    /// A pull token from the realm a bearer challenge named.
-    async fn token(&self, realm: &str, service: Option<&str>) -> Result<String, FetchError> {
+    /// A pull token from the realm a bearer challenge named, asked with the registry's
+    /// credentials when `with_credentials`, anonymously otherwise.
+    async fn token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        with_credentials: bool,
+    ) -> Result<String, FetchError> {
         let realm_url = check_realm(
             realm,
             self.scheme == Scheme::Http || self.insecure,
@@ -194,8 +221,9 @@ impl Distribution {
             query.push(("service", s));
         }
         let mut req = self.http.get(realm_url.clone()).query(&query);
-        if let RegistryAuth::Basic(u, p) = &self.credentials {
-            req = req.basic_auth(u, Some(p));
+        match &self.credentials {
+            RegistryAuth::Basic(u, p) if with_credentials => req = req.basic_auth(u, Some(p)),
+            _ => {}
         }
         let resp = req.send().await.map_err(|e| self.send_error(e))?;
         if let Some(e) = net::unfollowed_redirect(&resp) {
