@@ -60,6 +60,18 @@ pub fn blob_path(bytes: &[u8]) -> String {
     format!("/v2/a/m/blobs/sha256:{}", sha256_hex(bytes))
 }
 
+/// A ping's answer asking for a token from the realm `{base}/token`.
+pub fn bearer_challenge(base: &str) -> Behaviour {
+    Behaviour::Respond(
+        401,
+        vec![(
+            "www-authenticate".into(),
+            format!("Bearer realm=\"{base}/token\",service=\"s\""),
+        )],
+        vec![],
+    )
+}
+
 fn image_url(server: &Server) -> String {
     format!("oci://{}/a/m:1", server.host())
 }
@@ -88,17 +100,7 @@ fn a_token_response_over_1_mib_is_refused() {
     // The realm must name the server that serves it: start it first, then point at itself.
     let server = Server::start_with_self(|base| {
         vec![
-            (
-                "/v2/".to_string(),
-                Behaviour::Respond(
-                    401,
-                    vec![(
-                        "www-authenticate".into(),
-                        format!("Bearer realm=\"{base}/token\",service=\"s\""),
-                    )],
-                    vec![],
-                ),
-            ),
+            ("/v2/".to_string(), bearer_challenge(base)),
             (
                 "/token".to_string(),
                 Behaviour::Ok(vec![b'x'; (1 << 20) + 1]),

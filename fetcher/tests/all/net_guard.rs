@@ -5,7 +5,9 @@
 
 use oci_client::secrets::RegistryAuth;
 
-use crate::hostile_registry::{blob_path, layer, manifest, registry_routes, serve};
+use crate::hostile_registry::{
+    bearer_challenge, blob_path, layer, manifest, registry_routes, serve,
+};
 use crate::oci_registry::{Options, Registry};
 use crate::support::*;
 
@@ -350,17 +352,7 @@ fn a_realm_named_by_a_host_the_ping_was_redirected_to_gets_no_credentials() {
     // The other origin answers the ping with its own bearer challenge and hands out a token.
     let other = Server::start_with_self(|base| {
         vec![
-            (
-                "/v2/".to_string(),
-                Behaviour::Respond(
-                    401,
-                    vec![(
-                        "www-authenticate".into(),
-                        format!("Bearer realm=\"{base}/token\",service=\"s\""),
-                    )],
-                    vec![],
-                ),
-            ),
+            ("/v2/".to_string(), bearer_challenge(base)),
             (
                 "/token".to_string(),
                 Behaviour::Ok(br#"{"token":"t"}"#.to_vec()),
