@@ -91,7 +91,7 @@ impl Source {
 }
 
 fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
-    let shown: String = rest.chars().take(200).collect();
+    let shown = crate::error::shown(rest);
     let bad = |reason: &str| FetchError::BadUrl {
         reason: format!("oci://{shown}: {reason}"),
     };

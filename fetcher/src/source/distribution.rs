@@ -16,7 +16,7 @@ use oci_client::secrets::RegistryAuth;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
 use serde_json::Value;
 
-use crate::error::FetchError;
+use crate::error::{shown, FetchError};
 use crate::net;
 use crate::settings::Settings;
 use crate::verify::Sha256;
@@ -236,15 +236,19 @@ impl Distribution {
                 let text = net::error_text(resp).await;
                 return Err(FetchError::Registry {
                     message: format!(
-                        "token realm {realm_url} answered HTTP {status}: {}",
-                        String::from_utf8_lossy(&text).trim()
+                        "token realm {} answered HTTP {status}: {}",
+                        shown(realm_url.as_str()),
+                        shown(String::from_utf8_lossy(&text).trim())
                     ),
                 });
             }
         }
         let body = net::read_limited(resp, TOKEN_LIMIT, "token response").await?;
         let doc: Value = serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
-            message: format!("token realm {realm_url} answered something not JSON: {e}"),
+            message: format!(
+                "token realm {} answered something not JSON: {e}",
+                shown(realm_url.as_str())
+            ),
         })?;
         ["token", "access_token"]
             .iter()
@@ -252,7 +256,10 @@ impl Distribution {
             .filter(|t| !t.is_empty())
             .map(str::to_string)
             .ok_or_else(|| FetchError::Registry {
-                message: format!("token realm {realm_url} answered no token"),
+                message: format!(
+                    "token realm {} answered no token",
+                    shown(realm_url.as_str())
+                ),
             })
     }
 
@@ -311,7 +318,7 @@ impl Distribution {
     /// A foreign layer from a URL its descriptor lists: no credentials, the same guard.
     pub async fn foreign(&self, url: &str) -> Result<reqwest::Response, FetchError> {
         // The manifest's word, not the user's: a bad URL here is the registry's error.
-        let shown: String = url.chars().take(200).collect();
+        let shown = shown(url);
         let parsed = url::Url::parse(url).map_err(|e| FetchError::Registry {
             message: format!("foreign layer URL {shown:?}: {e}"),
         })?;
@@ -379,16 +386,10 @@ impl Distribution {
                 .errors
                 .iter()
                 .take(3)
-                .map(|e| {
-                    let message: String = e.message.chars().take(200).collect();
-                    format!("{:?}: {message}", e.code)
-                })
+                .map(|e| format!("{:?}: {}", e.code, shown(&e.message)))
                 .collect::<Vec<_>>()
                 .join("; "),
-            None => String::from_utf8_lossy(&text)
-                .chars()
-                .take(200)
-                .collect::<String>(),
+            None => shown(&String::from_utf8_lossy(&text)),
         };
         FetchError::Registry {
             message: format!("{url}: HTTP {status}: {}", message.trim()),
@@ -426,7 +427,7 @@ pub fn check_realm(
     settings: &Settings,
 ) -> Result<url::Url, FetchError> {
     let unsafe_realm = |reason: &str| FetchError::UnsafeRealm {
-        realm: realm.chars().take(200).collect(),
+        realm: shown(realm),
         reason: reason.to_string(),
     };
     let url = url::Url::parse(realm).map_err(|e| unsafe_realm(&format!("not a URL: {e}")))?;

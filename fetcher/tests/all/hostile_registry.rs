@@ -60,13 +60,13 @@ pub fn blob_path(bytes: &[u8]) -> String {
     format!("/v2/a/m/blobs/sha256:{}", sha256_hex(bytes))
 }
 
-/// A ping's answer asking for a token from the realm `{base}/token`.
-pub fn bearer_challenge(base: &str) -> Behaviour {
+/// A ping's answer asking for a token from `realm`.
+pub fn bearer_challenge(realm: &str) -> Behaviour {
     Behaviour::Respond(
         401,
         vec![(
             "www-authenticate".into(),
-            format!("Bearer realm=\"{base}/token\",service=\"s\""),
+            format!("Bearer realm=\"{realm}\",service=\"s\""),
         )],
         vec![],
     )
@@ -100,7 +100,10 @@ fn a_token_response_over_1_mib_is_refused() {
     // The realm must name the server that serves it: start it first, then point at itself.
     let server = Server::start_with_self(|base| {
         vec![
-            ("/v2/".to_string(), bearer_challenge(base)),
+            (
+                "/v2/".to_string(),
+                bearer_challenge(&format!("{base}/token")),
+            ),
             (
                 "/token".to_string(),
                 Behaviour::Ok(vec![b'x'; (1 << 20) + 1]),
@@ -255,4 +258,28 @@ fn an_ipv6_registry_literal_works_and_a_bad_port_is_a_usage_error() {
         );
         assert!(!err.contains("hunter2"), "the password was printed: {err}");
     }
+}
+
+#[test]
+fn a_token_realm_error_is_quoted_short_and_on_one_line() {
+    let padding = "a".repeat(20_000);
+    let server = Server::start_with_self(|base| {
+        vec![
+            (
+                "/v2/".to_string(),
+                bearer_challenge(&format!("{base}/token?pad={padding}")),
+            ),
+            (
+                "/token".to_string(),
+                Behaviour::Respond(
+                    500,
+                    vec![],
+                    format!("first line\nsecond line\n{padding}").into_bytes(),
+                ),
+            ),
+        ]
+    });
+    let o = pull_fails(&server, "answered HTTP 500: first line second line");
+    let err = stderr(&o);
+    assert!(err.len() < 1000, "{} bytes: {err}", err.len());
 }

@@ -352,7 +352,10 @@ fn a_realm_named_by_a_host_the_ping_was_redirected_to_gets_no_credentials() {
     // The other origin answers the ping with its own bearer challenge and hands out a token.
     let other = Server::start_with_self(|base| {
         vec![
-            ("/v2/".to_string(), bearer_challenge(base)),
+            (
+                "/v2/".to_string(),
+                bearer_challenge(&format!("{base}/token")),
+            ),
             (
                 "/token".to_string(),
                 Behaviour::Ok(br#"{"token":"t"}"#.to_vec()),
