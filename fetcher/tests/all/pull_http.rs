@@ -330,3 +330,35 @@ fn a_failure_never_prints_the_password_of_the_url() {
         );
     }
 }
+
+/// The cache index is world-readable: a URL's password is not written to it, nor printed by
+/// `pull --json` or `ls`; the source is still known, so the next pull is served from cache.
+#[test]
+fn a_url_password_is_not_written_to_the_cache_or_printed() {
+    let bytes = module("userinfo");
+    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(bytes.clone()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server
+        .url("/m.wasm")
+        .replace("http://", "http://user:s3cret@");
+    for from_cache in [false, true] {
+        let o = pull(dir.path(), &[&url, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(!out.contains("s3cret"), "{out}");
+        assert!(
+            out.contains(&format!("\"from_cache\":{from_cache}")),
+            "{out}"
+        );
+    }
+    assert_eq!(server.hits("/m.wasm"), 1);
+    let index = std::fs::read_to_string(dir.path().join("index.json")).unwrap();
+    assert!(!index.contains("s3cret"), "{index}");
+    assert!(index.contains("http://***@127.0.0.1"), "{index}");
+    let ls = fetcher()
+        .args(["ls", "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&ls.stdout).contains("s3cret"));
+}
