@@ -175,7 +175,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let deadline = self.deadline;
         Box::pin(async move {
             let failed = |reason: String| ResolveFailed {
-                host: host.clone(),
+                host: crate::error::shown(&host),
                 reason,
             };
             let found = tokio::time::timeout(deadline, tokio::net::lookup_host((host.as_str(), 0)))
@@ -197,7 +197,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
 pub fn redirect_policy(listed: &[IpNet]) -> reqwest::redirect::Policy {
     let listed: Arc<[IpNet]> = listed.into();
     reqwest::redirect::Policy::custom(move |attempt| {
-        let to = attempt.url().to_string();
+        let to = crate::error::shown(attempt.url().as_str());
         let from = attempt.previous().last().cloned();
         let refusal = if attempt.previous().len() > MAX_REDIRECTS {
             Some(Refusal::TooManyRedirects { to })
@@ -206,7 +206,9 @@ pub fn redirect_policy(listed: &[IpNet]) -> reqwest::redirect::Policy {
                 "https" => None,
                 "http" if from.as_ref().is_some_and(|f| f.scheme() == "https") => {
                     Some(Refusal::InsecureRedirect {
-                        from: from.map(|f| f.to_string()).unwrap_or_default(),
+                        from: from
+                            .map(|f| crate::error::shown(f.as_str()))
+                            .unwrap_or_default(),
                         to,
                     })
                 }

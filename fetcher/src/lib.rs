@@ -86,6 +86,13 @@ pub struct Pulled {
     pub from_cache: bool,
 }
 
+/// A source URL as the index records it and a pull reports it: without its userinfo. The
+/// index is world-readable, and a password in an `http://user:password@...` URL must not be
+/// written to disk or printed.
+fn recorded_source(url: &str) -> String {
+    reference::redact_userinfo(url)
+}
+
 fn digest_str(s: &Sha256) -> String {
     format!("sha256:{}", s.hex())
 }
@@ -103,7 +110,7 @@ fn from_cache(
         let path = intact(idx, cache, sha, pin.is_some())?;
         Some(Pulled {
             path,
-            source: req.url.clone(),
+            source: recorded_source(&req.url),
             sha256: sha.to_string(),
             manifest_digest: idx.modules.get(sha).and_then(|m| m.manifest_digest.clone()),
             pin,
@@ -132,7 +139,7 @@ fn from_cache(
     if req.sha256.is_some() || source.pinned_digest().is_some() {
         return None;
     }
-    let known = idx.sources.get(&req.url)?;
+    let known = idx.sources.get(&recorded_source(&req.url))?;
     match policy {
         PullPolicy::IfNotPresent | PullPolicy::Never => hit(&known.sha256, None),
         PullPolicy::Always => {
@@ -152,7 +159,10 @@ pub async fn pull(
     let source = Source::parse(&req.url)?;
     let pinned = req.sha256.is_some() || source.pinned_digest().is_some();
     let policy = policy::effective(req.policy, &source, pinned);
-    let resource = req.resource.clone().unwrap_or_else(|| req.url.clone());
+    let resource = req
+        .resource
+        .clone()
+        .unwrap_or_else(|| recorded_source(&req.url));
     let index = IndexFile::new(cache);
     let idx = index.load()?;
     if let Some(p) = from_cache(&idx, cache, req, &source, policy, &resource) {
@@ -237,7 +247,7 @@ pub async fn pull(
                     (
                         Pulled {
                             path: cache.module_path(&sha),
-                            source: req.url.clone(),
+                            source: recorded_source(&req.url),
                             sha256: sha.hex(),
                             manifest_digest: Some(resolved.manifest_digest.clone()),
                             pin: digest_pin.or(module_pin.map(|_| PinMatch::ModuleSha256)),
@@ -263,7 +273,7 @@ pub async fn pull(
                     (
                         Pulled {
                             path,
-                            source: req.url.clone(),
+                            source: recorded_source(&req.url),
                             sha256: sha.hex(),
                             manifest_digest: Some(resolved.manifest_digest.clone()),
                             pin,
@@ -323,7 +333,7 @@ fn already_recorded(idx: &index::Index, req: &PullRequest, resource: &str, p: &P
     });
     let source_known = idx
         .sources
-        .get(&req.url)
+        .get(&recorded_source(&req.url))
         .is_some_and(|s| s.sha256 == p.sha256);
     let version_known = req
         .resource_version
@@ -341,7 +351,7 @@ fn commit(
     let (path, sha) = cache.commit(staging, req.sha256.as_ref())?;
     Ok(Pulled {
         path,
-        source: req.url.clone(),
+        source: recorded_source(&req.url),
         sha256: sha.hex(),
         manifest_digest,
         pin: req.sha256.map(|_| PinMatch::ModuleSha256),
@@ -384,7 +394,7 @@ fn record_now(
             .modules
             .entry(pulled.sha256.clone())
             .or_insert_with(|| ModuleEntry {
-                source: req.url.clone(),
+                source: recorded_source(&req.url),
                 manifest_digest: pulled.manifest_digest.clone(),
                 index_digest: index_digest.clone(),
                 size: 0,
@@ -395,7 +405,7 @@ fn record_now(
         entry.last_used = now;
         if entry.source.is_empty() {
             // Found by a rebuilt index, which cannot know where a module came from.
-            entry.source = req.url.clone();
+            entry.source = recorded_source(&req.url);
         }
         // Verified by this pull (downloaded, or checked by `intact`): remember the file as is.
         if let Some(stamp) = stamp {
@@ -409,7 +419,7 @@ fn record_now(
             entry.index_digest = index_digest.clone();
         }
         idx.sources.insert(
-            req.url.clone(),
+            recorded_source(&req.url),
             SourceEntry {
                 sha256: pulled.sha256.clone(),
                 manifest_digest: pulled.manifest_digest.clone(),

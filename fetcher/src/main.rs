@@ -173,11 +173,13 @@ fn exit_code(e: &anyhow::Error) -> u8 {
 }
 
 /// The one line a failure prints: what it was about, then the error and its causes, each said
-/// once (an I/O error is often both a message and that message's source).
+/// once (an I/O error is often both a message and that message's source), with no URL's
+/// userinfo in it.
 fn fail(subject: &str, e: &anyhow::Error) -> ExitCode {
+    let line = format!("{subject}: {}", wasm_fetcher::error::chain(e.as_ref()));
     eprintln!(
-        "wasm-fetcher: {subject}: {}",
-        wasm_fetcher::error::chain(e.as_ref())
+        "wasm-fetcher: {}",
+        wasm_fetcher::reference::redact_userinfo(&line)
     );
     ExitCode::from(exit_code(e))
 }
@@ -196,7 +198,10 @@ fn progress_bar(url: &str) -> Option<indicatif::ProgressBar> {
     )
     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
     bar.set_style(style);
-    bar.set_message(format!("pulling {url}"));
+    bar.set_message(format!(
+        "pulling {}",
+        wasm_fetcher::reference::redact_userinfo(url)
+    ));
     Some(bar)
 }
 

@@ -103,14 +103,11 @@ pub fn unfollowed_redirect(resp: &reqwest::Response) -> Option<FetchError> {
     }
     Some(match resp.headers().get(reqwest::header::LOCATION) {
         Some(to) => guard::Refusal::RedirectScheme {
-            to: String::from_utf8_lossy(to.as_bytes())
-                .chars()
-                .take(200)
-                .collect(),
+            to: crate::error::shown(&String::from_utf8_lossy(to.as_bytes())),
         }
         .into(),
         None => FetchError::RedirectWithoutLocation {
-            from: resp.url().to_string(),
+            from: crate::error::shown(resp.url().as_str()),
             status: status.as_u16(),
         },
     })

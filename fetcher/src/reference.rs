@@ -91,7 +91,7 @@ impl Source {
 }
 
 fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
-    let shown: String = rest.chars().take(200).collect();
+    let shown = crate::error::shown(rest);
     let bad = |reason: &str| FetchError::BadUrl {
         reason: format!("oci://{shown}: {reason}"),
     };
@@ -162,6 +162,31 @@ fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
     })
 }
 
+/// `text` with the userinfo of every URL in it (`scheme://user:password@host`) replaced by
+/// `***`: what a program prints or logs about a URL a user typed must not repeat a password.
+pub fn redact_userinfo(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(i) = rest.find("://") {
+        let (head, tail) = rest.split_at(i + 3);
+        out.push_str(head);
+        let end = tail
+            .find(|c: char| matches!(c, '/' | '?' | '#') || c.is_whitespace())
+            .unwrap_or(tail.len());
+        let (authority, after) = tail.split_at(end);
+        match authority.rfind('@') {
+            Some(at) => {
+                out.push_str("***");
+                out.push_str(&authority[at..]);
+            }
+            None => out.push_str(authority),
+        }
+        rest = after;
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `host[:port]` as a URL authority: a valid port, a bracketed IPv6 literal, nothing else.
 fn check_registry(registry: &str) -> Result<(), String> {
     let parsed = url::Url::parse(&format!("https://{registry}/"))
@@ -187,6 +212,27 @@ mod tests {
         match Source::parse(s).unwrap() {
             Source::Oci(r) => r,
             other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn userinfo_is_redacted_wherever_a_url_appears() {
+        for (text, shown) in [
+            ("oci://user:hunter2@host/a:1", "oci://***@host/a:1"),
+            (
+                "http://u:p@127.0.0.1:8/m.wasm",
+                "http://***@127.0.0.1:8/m.wasm",
+            ),
+            ("https://tok@h", "https://***@h"),
+            (
+                "error for url (http://a:b@h/x): then https://c:d@k?q=@x",
+                "error for url (http://***@h/x): then https://***@k?q=@x",
+            ),
+            ("oci://host/a@sha256:00", "oci://host/a@sha256:00"),
+            ("no url here: a@b", "no url here: a@b"),
+            ("ünï://ü:ß@ħ/é", "ünï://***@ħ/é"),
+        ] {
+            assert_eq!(redact_userinfo(text), shown, "{text}");
         }
     }
 

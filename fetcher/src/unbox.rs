@@ -66,6 +66,36 @@ fn is_over_limit(e: &std::io::Error) -> bool {
     e.get_ref().is_some_and(|inner| inner.is::<OverLimit>())
 }
 
+/// The largest PAX or GNU long-name header accepted, as Go's `archive/tar` (Istio's) allows.
+const EXTENSION_LIMIT: u64 = 1 << 20;
+
+/// Refuses an archive with a PAX or GNU long-name header over [`EXTENSION_LIMIT`]: the tar
+/// crate reads such a header whole into memory, whatever size it declares, so a small
+/// compressed layer could make it allocate up to the expansion limit. This pass reads the
+/// headers raw and skips every entry's content; `first_only` stops it at the first entry that
+/// is not such a header (all that [`unbox`] reads).
+fn check_extension_headers(reader: impl Read, first_only: bool) -> std::io::Result<()> {
+    let mut archive = tar::Archive::new(reader);
+    for entry in archive.entries()?.raw(true) {
+        let entry = entry?;
+        let t = entry.header().entry_type();
+        let extension = t.is_gnu_longname()
+            || t.is_gnu_longlink()
+            || t.is_pax_local_extensions()
+            || t.is_pax_global_extensions();
+        if extension && entry.size() > EXTENSION_LIMIT {
+            return Err(std::io::Error::other(format!(
+                "an extended (PAX or long-name) header of {} bytes, more than {EXTENSION_LIMIT}",
+                entry.size()
+            )));
+        }
+        if first_only && !extension {
+            break;
+        }
+    }
+    Ok(())
+}
+
 /// The `plugin.wasm` of a Docker or OCI image layer (tar.gz) held in `layer`, streamed into a
 /// staging file of its own: nothing is held in memory, an entry declaring more than the size
 /// limit is refused before it is read, and the layer's file is removed when this returns.
@@ -84,11 +114,14 @@ pub fn extract_plugin_wasm(
             }
         }
     };
-    let gz = flate2::read::GzDecoder::new(std::io::BufReader::new(layer.reopen()?));
-    let mut archive = tar::Archive::new(Bounded {
-        inner: gz,
-        left: limit.saturating_mul(LAYER_EXPANSION),
-    });
+    let mut decompressed = || -> Result<_, FetchError> {
+        Ok(Bounded {
+            inner: flate2::read::GzDecoder::new(std::io::BufReader::new(layer.reopen()?)),
+            left: limit.saturating_mul(LAYER_EXPANSION),
+        })
+    };
+    check_extension_headers(decompressed()?, false).map_err(not_targz)?;
+    let mut archive = tar::Archive::new(decompressed()?);
     for entry in archive.entries().map_err(not_targz)? {
         let entry = entry.map_err(not_targz)?;
         let is_plugin = entry
@@ -135,6 +168,13 @@ pub fn unbox(cache: &Cache, mut staging: Staging) -> Result<Staging, FetchError>
                     other => other,
                 })?,
             Kind::Tar => {
+                check_extension_headers(staging.reopen()?, true).map_err(|e| {
+                    FetchError::NotWasm {
+                        reason: format!(
+                            "the body looks like a tar archive but cannot be read: {e}"
+                        ),
+                    }
+                })?;
                 let mut archive = tar::Archive::new(staging.reopen()?);
                 let first = archive
                     .entries()?
@@ -195,6 +235,59 @@ mod tests {
 
     fn tmp_files(dir: &std::path::Path) -> usize {
         std::fs::read_dir(dir.join("tmp")).unwrap().count()
+    }
+
+    /// A tar.gz whose first entry is a GNU long-name header holding `name`, then the module,
+    /// whose path that header gives.
+    fn long_name_layer(name: &[u8]) -> Vec<u8> {
+        let mut b = tar::Builder::new(flate2::write::GzEncoder::new(
+            Vec::new(),
+            flate2::Compression::fast(),
+        ));
+        let mut h = tar::Header::new_gnu();
+        h.set_entry_type(tar::EntryType::GNULongName);
+        h.set_path("././@LongLink").unwrap();
+        h.set_size(name.len() as u64);
+        h.set_cksum();
+        b.append(&h, name).unwrap();
+        let m = b"\0asm\x01\0\0\0";
+        let mut h = tar::Header::new_gnu();
+        h.set_size(m.len() as u64);
+        h.set_cksum();
+        b.append_data(&mut h, "plugin.wasm", &m[..]).unwrap();
+        b.into_inner().unwrap().finish().unwrap()
+    }
+
+    #[test]
+    fn a_huge_long_name_header_is_refused_without_reading_it_into_memory() {
+        // 4 MiB of name compress to a few KiB.
+        let layer = long_name_layer(&vec![0; 4 << 20]);
+        assert!(layer.len() < 64 << 10, "{} bytes compressed", layer.len());
+        let ((dir, out), allocated) = crate::alloc_meter::allocated_by(|| extract(&layer, 2 << 20));
+        let e = out.unwrap_err().to_string();
+        assert!(e.contains("extended (PAX or long-name) header"), "{e}");
+        assert!(allocated < 1 << 20, "{allocated} bytes allocated");
+        assert_eq!(tmp_files(dir.path()), 0);
+
+        // The same inside a plain tar body (an HTTP source).
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let mut staging = cache.staging(8 << 20).unwrap();
+        let mut tar_body = Vec::new();
+        flate2::read::GzDecoder::new(&layer[..])
+            .read_to_end(&mut tar_body)
+            .unwrap();
+        staging.write(&tar_body).unwrap();
+        drop(tar_body);
+        let (out, allocated) = crate::alloc_meter::allocated_by(|| unbox(&cache, staging));
+        let e = out.err().unwrap().to_string();
+        assert!(e.contains("extended (PAX or long-name) header"), "{e}");
+        assert!(allocated < 1 << 20, "{allocated} bytes allocated");
+
+        // A long name of ordinary length still names plugin.wasm.
+        let name = format!("{}plugin.wasm\0", "deep/".repeat(60));
+        let (_, out) = extract(&long_name_layer(name.as_bytes()), 1 << 20);
+        assert_eq!(out.unwrap(), b"\0asm\x01\0\0\0");
     }
 
     #[test]

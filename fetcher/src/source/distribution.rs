@@ -16,7 +16,7 @@ use oci_client::secrets::RegistryAuth;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
 use serde_json::Value;
 
-use crate::error::FetchError;
+use crate::error::{shown, FetchError};
 use crate::net;
 use crate::settings::Settings;
 use crate::verify::Sha256;
@@ -115,13 +115,27 @@ impl Distribution {
         match resp.status().as_u16() {
             400 => Err(PingFailure::BadRequest),
             401 => {
+                // A ping redirected to another origin brings back that origin's challenge: its
+                // realm is not one the registry named, and gets no credentials.
+                let from_registry = url::Url::parse(&url).is_ok_and(|asked| {
+                    let got = resp.url();
+                    (got.scheme(), got.host_str(), got.port_or_known_default())
+                        == (
+                            asked.scheme(),
+                            asked.host_str(),
+                            asked.port_or_known_default(),
+                        )
+                });
                 let challenges: Vec<String> = resp
                     .headers()
                     .get_all(WWW_AUTHENTICATE)
                     .iter()
                     .filter_map(|v| v.to_str().ok().map(str::to_string))
                     .collect();
-                self.authorization = self.answer(&challenges).await.map_err(PingFailure::Other)?;
+                self.authorization = self
+                    .answer(&challenges, from_registry)
+                    .await
+                    .map_err(PingFailure::Other)?;
                 Ok(())
             }
             // Authentication is not needed, or not announced here: a token from the pull
@@ -135,8 +149,13 @@ impl Distribution {
         }
     }
 
-    /// The `Authorization` to send after a challenge.
-    async fn answer(&self, challenges: &[String]) -> Result<Option<HeaderValue>, FetchError> {
+    /// The `Authorization` to send after a challenge; `from_registry`: the registry itself
+    /// issued it, so its token realm may be sent the registry's credentials.
+    async fn answer(
+        &self,
+        challenges: &[String],
+        from_registry: bool,
+    ) -> Result<Option<HeaderValue>, FetchError> {
         if let RegistryAuth::Bearer(t) = &self.credentials {
             return Ok(header(&format!("Bearer {t}")));
         }
@@ -162,7 +181,9 @@ impl Distribution {
         for (scheme, realm, service) in parsed {
             match (scheme.as_str(), realm) {
                 ("bearer", Some(realm)) => {
-                    let token = self.token(&realm, service.as_deref()).await?;
+                    let token = self
+                        .token(&realm, service.as_deref(), from_registry)
+                        .await?;
                     return Ok(header(&format!("Bearer {token}")));
                 }
                 ("basic", _) => basic = true,
@@ -181,8 +202,14 @@ impl Distribution {
         }
     }
 
-    /// A pull token from the realm a bearer challenge named.
-    async fn token(&self, realm: &str, service: Option<&str>) -> Result<String, FetchError> {
+    /// A pull token from the realm a bearer challenge named, asked with the registry's
+    /// credentials when `with_credentials`, anonymously otherwise.
+    async fn token(
+        &self,
+        realm: &str,
+        service: Option<&str>,
+        with_credentials: bool,
+    ) -> Result<String, FetchError> {
         let realm_url = check_realm(
             realm,
             self.scheme == Scheme::Http || self.insecure,
@@ -194,8 +221,9 @@ impl Distribution {
             query.push(("service", s));
         }
         let mut req = self.http.get(realm_url.clone()).query(&query);
-        if let RegistryAuth::Basic(u, p) = &self.credentials {
-            req = req.basic_auth(u, Some(p));
+        match &self.credentials {
+            RegistryAuth::Basic(u, p) if with_credentials => req = req.basic_auth(u, Some(p)),
+            _ => {}
         }
         let resp = req.send().await.map_err(|e| self.send_error(e))?;
         if let Some(e) = net::unfollowed_redirect(&resp) {
@@ -208,15 +236,19 @@ impl Distribution {
                 let text = net::error_text(resp).await;
                 return Err(FetchError::Registry {
                     message: format!(
-                        "token realm {realm_url} answered HTTP {status}: {}",
-                        String::from_utf8_lossy(&text).trim()
+                        "token realm {} answered HTTP {status}: {}",
+                        shown(realm_url.as_str()),
+                        shown(String::from_utf8_lossy(&text).trim())
                     ),
                 });
             }
         }
         let body = net::read_limited(resp, TOKEN_LIMIT, "token response").await?;
         let doc: Value = serde_json::from_slice(&body).map_err(|e| FetchError::Registry {
-            message: format!("token realm {realm_url} answered something not JSON: {e}"),
+            message: format!(
+                "token realm {} answered something not JSON: {e}",
+                shown(realm_url.as_str())
+            ),
         })?;
         ["token", "access_token"]
             .iter()
@@ -224,7 +256,10 @@ impl Distribution {
             .filter(|t| !t.is_empty())
             .map(str::to_string)
             .ok_or_else(|| FetchError::Registry {
-                message: format!("token realm {realm_url} answered no token"),
+                message: format!(
+                    "token realm {} answered no token",
+                    shown(realm_url.as_str())
+                ),
             })
     }
 
@@ -283,7 +318,7 @@ impl Distribution {
     /// A foreign layer from a URL its descriptor lists: no credentials, the same guard.
     pub async fn foreign(&self, url: &str) -> Result<reqwest::Response, FetchError> {
         // The manifest's word, not the user's: a bad URL here is the registry's error.
-        let shown: String = url.chars().take(200).collect();
+        let shown = shown(url);
         let parsed = url::Url::parse(url).map_err(|e| FetchError::Registry {
             message: format!("foreign layer URL {shown:?}: {e}"),
         })?;
@@ -351,16 +386,10 @@ impl Distribution {
                 .errors
                 .iter()
                 .take(3)
-                .map(|e| {
-                    let message: String = e.message.chars().take(200).collect();
-                    format!("{:?}: {message}", e.code)
-                })
+                .map(|e| format!("{:?}: {}", e.code, shown(&e.message)))
                 .collect::<Vec<_>>()
                 .join("; "),
-            None => String::from_utf8_lossy(&text)
-                .chars()
-                .take(200)
-                .collect::<String>(),
+            None => shown(&String::from_utf8_lossy(&text)),
         };
         FetchError::Registry {
             message: format!("{url}: HTTP {status}: {}", message.trim()),
@@ -398,7 +427,7 @@ pub fn check_realm(
     settings: &Settings,
 ) -> Result<url::Url, FetchError> {
     let unsafe_realm = |reason: &str| FetchError::UnsafeRealm {
-        realm: realm.chars().take(200).collect(),
+        realm: shown(realm),
         reason: reason.to_string(),
     };
     let url = url::Url::parse(realm).map_err(|e| unsafe_realm(&format!("not a URL: {e}")))?;

@@ -60,6 +60,18 @@ pub fn blob_path(bytes: &[u8]) -> String {
     format!("/v2/a/m/blobs/sha256:{}", sha256_hex(bytes))
 }
 
+/// A ping's answer asking for a token from `realm`.
+pub fn bearer_challenge(realm: &str) -> Behaviour {
+    Behaviour::Respond(
+        401,
+        vec![(
+            "www-authenticate".into(),
+            format!("Bearer realm=\"{realm}\",service=\"s\""),
+        )],
+        vec![],
+    )
+}
+
 fn image_url(server: &Server) -> String {
     format!("oci://{}/a/m:1", server.host())
 }
@@ -90,14 +102,7 @@ fn a_token_response_over_1_mib_is_refused() {
         vec![
             (
                 "/v2/".to_string(),
-                Behaviour::Respond(
-                    401,
-                    vec![(
-                        "www-authenticate".into(),
-                        format!("Bearer realm=\"{base}/token\",service=\"s\""),
-                    )],
-                    vec![],
-                ),
+                bearer_challenge(&format!("{base}/token")),
             ),
             (
                 "/token".to_string(),
@@ -251,10 +256,30 @@ fn an_ipv6_registry_literal_works_and_a_bad_port_is_a_usage_error() {
             err.contains("invalid URL") && err.contains(words),
             "{url}: {err}"
         );
-        let message = err.trim_start_matches(&format!("wasm-fetcher: {url}: "));
-        assert!(
-            !message.contains("hunter2"),
-            "the password was repeated: {err}"
-        );
+        assert!(!err.contains("hunter2"), "the password was printed: {err}");
     }
+}
+
+#[test]
+fn a_token_realm_error_is_quoted_short_and_on_one_line() {
+    let padding = "a".repeat(20_000);
+    let server = Server::start_with_self(|base| {
+        vec![
+            (
+                "/v2/".to_string(),
+                bearer_challenge(&format!("{base}/token?pad={padding}")),
+            ),
+            (
+                "/token".to_string(),
+                Behaviour::Respond(
+                    500,
+                    vec![],
+                    format!("first line\nsecond line\n{padding}").into_bytes(),
+                ),
+            ),
+        ]
+    });
+    let o = pull_fails(&server, "answered HTTP 500: first line second line");
+    let err = stderr(&o);
+    assert!(err.len() < 1000, "{} bytes: {err}", err.len());
 }

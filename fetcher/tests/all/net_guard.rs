@@ -5,7 +5,9 @@
 
 use oci_client::secrets::RegistryAuth;
 
-use crate::hostile_registry::{blob_path, layer, manifest, registry_routes, serve};
+use crate::hostile_registry::{
+    bearer_challenge, blob_path, layer, manifest, registry_routes, serve,
+};
 use crate::oci_registry::{Options, Registry};
 use crate::support::*;
 
@@ -341,5 +343,48 @@ fn a_tar_gz_layer_over_the_size_limit_is_refused_before_its_download() {
         reg.requests("GET", "/v2/big/image/blobs/"),
         before,
         "the oversized layer was downloaded"
+    );
+}
+
+#[test]
+fn a_realm_named_by_a_host_the_ping_was_redirected_to_gets_no_credentials() {
+    let m = module("redirected-ping");
+    // The other origin answers the ping with its own bearer challenge and hands out a token.
+    let other = Server::start_with_self(|base| {
+        vec![
+            (
+                "/v2/".to_string(),
+                bearer_challenge(&format!("{base}/token")),
+            ),
+            (
+                "/token".to_string(),
+                Behaviour::Ok(br#"{"token":"t"}"#.to_vec()),
+            ),
+        ]
+    });
+    let mut routes = registry_routes(
+        manifest(vec![layer("application/wasm", &m)]),
+        vec![(blob_path(&m), Behaviour::Ok(m.clone()))],
+    );
+    routes[0].1 = Behaviour::Respond(307, vec![("location".into(), other.url("/v2/"))], vec![]);
+    let registry = serve(&routes);
+    let dir = tempfile::tempdir().unwrap();
+    let secret = docker_config(dir.path(), registry.host());
+    let url = format!("oci://{}/a/m:1", registry.host());
+    let o = pull(
+        &dir.path().join("cache"),
+        &[&url, "--pull-secret", secret.to_str().unwrap()],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let token_requests: Vec<Seen> = other
+        .seen()
+        .into_iter()
+        .filter(|s| s.target.starts_with("/token"))
+        .collect();
+    assert_eq!(token_requests.len(), 1, "{token_requests:?}");
+    assert_eq!(
+        token_requests[0].header("authorization"),
+        None,
+        "the registry's credentials went to a realm it did not name"
     );
 }

@@ -296,3 +296,69 @@ fn a_long_pull_shows_a_progress_bar_on_a_terminal_and_nothing_when_piped() {
         "no progress bar on the terminal: {screen:?}"
     );
 }
+
+/// A password in the URL is the user's secret: the failure line names the URL without it,
+/// even where the transport's own message repeats the URL.
+#[test]
+fn a_failure_never_prints_the_password_of_the_url() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let dir = tempfile::tempdir().unwrap();
+    for (url, shown) in [
+        (
+            format!("http://user:s3cret@127.0.0.1:{port}/m.wasm"),
+            format!("http://***@127.0.0.1:{port}/m.wasm"),
+        ),
+        (
+            "oci://user:s3cret@127.0.0.1:5000/a/m:1".to_string(),
+            "oci://***@127.0.0.1:5000/a/m:1".to_string(),
+        ),
+    ] {
+        let o = fetcher()
+            .env("WASM_HTTP_REQUEST_MAX_RETRIES", "1")
+            .args(["pull", &url, "--cache-dir"])
+            .arg(dir.path())
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert_ne!(o.status.code(), Some(0), "{err}");
+        assert!(!err.contains("s3cret"), "the password was printed: {err}");
+        assert!(
+            err.starts_with(&format!("wasm-fetcher: {shown}: ")),
+            "the URL is still named: {err}"
+        );
+    }
+}
+
+/// The cache index is world-readable: a URL's password is not written to it, nor printed by
+/// `pull --json` or `ls`; the source is still known, so the next pull is served from cache.
+#[test]
+fn a_url_password_is_not_written_to_the_cache_or_printed() {
+    let bytes = module("userinfo");
+    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(bytes.clone()))]);
+    let dir = tempfile::tempdir().unwrap();
+    let url = server
+        .url("/m.wasm")
+        .replace("http://", "http://user:s3cret@");
+    for from_cache in [false, true] {
+        let o = pull(dir.path(), &[&url, "--json"]);
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(!out.contains("s3cret"), "{out}");
+        assert!(
+            out.contains(&format!("\"from_cache\":{from_cache}")),
+            "{out}"
+        );
+    }
+    assert_eq!(server.hits("/m.wasm"), 1);
+    let index = std::fs::read_to_string(dir.path().join("index.json")).unwrap();
+    assert!(!index.contains("s3cret"), "{index}");
+    assert!(index.contains("http://***@127.0.0.1"), "{index}");
+    let ls = fetcher()
+        .args(["ls", "--cache-dir"])
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&ls.stdout).contains("s3cret"));
+}
