@@ -15,7 +15,7 @@ use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
 use crate::reference::OciRef;
 use crate::settings::Settings;
-use crate::source::distribution::{Distribution, PingFailure, Scheme};
+use crate::source::distribution::{Access, Distribution, PingFailure, Scheme};
 use crate::verify::{parse_digest, Sha256};
 
 /// Media types, in one place.
@@ -26,6 +26,11 @@ pub mod media {
         "application/vnd.module.wasm.content.layer.v1+wasm",
     ];
     pub const ISTIO_WASM_LAYER: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
+    /// The config of Istio's Wasm artifact, also its second layer (`crate::push`).
+    pub const ISTIO_WASM_CONFIG: &str = "application/vnd.module.wasm.config.v1+json";
+    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub const OCI_IMAGE_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub const OCI_TAR_GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
     pub const TAR_GZIP_LAYERS: &[&str] = &[
         "application/vnd.docker.image.rootfs.diff.tar.gzip",
         "application/vnd.oci.image.layer.v1.tar+gzip",
@@ -56,6 +61,7 @@ pub struct Registry {
     credentials: RegistryAuth,
     transport: Transport,
     settings: Settings,
+    access: Access,
 }
 
 /// How a registry may be spoken to, from its address and `WASM_INSECURE_REGISTRIES` alone.
@@ -117,11 +123,18 @@ impl Registry {
             credentials,
             transport: Transport::for_registry(r, settings),
             settings: settings.clone(),
+            access: Access::Pull,
         }
     }
 
+    /// A registry to push to: a token realm is asked for `pull,push`.
+    pub fn for_push(mut self) -> Self {
+        self.access = Access::Push;
+        self
+    }
+
     /// The first request of a pull, which settles the protocol and the authentication.
-    async fn connect(&self) -> Result<Distribution, FetchError> {
+    pub(crate) async fn connect(&self) -> Result<Distribution, FetchError> {
         let insecure = self.transport == Transport::Insecure;
         let mut first: Option<FetchError> = None;
         let schemes = self.transport.schemes();
@@ -133,7 +146,8 @@ impl Registry {
                 insecure,
                 self.credentials.clone(),
                 &self.settings,
-            )?;
+            )?
+            .with_access(self.access);
             let failure = match d.ping().await {
                 Ok(()) => return Ok(d),
                 Err(f) => f,
