@@ -1,0 +1,336 @@
+//! `push` to a real `docker-registry`, read back by this fetcher (by tag, by digest, pinned)
+//! and by `skopeo`, with the project's own filter (`make filter`) as the module.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use crate::oci_registry::Registry;
+use crate::support::*;
+
+/// The project's filter, built by `make filter`.
+pub fn filter_wasm() -> PathBuf {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/wasm32-wasip1/wasm-release/wasm_filter.wasm");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `make filter` (or `make test`)",
+        p.display()
+    );
+    p
+}
+
+/// `wasm-fetcher push ARGS` with `home` as the home directory and no Docker config but the
+/// one a test passes.
+fn push(home: &Path, args: &[&str]) -> Output {
+    fetcher()
+        .env("HOME", home)
+        .env_remove("DOCKER_CONFIG")
+        .arg("push")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn push_json(home: &Path, args: &[&str]) -> serde_json::Value {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let o = push(home, &all);
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+fn pulled(cache: &Path, args: &[&str]) -> (Vec<u8>, serde_json::Value) {
+    let mut all = args.to_vec();
+    all.push("--json");
+    let o = pull(cache, &all);
+    assert_eq!(o.status.code(), Some(0), "{args:?}: {}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    (std::fs::read(v["path"].as_str().unwrap()).unwrap(), v)
+}
+
+fn skopeo(args: &[&str]) -> Output {
+    let o = Command::new("skopeo")
+        .args(args)
+        .output()
+        .expect("skopeo is needed");
+    assert!(o.status.success(), "skopeo {args:?}: {}", stderr(&o));
+    o
+}
+
+/// Every request the registry logged, the `/v2/` ping included.
+fn requests_to_v2(reg: &Registry) -> usize {
+    ["GET", "HEAD", "POST", "PUT", "PATCH"]
+        .iter()
+        .map(|m| reg.requests(m, "/v2/"))
+        .sum()
+}
+
+/// `plugin.wasm` out of a compat layer (a tar.gz).
+fn plugin_wasm(layer: &[u8]) -> Vec<u8> {
+    let mut archive = tar::Archive::new(flate2::read::GzDecoder::new(layer));
+    for entry in archive.entries().unwrap() {
+        let mut entry = entry.unwrap();
+        if entry.path().unwrap().file_name().and_then(|n| n.to_str()) == Some("plugin.wasm") {
+            let mut out = Vec::new();
+            std::io::Read::read_to_end(&mut entry, &mut out).unwrap();
+            return out;
+        }
+    }
+    panic!("no plugin.wasm in the layer");
+}
+
+#[test]
+fn both_layouts_come_back_byte_for_byte_through_this_fetcher_and_skopeo() {
+    let reg = Registry::start(false);
+    let module_path = filter_wasm();
+    let module = std::fs::read(&module_path).unwrap();
+    let module_str = module_path.to_str().unwrap();
+    let home = tempfile::tempdir().unwrap();
+    for (layout, layers) in [("wasm", 2), ("compat", 1)] {
+        let url = format!("oci://{}/filters/{layout}:1.0", reg.host);
+        let p = push_json(
+            home.path(),
+            &[module_str, &url, "--layout", layout, "--check-abi"],
+        );
+        assert_eq!(p["outcome"], "pushed", "{layout}");
+        assert_eq!(p["sha256"], sha256_hex(&module), "{layout}");
+        assert_eq!(p["layout"], layout);
+        assert_eq!(p["abi_versions"][0], "proxy_abi_version_0_2_1");
+        let digest = p["manifest_digest"].as_str().unwrap();
+        let digest_hex = digest.trim_start_matches("sha256:");
+
+        // This fetcher: by tag, by digest, and by tag pinned to either digest.
+        let (bytes, v) = pulled(tempfile::tempdir().unwrap().path(), &[&url]);
+        assert_eq!(bytes, module, "{layout} by tag");
+        assert_eq!(v["manifest_digest"], digest);
+        let (bytes, _) = pulled(
+            tempfile::tempdir().unwrap().path(),
+            &[p["digest_url"].as_str().unwrap()],
+        );
+        assert_eq!(bytes, module, "{layout} by digest");
+        let (bytes, v) = pulled(
+            tempfile::tempdir().unwrap().path(),
+            &[&url, "--sha256", digest_hex],
+        );
+        assert_eq!(
+            (bytes == module, &v["pin"]),
+            (true, &"manifest_digest".into())
+        );
+        let (bytes, v) = pulled(
+            tempfile::tempdir().unwrap().path(),
+            &[&url, "--sha256", &sha256_hex(&module)],
+        );
+        assert_eq!(
+            (bytes == module, &v["pin"]),
+            (true, &"module_sha256".into())
+        );
+
+        // skopeo: the manifest it reads is the one pushed, and so are the module's bytes.
+        let source = format!("docker://{}/filters/{layout}:1.0", reg.host);
+        let raw = skopeo(&["inspect", "--tls-verify=false", "--raw", &source]).stdout;
+        assert_eq!(format!("sha256:{}", sha256_hex(&raw)), digest, "{layout}");
+        let manifest: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+        assert_eq!(manifest["layers"].as_array().unwrap().len(), layers);
+        let out = tempfile::tempdir().unwrap();
+        let dest = format!("dir:{}", out.path().join("image").display());
+        skopeo(&["copy", "--src-tls-verify=false", &source, &dest]);
+        let last = manifest["layers"]
+            .as_array()
+            .unwrap()
+            .last()
+            .unwrap()
+            .clone();
+        let blob = std::fs::read(
+            out.path().join("image").join(
+                last["digest"]
+                    .as_str()
+                    .unwrap()
+                    .trim_start_matches("sha256:"),
+            ),
+        )
+        .unwrap();
+        match layout {
+            "wasm" => {
+                assert_eq!(
+                    last["mediaType"],
+                    "application/vnd.module.wasm.content.layer.v1+wasm"
+                );
+                assert_eq!(blob, module);
+            }
+            _ => {
+                assert_eq!(
+                    last["mediaType"],
+                    "application/vnd.oci.image.layer.v1.tar+gzip"
+                );
+                assert_eq!(plugin_wasm(&blob), module);
+            }
+        }
+    }
+}
+
+#[test]
+fn pushing_the_same_module_again_sends_nothing_and_says_so() {
+    let reg = Registry::start(false);
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.wasm");
+    std::fs::write(&m, module("again")).unwrap();
+    let url = format!("oci://{}/again/filter:1", reg.host);
+    let first = push_json(dir.path(), &[m.to_str().unwrap(), &url]);
+    assert_eq!(first["outcome"], "pushed");
+    let uploads = reg.requests("POST", "/v2/again/filter/blobs/uploads/");
+    let puts = reg.requests("PUT", "/v2/again/filter/");
+    assert_eq!((uploads, puts), (2, 3), "2 blobs and a manifest");
+    let o = push(dir.path(), &[m.to_str().unwrap(), &url]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("unchanged "), "{text}");
+    assert!(
+        text.contains(first["manifest_digest"].as_str().unwrap()),
+        "{text}"
+    );
+    assert_eq!(
+        (
+            reg.requests("POST", "/v2/again/filter/blobs/uploads/"),
+            reg.requests("PUT", "/v2/again/filter/")
+        ),
+        (uploads, puts),
+        "an unchanged push uploaded something"
+    );
+    // A changed module under the same tag is pushed, and only its new blob is uploaded.
+    std::fs::write(&m, module("changed")).unwrap();
+    let second = push_json(dir.path(), &[m.to_str().unwrap(), &url]);
+    assert_eq!(second["outcome"], "pushed");
+    assert_ne!(second["manifest_digest"], first["manifest_digest"]);
+    assert_eq!(
+        reg.requests("POST", "/v2/again/filter/blobs/uploads/"),
+        uploads + 1,
+        "the config blob the registry had was uploaded again"
+    );
+}
+
+#[test]
+fn a_registry_with_auth_takes_a_push_with_the_pull_secret_and_refuses_one_without() {
+    let reg = Registry::start(true);
+    let dir = tempfile::tempdir().unwrap();
+    let m = dir.path().join("m.wasm");
+    let module = module("private push");
+    std::fs::write(&m, &module).unwrap();
+    let url = format!("oci://{}/priv/filter:1.0", reg.host);
+    let o = push(dir.path(), &[m.to_str().unwrap(), &url]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.starts_with(&format!(
+            "wasm-fetcher: {url}: unauthorized: registry {}",
+            reg.host
+        )),
+        "{err}"
+    );
+    assert!(err.contains("--pull-secret"), "{err}");
+    assert!(o.stdout.is_empty());
+    assert_eq!(reg.requests("PUT", "/v2/priv/"), 0);
+
+    let secret = docker_config(dir.path(), &reg.host);
+    let secret = secret.to_str().unwrap();
+    let p = push_json(
+        dir.path(),
+        &[m.to_str().unwrap(), &url, "--pull-secret", secret],
+    );
+    assert_eq!(p["outcome"], "pushed");
+    let cache = dir.path().join("cache");
+    let (bytes, _) = pulled(&cache, &[&url, "--pull-secret", secret]);
+    assert_eq!(bytes, module);
+}
+
+#[test]
+fn bad_input_gets_a_clear_error_and_nothing_is_sent() {
+    let reg = Registry::start(false);
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("notes.wasm");
+    std::fs::write(&text, "not a module at all").unwrap();
+    let component = dir.path().join("component.wasm");
+    std::fs::write(&component, b"\0asm\x0d\0\x01\0").unwrap();
+    let cut = dir.path().join("cut.wasm");
+    let whole = std::fs::read(filter_wasm()).unwrap();
+    std::fs::write(&cut, &whole[..whole.len() / 2]).unwrap();
+    let plain = dir.path().join("plain.wasm");
+    std::fs::write(&plain, module("no abi")).unwrap();
+    let missing = dir.path().join("missing.wasm");
+    let good = filter_wasm();
+    let url = format!("oci://{}/bad/filter:1.0", reg.host);
+    let p = |p: &Path| p.to_str().unwrap().to_string();
+    let digest_ref = format!("oci://{}/bad/filter@sha256:{}", reg.host, "a".repeat(64));
+    let untagged = format!("oci://{}/bad/filter", reg.host);
+    let cases: Vec<(Vec<String>, i32, &str)> = vec![
+        (vec![p(&text), url.clone()], 1, "not a Wasm module"),
+        (vec![p(&component), url.clone()], 1, "component"),
+        (vec![p(&cut), url.clone()], 1, "malformed"),
+        (
+            vec![p(&plain), url.clone(), "--check-abi".into()],
+            1,
+            "not a proxy-wasm module",
+        ),
+        (vec![p(&missing), url.clone()], 1, "no such file"),
+        (
+            vec![p(&dir.path().to_path_buf()), url.clone()],
+            1,
+            "not a regular file",
+        ),
+        (vec![p(&good), untagged.clone()], 2, "name a tag"),
+        (vec![p(&good), digest_ref.clone()], 2, "not a digest"),
+        (
+            vec![p(&good), "https://example.com/f.wasm".into()],
+            2,
+            "push needs oci://",
+        ),
+        (
+            vec![p(&good), format!("oci://{}/Bad/Filter:1", reg.host)],
+            2,
+            "lower-case",
+        ),
+    ];
+    for (args, code, words) in cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = push(dir.path(), &args);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {err}");
+        assert!(err.starts_with("wasm-fetcher: "), "{err}");
+        assert!(err.contains(words), "{args:?}: expected {words:?} in {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+    }
+    assert_eq!(
+        writes_and_reads(&reg),
+        0,
+        "a refused push reached the registry"
+    );
+}
+
+#[test]
+fn the_wasmplugin_it_prints_pulls_the_module_by_digest() {
+    let reg = Registry::start(false);
+    let home = tempfile::tempdir().unwrap();
+    let module_path = filter_wasm();
+    let url = format!("oci://{}/filters/wasm-filter:dev", reg.host);
+    let o = push(
+        home.path(),
+        &[
+            module_path.to_str().unwrap(),
+            &url,
+            "--wasmplugin",
+            "wasm-filter",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let doc: serde_json::Value = serde_norway::from_slice(&o.stdout).unwrap();
+    assert_eq!(doc["kind"], "WasmPlugin");
+    assert_eq!(doc["apiVersion"], "extensions.istio.io/v1alpha1");
+    assert_eq!(doc["metadata"]["name"], "wasm-filter");
+    assert_eq!(doc["spec"]["url"], url.as_str());
+    let sha = doc["spec"]["sha256"].as_str().unwrap();
+    assert_eq!(sha.len(), 64, "{sha}");
+    // Pulled the way Istio's agent would: the URL, pinned by the resource's sha256.
+    let (bytes, v) = pulled(home.path(), &[&url, "--sha256", sha]);
+    assert_eq!(bytes, std::fs::read(&module_path).unwrap());
+    assert_eq!(v["pin"], "manifest_digest");
+}
