@@ -28,7 +28,8 @@ pub async fn current_digest(d: &Distribution, tag: &str) -> Result<Option<String
         .join(", ");
     match d.manifest(tag, &accept).await {
         Ok((_, digest)) => Ok(Some(digest)),
-        Err(FetchError::NotFound { .. }) => Ok(None),
+        // Only a shortcut: a registry that cannot say (an odd answer to a GET) gets the push.
+        Err(FetchError::NotFound { .. } | FetchError::Registry { .. }) => Ok(None),
         Err(e) => Err(e.into()),
     }
 }
