@@ -102,6 +102,10 @@ enum Command {
         /// Print an Istio WasmPlugin named NAME that pulls the pushed module by digest.
         #[arg(long, value_name = "NAME")]
         wasmplugin: Option<String>,
+        /// With --wasmplugin: the WasmPlugin's pluginConfig, from a JSON or YAML file holding
+        /// an object (the filter's role configuration).
+        #[arg(long, value_name = "FILE", requires = "wasmplugin")]
+        plugin_config: Option<PathBuf>,
     },
     /// Remove modules unused for longer than WASM_MODULE_EXPIRY (default 24h).
     Purge {
@@ -189,6 +193,7 @@ fn main() -> ExitCode {
             timeout,
             json,
             wasmplugin,
+            plugin_config,
         } => {
             let bar = progress_bar(&format!("pushing to {url}"));
             let req = wasm_fetcher::push::PushRequest {
@@ -201,7 +206,7 @@ fn main() -> ExitCode {
             };
             let output = match (json, wasmplugin) {
                 (true, _) => PushOutput::Json,
-                (false, Some(name)) => PushOutput::WasmPlugin(name),
+                (false, Some(name)) => PushOutput::WasmPlugin(name, plugin_config),
                 (false, None) => PushOutput::Text,
             };
             let result = run_push(&req, insecure_registry, ca_file, timeout, &output);
@@ -336,7 +341,7 @@ fn run_pull(
 enum PushOutput {
     Text,
     Json,
-    WasmPlugin(String),
+    WasmPlugin(String, Option<PathBuf>),
 }
 
 fn run_push(
@@ -348,6 +353,13 @@ fn run_push(
 ) -> anyhow::Result<()> {
     let mut settings = Settings::from_env()?;
     settings.insecure_registries.extend(insecure_registries);
+    // Read before anything is pushed: a bad file fails the command with nothing sent.
+    let plugin_config = match output {
+        PushOutput::WasmPlugin(_, Some(path)) => {
+            Some(wasm_fetcher::push::read_plugin_config(path)?)
+        }
+        _ => None,
+    };
     if let Some(ca) = ca_file {
         settings.add_ca_file(&ca)?;
     }
@@ -363,9 +375,11 @@ fn run_push(
         outcome.map_err(|_| anyhow::anyhow!("timed out after {timeout:?} (--timeout)"))??;
     match output {
         PushOutput::Json => println!("{}", serde_json::to_string(&pushed)?),
-        PushOutput::WasmPlugin(name) => {
-            print!("{}", wasm_fetcher::push::wasm_plugin(&pushed, name))
-        }
+        PushOutput::WasmPlugin(name, _) => print!(
+            "{}",
+            wasm_fetcher::push::wasm_plugin(&pushed, name, plugin_config.as_ref())
+                .map_err(|e| anyhow::anyhow!("cannot write the WasmPlugin: {e}"))?
+        ),
         PushOutput::Text => {
             let verb = match pushed.outcome {
                 wasm_fetcher::push::Outcome::Pushed => "pushed",

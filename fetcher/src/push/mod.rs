@@ -169,29 +169,61 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
 
 /// A `WasmPlugin` naming what was pushed, for Istio: the tag, pinned by `sha256`, which
 /// for an `oci://` URL Istio (and Envoy Gateway) compare with the image's manifest digest,
-/// not the module's sha256; this fetcher accepts either.
-pub fn wasm_plugin(p: &Pushed, name: &str) -> String {
-    format!(
+/// not the module's sha256 (this fetcher accepts either). `plugin_config` becomes its
+/// `pluginConfig`, the configuration the module is started with.
+pub fn wasm_plugin(
+    p: &Pushed,
+    name: &str,
+    plugin_config: Option<&serde_json::Value>,
+) -> Result<String, String> {
+    let mut spec = serde_json::json!({
+        "url": p.url,
+        "sha256": p.manifest_digest.trim_start_matches("sha256:"),
+        "imagePullPolicy": "IfNotPresent",
+    });
+    if let Some(config) = plugin_config {
+        spec["pluginConfig"] = config.clone();
+    }
+    let doc = serde_json::json!({
+        "apiVersion": "extensions.istio.io/v1alpha1",
+        "kind": "WasmPlugin",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    let yaml = serde_norway::to_string(&doc).map_err(|e| e.to_string())?;
+    let outcome = match p.outcome {
+        Outcome::Pushed => "pushed",
+        Outcome::Unchanged => "unchanged",
+    };
+    Ok(format!(
         "# {outcome} {url} (layout {layout})\n\
-         # manifest digest: {manifest}\n\
+         # manifest digest: {manifest} (spec.sha256: Istio checks an oci:// module against it)\n\
          # module sha256:   {sha}\n\
-         apiVersion: extensions.istio.io/v1alpha1\n\
-         kind: WasmPlugin\n\
-         metadata:\n  name: {name}\n\
-         spec:\n  url: {url}\n\
-         \x20 # Istio checks an oci:// module's sha256 against the image manifest digest.\n\
-         \x20 sha256: {manifest_hex}\n\
-         \x20 imagePullPolicy: IfNotPresent\n",
-        outcome = match p.outcome {
-            Outcome::Pushed => "pushed",
-            Outcome::Unchanged => "unchanged",
-        },
+         {yaml}",
         url = p.url,
         layout = p.layout,
         manifest = p.manifest_digest,
         sha = p.sha256,
-        manifest_hex = p.manifest_digest.trim_start_matches("sha256:"),
-    )
+    ))
+}
+
+/// `--plugin-config`: a JSON or YAML object from a regular file of at most 1 MiB.
+pub fn read_plugin_config(path: &std::path::Path) -> Result<serde_json::Value, FetchError> {
+    use crate::regular_file::{read_input, PULL_SECRET_LIMIT};
+    let bytes = read_input(path, "--plugin-config", PULL_SECRET_LIMIT)?;
+    let bad = |reason: String| FetchError::Read {
+        what: "--plugin-config",
+        path: path.to_path_buf(),
+        reason,
+    };
+    let value: serde_json::Value =
+        serde_norway::from_slice(&bytes).map_err(|e| bad(format!("not JSON or YAML: {e}")))?;
+    if !value.is_object() {
+        return Err(bad(
+            "expected an object (the plugin configuration, such as {\"role\": ...})".into(),
+        ));
+    }
+    Ok(value)
 }
 
 #[cfg(test)]

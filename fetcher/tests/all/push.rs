@@ -311,6 +311,12 @@ fn the_wasmplugin_it_prints_pulls_the_module_by_digest() {
     let reg = Registry::start(false);
     let home = tempfile::tempdir().unwrap();
     let module_path = filter_wasm();
+    let config = home.path().join("header-ops.yaml");
+    std::fs::write(
+        &config,
+        "role: http-header-operation\nrequest:\n  add: [{name: x-added-by, value: wasm-filter}]\n",
+    )
+    .unwrap();
     let url = format!("oci://{}/filters/wasm-filter:dev", reg.host);
     let o = push(
         home.path(),
@@ -319,6 +325,8 @@ fn the_wasmplugin_it_prints_pulls_the_module_by_digest() {
             &url,
             "--wasmplugin",
             "wasm-filter",
+            "--plugin-config",
+            config.to_str().unwrap(),
         ],
     );
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
@@ -327,12 +335,40 @@ fn the_wasmplugin_it_prints_pulls_the_module_by_digest() {
     assert_eq!(doc["apiVersion"], "extensions.istio.io/v1alpha1");
     assert_eq!(doc["metadata"]["name"], "wasm-filter");
     assert_eq!(doc["spec"]["url"], url.as_str());
+    assert_eq!(doc["spec"]["imagePullPolicy"], "IfNotPresent");
+    assert_eq!(doc["spec"]["pluginConfig"]["role"], "http-header-operation");
+    assert_eq!(
+        doc["spec"]["pluginConfig"]["request"]["add"][0]["value"],
+        "wasm-filter"
+    );
     let sha = doc["spec"]["sha256"].as_str().unwrap();
     assert_eq!(sha.len(), 64, "{sha}");
     // Pulled the way Istio's agent would: the URL, pinned by the resource's sha256.
     let (bytes, v) = pulled(home.path(), &[&url, "--sha256", sha]);
     assert_eq!(bytes, std::fs::read(&module_path).unwrap());
     assert_eq!(v["pin"], "manifest_digest");
+
+    // A plugin configuration that is not an object fails the command before any push.
+    std::fs::write(&config, "[1, 2]").unwrap();
+    let other = format!("oci://{}/filters/other:dev", reg.host);
+    let o = push(
+        home.path(),
+        &[
+            module_path.to_str().unwrap(),
+            &other,
+            "--wasmplugin",
+            "wasm-filter",
+            "--plugin-config",
+            config.to_str().unwrap(),
+        ],
+    );
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("--plugin-config") && err.contains("expected an object"),
+        "{err}"
+    );
+    assert_eq!(reg.requests("PUT", "/v2/filters/other/"), 0);
 }
 
 /// Built alongside this crate by `make build` (`cargo build --release --workspace`).
