@@ -532,3 +532,47 @@ fn a_refused_push_says_what_to_do() {
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("blocked address"), "{err}");
 }
+
+#[test]
+fn the_library_reports_the_modules_upload_as_progress() {
+    use std::sync::{Arc, Mutex};
+    use wasm_fetcher::progress::Event;
+    let reg = Registry::start(false);
+    let module_path = filter_wasm();
+    let size = std::fs::metadata(&module_path).unwrap().len();
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let seen = events.clone();
+    let req = wasm_fetcher::push::PushRequest {
+        module: module_path,
+        url: format!("oci://{}/progress/filter:1", reg.host),
+        progress: wasm_fetcher::Progress::new(move |e| seen.lock().unwrap().push(e)),
+        ..Default::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pushed = rt
+        .block_on(wasm_fetcher::push::push(
+            &req,
+            &wasm_fetcher::Settings::default(),
+        ))
+        .unwrap();
+    assert_eq!(pushed.outcome, wasm_fetcher::push::Outcome::Pushed);
+    assert_eq!(pushed.size, size);
+    let events = events.lock().unwrap().clone();
+    assert_eq!(events.first(), Some(&Event::Started { total: Some(size) }));
+    let sent: u64 = events
+        .iter()
+        .map(|e| match e {
+            Event::Advanced(n) => *n,
+            Event::Started { .. } => 0,
+        })
+        .sum();
+    assert_eq!(sent, size, "progress adds up to the module's size");
+    assert!(
+        events.len() > 2,
+        "the upload is reported in steps: {}",
+        events.len()
+    );
+}
