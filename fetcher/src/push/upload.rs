@@ -20,13 +20,7 @@ const PIECE: usize = 64 * 1024;
 
 /// The manifest digest `tag` names now, if it names one.
 pub async fn current_digest(d: &Distribution, tag: &str) -> Result<Option<String>, PushError> {
-    let accept = media::MANIFESTS
-        .iter()
-        .chain(media::INDEXES)
-        .copied()
-        .collect::<Vec<_>>()
-        .join(", ");
-    match d.manifest(tag, &accept).await {
+    match d.manifest(tag, &media::accept_manifests()).await {
         Ok((_, digest)) => Ok(Some(digest)),
         // Only a shortcut: a registry that cannot say (an odd answer to a GET) gets the push.
         Err(FetchError::NotFound { .. } | FetchError::Registry { .. }) => Ok(None),

@@ -45,6 +45,16 @@ pub mod media {
         "application/vnd.oci.image.manifest.v1+json",
         "application/vnd.docker.distribution.manifest.v2+json",
     ];
+
+    /// The `Accept` header of a manifest request: any manifest or index.
+    pub fn accept_manifests() -> String {
+        MANIFESTS
+            .iter()
+            .chain(INDEXES)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// A resolved image: the manifest of the module's image, its digest, and the index digest
@@ -192,12 +202,7 @@ impl Registry {
         platform: Option<&str>,
     ) -> Result<(Distribution, Resolved), FetchError> {
         let d = self.connect().await?;
-        let accepted = media::MANIFESTS
-            .iter()
-            .chain(media::INDEXES)
-            .copied()
-            .collect::<Vec<_>>()
-            .join(", ");
+        let accepted = media::accept_manifests();
         let reference = match (&r.digest, &r.tag) {
             (Some(digest), _) => format!("sha256:{}", digest.hex()),
             (None, Some(tag)) => tag.clone(),

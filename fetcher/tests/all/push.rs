@@ -271,11 +271,7 @@ fn bad_input_gets_a_clear_error_and_nothing_is_sent() {
             "not a proxy-wasm module",
         ),
         (vec![p(&missing), url.clone()], 1, "no such file"),
-        (
-            vec![p(&dir.path().to_path_buf()), url.clone()],
-            1,
-            "not a regular file",
-        ),
+        (vec![p(dir.path()), url.clone()], 1, "not a regular file"),
         (vec![p(&good), untagged.clone()], 2, "name a tag"),
         (vec![p(&good), digest_ref.clone()], 2, "not a digest"),
         (
@@ -318,17 +314,20 @@ fn the_wasmplugin_it_prints_pulls_the_module_by_digest() {
     )
     .unwrap();
     let url = format!("oci://{}/filters/wasm-filter:dev", reg.host);
-    let o = push(
-        home.path(),
-        &[
-            module_path.to_str().unwrap(),
-            &url,
-            "--wasmplugin",
-            "wasm-filter",
-            "--plugin-config",
-            config.to_str().unwrap(),
-        ],
-    );
+    let push_with_config = |url: &str| {
+        push(
+            home.path(),
+            &[
+                module_path.to_str().unwrap(),
+                url,
+                "--wasmplugin",
+                "wasm-filter",
+                "--plugin-config",
+                config.to_str().unwrap(),
+            ],
+        )
+    };
+    let o = push_with_config(&url);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let doc: serde_json::Value = serde_norway::from_slice(&o.stdout).unwrap();
     assert_eq!(doc["kind"], "WasmPlugin");
@@ -350,18 +349,7 @@ fn the_wasmplugin_it_prints_pulls_the_module_by_digest() {
 
     // A plugin configuration that is not an object fails the command before any push.
     std::fs::write(&config, "[1, 2]").unwrap();
-    let other = format!("oci://{}/filters/other:dev", reg.host);
-    let o = push(
-        home.path(),
-        &[
-            module_path.to_str().unwrap(),
-            &other,
-            "--wasmplugin",
-            "wasm-filter",
-            "--plugin-config",
-            config.to_str().unwrap(),
-        ],
-    );
+    let o = push_with_config(&format!("oci://{}/filters/other:dev", reg.host));
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(
