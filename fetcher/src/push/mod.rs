@@ -124,7 +124,7 @@ pub fn target(url: &str) -> Result<OciRef, PushError> {
 pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, PushError> {
     let r = target(&req.url)?;
     let tag = r.tag.clone().unwrap_or_default();
-    let module = crate::regular_file::read_input(&req.module, "module", settings.max_size)?;
+    let module = read_module(&req.module, settings.max_size)?;
     let abi_versions = inspect::abi_versions(&module).map_err(|reason| PushError::NotWasm {
         path: req.module.clone(),
         reason,
@@ -165,6 +165,21 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
     }
     upload::put_manifest(&d, &tag, &image.manifest, &image.manifest_digest).await?;
     Ok(pushed(Outcome::Pushed))
+}
+
+/// The module file, whole, if no puller would refuse its size.
+fn read_module(path: &std::path::Path, limit: u64) -> Result<Vec<u8>, FetchError> {
+    use crate::regular_file::{read, ReadError};
+    read(path, limit).map_err(|e| match e {
+        ReadError::TooLarge { limit } => FetchError::Read {
+            what: "module",
+            path: path.to_path_buf(),
+            reason: format!(
+                "larger than {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES), which pullers refuse"
+            ),
+        },
+        other => other.into_fetch_error("module", path),
+    })
 }
 
 /// A `WasmPlugin` naming what was pushed, for Istio: the tag, pinned by `sha256`, which

@@ -295,6 +295,15 @@ fn bad_input_gets_a_clear_error_and_nothing_is_sent() {
         assert_eq!(err.trim_end().lines().count(), 1, "{err}");
         assert!(o.stdout.is_empty(), "{args:?}");
     }
+    // Larger than any puller takes.
+    let o = fetcher()
+        .env("ISTIO_WASM_MAX_BINARY_SIZE_BYTES", "100")
+        .args(["push", good.to_str().unwrap(), &url])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("ISTIO_WASM_MAX_BINARY_SIZE_BYTES"), "{err}");
     assert_eq!(
         requests_to_v2(&reg),
         0,
@@ -563,4 +572,44 @@ fn the_library_reports_the_modules_upload_as_progress() {
         "the upload is reported in steps: {}",
         events.len()
     );
+}
+
+#[test]
+fn a_tls_registry_is_verified_unless_trusted_by_ca_file_or_listed_insecure() {
+    let reg = Registry::start_with(crate::oci_registry::Options {
+        tls: true,
+        ..Default::default()
+    });
+    let home = tempfile::tempdir().unwrap();
+    let m = home.path().join("m.wasm");
+    let module = module("over tls");
+    std::fs::write(&m, &module).unwrap();
+    let m = m.to_str().unwrap();
+    let url = format!("oci://{}/tls/filter:1", reg.host);
+    let o = push(home.path(), &[m, &url]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("untrusted certificate"), "{err}");
+    assert!(
+        err.contains("--ca-file") && err.contains("WASM_INSECURE_REGISTRIES"),
+        "{err}"
+    );
+    assert_eq!(reg.requests("PUT", "/v2/tls/"), 0);
+    // Listing another registry does not help; listing this one does, as does its CA.
+    let o = push(
+        home.path(),
+        &[m, &url, "--insecure-registry", "127.0.0.1:1"],
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let p = push_json(home.path(), &[m, &url, "--insecure-registry", &reg.host]);
+    assert_eq!(p["outcome"], "pushed");
+    let ca = reg.ca_file();
+    let again = format!("oci://{}/tls/other:1", reg.host);
+    let p = push_json(home.path(), &[m, &again, "--ca-file", ca.to_str().unwrap()]);
+    assert_eq!(p["outcome"], "pushed");
+    let (bytes, _) = pulled(
+        &home.path().join("cache"),
+        &[&again, "--ca-file", ca.to_str().unwrap()],
+    );
+    assert_eq!(bytes, module);
 }
