@@ -35,7 +35,7 @@ pub async fn has_blob(d: &Distribution, digest: &str) -> Result<bool, PushError>
     match resp.status() {
         s if s.is_success() => Ok(true),
         StatusCode::NOT_FOUND => Ok(false),
-        _ => Err(refusal(d, resp, &rest, "a blob").await),
+        _ => Err(refusal(d, resp, &format!("/v2/{rest}"), "a blob").await),
     }
 }
 
@@ -48,7 +48,7 @@ pub async fn put_blob(d: &Distribution, blob: &Blob, progress: &Progress) -> Res
     )
     .await?;
     if resp.status() != StatusCode::ACCEPTED {
-        return Err(refusal(d, resp, &open, "an upload").await);
+        return Err(refusal(d, resp, &format!("/v2/{open}"), "an upload").await);
     }
     let location = resp
         .headers()
@@ -61,6 +61,7 @@ pub async fn put_blob(d: &Distribution, blob: &Blob, progress: &Progress) -> Res
                 d.registry()
             ),
         })?;
+    let shown: String = location.chars().take(200).collect();
     let mut req = d.request_at(Method::PUT, &location)?;
     req = req
         .query(&[("digest", blob.digest.as_str())])
@@ -76,7 +77,7 @@ pub async fn put_blob(d: &Distribution, blob: &Blob, progress: &Progress) -> Res
     };
     let resp = send(d, req).await?;
     if !resp.status().is_success() {
-        return Err(refusal(d, resp, &open, "a blob").await);
+        return Err(refusal(d, resp, &shown, "a blob").await);
     }
     Ok(())
 }
@@ -116,7 +117,7 @@ pub async fn put_manifest(
         .body(manifest.to_vec());
     let resp = send(d, req).await?;
     if !resp.status().is_success() {
-        return Err(refusal(d, resp, &rest, "the manifest").await);
+        return Err(refusal(d, resp, &format!("/v2/{rest}"), "the manifest").await);
     }
     let reported = resp
         .headers()
@@ -148,7 +149,7 @@ async fn send(
 async fn refusal(
     d: &Distribution,
     resp: reqwest::Response,
-    rest: &str,
+    url: &str,
     what: &'static str,
 ) -> PushError {
     let status = resp.status().as_u16();
@@ -159,8 +160,7 @@ async fn refusal(
             status,
         };
     }
-    let url = format!("/v2/{rest}");
-    let error = d.status_error(resp, &url).await;
+    let error = d.status_error(resp, url).await;
     let text = error.to_string();
     // 415, or the distribution spec's MANIFEST_INVALID / unsupported media type answers.
     if status == 415
