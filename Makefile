@@ -14,7 +14,7 @@ DEMO := target/demo
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 
-.PHONY: run test bench build filter envoy wasm-target lint clean
+.PHONY: run test bench build filter envoy wasm-target lint clean publish
 
 ## run: build the filter, pull it through wasm-fetcher into a cache under target/, point a copy
 ## of envoy-config/bootstrap.yaml at the cached module, then run the demo scenario in the
@@ -29,6 +29,26 @@ run: build filter envoy
 	  echo "    bootstrap copy: $(DEMO)/bootstrap.yaml"
 	@echo "==> demo scenario: harness vs real Envoy ($$($(ENVOY) --version | grep -o '1\.[0-9.]*' | head -1))"
 	@$(HARNESS) run --envoy --bootstrap $(DEMO)/bootstrap.yaml testdata/scenarios/demo.yaml
+
+## publish: build the filter and push it to oci://$(REGISTRY)/$(REPO):$(TAG) with
+## `wasm-fetcher push`, then print a WasmPlugin that names it by digest. Required: REGISTRY
+## (host[:port], optionally with a path: ghcr.io/me) and TAG. Optional: REPO (wasm-filter),
+## LAYOUT (wasm: Istio's Wasm artifact; compat: a plain image holding plugin.wasm),
+## PULL_SECRET (Docker config JSON with push access; default: ~/.docker/config.json),
+## INSECURE (a host:port to reach over plain HTTP or unverified TLS), PLUGIN (the
+## WasmPlugin's name, wasm-filter), PLUGIN_CONFIG (a JSON/YAML file: its pluginConfig).
+REPO ?= wasm-filter
+LAYOUT ?= wasm
+PLUGIN ?= wasm-filter
+ifneq ($(filter publish,$(MAKECMDGOALS)),)
+ifeq ($(and $(REGISTRY),$(TAG)),)
+$(error usage: make publish REGISTRY=host[:port][/path] TAG=tag [REPO=$(REPO)] [LAYOUT=wasm|compat] [PULL_SECRET=file] [INSECURE=host:port] [PLUGIN=name] [PLUGIN_CONFIG=file])
+endif
+endif
+publish: build filter
+	@$(FETCHER) push $(FILTER_WASM) "oci://$(REGISTRY)/$(REPO):$(TAG)" --layout $(LAYOUT) --check-abi \
+	  --wasmplugin $(PLUGIN) $(if $(PLUGIN_CONFIG),--plugin-config $(PLUGIN_CONFIG)) \
+	  $(if $(PULL_SECRET),--pull-secret $(PULL_SECRET)) $(if $(INSECURE),--insecure-registry $(INSECURE))
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
 test: build filter envoy

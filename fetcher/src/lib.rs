@@ -25,6 +25,7 @@ pub mod index;
 pub mod net;
 pub mod policy;
 pub mod progress;
+pub mod push;
 pub mod reference;
 pub mod regular_file;
 pub mod settings;

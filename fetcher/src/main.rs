@@ -66,6 +66,47 @@ enum Command {
         #[arg(long)]
         allow_foreign_layers: bool,
     },
+    /// Push a Wasm module to an OCI registry; print the manifest digest and the module's sha256.
+    Push {
+        /// The module file (a core Wasm module, e.g. target/wasm32-wasip1/wasm-release/wasm_filter.wasm).
+        module: PathBuf,
+        /// oci://REGISTRY/REPO:TAG.
+        url: String,
+        /// wasm: Istio's Wasm artifact (2 layers: config and module), which Istio, Envoy
+        /// Gateway and this fetcher pull; compat: a 1-layer OCI image whose tar.gz layer holds
+        /// plugin.wasm, for registries and tools that take only images.
+        #[arg(long, value_enum, default_value_t)]
+        layout: wasm_fetcher::push::Layout,
+        /// Refuse a module that exports no proxy_abi_version_* function.
+        #[arg(long)]
+        check_abi: bool,
+        /// Docker config JSON with credentials for the registry (an entry with push access):
+        /// a regular file of at most 1 MiB [default: $DOCKER_CONFIG/config.json or
+        /// ~/.docker/config.json].
+        #[arg(long)]
+        pull_secret: Option<PathBuf>,
+        /// A registry (host[:port]) to reach over unverified TLS or plain HTTP, added to
+        /// WASM_INSECURE_REGISTRIES; repeatable. Loopback registries need no listing.
+        #[arg(long, value_name = "HOST")]
+        insecure_registry: Vec<String>,
+        /// Extra trusted CA certificates for the registry: a regular PEM file.
+        #[arg(long)]
+        ca_file: Option<PathBuf>,
+        /// Bound on the whole push, Go duration syntax; must be more than 0.
+        #[arg(long, default_value = "60s", value_parser = settings::parse_timeout)]
+        timeout: std::time::Duration,
+        /// Print a JSON object (url, digest_url, manifest_digest, sha256, size, layout,
+        /// abi_versions, outcome).
+        #[arg(long, conflicts_with = "wasmplugin")]
+        json: bool,
+        /// Print an Istio WasmPlugin named NAME that pulls the pushed module by digest.
+        #[arg(long, value_name = "NAME")]
+        wasmplugin: Option<String>,
+        /// With --wasmplugin: the WasmPlugin's pluginConfig, from a JSON or YAML file holding
+        /// an object (the filter's role configuration).
+        #[arg(long, value_name = "FILE", requires = "wasmplugin")]
+        plugin_config: Option<PathBuf>,
+    },
     /// Remove modules unused for longer than WASM_MODULE_EXPIRY (default 24h).
     Purge {
         #[arg(long)]
@@ -115,7 +156,7 @@ fn main() -> ExitCode {
             json,
             allow_foreign_layers,
         } => {
-            let bar = progress_bar(&url);
+            let bar = progress_bar(&format!("pulling {url}"));
             let req = PullRequest {
                 url: url.clone(),
                 sha256,
@@ -134,6 +175,41 @@ fn main() -> ExitCode {
                 json,
                 allow_foreign_layers,
             );
+            if let Some(bar) = bar {
+                bar.finish_and_clear();
+            }
+            if let Err(e) = result {
+                return fail(&url, &e);
+            }
+        }
+        Command::Push {
+            module,
+            url,
+            layout,
+            check_abi,
+            pull_secret,
+            insecure_registry,
+            ca_file,
+            timeout,
+            json,
+            wasmplugin,
+            plugin_config,
+        } => {
+            let bar = progress_bar(&format!("pushing to {url}"));
+            let req = wasm_fetcher::push::PushRequest {
+                module,
+                url: url.clone(),
+                layout,
+                check_abi,
+                pull_secret,
+                progress: bar.as_ref().map(reporter).unwrap_or_default(),
+            };
+            let output = match (json, wasmplugin) {
+                (true, _) => PushOutput::Json,
+                (false, Some(name)) => PushOutput::WasmPlugin(name, plugin_config),
+                (false, None) => PushOutput::Text,
+            };
+            let result = run_push(&req, insecure_registry, ca_file, timeout, &output);
             if let Some(bar) = bar {
                 bar.finish_and_clear();
             }
@@ -168,6 +244,12 @@ fn main() -> ExitCode {
 fn exit_code(e: &anyhow::Error) -> u8 {
     match e.downcast_ref::<wasm_fetcher::FetchError>() {
         Some(wasm_fetcher::FetchError::BadUrl { .. }) => 2,
+        _ if e
+            .downcast_ref::<wasm_fetcher::push::PushError>()
+            .is_some_and(|p| p.is_usage()) =>
+        {
+            2
+        }
         _ => 1,
     }
 }
@@ -185,8 +267,8 @@ fn fail(subject: &str, e: &anyhow::Error) -> ExitCode {
 }
 
 /// A progress bar on a terminal, nothing when stderr is piped. It stays hidden for the
-/// first moments so a quick pull prints only its path.
-fn progress_bar(url: &str) -> Option<indicatif::ProgressBar> {
+/// first moments so a quick pull prints only its path; a URL's userinfo is never shown.
+fn progress_bar(message: &str) -> Option<indicatif::ProgressBar> {
     use std::io::IsTerminal;
     if !std::io::stderr().is_terminal() {
         return None;
@@ -198,10 +280,7 @@ fn progress_bar(url: &str) -> Option<indicatif::ProgressBar> {
     )
     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar());
     bar.set_style(style);
-    bar.set_message(format!(
-        "pulling {}",
-        wasm_fetcher::reference::redact_userinfo(url)
-    ));
+    bar.set_message(wasm_fetcher::reference::redact_userinfo(message));
     Some(bar)
 }
 
@@ -256,6 +335,64 @@ fn run_pull(
         println!("{}", serde_json::to_string(&pulled)?);
     } else {
         println!("{}", pulled.path.display());
+    }
+    Ok(())
+}
+
+/// What a successful push prints.
+enum PushOutput {
+    Text,
+    Json,
+    WasmPlugin(String, Option<PathBuf>),
+}
+
+fn run_push(
+    req: &wasm_fetcher::push::PushRequest,
+    insecure_registries: Vec<String>,
+    ca_file: Option<PathBuf>,
+    timeout: std::time::Duration,
+    output: &PushOutput,
+) -> anyhow::Result<()> {
+    let mut settings = Settings::from_env()?;
+    settings.insecure_registries.extend(insecure_registries);
+    // Read before anything is pushed: a bad file fails the command with nothing sent.
+    let plugin_config = match output {
+        PushOutput::WasmPlugin(_, Some(path)) => {
+            Some(wasm_fetcher::push::read_plugin_config(path)?)
+        }
+        _ => None,
+    };
+    if let Some(ca) = ca_file {
+        settings.add_ca_file(&ca)?;
+    }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    let outcome = runtime.block_on(async {
+        tokio::time::timeout(timeout, wasm_fetcher::push::push(req, &settings)).await
+    });
+    runtime.shutdown_background();
+    let pushed =
+        outcome.map_err(|_| anyhow::anyhow!("timed out after {timeout:?} (--timeout)"))??;
+    match output {
+        PushOutput::Json => println!("{}", serde_json::to_string(&pushed)?),
+        PushOutput::WasmPlugin(name, _) => print!(
+            "{}",
+            wasm_fetcher::push::wasm_plugin(&pushed, name, plugin_config.as_ref())
+                .map_err(|e| anyhow::anyhow!("cannot write the WasmPlugin: {e}"))?
+        ),
+        PushOutput::Text => {
+            let verb = match pushed.outcome {
+                wasm_fetcher::push::Outcome::Pushed => "pushed",
+                wasm_fetcher::push::Outcome::Unchanged => {
+                    "unchanged (the tag already names this manifest; nothing sent)"
+                }
+            };
+            println!("{verb} {} (layout {})", pushed.url, pushed.layout);
+            println!("digest {}", pushed.manifest_digest);
+            println!("sha256 {}", pushed.sha256);
+        }
     }
     Ok(())
 }

@@ -52,6 +52,24 @@ pub struct Distribution {
     insecure: bool,
     credentials: RegistryAuth,
     authorization: Option<HeaderValue>,
+    access: Access,
+}
+
+/// What a token is asked for: a pull reads, a push (`crate::push`) also writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Access {
+    #[default]
+    Pull,
+    Push,
+}
+
+impl Access {
+    fn scope_actions(self) -> &'static str {
+        match self {
+            Access::Pull => "pull",
+            Access::Push => "pull,push",
+        }
+    }
 }
 
 /// Why a ping failed: the transport error is kept so the caller can try the other protocol.
@@ -84,7 +102,67 @@ impl Distribution {
             insecure,
             credentials,
             authorization: None,
+            access: Access::Pull,
         })
+    }
+
+    /// Asks a token realm for `access` (set before the ping, which fetches the token).
+    pub fn with_access(mut self, access: Access) -> Self {
+        self.access = access;
+        self
+    }
+
+    pub fn registry(&self) -> &str {
+        &self.registry
+    }
+
+    pub fn repository(&self) -> &str {
+        &self.repository
+    }
+
+    /// A request to `/v2/<rest>` on this registry, with the authorization its ping settled.
+    pub(crate) fn request(&self, method: reqwest::Method, rest: &str) -> reqwest::RequestBuilder {
+        self.request_to(method, &self.url(rest))
+    }
+
+    /// A request to a URL the registry named (an upload `Location`), resolved against the
+    /// registry and checked by the address guard; the authorization goes only to the
+    /// registry's own scheme, host and port.
+    pub(crate) fn request_at(
+        &self,
+        method: reqwest::Method,
+        location: &str,
+    ) -> Result<reqwest::RequestBuilder, FetchError> {
+        let base = url::Url::parse(&self.url("")).map_err(|e| FetchError::Registry {
+            message: format!("registry URL: {e}"),
+        })?;
+        let shown: String = location.chars().take(200).collect();
+        let target = base.join(location).map_err(|e| FetchError::Registry {
+            message: format!(
+                "{} answered an unusable Location {shown:?}: {e}",
+                self.registry
+            ),
+        })?;
+        if !matches!(target.scheme(), "http" | "https") {
+            return Err(crate::guard::Refusal::RedirectScheme { to: shown }.into());
+        }
+        crate::guard::check_url(&target, &self.settings.blocked_cidrs)?;
+        let same_origin = target.origin() == base.origin();
+        let mut req = self.http.request(method, target);
+        if same_origin {
+            if let Some(auth) = &self.authorization {
+                req = req.header(AUTHORIZATION, auth.clone());
+            }
+        }
+        Ok(req)
+    }
+
+    fn request_to(&self, method: reqwest::Method, url: &str) -> reqwest::RequestBuilder {
+        let mut req = self.http.request(method, url);
+        if let Some(auth) = &self.authorization {
+            req = req.header(AUTHORIZATION, auth.clone());
+        }
+        req
     }
 
     fn url(&self, rest: &str) -> String {
@@ -215,7 +293,11 @@ impl Distribution {
             self.scheme == Scheme::Http || self.insecure,
             &self.settings,
         )?;
-        let scope = format!("repository:{}:pull", self.repository);
+        let scope = format!(
+            "repository:{}:{}",
+            self.repository,
+            self.access.scope_actions()
+        );
         let mut query = vec![("scope", scope.as_str())];
         if let Some(s) = service {
             query.push(("service", s));
@@ -265,12 +347,9 @@ impl Distribution {
 
     async fn get(&self, rest: &str, accept: Option<&str>) -> Result<reqwest::Response, FetchError> {
         let url = self.url(rest);
-        let mut req = self.http.get(&url);
+        let mut req = self.request_to(reqwest::Method::GET, &url);
         if let Some(a) = accept {
             req = req.header(ACCEPT, a);
-        }
-        if let Some(auth) = &self.authorization {
-            req = req.header(AUTHORIZATION, auth.clone());
         }
         let resp = req.send().await.map_err(|e| self.send_error(e))?;
         if let Some(e) = net::unfollowed_redirect(&resp) {
@@ -357,7 +436,7 @@ impl Distribution {
     }
 
     /// A registry's refusal, classified by its status and error codes.
-    async fn status_error(&self, resp: reqwest::Response, url: &str) -> FetchError {
+    pub(crate) async fn status_error(&self, resp: reqwest::Response, url: &str) -> FetchError {
         let status = resp.status().as_u16();
         let text = net::error_text(resp).await;
         let envelope = serde_json::from_slice::<OciEnvelope>(&text).ok();

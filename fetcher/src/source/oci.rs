@@ -15,7 +15,7 @@ use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
 use crate::reference::OciRef;
 use crate::settings::Settings;
-use crate::source::distribution::{Distribution, PingFailure, Scheme};
+use crate::source::distribution::{Access, Distribution, PingFailure, Scheme};
 use crate::verify::{parse_digest, Sha256};
 
 /// Media types, in one place.
@@ -26,6 +26,11 @@ pub mod media {
         "application/vnd.module.wasm.content.layer.v1+wasm",
     ];
     pub const ISTIO_WASM_LAYER: &str = "application/vnd.module.wasm.content.layer.v1+wasm";
+    /// The config of Istio's Wasm artifact, also its second layer (`crate::push`).
+    pub const ISTIO_WASM_CONFIG: &str = "application/vnd.module.wasm.config.v1+json";
+    pub const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+    pub const OCI_IMAGE_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
+    pub const OCI_TAR_GZIP_LAYER: &str = "application/vnd.oci.image.layer.v1.tar+gzip";
     pub const TAR_GZIP_LAYERS: &[&str] = &[
         "application/vnd.docker.image.rootfs.diff.tar.gzip",
         "application/vnd.oci.image.layer.v1.tar+gzip",
@@ -40,6 +45,16 @@ pub mod media {
         "application/vnd.oci.image.manifest.v1+json",
         "application/vnd.docker.distribution.manifest.v2+json",
     ];
+
+    /// The `Accept` header of a manifest request: any manifest or index.
+    pub fn accept_manifests() -> String {
+        MANIFESTS
+            .iter()
+            .chain(INDEXES)
+            .copied()
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
 }
 
 /// A resolved image: the manifest of the module's image, its digest, and the index digest
@@ -56,6 +71,7 @@ pub struct Registry {
     credentials: RegistryAuth,
     transport: Transport,
     settings: Settings,
+    access: Access,
 }
 
 /// How a registry may be spoken to, from its address and `WASM_INSECURE_REGISTRIES` alone.
@@ -117,11 +133,18 @@ impl Registry {
             credentials,
             transport: Transport::for_registry(r, settings),
             settings: settings.clone(),
+            access: Access::Pull,
         }
     }
 
+    /// A registry to push to: a token realm is asked for `pull,push`.
+    pub fn for_push(mut self) -> Self {
+        self.access = Access::Push;
+        self
+    }
+
     /// The first request of a pull, which settles the protocol and the authentication.
-    async fn connect(&self) -> Result<Distribution, FetchError> {
+    pub(crate) async fn connect(&self) -> Result<Distribution, FetchError> {
         let insecure = self.transport == Transport::Insecure;
         let mut first: Option<FetchError> = None;
         let schemes = self.transport.schemes();
@@ -133,7 +156,8 @@ impl Registry {
                 insecure,
                 self.credentials.clone(),
                 &self.settings,
-            )?;
+            )?
+            .with_access(self.access);
             let failure = match d.ping().await {
                 Ok(()) => return Ok(d),
                 Err(f) => f,
@@ -178,12 +202,7 @@ impl Registry {
         platform: Option<&str>,
     ) -> Result<(Distribution, Resolved), FetchError> {
         let d = self.connect().await?;
-        let accepted = media::MANIFESTS
-            .iter()
-            .chain(media::INDEXES)
-            .copied()
-            .collect::<Vec<_>>()
-            .join(", ");
+        let accepted = media::accept_manifests();
         let reference = match (&r.digest, &r.tag) {
             (Some(digest), _) => format!("sha256:{}", digest.hex()),
             (None, Some(tag)) => tag.clone(),

@@ -9,6 +9,7 @@ mod net_guard;
 mod oci_registry;
 mod pull_file;
 mod pull_http;
+mod push;
 mod registry;
 mod rewrite;
 mod side_inputs;

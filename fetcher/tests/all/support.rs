@@ -156,6 +156,14 @@ fn serve(
             headers.push((n.trim().to_ascii_lowercase(), v.trim().to_string()));
         }
     }
+    // The body is read (up to 1 MiB) before the answer: closing a connection with unread
+    // data resets it, and the client could lose the answer.
+    let length = headers
+        .iter()
+        .find(|(n, _)| n == "content-length")
+        .and_then(|(_, v)| v.parse::<usize>().ok())
+        .unwrap_or(0);
+    let _ = std::io::Read::read_exact(&mut reader, &mut vec![0; length.min(1 << 20)]);
     let target = request_line
         .split_whitespace()
         .nth(1)

@@ -38,8 +38,9 @@ fn check_examples(file: &str) -> usize {
             PluginConfig::parse(block.as_bytes())
                 .unwrap_or_else(|e| panic!("{file}: the filter refuses an example: {e}\n{block}"));
         } else {
-            VmConfig::parse(block.as_bytes())
-                .unwrap_or_else(|e| panic!("{file}: the filter refuses a VM example: {e}\n{block}"));
+            VmConfig::parse(block.as_bytes()).unwrap_or_else(|e| {
+                panic!("{file}: the filter refuses a VM example: {e}\n{block}")
+            });
         }
     }
     blocks.len()
@@ -47,10 +48,16 @@ fn check_examples(file: &str) -> usize {
 
 #[test]
 fn every_configuration_example_in_the_filter_docs_is_accepted_by_the_filter() {
-    assert!(check_examples("docs/filter.md") >= 6, "docs/filter.md shows every role");
+    assert!(
+        check_examples("docs/filter.md") >= 6,
+        "docs/filter.md shows every role"
+    );
 }
 
 #[test]
 fn the_readme_filter_example_is_accepted_by_the_filter() {
-    assert!(check_examples("README.md") >= 1, "the README shows a configuration");
+    assert!(
+        check_examples("README.md") >= 1,
+        "the README shows a configuration"
+    );
 }

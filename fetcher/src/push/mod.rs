@@ -1,0 +1,272 @@
+//! `wasm-fetcher push`: a built module into an OCI registry, in a layout every puller takes
+//! (`layout`), so a `WasmPlugin` can name it by digest. The module is checked before any
+//! connection (`inspect`); the registry is reached exactly as a pull reaches it (credentials
+//! from `crate::auth`, `WASM_INSECURE_REGISTRIES`, `--ca-file`, the address guard, the per-read
+//! timeout), with a token asked for `pull,push`.
+
+pub mod inspect;
+pub mod layout;
+mod upload;
+
+use std::path::PathBuf;
+
+pub use layout::Layout;
+
+use crate::error::FetchError;
+use crate::progress::Progress;
+use crate::reference::{OciRef, Source};
+use crate::settings::Settings;
+use crate::source::oci::Registry;
+use crate::verify::sha256_of;
+
+#[derive(Debug, Clone, Default)]
+pub struct PushRequest {
+    /// The module file.
+    pub module: PathBuf,
+    /// `oci://REGISTRY/REPO:TAG`.
+    pub url: String,
+    pub layout: Layout,
+    /// Refuse a module that exports no `proxy_abi_version_*` function.
+    pub check_abi: bool,
+    /// Docker config JSON with credentials for the registry.
+    pub pull_secret: Option<PathBuf>,
+    /// Where the module's upload reports progress.
+    pub progress: Progress,
+}
+
+/// What a push did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// The manifest was written under the tag (blobs the registry had were not sent again).
+    Pushed,
+    /// The tag already named this very manifest: nothing was sent.
+    Unchanged,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Pushed {
+    /// `oci://REGISTRY/REPO:TAG`, as given.
+    pub url: String,
+    /// `oci://REGISTRY/REPO@sha256:…`: the image by its manifest digest.
+    pub digest_url: String,
+    /// `sha256:…` of the manifest: what Istio checks a `WasmPlugin`'s `sha256` against.
+    pub manifest_digest: String,
+    /// Hex sha256 of the module itself.
+    pub sha256: String,
+    /// The module's size in bytes.
+    pub size: u64,
+    pub layout: Layout,
+    /// The module's `proxy_abi_version_*` exports.
+    pub abi_versions: Vec<String>,
+    pub outcome: Outcome,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PushError {
+    #[error("not a Wasm module: {} ({reason}); push takes a core module, such as the filter `make filter` builds", path.display())]
+    NotWasm { path: PathBuf, reason: String },
+    #[error("not a proxy-wasm module: {} exports no {}* function; build it with a proxy-wasm SDK, or push without --check-abi", path.display(), inspect::ABI_EXPORT_PREFIX)]
+    NoAbi { path: PathBuf },
+    #[error("denied: registry {registry} refused the push to {repository} (HTTP {status}); pass --pull-secret with a Docker config JSON whose entry for {registry} has push (write) access to {repository}")]
+    Denied {
+        registry: String,
+        repository: String,
+        status: u16,
+    },
+    #[error("refused media type: registry {registry} did not accept {what} ({detail}); try --layout compat, a plain OCI image that every registry takes")]
+    MediaTypeRefused {
+        registry: String,
+        what: &'static str,
+        detail: String,
+    },
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+}
+
+impl PushError {
+    /// A usage error (a reference that cannot name a push target), as opposed to a failure.
+    pub fn is_usage(&self) -> bool {
+        matches!(self, PushError::Fetch(FetchError::BadUrl { .. }))
+    }
+}
+
+/// Where a push goes: an `oci://` reference with a tag and no digest (the digest is what the
+/// push makes).
+pub fn target(url: &str) -> Result<OciRef, PushError> {
+    let bad = |reason: String| PushError::Fetch(FetchError::BadUrl { reason });
+    let r = match Source::parse(url)? {
+        Source::Oci(r) => r,
+        _ => {
+            return Err(bad(format!(
+                "{}: push needs oci://REGISTRY/REPO:TAG",
+                url.chars().take(200).collect::<String>()
+            )))
+        }
+    };
+    if r.digest.is_some() {
+        return Err(bad(format!(
+            "oci://{}/{}: push names a tag, not a digest; the digest is what the push prints",
+            r.registry, r.repository
+        )));
+    }
+    if r.tag.is_none() {
+        return Err(bad(format!(
+            "oci://{}/{}: name a tag (oci://{}/{}:TAG)",
+            r.registry, r.repository, r.registry, r.repository
+        )));
+    }
+    Ok(r)
+}
+
+/// Checks the module, builds the image and pushes it. Nothing is sent when the module or
+/// the reference is refused; a tag that already names the same manifest is left alone.
+pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, PushError> {
+    let r = target(&req.url)?;
+    let tag = r.tag.clone().unwrap_or_default();
+    let module = read_module(&req.module, settings.max_size)?;
+    let abi_versions = inspect::abi_versions(&module).map_err(|reason| PushError::NotWasm {
+        path: req.module.clone(),
+        reason,
+    })?;
+    if req.check_abi && abi_versions.is_empty() {
+        return Err(PushError::NoAbi {
+            path: req.module.clone(),
+        });
+    }
+    let image = layout::build(req.layout, &module, &abi_versions).map_err(|message| {
+        FetchError::Registry {
+            message: format!("cannot build the image: {message}"),
+        }
+    })?;
+    let pushed = |outcome| Pushed {
+        url: req.url.clone(),
+        digest_url: format!(
+            "oci://{}/{}@{}",
+            r.registry, r.repository, image.manifest_digest
+        ),
+        manifest_digest: image.manifest_digest.clone(),
+        sha256: sha256_of(&module).hex(),
+        size: module.len() as u64,
+        layout: req.layout,
+        abi_versions: abi_versions.clone(),
+        outcome,
+    };
+    let creds = crate::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
+    let registry = Registry::new(&r, creds, settings).for_push();
+    let d = registry.connect().await?;
+    if upload::current_digest(&d, &tag).await?.as_deref() == Some(&image.manifest_digest) {
+        return Ok(pushed(Outcome::Unchanged));
+    }
+    for blob in &image.blobs {
+        if !upload::has_blob(&d, &blob.digest).await? {
+            upload::put_blob(&d, blob, &req.progress).await?;
+        }
+    }
+    upload::put_manifest(&d, &tag, &image.manifest, &image.manifest_digest).await?;
+    Ok(pushed(Outcome::Pushed))
+}
+
+/// The module file, whole, if no puller would refuse its size.
+fn read_module(path: &std::path::Path, limit: u64) -> Result<Vec<u8>, FetchError> {
+    use crate::regular_file::{read, ReadError};
+    read(path, limit).map_err(|e| match e {
+        ReadError::TooLarge { limit } => FetchError::Read {
+            what: "module",
+            path: path.to_path_buf(),
+            reason: format!(
+                "larger than {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES), which pullers refuse"
+            ),
+        },
+        other => other.into_fetch_error("module", path),
+    })
+}
+
+/// A `WasmPlugin` naming what was pushed, for Istio: the tag, pinned by `sha256`, which
+/// for an `oci://` URL Istio (and Envoy Gateway) compare with the image's manifest digest,
+/// not the module's sha256 (this fetcher accepts either). `plugin_config` becomes its
+/// `pluginConfig`, the configuration the module is started with.
+pub fn wasm_plugin(
+    p: &Pushed,
+    name: &str,
+    plugin_config: Option<&serde_json::Value>,
+) -> Result<String, String> {
+    let mut spec = serde_json::json!({
+        "url": p.url,
+        "sha256": p.manifest_digest.trim_start_matches("sha256:"),
+        "imagePullPolicy": "IfNotPresent",
+    });
+    if let Some(config) = plugin_config {
+        spec["pluginConfig"] = config.clone();
+    }
+    let doc = serde_json::json!({
+        "apiVersion": "extensions.istio.io/v1alpha1",
+        "kind": "WasmPlugin",
+        "metadata": {"name": name},
+        "spec": spec,
+    });
+    let yaml = serde_norway::to_string(&doc).map_err(|e| e.to_string())?;
+    let outcome = match p.outcome {
+        Outcome::Pushed => "pushed",
+        Outcome::Unchanged => "unchanged",
+    };
+    Ok(format!(
+        "# {outcome} {url} (layout {layout})\n\
+         # manifest digest: {manifest} (spec.sha256: Istio checks an oci:// module against it)\n\
+         # module sha256:   {sha}\n\
+         {yaml}",
+        url = p.url,
+        layout = p.layout,
+        manifest = p.manifest_digest,
+        sha = p.sha256,
+    ))
+}
+
+/// `--plugin-config`: a JSON or YAML object from a regular file of at most 1 MiB.
+pub fn read_plugin_config(path: &std::path::Path) -> Result<serde_json::Value, FetchError> {
+    use crate::regular_file::{read_input, PULL_SECRET_LIMIT};
+    let bytes = read_input(path, "--plugin-config", PULL_SECRET_LIMIT)?;
+    let bad = |reason: String| FetchError::Read {
+        what: "--plugin-config",
+        path: path.to_path_buf(),
+        reason,
+    };
+    let value: serde_json::Value =
+        serde_norway::from_slice(&bytes).map_err(|e| bad(format!("not JSON or YAML: {e}")))?;
+    if !value.is_object() {
+        return Err(bad(
+            "expected an object (the plugin configuration, such as {\"role\": ...})".into(),
+        ));
+    }
+    Ok(value)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_push_target_names_a_tag_in_an_oci_registry() {
+        assert_eq!(
+            target("oci://127.0.0.1:5000/team/filter:1.0")
+                .unwrap()
+                .tag
+                .as_deref(),
+            Some("1.0")
+        );
+        for (bad, words) in [
+            ("oci://127.0.0.1:5000/team/filter", "name a tag"),
+            (
+                &format!("oci://127.0.0.1:5000/f:1@sha256:{}", "a".repeat(64)),
+                "not a digest",
+            ),
+            ("https://example.com/f.wasm", "push needs oci://"),
+            ("oci://host/Upper:1", "lower-case"),
+            ("not a url", "invalid URL"),
+        ] {
+            let e = target(bad).unwrap_err();
+            assert!(e.is_usage(), "{bad}: {e}");
+            assert!(e.to_string().contains(words), "{bad}: {e}");
+        }
+    }
+}
