@@ -613,3 +613,67 @@ fn a_tls_registry_is_verified_unless_trusted_by_ca_file_or_listed_insecure() {
     );
     assert_eq!(bytes, module);
 }
+
+/// `envoy-config/wasmplugins/`: each example names the module the way `make publish` prints it
+/// (same repository path and tag, with `make publish`'s flags), and once its `sha256` is the
+/// digest that push printed, the example pulls the filter by digest.
+#[test]
+fn the_shipped_wasmplugins_name_the_module_as_make_publish_prints_it() {
+    let reg = Registry::start(false);
+    let home = tempfile::tempdir().unwrap();
+    let module_path = filter_wasm();
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy-config/wasmplugins");
+    let mut checked = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") {
+            continue;
+        }
+        let name = path.display().to_string();
+        let example: serde_json::Value =
+            serde_norway::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let spec = &example["spec"];
+        let url = spec["url"].as_str().unwrap();
+        // oci://REGISTRY/REPO:TAG, as `make publish` builds it; REPO defaults to wasm-filter.
+        let (_, repo_and_tag) = url
+            .strip_prefix("oci://")
+            .and_then(|rest| rest.split_once('/'))
+            .unwrap_or_else(|| panic!("{name}: {url} is not oci://REGISTRY/REPO:TAG"));
+        assert!(
+            repo_and_tag.contains("wasm-filter:"),
+            "{name}: {url} does not name make publish's default repository"
+        );
+        let local = format!("oci://{}/{repo_and_tag}", reg.host);
+        let config = home.path().join("plugin-config.json");
+        std::fs::write(&config, spec["pluginConfig"].to_string()).unwrap();
+        let plugin = example["metadata"]["name"].as_str().unwrap();
+        let o = push(
+            home.path(),
+            &[
+                module_path.to_str().unwrap(),
+                &local,
+                "--layout",
+                "wasm",
+                "--check-abi",
+                "--wasmplugin",
+                plugin,
+                "--plugin-config",
+                config.to_str().unwrap(),
+            ],
+        );
+        assert_eq!(o.status.code(), Some(0), "{name}: {}", stderr(&o));
+        let printed: serde_json::Value = serde_norway::from_slice(&o.stdout).unwrap();
+        assert_eq!(printed["spec"]["url"], local.as_str(), "{name}");
+        assert_eq!(printed["metadata"]["name"], plugin, "{name}");
+        assert_eq!(
+            printed["spec"]["pluginConfig"], spec["pluginConfig"],
+            "{name}"
+        );
+        let digest = printed["spec"]["sha256"].as_str().unwrap();
+        let (bytes, pulled) = pulled(home.path(), &[&local, "--sha256", digest]);
+        assert_eq!(bytes, std::fs::read(&module_path).unwrap(), "{name}");
+        assert_eq!(pulled["pin"], "manifest_digest", "{name}");
+        checked += 1;
+    }
+    assert!(checked >= 5, "one example per role, found {checked}");
+}

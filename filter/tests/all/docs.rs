@@ -55,6 +55,12 @@ fn every_configuration_example_in_the_filter_docs_is_accepted_by_the_filter() {
 }
 
 #[test]
+fn make_publishs_default_plugin_configuration_is_accepted_by_the_filter() {
+    let text = std::fs::read(root().join("envoy-config/plugin-config.json")).unwrap();
+    PluginConfig::parse(&text).unwrap_or_else(|e| panic!("envoy-config/plugin-config.json: {e}"));
+}
+
+#[test]
 fn the_readme_filter_example_is_accepted_by_the_filter() {
     assert!(
         check_examples("README.md") >= 1,
