@@ -36,12 +36,13 @@ run: build filter envoy
 ## LAYOUT (wasm: Istio's Wasm artifact; compat: a plain image holding plugin.wasm),
 ## PULL_SECRET (Docker config JSON with push access; default: ~/.docker/config.json),
 ## INSECURE (a host:port to reach over plain HTTP or unverified TLS), PLUGIN (the
-## WasmPlugin's name, wasm-filter), PLUGIN_CONFIG (a JSON/YAML file: its pluginConfig; default
-## envoy-config/plugin-config.json, the header role: the filter refuses a plugin with no role).
+## WasmPlugin's name, wasm-filter), PLUGIN_CONFIG (a JSON/YAML file: its pluginConfig;
+## default envoy-config/wasmplugins/plugin-config.json, the header role: the filter refuses a
+## plugin with no role).
 REPO ?= wasm-filter
 LAYOUT ?= wasm
 PLUGIN ?= wasm-filter
-PLUGIN_CONFIG ?= envoy-config/plugin-config.json
+PLUGIN_CONFIG ?= envoy-config/wasmplugins/plugin-config.json
 ifneq ($(filter publish,$(MAKECMDGOALS)),)
 ifeq ($(and $(REGISTRY),$(TAG)),)
 $(error usage: make publish REGISTRY=host[:port][/path] TAG=tag [REPO=$(REPO)] [LAYOUT=wasm|compat] [PULL_SECRET=file] [INSECURE=host:port] [PLUGIN=name] [PLUGIN_CONFIG=file])

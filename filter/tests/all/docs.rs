@@ -56,8 +56,9 @@ fn every_configuration_example_in_the_filter_docs_is_accepted_by_the_filter() {
 
 #[test]
 fn make_publishs_default_plugin_configuration_is_accepted_by_the_filter() {
-    let text = std::fs::read(root().join("envoy-config/plugin-config.json")).unwrap();
-    PluginConfig::parse(&text).unwrap_or_else(|e| panic!("envoy-config/plugin-config.json: {e}"));
+    let text = std::fs::read(root().join("envoy-config/wasmplugins/plugin-config.json")).unwrap();
+    PluginConfig::parse(&text)
+        .unwrap_or_else(|e| panic!("envoy-config/wasmplugins/plugin-config.json: {e}"));
 }
 
 #[test]
