@@ -125,16 +125,13 @@ fn proxy_define_metric(
             _ => return Err(Status::BadArgument.into()),
         };
         // Every define keeps its id and name for the VM's life: held against the budget.
-        let size = memory::check(&caller, name_ptr, name_size)? + DEFINE_OVERHEAD;
+        let size = memory::check(&caller, name_ptr, name_size)? + super::held::ENTRY_OVERHEAD;
         super::held::hold(caller.data(), size, "proxy_define_metric")?;
         let name = memory::read_string(&caller, name_ptr, name_size)?;
         let id = caller.data_mut().metrics.define(ty, &name);
         memory::write_u32(&mut caller, ret_id, id)
     })())
 }
-
-/// What one metric id costs beyond its name, for the held-bytes budget.
-const DEFINE_OVERHEAD: usize = 64;
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap("env", "proxy_define_metric", proxy_define_metric)?;

@@ -452,7 +452,7 @@ fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
     let (p, _, lines) = one_request(dir.path(), "hoard.wat", "hoard refused");
     assert!(
         lines.iter().any(|l| l.contains(
-            "proxy_set_shared_data: refused 1048578 bytes: guests already make the harness hold"
+            "proxy_set_shared_data: refused 1048834 bytes: guests already make the harness hold"
         ) && l.contains("it holds at most 268435456 (InternalFailure)")),
         "{lines:?}"
     );
@@ -492,6 +492,24 @@ fn a_guest_setting_stream_properties_in_a_loop_is_refused_at_the_limit() {
         lines.iter().any(|l| l.contains(
             "proxy_set_property: the stream's properties would pass the harness's limit of 16777216 bytes"
         )),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn a_guest_enqueueing_empty_items_in_a_loop_is_refused_at_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, lines) = one_request(dir.path(), "queue-flood.wat", "enqueue refused");
+    assert!(
+        lines.iter().any(|l| l.contains(&format!(
+            "proxy_enqueue_shared_queue: refused {} bytes",
+            wasm_harness::host::held::ENTRY_OVERHEAD
+        ))),
+        "{lines:?}"
+    );
+    // A new queue's names are held too, so none can be made once the budget is spent.
+    assert!(
+        lines.iter().any(|l| l.contains("register refused")),
         "{lines:?}"
     );
 }
