@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 use wasm_harness::host::log_book::MAX_LOG_BYTES;
 use wasm_harness::http::{Request, UpstreamReply};
-use wasm_harness::proxy::{DeliveryError, MAX_CALL_DELIVERIES, MAX_TICKS_PER_ADVANCE, MAX_WORKERS};
+use wasm_harness::proxy::{
+    DeliveryError, MAX_CALL_DELIVERIES, MAX_CALL_RECORD_BYTES, MAX_TICKS_PER_ADVANCE, MAX_WORKERS,
+};
 use wasm_harness::{Proxy, ProxyOptions, StartError};
 
 use crate::support::*;
@@ -511,5 +513,46 @@ fn a_guest_enqueueing_empty_items_in_a_loop_is_refused_at_the_budget() {
     assert!(
         lines.iter().any(|l| l.contains("register refused")),
         "{lines:?}"
+    );
+}
+
+#[test]
+fn call_records_stop_at_their_budget_and_count_what_was_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_with_slow(dir.path(), "call-body-tick.wat", "x", 9);
+    let mut p = proxy(&b, 1);
+    p.callouts.http = vec![wasm_harness::http::CannedHttpCall {
+        cluster: "slow".into(),
+        path_prefix: None,
+        answer: wasm_harness::http::HttpCallAnswer::Reply(Default::default()),
+    }];
+    // Each root calls with 4 MiB on every 1 ms tick: 160 MiB and more over 40 ms.
+    p.advance(Duration::from_millis(40));
+    let kept: usize = p.callouts.records.iter().map(|r| r.body.len()).sum();
+    assert!(
+        kept <= MAX_CALL_RECORD_BYTES,
+        "{kept} bytes of call records kept"
+    );
+    assert!(kept >= MAX_CALL_RECORD_BYTES / 2, "only {kept} bytes kept");
+    assert!(
+        p.callouts.records.dropped() >= 20,
+        "{}",
+        p.callouts.records.dropped()
+    );
+
+    let s = dir.path().join("calls.yaml");
+    std::fs::write(
+        &s,
+        format!(
+            "bootstrap: {}\nhttp_calls:\n  - {{cluster: slow, reply: {{status: 200}}}}\nrequests:\n  - {{name: ticks, advance: 40ms}}\n",
+            b.display()
+        ),
+    )
+    .unwrap();
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("call(s) answered but not kept; the harness keeps at most 64 MiB of call records for a run"),
+        "{}",
+        &text(&o)[..2000.min(text(&o).len())]
     );
 }
