@@ -556,3 +556,25 @@ fn call_records_stop_at_their_budget_and_count_what_was_not_kept() {
         &text(&o)[..2000.min(text(&o).len())]
     );
 }
+
+#[test]
+fn yaml_aliases_that_multiply_a_bootstrap_or_scenario_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    // 26 KB standing for 20 million values: a list of 10,000 used 2,000 times.
+    let bomb = format!(
+        "a: &a [{}]\nb: [{}]\n",
+        vec!["0"; 10_000].join(","),
+        vec!["*a"; 2_000].join(",")
+    );
+    let path = dir.path().join("bomb.yaml");
+    std::fs::write(&path, &bomb).unwrap();
+    for command in ["validate", "run"] {
+        let o = harness(&[command, path.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("its aliases expand to more than 26013 values (the harness allows one per byte of the file)"),
+            "{command}: {}",
+            text(&o)
+        );
+    }
+}
