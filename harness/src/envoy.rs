@@ -223,7 +223,7 @@ impl RealEnvoy {
     pub fn start(envoy: &Path, bootstrap: &Path, workers: usize) -> Result<Self, EnvoyError> {
         let text = crate::input::read_text(bootstrap, crate::input::MAX_CONFIG_BYTES)
             .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
-        let mut doc: Value = serde_norway::from_str(&text)
+        let mut doc: Value = crate::yaml::from_str(&text)
             .map_err(|e| io(&format!("{} is not YAML", bootstrap.display()), e))?;
         let mut listeners = HashMap::new();
         let mut first_listener = String::new();

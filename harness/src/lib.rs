@@ -35,6 +35,7 @@ pub mod run;
 pub mod scenario;
 pub mod traffic;
 pub mod vm;
+pub mod yaml;
 
 pub use bootstrap::FailurePolicy;
 pub use builder::ProxyBuilder;

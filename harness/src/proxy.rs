@@ -3,6 +3,7 @@
 //! chain, the router and back, with Envoy's order of callbacks. Ticks and queue notifications
 //! (what Envoy's dispatchers run between requests) are in [`events`].
 
+mod call_records;
 mod callouts;
 mod capacity;
 mod events;
@@ -22,6 +23,7 @@ use crate::precompiled;
 use crate::traffic::TrafficError;
 use crate::vm::{CodeSource, LoadedModule, PluginStartError, Runtime, Vm, VmError};
 
+pub use call_records::{CallRecords, MAX_CALL_RECORD_BYTES};
 pub use callouts::{
     Callouts, DEFAULT_CALLOUT_BUDGET, MAX_CALLOUT_BODY_BYTES, MAX_CONCURRENT_CALLOUTS,
     NO_TIMEOUT_LIMIT,

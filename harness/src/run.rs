@@ -219,6 +219,7 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
     let before = proxy.log_len();
     let dropped_before = proxy.log_dropped();
     let calls_before = proxy.callouts.records.len();
+    let calls_dropped_before = proxy.callouts.records.dropped();
     let mut case = CaseReport {
         name: step.name(),
         failures: Vec::new(),
@@ -263,6 +264,13 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
         ));
     }
     case.calls = proxy.callouts.records[calls_before..].to_vec();
+    let calls_dropped = proxy.callouts.records.dropped() - calls_dropped_before;
+    if calls_dropped > 0 {
+        case.logs.push(format!(
+            "(this step's callouts were not all recorded: {calls_dropped} call(s) answered but not kept; the harness keeps at most {} MiB of call records for a run)",
+            crate::proxy::MAX_CALL_RECORD_BYTES >> 20
+        ));
+    }
     case.failures = match (step, outcome, connection) {
         (Step::Request(req), Some(Ok(ex)), _) => {
             let mut failures = scenario::check(&req.expect, &ex, &records);

@@ -806,7 +806,7 @@ impl Scenario {
                     source,
                 }
             })?;
-        let mut s: Scenario = serde_norway::from_str(&text).map_err(|e| ScenarioError::Parse {
+        let mut s: Scenario = crate::yaml::from_str(&text).map_err(|e| ScenarioError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;

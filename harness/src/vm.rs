@@ -21,6 +21,11 @@ use crate::precompiled;
 const EPOCH_TICK: Duration = Duration::from_millis(10);
 /// Envoy's cap on a VM's linear memory (`PROXY_WASM_HOST_MAX_WASM_MEMORY_SIZE_BYTES`).
 pub const MAX_MEMORY_BYTES: usize = 1 << 30;
+/// The most elements a VM's table may have, as the pooling allocator's default allows. The
+/// same limit holds when instances are allocated on demand: otherwise one `table.grow` and
+/// `table.fill` (a single instruction, which no deadline interrupts) would have the host
+/// write gigabytes.
+pub const MAX_TABLE_ELEMENTS: usize = 20_000;
 /// Default time one callback may run before the harness interrupts it. Envoy has no such
 /// limit (a looping guest hangs its worker); the harness reports it instead of hanging.
 pub const DEFAULT_CALLBACK_DEADLINE: Duration = Duration::from_secs(1);
@@ -76,7 +81,8 @@ fn engine_config(pool: Option<u32>) -> wasmtime::Config {
         pool.total_core_instances(slots)
             .total_memories(slots)
             .total_tables(slots)
-            .max_memory_size(MAX_MEMORY_BYTES);
+            .max_memory_size(MAX_MEMORY_BYTES)
+            .table_elements(MAX_TABLE_ELEMENTS);
         config.allocation_strategy(wasmtime::InstanceAllocationStrategy::Pooling(pool));
     }
     config
@@ -917,9 +923,64 @@ fn describe_trap(e: &wasmtime::Error) -> String {
 }
 
 impl HostState {
+    /// What a VM may allocate, whichever way its instance is allocated: one instance with
+    /// one memory and one table (as the pooling allocator holds them), each within its cap.
     pub fn default_limits() -> StoreLimits {
         StoreLimitsBuilder::new()
             .memory_size(MAX_MEMORY_BYTES)
+            .table_elements(MAX_TABLE_ELEMENTS)
+            .instances(1)
+            .memories(1)
+            .tables(1)
             .build()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plugin(code: &Path) -> WasmPlugin {
+        WasmPlugin {
+            name: "p".into(),
+            root_id: String::new(),
+            vm_id: String::new(),
+            runtime: crate::precompiled::WASMTIME_RUNTIME.into(),
+            code: code.to_path_buf(),
+            vm_configuration: Vec::new(),
+            configuration: Vec::new(),
+            failure_policy: crate::bootstrap::FailurePolicy::FailClosed,
+            environment: Vec::new(),
+            allow_precompiled: false,
+        }
+    }
+
+    /// Starts `guest` (in testdata/guests) on a runtime that allocates on demand, as one with
+    /// more instances than the pool holds does.
+    fn start_on_demand(guest: &str) -> Result<Vm, VmError> {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../testdata/guests")
+            .join(guest);
+        let runtime = Runtime::with_capacity(MAX_POOLED_INSTANCES + 1).unwrap();
+        let module = runtime.load(&path, None)?;
+        Vm::start(
+            &runtime,
+            &module,
+            Arc::new(Shared::default()),
+            Some(0),
+            &plugin(&path),
+            Arc::new(Vec::new()),
+        )
+    }
+
+    #[test]
+    fn instances_allocated_on_demand_keep_the_pools_table_and_memory_limits() {
+        let e = start_on_demand("table-bomb.wat").err().expect("a refusal");
+        assert!(
+            e.to_string()
+                .contains("table minimum size of 100000000 elements exceeds table limits"),
+            "{e}"
+        );
+        assert!(start_on_demand("counter.wat").is_ok());
     }
 }

@@ -125,7 +125,9 @@ fn holding(
     let size = slices
         .iter()
         .map(|&(p, n)| memory::check(caller, p, n))
-        .sum::<Result<usize, _>>()?;
+        .sum::<Result<usize, _>>()?
+        + std::mem::size_of::<PendingCall>()
+        + super::held::ENTRY_OVERHEAD;
     super::held::hold(caller.data(), size, what)?;
     let made = make(caller, size);
     if made.is_err() {

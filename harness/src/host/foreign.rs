@@ -37,16 +37,37 @@ fn run(name: &str, args: &[u8]) -> Result<Option<Vec<u8>>, Status> {
                 .map(Some)
                 .map_err(|_| Status::SerializationFailure)
         }
-        "uncompress" => {
-            let mut out = Vec::new();
-            flate2::read::ZlibDecoder::new(args)
-                .read_to_end(&mut out)
-                .map_err(|_| Status::SerializationFailure)?;
-            Ok(Some(out))
-        }
+        "uncompress" => uncompress(args)
+            .map(Some)
+            .map_err(|_| Status::SerializationFailure),
         "clear_route_cache" => Ok(None),
         _ => Err(Status::NotFound),
     }
+}
+
+/// The most bytes `uncompress` inflates to: a few KiB of zlib can claim gigabytes, and the
+/// result must fit the guest's memory besides.
+pub const MAX_UNCOMPRESSED_BYTES: usize = 64 << 20;
+
+/// Why `uncompress` gave no result.
+#[derive(Debug, PartialEq, Eq)]
+enum Inflate {
+    Corrupt,
+    TooLarge,
+}
+
+/// Inflates zlib `args`, stopping (without keeping more) once the output would pass
+/// [`MAX_UNCOMPRESSED_BYTES`].
+fn uncompress(args: &[u8]) -> Result<Vec<u8>, Inflate> {
+    let mut out = Vec::new();
+    flate2::read::ZlibDecoder::new(args)
+        .take(MAX_UNCOMPRESSED_BYTES as u64 + 1)
+        .read_to_end(&mut out)
+        .map_err(|_| Inflate::Corrupt)?;
+    if out.len() > MAX_UNCOMPRESSED_BYTES {
+        return Err(Inflate::TooLarge);
+    }
+    Ok(out)
 }
 
 /// cpp-host's `call_foreign_function`: the result goes to memory the guest allocates
@@ -71,7 +92,19 @@ fn proxy_call_foreign_function(
                 format!("wasm-harness: foreign function {name:?} exists in Envoy but is not emulated by the harness; answered NotFound"),
             );
         }
-        let outcome = run(&name, &args);
+        let outcome = match name.as_str() {
+            "uncompress" => uncompress(&args).map(Some).map_err(|e| {
+                if e == Inflate::TooLarge {
+                    logging::record(
+                        caller.data(),
+                        LogLevel::Critical,
+                        format!("foreign function uncompress: the data inflates past the harness's limit of {MAX_UNCOMPRESSED_BYTES} bytes: refused (SerializationFailure)"),
+                    );
+                }
+                Status::SerializationFailure
+            }),
+            _ => run(&name, &args),
+        };
         let result = match &outcome {
             Ok(Some(bytes)) => bytes.as_slice(),
             _ => &[],
@@ -116,5 +149,20 @@ mod tests {
         assert_eq!(run("clear_route_cache", b""), Ok(None));
         assert_eq!(run("no_such_function", b""), Err(Status::NotFound));
         assert_eq!(run("declare_property", b""), Err(Status::NotFound));
+    }
+
+    #[test]
+    fn a_zlib_bomb_is_refused_at_the_limit_not_inflated_whole() {
+        // 64 KiB of zlib that inflates to 64 MiB and 1 byte more.
+        let mut z = flate2::write::ZlibEncoder::new(Vec::new(), flate2::Compression::best());
+        let zeros = vec![0u8; 1 << 20];
+        for _ in 0..(MAX_UNCOMPRESSED_BYTES >> 20) {
+            z.write_all(&zeros).unwrap();
+        }
+        z.write_all(&[0]).unwrap();
+        let bomb = z.finish().unwrap();
+        assert!(bomb.len() < 1 << 20, "{} bytes", bomb.len());
+        assert_eq!(uncompress(&bomb), Err(Inflate::TooLarge));
+        assert_eq!(run("uncompress", &bomb), Err(Status::SerializationFailure));
     }
 }

@@ -11,6 +11,12 @@ use crate::abi::{LogLevel, Status};
 /// How many bytes guests may make the host hold at once, all VMs together.
 pub const MAX_HELD_BYTES: usize = 256 << 20;
 
+/// What one kept entry (a queued item and its notification, a shared-data key, a queue, a
+/// pending callout, a metric id) costs the host beyond the guest's bytes, charged with them:
+/// without it an empty item or key costs nothing, and a guest storing empties in a loop fills
+/// the host's memory while the budget stays at zero.
+pub const ENTRY_OVERHEAD: usize = 256;
+
 #[derive(Debug, Default)]
 pub struct Held {
     bytes: AtomicUsize,

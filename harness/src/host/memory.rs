@@ -12,10 +12,15 @@ pub(super) fn bounds(
     ptr: i32,
     len: i32,
 ) -> Result<std::ops::Range<usize>, HostError> {
+    span(len_total, ptr, len as u32 as usize)
+}
+
+/// The range of `len` bytes at guest address `ptr`, if all of it is inside memory of
+/// `len_total` bytes. `len` is the host's own length, never cut to 32 bits: a host value
+/// longer than any guest memory is refused, not written in part.
+fn span(len_total: usize, ptr: i32, len: usize) -> Result<std::ops::Range<usize>, HostError> {
     let start = ptr as u32 as usize;
-    let end = start
-        .checked_add(len as u32 as usize)
-        .ok_or(Status::InvalidMemoryAccess)?;
+    let end = start.checked_add(len).ok_or(Status::InvalidMemoryAccess)?;
     if end > len_total {
         return Err(Status::InvalidMemoryAccess.into());
     }
@@ -72,7 +77,7 @@ pub fn with_str<R>(
 pub fn write(caller: &mut Caller<'_, HostState>, ptr: i32, bytes: &[u8]) -> Result<(), HostError> {
     let memory = caller.data().memory.ok_or(Status::InvalidMemoryAccess)?;
     let mem = memory.data_mut(&mut *caller);
-    let range = bounds(mem.len(), ptr, bytes.len() as i32)?;
+    let range = span(mem.len(), ptr, bytes.len())?;
     mem[range].copy_from_slice(bytes);
     Ok(())
 }
@@ -92,7 +97,9 @@ pub fn alloc_in_guest(caller: &mut Caller<'_, HostState>, bytes: &[u8]) -> Resul
         .allocator
         .clone()
         .ok_or(Status::InvalidMemoryAccess)?;
-    let ptr = alloc.call(&mut *caller, bytes.len() as i32)?;
+    // No guest memory holds more than i32::MAX bytes: a longer value cannot be handed over.
+    let size = i32::try_from(bytes.len()).map_err(|_| Status::InvalidMemoryAccess)?;
+    let ptr = alloc.call(&mut *caller, size)?;
     if ptr == 0 {
         return Err(Status::InvalidMemoryAccess.into());
     }
@@ -114,4 +121,20 @@ pub fn copy_out(
     }
     write_u32(caller, ptr_ptr, ptr as u32)?;
     write_u32(caller, size_ptr, bytes.len() as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_value_longer_than_32_bits_is_refused_not_cut() {
+        assert!(matches!(span(1 << 16, 8, 16), Ok(r) if r == (8..24)));
+        // 4 GiB + 4 bytes would be 4 bytes if cut to 32 bits, and fit.
+        assert!(span(1 << 16, 0, (1 << 32) + 4).is_err());
+        assert!(span(1 << 16, -1, 1).is_err());
+        assert!(span(usize::MAX, -1, usize::MAX).is_err());
+        assert!(matches!(bounds(16, 0, 0), Ok(r) if r.is_empty()));
+        assert!(bounds(16, 8, 9).is_err());
+    }
 }

@@ -79,8 +79,9 @@ impl Metrics {
 
     pub fn increment(&mut self, id: u32, delta: i64) -> Result<(), Status> {
         self.with(id, |ty, m| match ty {
+            // Envoy's stats wrap as unsigned 64-bit atomics do; a guest never makes them panic.
             MetricType::Counter if delta > 0 => {
-                m.value += delta as u64;
+                m.value = m.value.wrapping_add(delta as u64);
                 Ok(())
             }
             MetricType::Gauge => {
@@ -93,7 +94,7 @@ impl Metrics {
 
     pub fn record(&mut self, id: u32, value: u64) -> Result<(), Status> {
         self.with(id, |ty, m| match ty {
-            MetricType::Counter => m.value += value,
+            MetricType::Counter => m.value = m.value.wrapping_add(value),
             MetricType::Gauge => m.value = value,
             MetricType::Histogram if m.samples.len() < MAX_HISTOGRAM_SAMPLES => {
                 m.samples.push(value)
@@ -125,16 +126,13 @@ fn proxy_define_metric(
             _ => return Err(Status::BadArgument.into()),
         };
         // Every define keeps its id and name for the VM's life: held against the budget.
-        let size = memory::check(&caller, name_ptr, name_size)? + DEFINE_OVERHEAD;
+        let size = memory::check(&caller, name_ptr, name_size)? + super::held::ENTRY_OVERHEAD;
         super::held::hold(caller.data(), size, "proxy_define_metric")?;
         let name = memory::read_string(&caller, name_ptr, name_size)?;
         let id = caller.data_mut().metrics.define(ty, &name);
         memory::write_u32(&mut caller, ret_id, id)
     })())
 }
-
-/// What one metric id costs beyond its name, for the held-bytes budget.
-const DEFINE_OVERHEAD: usize = 64;
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap("env", "proxy_define_metric", proxy_define_metric)?;
@@ -191,5 +189,16 @@ mod tests {
         let stat = &stats[&(MetricType::Histogram, "wasmcustom.latency".to_string())];
         assert_eq!(stat.samples.len(), MAX_HISTOGRAM_SAMPLES);
         assert_eq!(stat.dropped_samples, 5);
+    }
+
+    #[test]
+    fn a_counter_pushed_past_u64_wraps_as_envoys_does() {
+        let mut metrics = Metrics::new(Stats::default());
+        let id = metrics.define(MetricType::Counter, "c");
+        metrics.record(id, u64::MAX).unwrap();
+        metrics.increment(id, 2).unwrap();
+        assert_eq!(metrics.get(id), Ok(1));
+        metrics.record(id, u64::MAX).unwrap();
+        assert_eq!(metrics.get(id), Ok(0));
     }
 }

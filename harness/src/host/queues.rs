@@ -100,12 +100,19 @@ fn proxy_register_shared_queue(
             worker: state.worker,
             root: state.root_of(state.context_id()).unwrap_or(0),
         };
-        let token = state
+        let vm = vm_id(state);
+        let mut queues = state
             .shared
             .queues
             .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .register(&vm_id(state), &name, receiver);
+            .unwrap_or_else(|e| e.into_inner());
+        if queues.find(&vm, &name).is_none() {
+            // A new queue lives as long as the proxy: its names are held like its items.
+            let size = vm.len() + name.len() + held::ENTRY_OVERHEAD;
+            held::hold(state, size, "proxy_register_shared_queue")?;
+        }
+        let token = queues.register(&vm, &name, receiver);
+        drop(queues);
         memory::write_u32(&mut caller, ret_token, token)
     })())
 }
@@ -143,7 +150,7 @@ fn proxy_enqueue_shared_queue(
     value_size: i32,
 ) -> wasmtime::Result<i32> {
     finish((|| {
-        let size = memory::check(&caller, value_ptr, value_size)?;
+        let size = memory::check(&caller, value_ptr, value_size)? + held::ENTRY_OVERHEAD;
         let token = token as u32;
         let known = (caller.data().shared.queues.lock())
             .unwrap_or_else(|e| e.into_inner())
@@ -196,7 +203,11 @@ fn proxy_dequeue_shared_queue(
                 .ok_or(Status::NotFound)?;
             q.items.pop_front().ok_or(Status::Empty)?
         };
-        caller.data().shared.held.release(item.len());
+        caller
+            .data()
+            .shared
+            .held
+            .release(item.len() + held::ENTRY_OVERHEAD);
         memory::copy_out(&mut caller, &item, ret_ptr, ret_size)
     })())
 }

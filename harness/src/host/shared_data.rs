@@ -118,7 +118,8 @@ fn proxy_set_shared_data(
 ) -> wasmtime::Result<i32> {
     finish((|| {
         let size = memory::check(&caller, key_ptr, key_size)?
-            + memory::check(&caller, value_ptr, value_size)?;
+            + memory::check(&caller, value_ptr, value_size)?
+            + held::ENTRY_OVERHEAD;
         held::hold(caller.data(), size, "proxy_set_shared_data")?;
         let stored = (|| {
             let key = memory::read_string(&caller, key_ptr, key_size)?;
@@ -131,11 +132,11 @@ fn proxy_set_shared_data(
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
                 .set(&vm, &key, value, cas as u32)?;
-            Ok(replaced.unwrap_or(0))
+            Ok(replaced)
         })();
         // What is no longer held: the value replaced, or the new one if it was not stored.
         let freed = match &stored {
-            Ok(replaced) => *replaced,
+            Ok(replaced) => replaced.map_or(0, |r| r + held::ENTRY_OVERHEAD),
             Err(_) => size,
         };
         caller.data().shared.held.release(freed);

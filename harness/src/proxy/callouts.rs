@@ -52,8 +52,8 @@ pub struct Callouts {
     pub http: Vec<CannedHttpCall>,
     /// Canned gRPC replies; the first that matches answers.
     pub grpc: Vec<CannedGrpcCall>,
-    /// Every call answered, oldest first.
-    pub records: Vec<CallRecord>,
+    /// Every call answered, oldest first, within [`super::MAX_CALL_RECORD_BYTES`].
+    pub records: super::call_records::CallRecords,
     /// Each cluster's first endpoint.
     endpoints: Vec<(String, Option<(String, u16)>)>,
     /// How long one delivery round (the calls pending after a callback, and those their
@@ -67,7 +67,7 @@ impl Default for Callouts {
         Self {
             http: Vec::new(),
             grpc: Vec::new(),
-            records: Vec::new(),
+            records: Default::default(),
             endpoints: Vec::new(),
             budget: DEFAULT_CALLOUT_BUDGET,
         }
@@ -466,7 +466,9 @@ pub(super) fn deliver_calls(
             vm.state_mut().callouts.in_flight.remove(&call.token);
             continue;
         }
-        callouts.records.push(record(call, answer.how));
+        callouts
+            .records
+            .push(call, answer.how.len(), || record(call, answer.how));
         vm.complete_call(call.token, answer.outcome);
         delivered.answered += 1;
         delivered.cut += usize::from(answer.cut);

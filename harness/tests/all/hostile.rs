@@ -9,7 +9,9 @@ use std::time::Duration;
 use serde_json::Value;
 use wasm_harness::host::log_book::MAX_LOG_BYTES;
 use wasm_harness::http::{Request, UpstreamReply};
-use wasm_harness::proxy::{DeliveryError, MAX_CALL_DELIVERIES, MAX_TICKS_PER_ADVANCE, MAX_WORKERS};
+use wasm_harness::proxy::{
+    DeliveryError, MAX_CALL_DELIVERIES, MAX_CALL_RECORD_BYTES, MAX_TICKS_PER_ADVANCE, MAX_WORKERS,
+};
 use wasm_harness::{Proxy, ProxyOptions, StartError};
 
 use crate::support::*;
@@ -452,7 +454,7 @@ fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
     let (p, _, lines) = one_request(dir.path(), "hoard.wat", "hoard refused");
     assert!(
         lines.iter().any(|l| l.contains(
-            "proxy_set_shared_data: refused 1048578 bytes: guests already make the harness hold"
+            "proxy_set_shared_data: refused 1048834 bytes: guests already make the harness hold"
         ) && l.contains("it holds at most 268435456 (InternalFailure)")),
         "{lines:?}"
     );
@@ -494,4 +496,85 @@ fn a_guest_setting_stream_properties_in_a_loop_is_refused_at_the_limit() {
         )),
         "{lines:?}"
     );
+}
+
+#[test]
+fn a_guest_enqueueing_empty_items_in_a_loop_is_refused_at_the_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, _, lines) = one_request(dir.path(), "queue-flood.wat", "enqueue refused");
+    assert!(
+        lines.iter().any(|l| l.contains(&format!(
+            "proxy_enqueue_shared_queue: refused {} bytes",
+            wasm_harness::host::held::ENTRY_OVERHEAD
+        ))),
+        "{lines:?}"
+    );
+    // A new queue's names are held too, so none can be made once the budget is spent.
+    assert!(
+        lines.iter().any(|l| l.contains("register refused")),
+        "{lines:?}"
+    );
+}
+
+#[test]
+fn call_records_stop_at_their_budget_and_count_what_was_not_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_with_slow(dir.path(), "call-body-tick.wat", "x", 9);
+    let mut p = proxy(&b, 1);
+    p.callouts.http = vec![wasm_harness::http::CannedHttpCall {
+        cluster: "slow".into(),
+        path_prefix: None,
+        answer: wasm_harness::http::HttpCallAnswer::Reply(Default::default()),
+    }];
+    // Each root calls with 4 MiB on every 1 ms tick: 160 MiB and more over 40 ms.
+    p.advance(Duration::from_millis(40));
+    let kept: usize = p.callouts.records.iter().map(|r| r.body.len()).sum();
+    assert!(
+        kept <= MAX_CALL_RECORD_BYTES,
+        "{kept} bytes of call records kept"
+    );
+    assert!(kept >= MAX_CALL_RECORD_BYTES / 2, "only {kept} bytes kept");
+    assert!(
+        p.callouts.records.dropped() >= 20,
+        "{}",
+        p.callouts.records.dropped()
+    );
+
+    let s = dir.path().join("calls.yaml");
+    std::fs::write(
+        &s,
+        format!(
+            "bootstrap: {}\nhttp_calls:\n  - {{cluster: slow, reply: {{status: 200}}}}\nrequests:\n  - {{name: ticks, advance: 40ms}}\n",
+            b.display()
+        ),
+    )
+    .unwrap();
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert!(
+        text(&o).contains("call(s) answered but not kept; the harness keeps at most 64 MiB of call records for a run"),
+        "{}",
+        &text(&o)[..2000.min(text(&o).len())]
+    );
+}
+
+#[test]
+fn yaml_aliases_that_multiply_a_bootstrap_or_scenario_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    // 26 KB standing for 20 million values: a list of 10,000 used 2,000 times.
+    let bomb = format!(
+        "a: &a [{}]\nb: [{}]\n",
+        vec!["0"; 10_000].join(","),
+        vec!["*a"; 2_000].join(",")
+    );
+    let path = dir.path().join("bomb.yaml");
+    std::fs::write(&path, &bomb).unwrap();
+    for command in ["validate", "run"] {
+        let o = harness(&[command, path.to_str().unwrap()]);
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("its aliases expand to more than 26013 values (the harness allows one per byte of the file)"),
+            "{command}: {}",
+            text(&o)
+        );
+    }
 }
