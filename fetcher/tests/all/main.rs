@@ -1,9 +1,9 @@
 //! The fetcher's integration tests, driving the built `wasm-fetcher` binary against real
 //! files and a real HTTP server on 127.0.0.1 that can misbehave.
 
+mod hostile_registry;
 mod cache_integrity;
 mod deadline;
-mod hostile_registry;
 mod library;
 mod net_guard;
 mod oci_registry;
