@@ -117,6 +117,14 @@ impl RateLimit {
         (stored, decision)
     }
 
+    /// Whether a bucket may be emptied (made fresh): unused for `idle_seconds` *and* refilled
+    /// to the burst by now. A fresh bucket is full, so emptying one still refilling would
+    /// hand a client that waits `idle_seconds` a whole burst early.
+    pub fn droppable(&self, bucket: &Bucket, now_ns: u64) -> bool {
+        bucket.is_idle(now_ns, self.idle_ns())
+            && self.refill(Some(*bucket), now_ns).0 >= self.capacity()
+    }
+
     /// The bucket's milli-tokens at `now_ns` and the time they are counted up to. Only the
     /// time turned into whole milli-tokens is used up: the rest carries over, so a bucket
     /// updated more often than it earns a milli-token still refills (advancing to `now`
@@ -277,6 +285,28 @@ mod tests {
         }
         // Four seconds at 0.5 per second: two more requests get through.
         assert_eq!(allowed, 2);
+    }
+
+    #[test]
+    fn only_an_idle_bucket_that_has_refilled_is_dropped() {
+        // 100 tokens at 0.01 per second take 10 000 s to come back; idle after 300 s.
+        let r = limit(
+            r#"{"role":"rate-limit","key":"client-address","burst":100,"refill_per_second":0.01,"idle_seconds":300}"#,
+        )
+        .unwrap();
+        let empty = Bucket {
+            milli_tokens: 0,
+            updated_ns: 0,
+        };
+        assert!(!r.droppable(&empty, 301 * S));
+        assert!(!r.droppable(&empty, 9_999 * S));
+        assert!(r.droppable(&empty, 10_000 * S));
+        let full = Bucket {
+            milli_tokens: 100_000,
+            updated_ns: 0,
+        };
+        assert!(!r.droppable(&full, 299 * S));
+        assert!(r.droppable(&full, 300 * S));
     }
 
     #[test]
