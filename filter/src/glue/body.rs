@@ -196,19 +196,7 @@ impl BodyFilter {
         if size > limit {
             return match self.ops.on_overflow {
                 Overflow::Reject if which == Which::Response => {
-                    log!(
-                        Info,
-                        "response body over max_buffer_bytes ({limit}) after its headers were sent: stream reset"
-                    );
-                    let status = raw::close_stream(raw::HTTP_RESPONSE_STREAM);
-                    if status != raw::OK {
-                        log!(
-                            Warn,
-                            "resetting the stream failed with host status {status}"
-                        );
-                    }
-                    self.response.answered = true;
-                    Action::Pause
+                    self.reset_response(&format!("body over max_buffer_bytes ({limit})"))
                 }
                 Overflow::Reject => self.refuse(
                     which,
@@ -230,11 +218,11 @@ impl BodyFilter {
         if !end_of_stream {
             return Action::Pause;
         }
-        self.rewrite(which, body_size);
-        Action::Continue
+        self.rewrite(which, body_size)
     }
 
-    fn rewrite(&mut self, which: Which, body_size: usize) {
+    /// Rewrites the whole body in place; the action is what the body callback returns.
+    fn rewrite(&mut self, which: Which, body_size: usize) -> Action {
         let body = match raw::buffer(which.body(), body_size) {
             Ok(b) => b.unwrap_or_default(),
             Err(status) => {
@@ -243,10 +231,11 @@ impl BodyFilter {
                     "reading the {} body failed with host status {status}; passed on unmodified",
                     which.name()
                 );
-                return;
+                return Action::Continue;
             }
         };
-        match self.side(which).rewrite(&body) {
+        let limit = usize::try_from(self.ops.max_buffer_bytes).unwrap_or(usize::MAX);
+        match self.side(which).rewrite(&body, limit) {
             Rewrite::Unchanged => {}
             Rewrite::Changed(new, what) => {
                 let status = raw::set_buffer(which.body(), body_size, &new);
@@ -263,7 +252,37 @@ impl BodyFilter {
                     which.name()
                 );
             }
+            Rewrite::TooLarge(limit) => {
+                let why = format!("the rewritten body would be over max_buffer_bytes ({limit})");
+                return match (self.ops.on_overflow, which) {
+                    (Overflow::Pass, _) => {
+                        log!(Warn, "{} {why}: passed on unmodified", which.name());
+                        Action::Continue
+                    }
+                    (Overflow::Reject, Which::Request) => self.refuse(which, &why),
+                    (Overflow::Reject, Which::Response) => self.reset_response(&why),
+                };
+            }
         }
+        Action::Continue
+    }
+
+    /// A response that cannot be sent as asked once its headers are on their way: the
+    /// stream is reset (a local reply at this point resets it too, without saying why).
+    fn reset_response(&mut self, why: &str) -> Action {
+        log!(
+            Info,
+            "response {why} after its headers were sent: stream reset"
+        );
+        let status = raw::close_stream(raw::HTTP_RESPONSE_STREAM);
+        if status != raw::OK {
+            log!(
+                Warn,
+                "resetting the stream failed with host status {status}"
+            );
+        }
+        self.response.answered = true;
+        Action::Pause
     }
 
     fn on_trailers(&mut self, which: Which) -> Action {

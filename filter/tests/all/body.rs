@@ -136,3 +136,35 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
         "content-length 12 is over max_buffer_bytes (10): the body cannot be rewritten"
     );
 }
+
+#[test]
+fn a_rewrite_that_would_outgrow_the_buffer_follows_the_overflow_policy() {
+    // 50 bytes fit the 100-byte buffer, but rewritten they would be 500.
+    let config = |policy: &str| {
+        serde_json::json!({
+            "request": {"replace": [{"from": "a", "to": "0123456789"}]},
+            "max_buffer_bytes": 100, "on_overflow": policy
+        })
+    };
+    let body = "a".repeat(50);
+    let mut proxy = body_ops(config("pass"));
+    let ex = proxy
+        .round_trip(&Request::post("/up", body.clone()), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    assert_eq!(ex.upstream.as_ref().unwrap().body, body.as_bytes());
+    assert_eq!(
+        lines(
+            &proxy,
+            "rewritten body would be over max_buffer_bytes (100)"
+        )
+        .len(),
+        1
+    );
+    let mut proxy = body_ops(config("reject"));
+    let ex = proxy
+        .round_trip(&Request::post("/up", body.clone()), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    assert!(ex.upstream.is_none());
+}
