@@ -127,7 +127,11 @@ impl BodyFilter {
                 );
             }
         }
-        raw::remove_header(raw::RESPONSE_HEADERS, "content-length");
+        // The reason replaces the body: nothing that described the upstream's body may stay
+        // (a `content-encoding: gzip` would make the client decode plain text).
+        for name in ["content-length", "content-encoding"] {
+            raw::remove_header(raw::RESPONSE_HEADERS, name);
+        }
         self.replacement = Some(why);
         Action::Continue
     }

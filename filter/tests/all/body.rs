@@ -127,6 +127,7 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
     // A response announcing a size over the buffer becomes a 502 before its headers go on.
     let mut reply = UpstreamReply::new(200)
         .header("content-length", "12")
+        .header("content-encoding", "gzip")
         .body("aaaaaa");
     reply.body_chunks = vec![b"aaaaaa".to_vec()];
     let ex = reject.round_trip(&Request::get("/"), reply).unwrap();
@@ -135,6 +136,8 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
         String::from_utf8_lossy(&ex.response.as_ref().unwrap().body),
         "content-length 12 is over max_buffer_bytes (10): the body cannot be rewritten"
     );
+    // The plain-text reason is not labelled with the upstream body's encoding.
+    assert_eq!(ex.response_header("content-encoding"), None);
 }
 
 #[test]
