@@ -55,7 +55,8 @@ impl Which {
 struct SideState {
     /// Bytes already sent on (not held), for the request size limit.
     passed: u64,
-    /// Past `max_buffer_bytes` with the `pass` policy: the rest flows untouched.
+    /// The rest flows untouched: past `max_buffer_bytes` with the `pass` policy, or a body
+    /// in a content-encoding (rewriting compressed bytes would corrupt them).
     overflowed: bool,
     /// A local reply was sent; later callbacks only stop.
     answered: bool,
@@ -165,6 +166,17 @@ impl BodyFilter {
                     Which::Response => self.replace_response(why),
                 };
             }
+        }
+        if let Some(encoding) = raw::header_text(which.headers(), "content-encoding")
+            .filter(|e| !e.trim().eq_ignore_ascii_case("identity"))
+        {
+            log!(
+                Info,
+                "{} body is in content-encoding {encoding:?}: passed on unmodified",
+                which.name()
+            );
+            self.state(which).overflowed = true;
+            return Action::Continue;
         }
         let status = raw::remove_header(which.headers(), "content-length");
         if status != raw::OK {
@@ -308,6 +320,16 @@ impl Context for BodyFilter {}
 
 impl HttpContext for BodyFilter {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        if self.ops.response.rewrites() {
+            // Ask for the response as it is: a compressed one could not be rewritten.
+            let status = raw::remove_header(raw::REQUEST_HEADERS, "accept-encoding");
+            if status != raw::OK {
+                log!(
+                    Warn,
+                    "removing request accept-encoding failed with host status {status}"
+                );
+            }
+        }
         self.on_headers(Which::Request, end_of_stream)
     }
 

@@ -171,3 +171,29 @@ fn a_rewrite_that_would_outgrow_the_buffer_follows_the_overflow_policy() {
     assert_eq!(ex.response_status(), Some(413));
     assert!(ex.upstream.is_none());
 }
+
+#[test]
+fn encoded_bodies_are_not_rewritten_and_responses_are_asked_for_unencoded() {
+    let mut proxy = body_ops(serde_json::json!({
+        "request": {"replace": [{"from": "a", "to": "b"}]},
+        "response": {"replace": [{"from": "a", "to": "b"}]}
+    }));
+    // Bytes that stand for gzip output: replacing inside them would corrupt the body.
+    let compressed = b"\x1f\x8baa\x00a".to_vec();
+    let reply = UpstreamReply::new(200)
+        .header("content-encoding", "gzip")
+        .header("content-length", compressed.len().to_string())
+        .body(compressed.clone());
+    let request = Request::post("/", compressed.clone())
+        .header("content-encoding", "gzip")
+        .header("accept-encoding", "gzip, br");
+    let ex = proxy.round_trip(&request, reply).unwrap();
+    assert_eq!(ex.upstream_header("accept-encoding"), None);
+    assert_eq!(ex.upstream.as_ref().unwrap().body, compressed);
+    assert_eq!(ex.response.as_ref().unwrap().body, compressed);
+    assert_eq!(
+        ex.response_header("content-length"),
+        Some(compressed.len().to_string().as_str())
+    );
+    assert_eq!(lines(&proxy, "in content-encoding \"gzip\"").len(), 2);
+}
