@@ -87,6 +87,9 @@ pub enum Rewrite {
     Changed(Vec<u8>, String),
     /// Redaction was asked for and the body is not JSON: it goes on untouched.
     NotJson(String),
+    /// The rewritten body would be over the limit (replacements longer than what they
+    /// replace can multiply a body): it goes on as the overflow policy says.
+    TooLarge(usize),
 }
 
 impl BodyOperation {
@@ -157,14 +160,17 @@ impl BodySide {
         self.redact_json.is_some() || !self.replace.is_empty()
     }
 
-    /// Redaction first (on the JSON as sent), then each replacement in order.
-    pub fn rewrite(&self, body: &[u8]) -> Rewrite {
+    /// Redaction first (on the JSON as sent), then each replacement in order. The result
+    /// never grows past `limit` bytes (`max_buffer_bytes`): past it the rewrite stops and
+    /// says so, before allocating more.
+    pub fn rewrite(&self, body: &[u8], limit: usize) -> Rewrite {
         let mut done = Vec::new();
         let mut current: Option<Vec<u8>> = None;
         if let Some(r) = &self.redact_json {
             match redact(body, &r.keys, &r.mask) {
                 Redacted::NotJson(e) => return Rewrite::NotJson(e),
                 Redacted::Unchanged => {}
+                Redacted::Changed(b, _) if b.len() > limit => return Rewrite::TooLarge(limit),
                 Redacted::Changed(b, n) => {
                     done.push(format!("{n} values redacted"));
                     current = Some(b);
@@ -173,9 +179,13 @@ impl BodySide {
         }
         for r in &self.replace {
             let from = current.as_deref().unwrap_or(body);
-            if let Some((b, n)) = replace_all(from, r.from.as_bytes(), r.to.as_bytes()) {
-                done.push(format!("{n} x {:?}", r.from));
-                current = Some(b);
+            match replace_all(from, r.from.as_bytes(), r.to.as_bytes(), limit) {
+                Replaced::None => {}
+                Replaced::Done(b, n) => {
+                    done.push(format!("{n} x {:?}", r.from));
+                    current = Some(b);
+                }
+                Replaced::TooLarge => return Rewrite::TooLarge(limit),
             }
         }
         match current {
@@ -185,8 +195,18 @@ impl BodySide {
     }
 }
 
-/// Every non-overlapping occurrence of `from`, left to right; `None` when there is none.
-fn replace_all(body: &[u8], from: &[u8], to: &[u8]) -> Option<(Vec<u8>, usize)> {
+#[derive(Debug, PartialEq, Eq)]
+enum Replaced {
+    None,
+    /// The new body and how many occurrences were replaced.
+    Done(Vec<u8>, usize),
+    /// The result would be over the limit.
+    TooLarge,
+}
+
+/// Every non-overlapping occurrence of `from`, left to right, as long as the result stays
+/// within `limit` bytes.
+fn replace_all(body: &[u8], from: &[u8], to: &[u8], limit: usize) -> Replaced {
     let mut out: Option<Vec<u8>> = None;
     let (mut at, mut copied, mut n) = (0, 0, 0);
     while let Some(rest) = body.get(at..) {
@@ -194,8 +214,12 @@ fn replace_all(body: &[u8], from: &[u8], to: &[u8]) -> Option<(Vec<u8>, usize)> 
             break;
         }
         if rest.starts_with(from) {
-            let o = out.get_or_insert_with(|| Vec::with_capacity(body.len()));
-            o.extend_from_slice(body.get(copied..at).unwrap_or_default());
+            let kept = body.get(copied..at).unwrap_or_default();
+            let o = out.get_or_insert_with(|| Vec::with_capacity(body.len().min(limit)));
+            if o.len() + kept.len() + to.len() > limit {
+                return Replaced::TooLarge;
+            }
+            o.extend_from_slice(kept);
             o.extend_from_slice(to);
             at += from.len();
             copied = at;
@@ -204,9 +228,15 @@ fn replace_all(body: &[u8], from: &[u8], to: &[u8]) -> Option<(Vec<u8>, usize)> 
             at += 1;
         }
     }
-    let mut o = out?;
-    o.extend_from_slice(body.get(copied..).unwrap_or_default());
-    Some((o, n))
+    let Some(mut o) = out else {
+        return Replaced::None;
+    };
+    let rest = body.get(copied..).unwrap_or_default();
+    if o.len() + rest.len() > limit {
+        return Replaced::TooLarge;
+    }
+    o.extend_from_slice(rest);
+    Replaced::Done(o, n)
 }
 
 #[cfg(test)]
@@ -268,10 +298,10 @@ mod tests {
             "replace":[{"from":"internal.example","to":"example.com"}]}}"#,
         )
         .unwrap();
-        match o
-            .response
-            .rewrite(br#"{"token":"abc","url":"https://internal.example/x"}"#)
-        {
+        match o.response.rewrite(
+            br#"{"token":"abc","url":"https://internal.example/x"}"#,
+            1024,
+        ) {
             Rewrite::Changed(b, what) => {
                 assert_eq!(
                     b,
@@ -282,24 +312,49 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(matches!(
-            o.response.rewrite(b"<html>internal.example</html>"),
+            o.response.rewrite(b"<html>internal.example</html>", 1024),
             Rewrite::NotJson(_)
         ));
-        assert_eq!(o.response.rewrite(br#"{"a":1}"#), Rewrite::Unchanged);
+        assert_eq!(o.response.rewrite(br#"{"a":1}"#, 1024), Rewrite::Unchanged);
     }
 
     #[test]
     fn replacement_is_literal_and_non_overlapping() {
-        assert_eq!(replace_all(b"aaaa", b"aa", b"b"), Some((b"bb".to_vec(), 2)));
+        const L: usize = 1024;
         assert_eq!(
-            replace_all(b"x.y.z", b".", b"::"),
-            Some((b"x::y::z".to_vec(), 2))
+            replace_all(b"aaaa", b"aa", b"b", L),
+            Replaced::Done(b"bb".to_vec(), 2)
         );
-        assert_eq!(replace_all(b"abc", b"abcd", b""), None);
-        assert_eq!(replace_all(b"", b"a", b""), None);
         assert_eq!(
-            replace_all(b"\xff\x00ab", b"ab", b""),
-            Some((b"\xff\x00".to_vec(), 1))
+            replace_all(b"x.y.z", b".", b"::", L),
+            Replaced::Done(b"x::y::z".to_vec(), 2)
+        );
+        assert_eq!(replace_all(b"abc", b"abcd", b"", L), Replaced::None);
+        assert_eq!(replace_all(b"", b"a", b"", L), Replaced::None);
+        assert_eq!(
+            replace_all(b"\xff\x00ab", b"ab", b"", L),
+            Replaced::Done(b"\xff\x00".to_vec(), 1)
+        );
+    }
+
+    #[test]
+    fn a_rewrite_never_grows_past_the_limit() {
+        let o = parse(
+            r#"{"role":"http-body-operation","request":{"replace":[{"from":"a","to":"0123456789"}]},
+            "response":{"redact_json":{"keys":["k"],"mask":"a-rather-long-mask"}}}"#,
+        )
+        .unwrap();
+        // 100 bytes become 1 000: over a 512-byte limit, stopped before it is built.
+        let body = vec![b'a'; 100];
+        assert_eq!(o.request.rewrite(&body, 512), Rewrite::TooLarge(512));
+        assert!(
+            matches!(o.request.rewrite(&body, 1000), Rewrite::Changed(b, _) if b.len() == 1000)
+        );
+        assert_eq!(o.response.rewrite(br#"{"k":1}"#, 10), Rewrite::TooLarge(10));
+        assert_eq!(replace_all(b"xax", b"a", b"bbb", 4), Replaced::TooLarge);
+        assert_eq!(
+            replace_all(b"ax", b"a", b"bb", 3),
+            Replaced::Done(b"bbx".to_vec(), 1)
         );
     }
 }

@@ -96,24 +96,15 @@ impl RateLimit {
     /// Refills `bucket` (a new one is full) up to `now_ns` and takes one token if there is
     /// one. The bucket returned is what to store, in both cases.
     pub fn take(&self, bucket: Option<Bucket>, now_ns: u64) -> (Bucket, Decision) {
-        let cap = self.capacity();
-        let rate = self.milli_per_second();
-        let mut tokens = match bucket {
-            None => cap,
-            Some(b) => {
-                let elapsed = u128::from(now_ns.saturating_sub(b.updated_ns));
-                let added = elapsed * u128::from(rate) / 1_000_000_000;
-                let added = u64::try_from(added).unwrap_or(u64::MAX);
-                b.milli_tokens.saturating_add(added).min(cap)
-            }
-        };
+        let (mut tokens, updated_ns) = self.refill(bucket, now_ns);
         let decision = if tokens >= 1000 {
             tokens -= 1000;
             Decision::Allowed {
                 remaining: tokens / 1000,
             }
         } else {
-            let missing_ns = u128::from(1000 - tokens) * 1_000_000_000 / u128::from(rate);
+            let missing_ns =
+                u128::from(1000 - tokens) * 1_000_000_000 / u128::from(self.milli_per_second());
             let secs = missing_ns.div_ceil(1_000_000_000).max(1);
             Decision::Limited {
                 retry_after_secs: u64::try_from(secs).unwrap_or(u64::MAX),
@@ -121,9 +112,40 @@ impl RateLimit {
         };
         let stored = Bucket {
             milli_tokens: tokens,
-            updated_ns: now_ns.max(bucket.map_or(0, |b| b.updated_ns)),
+            updated_ns,
         };
         (stored, decision)
+    }
+
+    /// Whether a bucket may be emptied (made fresh): unused for `idle_seconds` *and* refilled
+    /// to the burst by now. A fresh bucket is full, so emptying one still refilling would
+    /// hand a client that waits `idle_seconds` a whole burst early.
+    pub fn droppable(&self, bucket: &Bucket, now_ns: u64) -> bool {
+        bucket.is_idle(now_ns, self.idle_ns())
+            && self.refill(Some(*bucket), now_ns).0 >= self.capacity()
+    }
+
+    /// The bucket's milli-tokens at `now_ns` and the time they are counted up to. Only the
+    /// time turned into whole milli-tokens is used up: the rest carries over, so a bucket
+    /// updated more often than it earns a milli-token still refills (advancing to `now`
+    /// would throw that time away on every request, and a busy bucket would never refill).
+    /// A full bucket is counted up to `now`; a clock that went back refills nothing.
+    fn refill(&self, bucket: Option<Bucket>, now_ns: u64) -> (u64, u64) {
+        let cap = self.capacity();
+        let Some(b) = bucket else {
+            return (cap, now_ns);
+        };
+        let rate = u128::from(self.milli_per_second());
+        let elapsed = u128::from(now_ns.saturating_sub(b.updated_ns));
+        let added = elapsed * rate / 1_000_000_000;
+        let tokens = u128::from(b.milli_tokens).saturating_add(added);
+        if tokens >= u128::from(cap) {
+            return (cap, now_ns.max(b.updated_ns));
+        }
+        // `added` milli-tokens took at most `elapsed` ns, so this stays within u64.
+        let used_ns = u64::try_from(added * 1_000_000_000 / rate).unwrap_or(u64::MAX);
+        let tokens = u64::try_from(tokens).unwrap_or(cap);
+        (tokens, b.updated_ns.saturating_add(used_ns))
     }
 }
 
@@ -241,6 +263,62 @@ mod tests {
                 retry_after_secs: 3
             }
         );
+    }
+
+    #[test]
+    fn a_bucket_hit_faster_than_it_earns_a_milli_token_still_refills() {
+        // 0.5 per second is one milli-token every 2 ms; a request every millisecond must not
+        // throw the half-earned milli-token away each time.
+        let r = limit(
+            r#"{"role":"rate-limit","key":"client-address","burst":1,"refill_per_second":0.5}"#,
+        )
+        .unwrap();
+        let (mut b, d) = r.take(None, 0);
+        assert_eq!(d, Decision::Allowed { remaining: 0 });
+        let mut allowed = 0;
+        for ms in 1..=4_000u64 {
+            let (nb, d) = r.take(Some(b), ms * 1_000_000);
+            b = nb;
+            if matches!(d, Decision::Allowed { .. }) {
+                allowed += 1;
+            }
+        }
+        // Four seconds at 0.5 per second: two more requests get through.
+        assert_eq!(allowed, 2);
+    }
+
+    #[test]
+    fn only_an_idle_bucket_that_has_refilled_is_dropped() {
+        // 100 tokens at 0.01 per second take 10 000 s to come back; idle after 300 s.
+        let r = limit(
+            r#"{"role":"rate-limit","key":"client-address","burst":100,"refill_per_second":0.01,"idle_seconds":300}"#,
+        )
+        .unwrap();
+        let empty = Bucket {
+            milli_tokens: 0,
+            updated_ns: 0,
+        };
+        assert!(!r.droppable(&empty, 301 * S));
+        assert!(!r.droppable(&empty, 9_999 * S));
+        assert!(r.droppable(&empty, 10_000 * S));
+        let full = Bucket {
+            milli_tokens: 100_000,
+            updated_ns: 0,
+        };
+        assert!(!r.droppable(&full, 299 * S));
+        assert!(r.droppable(&full, 300 * S));
+    }
+
+    #[test]
+    fn a_huge_gap_fills_the_bucket_without_overflow() {
+        let r = two_per_second();
+        let b = Bucket {
+            milli_tokens: 0,
+            updated_ns: 0,
+        };
+        let (stored, d) = r.take(Some(b), u64::MAX);
+        assert_eq!(d, Decision::Allowed { remaining: 2 });
+        assert_eq!(stored.updated_ns, u64::MAX);
     }
 
     #[test]

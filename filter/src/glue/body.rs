@@ -55,7 +55,8 @@ impl Which {
 struct SideState {
     /// Bytes already sent on (not held), for the request size limit.
     passed: u64,
-    /// Past `max_buffer_bytes` with the `pass` policy: the rest flows untouched.
+    /// The rest flows untouched: past `max_buffer_bytes` with the `pass` policy, or a body
+    /// in a content-encoding (rewriting compressed bytes would corrupt them).
     overflowed: bool,
     /// A local reply was sent; later callbacks only stop.
     answered: bool,
@@ -127,7 +128,11 @@ impl BodyFilter {
                 );
             }
         }
-        raw::remove_header(raw::RESPONSE_HEADERS, "content-length");
+        // The reason replaces the body: nothing that described the upstream's body may stay
+        // (a `content-encoding: gzip` would make the client decode plain text).
+        for name in ["content-length", "content-encoding"] {
+            raw::remove_header(raw::RESPONSE_HEADERS, name);
+        }
         self.replacement = Some(why);
         Action::Continue
     }
@@ -161,6 +166,17 @@ impl BodyFilter {
                     Which::Response => self.replace_response(why),
                 };
             }
+        }
+        if let Some(encoding) = raw::header_text(which.headers(), "content-encoding")
+            .filter(|e| !e.trim().eq_ignore_ascii_case("identity"))
+        {
+            log!(
+                Info,
+                "{} body is in content-encoding {encoding:?}: passed on unmodified",
+                which.name()
+            );
+            self.state(which).overflowed = true;
+            return Action::Continue;
         }
         let status = raw::remove_header(which.headers(), "content-length");
         if status != raw::OK {
@@ -196,19 +212,7 @@ impl BodyFilter {
         if size > limit {
             return match self.ops.on_overflow {
                 Overflow::Reject if which == Which::Response => {
-                    log!(
-                        Info,
-                        "response body over max_buffer_bytes ({limit}) after its headers were sent: stream reset"
-                    );
-                    let status = raw::close_stream(raw::HTTP_RESPONSE_STREAM);
-                    if status != raw::OK {
-                        log!(
-                            Warn,
-                            "resetting the stream failed with host status {status}"
-                        );
-                    }
-                    self.response.answered = true;
-                    Action::Pause
+                    self.reset_response(&format!("body over max_buffer_bytes ({limit})"))
                 }
                 Overflow::Reject => self.refuse(
                     which,
@@ -230,11 +234,11 @@ impl BodyFilter {
         if !end_of_stream {
             return Action::Pause;
         }
-        self.rewrite(which, body_size);
-        Action::Continue
+        self.rewrite(which, body_size)
     }
 
-    fn rewrite(&mut self, which: Which, body_size: usize) {
+    /// Rewrites the whole body in place; the action is what the body callback returns.
+    fn rewrite(&mut self, which: Which, body_size: usize) -> Action {
         let body = match raw::buffer(which.body(), body_size) {
             Ok(b) => b.unwrap_or_default(),
             Err(status) => {
@@ -243,10 +247,11 @@ impl BodyFilter {
                     "reading the {} body failed with host status {status}; passed on unmodified",
                     which.name()
                 );
-                return;
+                return Action::Continue;
             }
         };
-        match self.side(which).rewrite(&body) {
+        let limit = usize::try_from(self.ops.max_buffer_bytes).unwrap_or(usize::MAX);
+        match self.side(which).rewrite(&body, limit) {
             Rewrite::Unchanged => {}
             Rewrite::Changed(new, what) => {
                 let status = raw::set_buffer(which.body(), body_size, &new);
@@ -263,7 +268,37 @@ impl BodyFilter {
                     which.name()
                 );
             }
+            Rewrite::TooLarge(limit) => {
+                let why = format!("the rewritten body would be over max_buffer_bytes ({limit})");
+                return match (self.ops.on_overflow, which) {
+                    (Overflow::Pass, _) => {
+                        log!(Warn, "{} {why}: passed on unmodified", which.name());
+                        Action::Continue
+                    }
+                    (Overflow::Reject, Which::Request) => self.refuse(which, &why),
+                    (Overflow::Reject, Which::Response) => self.reset_response(&why),
+                };
+            }
         }
+        Action::Continue
+    }
+
+    /// A response that cannot be sent as asked once its headers are on their way: the
+    /// stream is reset (a local reply at this point resets it too, without saying why).
+    fn reset_response(&mut self, why: &str) -> Action {
+        log!(
+            Info,
+            "response {why} after its headers were sent: stream reset"
+        );
+        let status = raw::close_stream(raw::HTTP_RESPONSE_STREAM);
+        if status != raw::OK {
+            log!(
+                Warn,
+                "resetting the stream failed with host status {status}"
+            );
+        }
+        self.response.answered = true;
+        Action::Pause
     }
 
     fn on_trailers(&mut self, which: Which) -> Action {
@@ -285,6 +320,16 @@ impl Context for BodyFilter {}
 
 impl HttpContext for BodyFilter {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+        if self.ops.response.rewrites() {
+            // Ask for the response as it is: a compressed one could not be rewritten.
+            let status = raw::remove_header(raw::REQUEST_HEADERS, "accept-encoding");
+            if status != raw::OK {
+                log!(
+                    Warn,
+                    "removing request accept-encoding failed with host status {status}"
+                );
+            }
+        }
         self.on_headers(Which::Request, end_of_stream)
     }
 

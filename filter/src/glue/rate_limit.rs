@@ -95,9 +95,19 @@ impl Limiter {
             let Ok((value, cas)) = raw::shared_data(key) else {
                 return true;
             };
-            let idle_now =
-                matches!(Bucket::decode(value.as_deref()), Ok(Some(b)) if b.is_idle(now, idle));
-            if idle_now && raw::set_shared_data(key, b"", cas) == raw::OK {
+            // Already empty, or unreadable: nothing to drop.
+            let Ok(Some(bucket)) = Bucket::decode(value.as_deref()) else {
+                return false;
+            };
+            // Another worker used it since: that worker tracks it now.
+            if !bucket.is_idle(now, idle) {
+                return false;
+            }
+            // Still refilling: emptying it would hand out a full burst early.
+            if !self.config.droppable(&bucket, now) {
+                return true;
+            }
+            if raw::set_shared_data(key, b"", cas) == raw::OK {
                 dropped += 1;
             }
             false

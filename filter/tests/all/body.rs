@@ -127,6 +127,7 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
     // A response announcing a size over the buffer becomes a 502 before its headers go on.
     let mut reply = UpstreamReply::new(200)
         .header("content-length", "12")
+        .header("content-encoding", "gzip")
         .body("aaaaaa");
     reply.body_chunks = vec![b"aaaaaa".to_vec()];
     let ex = reject.round_trip(&Request::get("/"), reply).unwrap();
@@ -135,4 +136,64 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
         String::from_utf8_lossy(&ex.response.as_ref().unwrap().body),
         "content-length 12 is over max_buffer_bytes (10): the body cannot be rewritten"
     );
+    // The plain-text reason is not labelled with the upstream body's encoding.
+    assert_eq!(ex.response_header("content-encoding"), None);
+}
+
+#[test]
+fn a_rewrite_that_would_outgrow_the_buffer_follows_the_overflow_policy() {
+    // 50 bytes fit the 100-byte buffer, but rewritten they would be 500.
+    let config = |policy: &str| {
+        serde_json::json!({
+            "request": {"replace": [{"from": "a", "to": "0123456789"}]},
+            "max_buffer_bytes": 100, "on_overflow": policy
+        })
+    };
+    let body = "a".repeat(50);
+    let mut proxy = body_ops(config("pass"));
+    let ex = proxy
+        .round_trip(&Request::post("/up", body.clone()), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    assert_eq!(ex.upstream.as_ref().unwrap().body, body.as_bytes());
+    assert_eq!(
+        lines(
+            &proxy,
+            "rewritten body would be over max_buffer_bytes (100)"
+        )
+        .len(),
+        1
+    );
+    let mut proxy = body_ops(config("reject"));
+    let ex = proxy
+        .round_trip(&Request::post("/up", body.clone()), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(413));
+    assert!(ex.upstream.is_none());
+}
+
+#[test]
+fn encoded_bodies_are_not_rewritten_and_responses_are_asked_for_unencoded() {
+    let mut proxy = body_ops(serde_json::json!({
+        "request": {"replace": [{"from": "a", "to": "b"}]},
+        "response": {"replace": [{"from": "a", "to": "b"}]}
+    }));
+    // Bytes that stand for gzip output: replacing inside them would corrupt the body.
+    let compressed = b"\x1f\x8baa\x00a".to_vec();
+    let reply = UpstreamReply::new(200)
+        .header("content-encoding", "gzip")
+        .header("content-length", compressed.len().to_string())
+        .body(compressed.clone());
+    let request = Request::post("/", compressed.clone())
+        .header("content-encoding", "gzip")
+        .header("accept-encoding", "gzip, br");
+    let ex = proxy.round_trip(&request, reply).unwrap();
+    assert_eq!(ex.upstream_header("accept-encoding"), None);
+    assert_eq!(ex.upstream.as_ref().unwrap().body, compressed);
+    assert_eq!(ex.response.as_ref().unwrap().body, compressed);
+    assert_eq!(
+        ex.response_header("content-length"),
+        Some(compressed.len().to_string().as_str())
+    );
+    assert_eq!(lines(&proxy, "in content-encoding \"gzip\"").len(), 2);
 }

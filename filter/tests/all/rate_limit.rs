@@ -91,3 +91,25 @@ fn idle_buckets_are_dropped_on_a_tick() {
     let ex = send(&mut proxy, 0, &Request::get("/").header("x-api-key", "k"));
     assert_eq!(ex.response_status(), Some(200));
 }
+
+#[test]
+fn an_idle_bucket_still_refilling_is_not_emptied() {
+    // 3 tokens at 0.1 per second: 30 s to refill, idle after 5 s.
+    let mut proxy = limiter(
+        serde_json::json!({"key": {"header": "x-api-key"}, "burst": 3, "refill_per_second": 0.1, "idle_seconds": 5}),
+        1,
+    );
+    let k = Request::get("/").header("x-api-key", "k");
+    for _ in 0..3 {
+        assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(200));
+    }
+    assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(429));
+    proxy.advance(Duration::from_secs(11));
+    assert!(lines(&proxy, "idle buckets").is_empty());
+    // 11 s earned one token, not the burst an emptied (fresh) bucket would give.
+    assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(200));
+    assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(429));
+    // Once refilled and idle, it is emptied on a tick.
+    proxy.advance(Duration::from_secs(40));
+    assert_eq!(lines(&proxy, "dropped 1 idle buckets").len(), 1);
+}
