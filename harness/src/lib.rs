@@ -37,6 +37,16 @@ pub mod traffic;
 pub mod vm;
 pub mod yaml;
 
+/// The Rust examples of the README and docs/rust-api.md, compiled and run by `cargo test` so
+/// they cannot drift from the API (filter/tests/all/docs.rs checks every other example).
+#[doc(hidden)]
+pub mod doc_examples {
+    #[doc = include_str!("../../README.md")]
+    pub struct Readme;
+    #[doc = include_str!("../../docs/rust-api.md")]
+    pub struct RustApi;
+}
+
 pub use bootstrap::FailurePolicy;
 pub use builder::ProxyBuilder;
 pub use http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};

@@ -11,7 +11,7 @@ use crate::support::root;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
-struct Resource {
+pub struct Resource {
     api_version: String,
     kind: String,
     metadata: Metadata,
@@ -163,6 +163,58 @@ struct TrafficSelector {
 /// The placeholder the examples carry until a build's digest is put in.
 const SHA_PLACEHOLDER: &str = "WASM_FILTER_SHA256";
 
+/// A `WasmPlugin` valid for Istio and for the filter: every field Istio's API has, none it
+/// lacks; a `pluginConfig` the filter accepts; the plugin type its role needs. The resource and
+/// its role on success, else what is wrong. Shared with the documentation test.
+pub fn check(text: &str) -> Result<(Resource, &'static str), String> {
+    let r: Resource = serde_norway::from_str(text).map_err(|e| e.to_string())?;
+    if r.api_version != "extensions.istio.io/v1alpha1" || r.kind != "WasmPlugin" {
+        return Err(format!(
+            "not a WasmPlugin: apiVersion {}, kind {}",
+            r.api_version, r.kind
+        ));
+    }
+    if r.metadata.name.is_empty() {
+        return Err("metadata.name is empty".into());
+    }
+    let s = &r.spec;
+    if !s.url.starts_with("oci://") && !s.url.starts_with("file://") && !s.url.starts_with("http") {
+        return Err(format!("spec.url {}: not a scheme Istio pulls", s.url));
+    }
+    for v in s.vm_config.iter().flat_map(|c| &c.env) {
+        // Istio: INLINE (the default) needs a value; HOST reads the proxy's own.
+        let ok = match v.value_from.unwrap_or(EnvValueSource::Inline) {
+            EnvValueSource::Inline => v.value.is_some(),
+            EnvValueSource::Host => v.value.is_none(),
+        };
+        if !ok {
+            return Err(format!(
+                "spec.vmConfig.env {}: value and valueFrom disagree",
+                v.name
+            ));
+        }
+    }
+    let config = s
+        .plugin_config
+        .as_ref()
+        .ok_or("no spec.pluginConfig: the filter refuses a plugin with no role")?;
+    let parsed = PluginConfig::parse(config.to_string().as_bytes())
+        .map_err(|e| format!("the filter refuses its pluginConfig: {e}"))?;
+    let wanted = match parsed {
+        PluginConfig::TcpTotalDataSizeCounter(_) => PluginType::Network,
+        _ => PluginType::Http,
+    };
+    if s.plugin_type.unwrap_or(PluginType::Http) != wanted {
+        return Err(format!(
+            "role {} needs type {wanted:?}, the resource says {:?}",
+            parsed.role(),
+            s.plugin_type
+        ));
+    }
+    let role = parsed.role();
+    Ok((r, role))
+}
+
 #[test]
 fn every_wasmplugin_example_is_valid_for_istio_and_for_the_filter() {
     let dir = root().join("envoy-config/wasmplugins");
@@ -174,10 +226,7 @@ fn every_wasmplugin_example_is_valid_for_istio_and_for_the_filter() {
         }
         let name = path.display().to_string();
         let text = std::fs::read_to_string(&path).unwrap();
-        let r: Resource = serde_norway::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
-        assert_eq!(r.api_version, "extensions.istio.io/v1alpha1", "{name}");
-        assert_eq!(r.kind, "WasmPlugin", "{name}");
-        assert!(!r.metadata.name.is_empty(), "{name}");
+        let (r, role) = check(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
         let s = &r.spec;
         assert!(s.url.starts_with("oci://"), "{name}: {}", s.url);
         let selects = s
@@ -204,30 +253,9 @@ fn every_wasmplugin_example_is_valid_for_istio_and_for_the_filter() {
             s.phase.is_some() && s.priority.is_some() && s.fail_strategy.is_some(),
             "{name}"
         );
-        let env = &s
-            .vm_config
-            .as_ref()
-            .unwrap_or_else(|| panic!("{name}: no vmConfig"))
-            .env;
-        for v in env {
-            // Istio: INLINE (the default) needs a value; HOST reads the proxy's own.
-            match v.value_from.unwrap_or(EnvValueSource::Inline) {
-                EnvValueSource::Inline => assert!(v.value.is_some(), "{name}: {}", v.name),
-                EnvValueSource::Host => assert!(v.value.is_none(), "{name}: {}", v.name),
-            }
-        }
-        let config = s
-            .plugin_config
-            .as_ref()
-            .unwrap_or_else(|| panic!("{name}: no pluginConfig"));
-        let parsed = PluginConfig::parse(config.to_string().as_bytes())
-            .unwrap_or_else(|e| panic!("{name}: the filter refuses its pluginConfig: {e}"));
-        let wanted = match parsed {
-            PluginConfig::TcpTotalDataSizeCounter(_) => PluginType::Network,
-            _ => PluginType::Http,
-        };
-        assert_eq!(s.plugin_type, Some(wanted), "{name}");
-        roles.push(parsed.role());
+        assert!(s.vm_config.is_some(), "{name}: no vmConfig");
+        assert!(s.plugin_type.is_some(), "{name}: no type");
+        roles.push(role);
     }
     roles.sort();
     assert_eq!(
