@@ -397,7 +397,7 @@ fn every_documentation_example_holds() {
 #[test]
 fn a_block_that_does_not_hold_is_named_by_line() {
     let md =
-        "text\n\n```json\n{\"role\": \"rate-limit\", \"burst\": 0}\n```\n\n```toml\nx = 1\n```\n";
+        "text\n\n```json\n{\"role\": \"rate-limit\", \"key\": \"client-address\", \"burst\": 0, \"refill_per_second\": 1}\n```\n\n```toml\nx = 1\n```\n";
     let found = blocks(md).unwrap();
     assert_eq!(found.len(), 2);
     assert_eq!(found[0].line, 3);
