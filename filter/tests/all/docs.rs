@@ -301,10 +301,55 @@ fn run_sh(block: &Block, dir: &Path) -> Result<(), String> {
     }
 }
 
+/// Checks (or runs) one block of Markdown file `name`, in that file's temp dir.
+fn check_block(
+    name: &str,
+    block: &Block,
+    dir: &Path,
+    doctests: &[String],
+    tally: &mut Tally,
+) -> Result<(), String> {
+    if let Some(f) = &block.file {
+        if f.contains('/') || f.starts_with('.') || dir.join(f).exists() {
+            return Err(format!(
+                "{f}: the file a block is saved as must be a new plain name"
+            ));
+        }
+        std::fs::write(dir.join(f), &block.text).unwrap();
+    }
+    match block.lang.as_str() {
+        "rust" => {
+            tally.rust += 1;
+            if doctests.iter().any(|d| d == name) {
+                Ok(())
+            } else {
+                Err(format!(
+                    "a rust block in a file harness/src/lib.rs does not include as doctests: \
+                     add `#[doc = include_str!(\"../../{name}\")]` to its doc_examples module"
+                ))
+            }
+        }
+        "json" => check_json(block, tally),
+        "yaml" => check_yaml(block, dir, tally),
+        "sh" => {
+            tally.sh += 1;
+            run_sh(block, dir)
+        }
+        "console" => {
+            tally.console += 1;
+            Ok(())
+        }
+        other => Err(format!(
+            "info string {other:?}: the test knows rust, yaml, json (each optionally \
+             `fragment`), sh (run) and console (illustration)"
+        )),
+    }
+}
+
 /// Checks (or runs) every block of every file. Fails with every block that does not hold, each
 /// named by file and line.
 fn walk() -> Tally {
-    let included = doctest_files();
+    let doctests = doctest_files();
     let mut tally = Tally::default();
     let mut failures = Vec::new();
     for file in markdown_files() {
@@ -319,52 +364,7 @@ fn walk() -> Tally {
         };
         let dir = workdir();
         for block in &blocks {
-            if let Some(f) = &block.file {
-                if f.contains('/') || f.starts_with('.') || dir.path().join(f).exists() {
-                    failures.push(format!(
-                        "{name}:{}: {f}: the file a block is saved as must be a new plain name",
-                        block.line
-                    ));
-                    continue;
-                }
-                if !matches!(block.lang.as_str(), "yaml" | "json") {
-                    std::fs::write(dir.path().join(f), &block.text).unwrap();
-                }
-            }
-            let outcome = match block.lang.as_str() {
-                "rust" => {
-                    tally.rust += 1;
-                    if included.contains(&name) {
-                        Ok(())
-                    } else {
-                        Err(format!(
-                            "a rust block in a file harness/src/lib.rs does not include as \
-                             doctests: add `#[doc = include_str!(\"../../{name}\")]` to its \
-                             doc_examples module"
-                        ))
-                    }
-                }
-                "json" => {
-                    if let Some(f) = &block.file {
-                        std::fs::write(dir.path().join(f), &block.text).unwrap();
-                    }
-                    check_json(block, &mut tally)
-                }
-                "yaml" => check_yaml(block, dir.path(), &mut tally),
-                "sh" => {
-                    tally.sh += 1;
-                    run_sh(block, dir.path())
-                }
-                "console" => {
-                    tally.console += 1;
-                    Ok(())
-                }
-                other => Err(format!(
-                    "info string {other:?}: the test knows rust, yaml, json (each optionally \
-                     `fragment`), sh (run) and console (illustration)"
-                )),
-            };
-            if let Err(e) = outcome {
+            if let Err(e) = check_block(&name, block, dir.path(), &doctests, &mut tally) {
                 failures.push(format!("{name}:{}: {e}", block.line));
             }
         }
@@ -404,6 +404,15 @@ fn a_block_that_does_not_hold_is_named_by_line() {
     let err = check_json(&found[0], &mut Tally::default()).unwrap_err();
     assert!(err.contains("burst"), "{err}");
     assert_eq!(found[1].lang, "toml");
+    let dir = tempfile::tempdir().unwrap();
+    let err = check_block("x.md", &found[1], dir.path(), &[], &mut Tally::default()).unwrap_err();
+    assert!(err.contains("info string \"toml\""), "{err}");
+    let rust = &blocks("```rust\nfn main() {}\n```\n").unwrap()[0];
+    let err = check_block("x.md", rust, dir.path(), &[], &mut Tally::default()).unwrap_err();
+    assert!(err.contains("doc_examples"), "{err}");
+    let sh = &blocks("```sh\nfalse\n```\n").unwrap()[0];
+    let err = check_block("x.md", sh, dir.path(), &[], &mut Tally::default()).unwrap_err();
+    assert!(err.contains("exits with"), "{err}");
     assert!(blocks("```sh\necho never closed\n").is_err());
 }
 
