@@ -19,6 +19,7 @@ mod alloc_meter;
 pub mod auth;
 pub mod bootstrap;
 pub mod cache;
+pub mod convert;
 pub mod error;
 pub mod fallback;
 pub mod guard;
