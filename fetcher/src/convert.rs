@@ -22,7 +22,7 @@ use serde_json::{json, Map, Value};
 use crate::error::FetchError;
 use crate::fallback::{Fallback, FilterType, TYPED_STRUCTS};
 use crate::render::Outcome;
-use crate::{pull, Cache, PullPolicy, PullRequest, Settings, Sha256};
+use crate::{Cache, PullPolicy, PullRequest, Settings, Sha256};
 
 const WASM_SERVICE: &str = "type.googleapis.com/envoy.extensions.wasm.v3.WasmService";
 const META_PREFIX: &str = "ISTIO_META_";
@@ -414,14 +414,7 @@ pub async fn fetch(
         None => None,
     };
     let limit = site.timeout.unwrap_or(default_timeout);
-    tokio::time::timeout(limit, pull(&request, cache, settings))
-        .await
-        .unwrap_or_else(|_| {
-            Err(FetchError::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!("timed out after {limit:?} (http_uri.timeout, else --timeout)"),
-            )))
-        })
+    crate::render::pull_within(&request, cache, settings, limit).await
 }
 
 /// Puts the outcome of `site`'s pull into `doc`: the Wasm message with its module local, or

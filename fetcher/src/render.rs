@@ -77,6 +77,24 @@ pub fn plan(p: &WasmPlugin, options: &Options) -> PullRequest {
     }
 }
 
+/// [`crate::pull`] bounded by `limit`; running out of time is an error like any failed pull
+/// (a timed-out I/O error), so it gets the fallback.
+pub async fn pull_within(
+    request: &PullRequest,
+    cache: &crate::Cache,
+    settings: &crate::Settings,
+    limit: std::time::Duration,
+) -> Result<Pulled, FetchError> {
+    tokio::time::timeout(limit, crate::pull(request, cache, settings))
+        .await
+        .unwrap_or_else(|_| {
+            Err(FetchError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("timed out after {limit:?}"),
+            )))
+        })
+}
+
 /// What a resource file holds.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
