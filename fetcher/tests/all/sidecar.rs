@@ -574,3 +574,22 @@ fn prefetch_then_never_renders_offline() {
         stderr(&o)
     );
 }
+
+/// The shipped ECDS bootstrap runs as shipped, from the repository root, on the shipped ECDS
+/// files and the module the build makes: the header role answers through it.
+#[test]
+fn the_shipped_ecds_bootstrap_runs_the_filter_in_real_envoy() {
+    filter_wasm();
+    let dir = tempfile::tempdir().unwrap();
+    let boot = dir.path().join("bootstrap-ecds.yaml");
+    std::fs::copy(workspace().join("envoy-config/bootstrap-ecds.yaml"), &boot).unwrap();
+    let envoy = Envoy::start_in(&boot, &workspace());
+    // No backend listens: the router's 503 goes back through the header role.
+    let (status, text) = envoy.get("headers").unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert!(
+        text.contains("x-served-by: wasm-filter"),
+        "{text}\n{}",
+        envoy.log()
+    );
+}
