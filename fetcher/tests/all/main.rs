@@ -3,6 +3,7 @@
 
 mod cache_integrity;
 mod deadline;
+mod deploy;
 mod hostile_registry;
 mod library;
 mod net_guard;
@@ -10,7 +11,9 @@ mod oci_registry;
 mod pull_file;
 mod pull_http;
 mod push;
+mod real_envoy;
 mod registry;
 mod rewrite;
 mod side_inputs;
+mod sidecar;
 mod support;
