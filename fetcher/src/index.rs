@@ -12,26 +12,48 @@ use serde::{Deserialize, Serialize};
 
 use crate::cache::Cache;
 use crate::error::FetchError;
+use crate::reference::canonical_key;
+use crate::verify::{Digest, Sha256};
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// What `format` says of an index whose source and resource names are canonical
+/// (`Source::key`). An older index (no `format`) is migrated when read.
+const FORMAT: u32 = 2;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Index {
-    /// By module sha256 (hex).
     #[serde(default)]
-    pub modules: BTreeMap<String, ModuleEntry>,
-    /// By source URL, exactly as given.
+    pub format: u32,
+    /// By module sha256.
+    #[serde(default)]
+    pub modules: BTreeMap<Sha256, ModuleEntry>,
+    /// By source, under its canonical key (`crate::reference::Source::key`).
     #[serde(default)]
     pub sources: BTreeMap<String, SourceEntry>,
-    /// Last resource version pulled successfully, by resource name.
+    /// Last resource version pulled successfully, by resource name; a resource named by a
+    /// source URL (the default) under the source's canonical key.
     #[serde(default)]
     pub resources: BTreeMap<String, String>,
 }
 
+impl Default for Index {
+    fn default() -> Self {
+        Self {
+            format: FORMAT,
+            modules: BTreeMap::new(),
+            sources: BTreeMap::new(),
+            resources: BTreeMap::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModuleEntry {
+    /// The canonical key of the source it was first pulled from; empty when the index was
+    /// rebuilt from the module files, which cannot say.
     pub source: String,
-    pub manifest_digest: Option<String>,
+    pub manifest_digest: Option<Digest>,
     #[serde(default)]
-    pub index_digest: Option<String>,
+    pub index_digest: Option<Digest>,
     pub size: u64,
     /// The file's mtime when last verified (see `Cache::lookup_intact`).
     #[serde(default)]
@@ -51,8 +73,79 @@ impl ModuleEntry {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SourceEntry {
-    pub sha256: String,
-    pub manifest_digest: Option<String>,
+    pub sha256: Sha256,
+    pub manifest_digest: Option<Digest>,
+}
+
+impl Index {
+    /// The cached module named by `sha`, if its file is intact; `pinned` re-hashes it
+    /// whatever the index recorded, since the answer is reported as a pin match.
+    pub fn intact(&self, cache: &Cache, sha: &Sha256, pinned: bool) -> Option<PathBuf> {
+        let verify = if pinned {
+            crate::cache::Verify::Hash
+        } else {
+            crate::cache::Verify::Stamp(self.modules.get(sha).map(ModuleEntry::stamp))
+        };
+        cache.lookup_intact(sha, verify)
+    }
+
+    /// The intact cached module an image manifest was last resolved to.
+    pub fn module_of_manifest(
+        &self,
+        cache: &Cache,
+        manifest: Digest,
+        pinned: bool,
+    ) -> Option<Sha256> {
+        self.modules
+            .iter()
+            .find(|(sha, m)| {
+                m.manifest_digest == Some(manifest) && self.intact(cache, sha, pinned).is_some()
+            })
+            .map(|(sha, _)| *sha)
+    }
+
+    /// Brings an index written before source keys were canonical to the current format: every
+    /// source and URL-named resource moves to its canonical key. Two spellings of one source
+    /// become one entry, the one whose module was used last; two versions recorded for one
+    /// resource are both dropped, so `Always` pulls once more rather than trust either.
+    fn migrate(&mut self) {
+        if self.format >= FORMAT {
+            return;
+        }
+        let last_used = |e: &SourceEntry| self.modules.get(&e.sha256).map(|m| m.last_used);
+        let mut sources: BTreeMap<String, SourceEntry> = BTreeMap::new();
+        for (key, entry) in std::mem::take(&mut self.sources) {
+            let key = canonical_key(&key);
+            match sources.get(&key) {
+                Some(kept) if last_used(kept) >= last_used(&entry) => {}
+                _ => {
+                    sources.insert(key, entry);
+                }
+            }
+        }
+        self.sources = sources;
+        let mut resources: BTreeMap<String, Option<String>> = BTreeMap::new();
+        for (name, version) in std::mem::take(&mut self.resources) {
+            resources
+                .entry(canonical_key(&name))
+                .and_modify(|kept| {
+                    if kept.as_ref() != Some(&version) {
+                        *kept = None;
+                    }
+                })
+                .or_insert(Some(version));
+        }
+        self.resources = resources
+            .into_iter()
+            .filter_map(|(name, version)| Some((name, version?)))
+            .collect();
+        for m in self.modules.values_mut() {
+            if !m.source.is_empty() {
+                m.source = canonical_key(&m.source);
+            }
+        }
+        self.format = FORMAT;
+    }
 }
 
 pub fn now() -> u64 {
@@ -120,8 +213,11 @@ impl IndexFile {
         use crate::regular_file::{read, ReadError};
         let problem = match read(&self.path, MAX_INDEX_BYTES) {
             Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => "empty".to_string(),
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(index) => return Ok(Loaded::Read(index)),
+            Ok(bytes) => match serde_json::from_slice::<Index>(&bytes) {
+                Ok(mut index) => {
+                    index.migrate();
+                    return Ok(Loaded::Read(index));
+                }
                 Err(e) => format!("not a valid index ({e})"),
             },
             Err(ReadError::Missing) => return Ok(self.rebuild(false)),
@@ -153,7 +249,7 @@ impl IndexFile {
                     pulled_at: mtime,
                     last_used: mtime,
                 };
-                (sha.hex(), entry)
+                (sha, entry)
             })
             .collect();
         Loaded::Rebuilt {
@@ -251,7 +347,7 @@ mod tests {
                 std::fs::write(index.path(), content).unwrap();
                 let loaded = index.load().unwrap();
                 if serde_json::from_slice::<Index>(content).is_err() {
-                    prop_assert!(loaded.modules.contains_key(&sha.hex()));
+                    prop_assert!(loaded.modules.contains_key(&sha));
                 }
             }
         }

@@ -430,7 +430,7 @@ fn run_ls(cache_dir: Option<PathBuf>, json: bool) -> anyhow::Result<()> {
         };
         println!(
             "{:<14} {:>10} {:>11}s {:>11}s  {}{}",
-            m.sha256.get(..12).unwrap_or(&m.sha256),
+            &m.sha256.hex()[..12],
             m.size,
             now.saturating_sub(m.last_used),
             m.expires.saturating_sub(now),
