@@ -331,6 +331,63 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    #[test]
+    fn an_older_index_moves_to_canonical_keys_keeping_the_latest_use() {
+        let (old, new) = (Sha256([1; 32]), Sha256([2; 32]));
+        let module = |last_used| ModuleEntry {
+            source: "HTTP://h/m.wasm".into(),
+            manifest_digest: None,
+            index_digest: None,
+            size: 8,
+            modified_ns: None,
+            pulled_at: 0,
+            last_used,
+        };
+        let source = |sha| SourceEntry {
+            sha256: sha,
+            manifest_digest: None,
+        };
+        let mut idx = Index {
+            format: 0,
+            modules: [(old, module(10)), (new, module(20))].into(),
+            sources: [
+                ("HTTP://h/m.wasm".to_string(), source(new)),
+                ("http://H:80/m.wasm".to_string(), source(old)),
+                ("oci://r/a".to_string(), source(old)),
+            ]
+            .into(),
+            resources: [
+                ("HTTP://h/m.wasm".to_string(), "1".to_string()),
+                ("http://h/m.wasm".to_string(), "2".to_string()),
+                ("oci://r/a".to_string(), "3".to_string()),
+                ("ns.plugin".to_string(), "4".to_string()),
+            ]
+            .into(),
+        };
+        idx.migrate();
+        assert_eq!(idx.format, FORMAT);
+        let keys: Vec<&str> = idx.sources.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["http://h/m.wasm", "oci://r/a:latest"]);
+        assert_eq!(
+            idx.sources["http://h/m.wasm"].sha256, new,
+            "the one used last"
+        );
+        let resources: Vec<(&str, &str)> = idx
+            .resources
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            resources,
+            [("ns.plugin", "4"), ("oci://r/a:latest", "3")],
+            "two versions for one resource: neither is trusted"
+        );
+        assert!(idx.modules.values().all(|m| m.source == "http://h/m.wasm"));
+        let before = idx.clone();
+        idx.migrate();
+        assert_eq!(format!("{idx:?}"), format!("{before:?}"), "migrated once");
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
 

@@ -13,4 +13,5 @@ mod push;
 mod registry;
 mod rewrite;
 mod side_inputs;
+mod source_key;
 mod support;
