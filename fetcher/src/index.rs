@@ -4,9 +4,8 @@
 //! restarts. Updates are read-modify-write under an exclusive file lock, written atomically.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
@@ -267,13 +266,8 @@ impl IndexFile {
             let path = path.to_path_buf();
             move |e: std::io::Error| crate::cache::io_error(&path, e)
         };
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.lock_path)
+        let _lock = wasm_common::fs::lock_within(&self.lock_path, LOCK_WAIT)
             .map_err(io(&self.lock_path))?;
-        lock_within(&lock, LOCK_WAIT).map_err(io(&self.lock_path))?;
         let mut index = match self.read()? {
             Loaded::Read(index) => index,
             Loaded::Rebuilt { index, damaged } => {
@@ -285,44 +279,20 @@ impl IndexFile {
             }
         };
         let out = f(&mut index);
-        // In `tmp/` with the downloads: one a killed process leaves is removed by `purge`.
-        let dir = self.cache.root().join("tmp");
-        let mut tmp = tempfile::Builder::new()
-            .prefix("index-")
-            .tempfile_in(&dir)
-            .map_err(io(&dir))?;
         let bytes = serde_json::to_vec_pretty(&index).map_err(|e| err(&self.path, e))?;
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(io(tmp.path()))?;
-        tmp.as_file().sync_all().map_err(io(tmp.path()))?;
-        crate::cache::set_mode_0644(tmp.path())?;
-        tmp.persist(&self.path)
-            .map_err(|e| io(&self.path)(e.error))?;
+        // The temp file goes to `tmp/` with the downloads: one a killed process leaves is
+        // removed by `purge`. Synced: the index is what makes the modules findable.
+        let dir = self.cache.root().join("tmp");
+        wasm_common::fs::write_whole(
+            &dir,
+            "index-",
+            &self.path,
+            &bytes,
+            wasm_common::fs::Mode::WorldReadable,
+            true,
+        )
+        .map_err(io(&self.path))?;
         Ok(out)
-    }
-}
-
-/// Takes `lock`, waiting at most `wait` for another holder to let go.
-fn lock_within(lock: &File, wait: Duration) -> std::io::Result<()> {
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match lock.try_lock() {
-            Ok(()) => return Ok(()),
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
-            Err(std::fs::TryLockError::WouldBlock) if Instant::now() >= deadline => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "another process has held the index lock for {}s; is a wasm-fetcher stuck?",
-                        wait.as_secs()
-                    ),
-                ))
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-        }
     }
 }
 

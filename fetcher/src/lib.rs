@@ -17,7 +17,6 @@
 #[cfg(test)]
 mod alloc_meter;
 pub mod auth;
-pub mod bootstrap;
 pub mod cache;
 pub mod error;
 pub mod guard;
@@ -29,6 +28,7 @@ pub mod progress;
 pub mod push;
 pub mod reference;
 pub mod regular_file;
+pub mod rewrite;
 pub mod settings;
 pub mod source;
 pub mod tls;
