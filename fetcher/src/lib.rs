@@ -117,7 +117,7 @@ impl<'a> Pull<'a> {
     }
 
     /// What the cache alone can answer, under the policy.
-    fn from_cache(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
+    fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
         let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
             let path = idx.intact(cache, &sha, pin.is_some())?;
             Some(Pulled {
@@ -176,7 +176,7 @@ pub async fn pull(
     let pull = Pull::new(req)?;
     let index = IndexFile::new(cache);
     let idx = index.load()?;
-    if let Some(p) = pull.from_cache(&idx, cache) {
+    if let Some(p) = pull.cached(&idx, cache) {
         // A hit that would change nothing but a recent last-use time skips the locked index
         // rewrite: that keeps a warm lookup to a read and a stat.
         if pull.already_recorded(&idx, &p) {
@@ -199,7 +199,7 @@ pub async fn pull(
     let _in_process = in_flight(cache, &pull.key).lock_owned().await;
     let _lock = lock_source(cache, &pull.key).await?;
     if pull.policy != PullPolicy::Always || req.resource_version.is_some() {
-        if let Some(p) = pull.from_cache(&index.load()?, cache) {
+        if let Some(p) = pull.cached(&index.load()?, cache) {
             return record(&index, &pull, p, None).await;
         }
     }
