@@ -66,19 +66,6 @@ impl std::str::FromStr for Sha256 {
     }
 }
 
-impl serde::Serialize for Sha256 {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Sha256 {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = std::borrow::Cow::<str>::deserialize(d)?;
-        Self::parse(&text).map_err(serde::de::Error::custom)
-    }
-}
-
 /// An OCI content digest (an image manifest's or index's), shown and stored as
 /// `sha256:<hex>`, the form registries and Istio's `sha256` field use for it; the typed form
 /// keeps it from being compared with a module's sha256 by accident of spelling.
@@ -91,24 +78,35 @@ impl std::fmt::Display for Digest {
     }
 }
 
-impl serde::Serialize for Digest {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_str(self)
+impl std::str::FromStr for Digest {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix("sha256:") {
+            Some(hex) => Sha256::parse(hex).map(Digest),
+            None => Err(format!("{s:?} is not a digest: expected sha256:<64 hex>")),
+        }
     }
 }
 
-impl<'de> serde::Deserialize<'de> for Digest {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = std::borrow::Cow::<str>::deserialize(d)?;
-        match text.strip_prefix("sha256:") {
-            Some(hex) => Sha256::parse(hex).map(Digest),
-            None => Err(format!(
-                "{text:?} is not a digest: expected sha256:<64 hex>"
-            )),
+/// Stored as their text, read back through `FromStr`.
+macro_rules! serde_as_text {
+    ($($t:ty),*) => {$(
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
         }
-        .map_err(serde::de::Error::custom)
-    }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = std::borrow::Cow::<str>::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
 }
+
+serde_as_text!(Sha256, Digest);
 
 const MAGIC: &[u8; 4] = b"\0asm";
 const CORE_VERSION: [u8; 4] = [1, 0, 0, 0];

@@ -69,6 +69,19 @@ impl Failure {
     }
 }
 
+/// Runs a subcommand about `subject` (its URL) that reports progress under `message`.
+pub fn with_progress(
+    subject: String,
+    message: &str,
+    work: impl FnOnce(wasm_fetcher::Progress) -> anyhow::Result<()>,
+) -> Result<(), Failure> {
+    let bar = Bar::new(message);
+    let outcome = work(bar.reporter());
+    // Cleared before the failure line is printed.
+    drop(bar);
+    outcome.map_err(|e| Failure::new(subject, e))
+}
+
 /// Runs `work` on a runtime of its own, bounded by `timeout` (the `--timeout` flag).
 pub fn within<T>(
     timeout: Duration,

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use wasm_fetcher::{settings, Cache, PullPolicy, PullRequest, Settings, Sha256};
 
-use super::{Bar, Failure};
+use super::Failure;
 
 #[derive(clap::Args)]
 pub struct PullArgs {
@@ -88,13 +88,12 @@ impl PullOptions {
 }
 
 pub fn run(args: PullArgs) -> Result<(), Failure> {
-    let url = args.url.clone();
-    let bar = Bar::new(&format!("pulling {url}"));
-    pull(args, &bar).map_err(|e| Failure::new(url, e))
+    let message = format!("pulling {}", args.url);
+    super::with_progress(args.url.clone(), &message, |progress| pull(args, progress))
 }
 
-fn pull(args: PullArgs, bar: &Bar) -> anyhow::Result<()> {
-    let o = PullOptions::from_args(args, bar.reporter())?;
+fn pull(args: PullArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<()> {
+    let o = PullOptions::from_args(args, progress)?;
     let pulled = super::within(o.timeout, async {
         Ok(wasm_fetcher::pull(&o.request, &o.cache, &o.settings).await?)
     })?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use wasm_fetcher::push::{Layout, Outcome, PushRequest};
 use wasm_fetcher::{settings, Settings};
 
-use super::{Bar, Failure};
+use super::Failure;
 
 #[derive(clap::Args)]
 pub struct PushArgs {
@@ -102,13 +102,12 @@ impl PushOptions {
 }
 
 pub fn run(args: PushArgs) -> Result<(), Failure> {
-    let url = args.url.clone();
-    let bar = Bar::new(&format!("pushing to {url}"));
-    push(args, &bar).map_err(|e| Failure::new(url, e))
+    let message = format!("pushing to {}", args.url);
+    super::with_progress(args.url.clone(), &message, |progress| push(args, progress))
 }
 
-fn push(args: PushArgs, bar: &Bar) -> anyhow::Result<()> {
-    let o = PushOptions::from_args(args, bar.reporter())?;
+fn push(args: PushArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<()> {
+    let o = PushOptions::from_args(args, progress)?;
     let pushed = super::within(o.timeout, async {
         Ok(wasm_fetcher::push::push(&o.request, &o.settings).await?)
     })?;

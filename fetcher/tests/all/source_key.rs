@@ -9,6 +9,31 @@ fn index(cache: &std::path::Path) -> Value {
     serde_json::from_slice(&std::fs::read(cache.join("index.json")).unwrap()).unwrap()
 }
 
+/// A server holding one module, an empty cache, and two spellings of the module's URL.
+struct Spellings {
+    server: Server,
+    _dir: tempfile::TempDir,
+    cache: std::path::PathBuf,
+    plain: String,
+    shouted: String,
+}
+
+fn spellings(tag: &str) -> Spellings {
+    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(module(tag)))]);
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let plain = server.url("/m.wasm");
+    let shouted = plain.replace("http://", "HTTP://");
+    assert_ne!(plain, shouted);
+    Spellings {
+        server,
+        _dir: dir,
+        cache,
+        plain,
+        shouted,
+    }
+}
+
 fn json(o: &std::process::Output) -> Value {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
     serde_json::from_slice(&o.stdout).unwrap()
@@ -16,12 +41,13 @@ fn json(o: &std::process::Output) -> Value {
 
 #[test]
 fn two_spellings_of_one_source_are_one_entry_one_lock_and_one_resource() {
-    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(module("key")))]);
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
-    let plain = server.url("/m.wasm");
-    let shouted = plain.replace("http://", "HTTP://");
-    assert_ne!(plain, shouted);
+    let Spellings {
+        server,
+        cache,
+        plain,
+        shouted,
+        ..
+    } = spellings("key");
 
     let first = json(&pull(
         &cache,
@@ -78,11 +104,13 @@ fn two_spellings_of_one_source_are_one_entry_one_lock_and_one_resource() {
 
 #[test]
 fn an_index_written_before_canonical_keys_keeps_serving_and_is_migrated() {
-    let server = Server::start(vec![("/m.wasm", Behaviour::Ok(module("old")))]);
-    let dir = tempfile::tempdir().unwrap();
-    let cache = dir.path().join("cache");
-    let plain = server.url("/m.wasm");
-    let shouted = plain.replace("http://", "HTTP://");
+    let Spellings {
+        server,
+        cache,
+        plain,
+        shouted,
+        ..
+    } = spellings("old");
     let pulled = json(&pull(
         &cache,
         &[
