@@ -34,6 +34,21 @@ fn spellings(tag: &str) -> Spellings {
     }
 }
 
+/// `pull --json --pull-policy Always --resource-version <version>`.
+fn always(cache: &std::path::Path, url: &str, version: &str) -> Value {
+    json(&pull(
+        cache,
+        &[
+            url,
+            "--json",
+            "--pull-policy",
+            "Always",
+            "--resource-version",
+            version,
+        ],
+    ))
+}
+
 fn json(o: &std::process::Output) -> Value {
     assert_eq!(o.status.code(), Some(0), "{}", stderr(o));
     serde_json::from_slice(&o.stdout).unwrap()
@@ -49,17 +64,7 @@ fn two_spellings_of_one_source_are_one_entry_one_lock_and_one_resource() {
         ..
     } = spellings("key");
 
-    let first = json(&pull(
-        &cache,
-        &[
-            &plain,
-            "--json",
-            "--pull-policy",
-            "Always",
-            "--resource-version",
-            "1",
-        ],
-    ));
+    let first = always(&cache, &plain, "1");
     // The other spelling is the same source (Never: not fetched) and the same resource
     // (Always with the version already pulled: not fetched).
     let again = json(&pull(
@@ -72,17 +77,7 @@ fn two_spellings_of_one_source_are_one_entry_one_lock_and_one_resource() {
         plain.as_str(),
         "reported by its canonical key"
     );
-    let same_version = json(&pull(
-        &cache,
-        &[
-            &shouted,
-            "--json",
-            "--pull-policy",
-            "Always",
-            "--resource-version",
-            "1",
-        ],
-    ));
+    let same_version = always(&cache, &shouted, "1");
     assert_eq!(same_version["from_cache"], true);
     assert_eq!(server.hits("/m.wasm"), 1);
 
@@ -111,17 +106,7 @@ fn an_index_written_before_canonical_keys_keeps_serving_and_is_migrated() {
         shouted,
         ..
     } = spellings("old");
-    let pulled = json(&pull(
-        &cache,
-        &[
-            &shouted,
-            "--json",
-            "--pull-policy",
-            "Always",
-            "--resource-version",
-            "7",
-        ],
-    ));
+    let pulled = always(&cache, &shouted, "7");
     // What an older fetcher wrote: no format, the URL exactly as given as source, resource
     // and module source.
     let mut idx = index(&cache);
@@ -142,17 +127,7 @@ fn an_index_written_before_canonical_keys_keeps_serving_and_is_migrated() {
             &[spelling, "--json", "--pull-policy", "Never"],
         ));
         assert_eq!(hit["sha256"], sha, "{spelling}");
-        let same_version = json(&pull(
-            &cache,
-            &[
-                spelling,
-                "--json",
-                "--pull-policy",
-                "Always",
-                "--resource-version",
-                "7",
-            ],
-        ));
+        let same_version = always(&cache, spelling, "7");
         assert_eq!(same_version["from_cache"], true, "{spelling}");
     }
     assert_eq!(
