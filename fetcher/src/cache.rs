@@ -50,18 +50,15 @@ pub enum Verify {
 }
 
 impl Cache {
-    /// `$WASM_CACHE_DIR`, else `$XDG_CACHE_HOME/wasm-fetcher`, else `~/.cache/wasm-fetcher`.
+    /// `$WASM_CACHE_DIR`, else `$XDG_CACHE_HOME/wasm-fetcher`, else `~/.cache/wasm-fetcher`
+    /// (`./.cache/wasm-fetcher` without a home).
     pub fn default_dir() -> PathBuf {
         if let Some(d) = std::env::var_os("WASM_CACHE_DIR").filter(|d| !d.is_empty()) {
             return PathBuf::from(d);
         }
-        if let Some(d) = std::env::var_os("XDG_CACHE_HOME").filter(|d| !d.is_empty()) {
-            return PathBuf::from(d).join("wasm-fetcher");
-        }
-        let home = std::env::var_os("HOME")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from("."));
-        home.join(".cache").join("wasm-fetcher")
+        wasm_common::dirs::user_cache_dir()
+            .unwrap_or_else(|| PathBuf::from(".cache"))
+            .join("wasm-fetcher")
     }
 
     /// Opens the cache at `root`, creating it if needed. A cache this process may not write
@@ -131,44 +128,24 @@ impl Cache {
         intact.then_some(path)
     }
 
-    /// An exclusive lock on one source (held until dropped), so concurrent processes pulling
-    /// the same module make one download; `None` while another holds it. It never blocks, so
-    /// a waiter (`crate::pull`) can give up at its deadline.
-    pub fn try_lock_source(&self, url: &str) -> Result<Option<std::fs::File>, FetchError> {
+    /// An exclusive lock on one source key (held until dropped), so concurrent processes
+    /// pulling the same module make one download; `None` while another holds it. It never
+    /// blocks, so a waiter (`crate::pull`) can give up at its deadline.
+    pub fn try_lock_source(&self, key: &str) -> Result<Option<std::fs::File>, FetchError> {
         let dir = self.root.join("locks");
         std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
-        let name = hex::encode(Hasher::digest(url.as_bytes()));
+        let name = hex::encode(Hasher::digest(key.as_bytes()));
         let path = dir.join(format!("{}.lock", &name[..32]));
-        let f = std::fs::File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| io_error(&path, e))?;
-        match f.try_lock() {
-            Ok(()) => {}
-            Err(std::fs::TryLockError::WouldBlock) => return Ok(None),
-            Err(std::fs::TryLockError::Error(e)) => return Err(io_error(&path, e)),
-        }
-        // `purge` removes lock files no one holds: a lock taken on a file it just unlinked
-        // guards nothing, so it counts only if the path still names the locked file.
-        Ok(same_file(&f, &path).then_some(f))
+        wasm_common::fs::try_lock(&path).map_err(|e| io_error(&path, e))
     }
 
-    /// Removes lock files no process holds (each is removed while locked, and a locker checks
-    /// that its file is still in place, so no lock is broken).
+    /// Removes lock files no process holds (`purge` removes what killed processes left).
     pub fn remove_unused_locks(&self) {
         let dir = self.root.join("locks");
         for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
             let path = e.path();
-            if path.extension().is_none_or(|x| x != "lock") {
-                continue;
-            }
-            let Ok(f) = std::fs::File::options().write(true).open(&path) else {
-                continue;
-            };
-            if f.try_lock().is_ok() && same_file(&f, &path) {
-                let _ = std::fs::remove_file(&path);
+            if path.extension().is_some_and(|x| x == "lock") {
+                wasm_common::fs::remove_if_unused(&path);
             }
         }
     }
@@ -221,11 +198,13 @@ impl Cache {
         let actual = Sha256(hasher.finalize().into());
         verify::check_pin(expected, &actual)?;
         let dest = self.module_path(&actual);
-        set_mode_0644(file.path())?;
-        // Not fsynced (that was a quarter of a 5 MiB pull): after a power loss the file may be
-        // short or empty, and `lookup_intact` then sees a size or mtime the index did not
-        // record (or no record at all), re-hashes, and fetches it again. It is never served.
-        file.persist(&dest).map_err(|e| io_error(&dest, e.error))?;
+        // Not fsynced, which would cost more than the rest of a pull: after a power loss the
+        // file may be short or empty, and `lookup_intact` then sees a size or mtime the index
+        // did not record (or no record at all), re-hashes, and fetches it again. It is never
+        // served. World-readable: an Envoy, or a `--pull-policy Never` pull, running as
+        // another user reads the cache it may not write.
+        wasm_common::fs::persist(file, &dest, wasm_common::fs::Mode::WorldReadable)
+            .map_err(|e| io_error(&dest, e))?;
         Ok((dest, actual))
     }
 }
@@ -265,35 +244,6 @@ fn hash_file(path: &Path) -> std::io::Result<Sha256> {
         }
         hasher.update(&buf[..n]);
     }
-}
-
-/// Made world-readable: an Envoy, or a `--pull-policy Never` pull, running as another user
-/// reads the cache it may not write.
-#[cfg(unix)]
-pub(crate) fn set_mode_0644(path: &Path) -> Result<(), FetchError> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-        .map_err(|e| io_error(path, e))
-}
-
-#[cfg(not(unix))]
-pub(crate) fn set_mode_0644(_path: &Path) -> Result<(), FetchError> {
-    Ok(())
-}
-
-/// Whether `path` still names the open file `f`.
-#[cfg(unix)]
-fn same_file(f: &std::fs::File, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (f.metadata(), std::fs::metadata(path)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
-}
-
-#[cfg(not(unix))]
-fn same_file(_f: &std::fs::File, path: &Path) -> bool {
-    path.exists()
 }
 
 /// A download in progress: bytes go to the temp file and through the hash in one pass.

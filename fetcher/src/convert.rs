@@ -272,7 +272,7 @@ fn site(
     let timeout = match http_uri.get("timeout") {
         None | Some(Value::Null) => None,
         Some(Value::String(t)) => Some(
-            crate::settings::parse_duration(t)
+            wasm_common::duration::parse(t)
                 .map_err(|e| invalid(&join(&join(&remote_at, "http_uri"), "timeout"), e))?,
         ),
         Some(_) => {
@@ -441,7 +441,7 @@ pub fn apply(
                 message,
                 Outcome::Module {
                     path: m.path.clone(),
-                    sha256: m.sha256.clone(),
+                    sha256: m.sha256.to_string(),
                 },
             )
         }
@@ -573,7 +573,7 @@ resources:
         let pulled = crate::Pulled {
             path: "/c/m.wasm".into(),
             source: String::new(),
-            sha256: "ab".repeat(32),
+            sha256: crate::Sha256::parse(&"ab".repeat(32)).unwrap(),
             manifest_digest: None,
             pin: None,
             from_cache: false,

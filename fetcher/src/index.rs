@@ -4,34 +4,55 @@
 //! restarts. Updates are read-modify-write under an exclusive file lock, written atomically.
 
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
 use crate::cache::Cache;
 use crate::error::FetchError;
+use crate::reference::canonical_key;
+use crate::verify::{Digest, Sha256};
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+/// What `format` says of an index whose source and resource names are canonical
+/// (`Source::key`). An older index (no `format`) is migrated when read.
+const FORMAT: u32 = 2;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Index {
-    /// By module sha256 (hex).
     #[serde(default)]
-    pub modules: BTreeMap<String, ModuleEntry>,
-    /// By source URL, exactly as given.
+    pub format: u32,
+    /// By module sha256.
+    #[serde(default)]
+    pub modules: BTreeMap<Sha256, ModuleEntry>,
+    /// By source, under its canonical key (`crate::reference::Source::key`).
     #[serde(default)]
     pub sources: BTreeMap<String, SourceEntry>,
-    /// Last resource version pulled successfully, by resource name.
+    /// Last resource version pulled successfully, by resource name; a resource named by a
+    /// source URL (the default) under the source's canonical key.
     #[serde(default)]
     pub resources: BTreeMap<String, String>,
 }
 
+impl Default for Index {
+    fn default() -> Self {
+        Self {
+            format: FORMAT,
+            modules: BTreeMap::new(),
+            sources: BTreeMap::new(),
+            resources: BTreeMap::new(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ModuleEntry {
+    /// The canonical key of the source it was first pulled from; empty when the index was
+    /// rebuilt from the module files, which cannot say.
     pub source: String,
-    pub manifest_digest: Option<String>,
+    pub manifest_digest: Option<Digest>,
     #[serde(default)]
-    pub index_digest: Option<String>,
+    pub index_digest: Option<Digest>,
     pub size: u64,
     /// The file's mtime when last verified (see `Cache::lookup_intact`).
     #[serde(default)]
@@ -51,8 +72,79 @@ impl ModuleEntry {
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SourceEntry {
-    pub sha256: String,
-    pub manifest_digest: Option<String>,
+    pub sha256: Sha256,
+    pub manifest_digest: Option<Digest>,
+}
+
+impl Index {
+    /// The cached module named by `sha`, if its file is intact; `pinned` re-hashes it
+    /// whatever the index recorded, since the answer is reported as a pin match.
+    pub fn intact(&self, cache: &Cache, sha: &Sha256, pinned: bool) -> Option<PathBuf> {
+        let verify = if pinned {
+            crate::cache::Verify::Hash
+        } else {
+            crate::cache::Verify::Stamp(self.modules.get(sha).map(ModuleEntry::stamp))
+        };
+        cache.lookup_intact(sha, verify)
+    }
+
+    /// The intact cached module an image manifest was last resolved to.
+    pub fn module_of_manifest(
+        &self,
+        cache: &Cache,
+        manifest: Digest,
+        pinned: bool,
+    ) -> Option<Sha256> {
+        self.modules
+            .iter()
+            .find(|(sha, m)| {
+                m.manifest_digest == Some(manifest) && self.intact(cache, sha, pinned).is_some()
+            })
+            .map(|(sha, _)| *sha)
+    }
+
+    /// Brings an index written before source keys were canonical to the current format: every
+    /// source and URL-named resource moves to its canonical key. Two spellings of one source
+    /// become one entry, the one whose module was used last; two versions recorded for one
+    /// resource are both dropped, so `Always` pulls once more rather than trust either.
+    fn migrate(&mut self) {
+        if self.format >= FORMAT {
+            return;
+        }
+        let last_used = |e: &SourceEntry| self.modules.get(&e.sha256).map(|m| m.last_used);
+        let mut sources: BTreeMap<String, SourceEntry> = BTreeMap::new();
+        for (key, entry) in std::mem::take(&mut self.sources) {
+            let key = canonical_key(&key);
+            match sources.get(&key) {
+                Some(kept) if last_used(kept) >= last_used(&entry) => {}
+                _ => {
+                    sources.insert(key, entry);
+                }
+            }
+        }
+        self.sources = sources;
+        let mut resources: BTreeMap<String, Option<String>> = BTreeMap::new();
+        for (name, version) in std::mem::take(&mut self.resources) {
+            resources
+                .entry(canonical_key(&name))
+                .and_modify(|kept| {
+                    if kept.as_ref() != Some(&version) {
+                        *kept = None;
+                    }
+                })
+                .or_insert(Some(version));
+        }
+        self.resources = resources
+            .into_iter()
+            .filter_map(|(name, version)| Some((name, version?)))
+            .collect();
+        for m in self.modules.values_mut() {
+            if !m.source.is_empty() {
+                m.source = canonical_key(&m.source);
+            }
+        }
+        self.format = FORMAT;
+    }
 }
 
 pub fn now() -> u64 {
@@ -120,8 +212,11 @@ impl IndexFile {
         use crate::regular_file::{read, ReadError};
         let problem = match read(&self.path, MAX_INDEX_BYTES) {
             Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => "empty".to_string(),
-            Ok(bytes) => match serde_json::from_slice(&bytes) {
-                Ok(index) => return Ok(Loaded::Read(index)),
+            Ok(bytes) => match serde_json::from_slice::<Index>(&bytes) {
+                Ok(mut index) => {
+                    index.migrate();
+                    return Ok(Loaded::Read(index));
+                }
                 Err(e) => format!("not a valid index ({e})"),
             },
             Err(ReadError::Missing) => return Ok(self.rebuild(false)),
@@ -153,7 +248,7 @@ impl IndexFile {
                     pulled_at: mtime,
                     last_used: mtime,
                 };
-                (sha.hex(), entry)
+                (sha, entry)
             })
             .collect();
         Loaded::Rebuilt {
@@ -171,13 +266,8 @@ impl IndexFile {
             let path = path.to_path_buf();
             move |e: std::io::Error| crate::cache::io_error(&path, e)
         };
-        let lock = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.lock_path)
+        let _lock = wasm_common::fs::lock_within(&self.lock_path, LOCK_WAIT)
             .map_err(io(&self.lock_path))?;
-        lock_within(&lock, LOCK_WAIT).map_err(io(&self.lock_path))?;
         let mut index = match self.read()? {
             Loaded::Read(index) => index,
             Loaded::Rebuilt { index, damaged } => {
@@ -189,44 +279,20 @@ impl IndexFile {
             }
         };
         let out = f(&mut index);
-        // In `tmp/` with the downloads: one a killed process leaves is removed by `purge`.
-        let dir = self.cache.root().join("tmp");
-        let mut tmp = tempfile::Builder::new()
-            .prefix("index-")
-            .tempfile_in(&dir)
-            .map_err(io(&dir))?;
         let bytes = serde_json::to_vec_pretty(&index).map_err(|e| err(&self.path, e))?;
-        std::io::Write::write_all(&mut tmp, &bytes).map_err(io(tmp.path()))?;
-        tmp.as_file().sync_all().map_err(io(tmp.path()))?;
-        crate::cache::set_mode_0644(tmp.path())?;
-        tmp.persist(&self.path)
-            .map_err(|e| io(&self.path)(e.error))?;
+        // The temp file goes to `tmp/` with the downloads: one a killed process leaves is
+        // removed by `purge`. Synced: the index is what makes the modules findable.
+        let dir = self.cache.root().join("tmp");
+        wasm_common::fs::write_whole(
+            &dir,
+            "index-",
+            &self.path,
+            &bytes,
+            wasm_common::fs::Mode::WorldReadable,
+            true,
+        )
+        .map_err(io(&self.path))?;
         Ok(out)
-    }
-}
-
-/// Takes `lock`, waiting at most `wait` for another holder to let go.
-fn lock_within(lock: &File, wait: Duration) -> std::io::Result<()> {
-    let deadline = Instant::now() + wait;
-    let mut pause = Duration::from_millis(1);
-    loop {
-        match lock.try_lock() {
-            Ok(()) => return Ok(()),
-            Err(std::fs::TryLockError::Error(e)) => return Err(e),
-            Err(std::fs::TryLockError::WouldBlock) if Instant::now() >= deadline => {
-                return Err(std::io::Error::new(
-                    std::io::ErrorKind::TimedOut,
-                    format!(
-                        "another process has held the index lock for {}s; is a wasm-fetcher stuck?",
-                        wait.as_secs()
-                    ),
-                ))
-            }
-            Err(std::fs::TryLockError::WouldBlock) => {
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_millis(50));
-            }
-        }
     }
 }
 
@@ -234,6 +300,63 @@ fn lock_within(lock: &File, wait: Duration) -> std::io::Result<()> {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn an_older_index_moves_to_canonical_keys_keeping_the_latest_use() {
+        let (old, new) = (Sha256([1; 32]), Sha256([2; 32]));
+        let module = |last_used| ModuleEntry {
+            source: "HTTP://h/m.wasm".into(),
+            manifest_digest: None,
+            index_digest: None,
+            size: 8,
+            modified_ns: None,
+            pulled_at: 0,
+            last_used,
+        };
+        let source = |sha| SourceEntry {
+            sha256: sha,
+            manifest_digest: None,
+        };
+        let mut idx = Index {
+            format: 0,
+            modules: [(old, module(10)), (new, module(20))].into(),
+            sources: [
+                ("HTTP://h/m.wasm".to_string(), source(new)),
+                ("http://H:80/m.wasm".to_string(), source(old)),
+                ("oci://r/a".to_string(), source(old)),
+            ]
+            .into(),
+            resources: [
+                ("HTTP://h/m.wasm".to_string(), "1".to_string()),
+                ("http://h/m.wasm".to_string(), "2".to_string()),
+                ("oci://r/a".to_string(), "3".to_string()),
+                ("ns.plugin".to_string(), "4".to_string()),
+            ]
+            .into(),
+        };
+        idx.migrate();
+        assert_eq!(idx.format, FORMAT);
+        let keys: Vec<&str> = idx.sources.keys().map(String::as_str).collect();
+        assert_eq!(keys, ["http://h/m.wasm", "oci://r/a:latest"]);
+        assert_eq!(
+            idx.sources["http://h/m.wasm"].sha256, new,
+            "the one used last"
+        );
+        let resources: Vec<(&str, &str)> = idx
+            .resources
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        assert_eq!(
+            resources,
+            [("ns.plugin", "4"), ("oci://r/a:latest", "3")],
+            "two versions for one resource: neither is trusted"
+        );
+        assert!(idx.modules.values().all(|m| m.source == "http://h/m.wasm"));
+        let before = idx.clone();
+        idx.migrate();
+        assert_eq!(format!("{idx:?}"), format!("{before:?}"), "migrated once");
+    }
 
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(64))]
@@ -251,7 +374,7 @@ mod tests {
                 std::fs::write(index.path(), content).unwrap();
                 let loaded = index.load().unwrap();
                 if serde_json::from_slice::<Index>(content).is_err() {
-                    prop_assert!(loaded.modules.contains_key(&sha.hex()));
+                    prop_assert!(loaded.modules.contains_key(&sha));
                 }
             }
         }

@@ -17,7 +17,6 @@
 #[cfg(test)]
 mod alloc_meter;
 pub mod auth;
-pub mod bootstrap;
 pub mod cache;
 pub mod convert;
 pub mod error;
@@ -25,12 +24,14 @@ pub mod fallback;
 pub mod guard;
 pub mod index;
 pub mod net;
+pub mod pin;
 pub mod policy;
 pub mod progress;
 pub mod push;
 pub mod reference;
 pub mod regular_file;
 pub mod render;
+pub mod rewrite;
 pub mod settings;
 pub mod source;
 pub mod tls;
@@ -44,13 +45,16 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 pub use cache::Cache;
 pub use error::FetchError;
+pub use pin::PinMatch;
 pub use policy::PullPolicy;
 pub use progress::Progress;
 pub use settings::Settings;
-pub use verify::Sha256;
+pub use verify::{Digest, Sha256};
 
-use index::{IndexFile, ModuleEntry, SourceEntry};
+use index::{Index, IndexFile, ModuleEntry, SourceEntry};
+use pin::Pins;
 use reference::Source;
+use source::{Body, Fetched};
 
 #[derive(Debug, Clone, Default)]
 pub struct PullRequest {
@@ -59,7 +63,7 @@ pub struct PullRequest {
     /// index digest, or the module's sha256.
     pub sha256: Option<Sha256>,
     pub policy: Option<PullPolicy>,
-    /// The resource the module is for (an Envoy extension config); defaults to the URL.
+    /// The resource the module is for (an Envoy extension config); defaults to the source.
     pub resource: Option<String>,
     /// Its version: `Always` re-pulls when it changes, and on every pull when absent.
     pub resource_version: Option<String>,
@@ -71,112 +75,118 @@ pub struct PullRequest {
     pub progress: Progress,
 }
 
-/// Which pin a module was matched against.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PinMatch {
-    ModuleSha256,
-    ManifestDigest,
-    IndexDigest,
-}
-
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Pulled {
     pub path: PathBuf,
+    /// The source's canonical key (`reference::Source::key`): how the index names it.
     pub source: String,
-    pub sha256: String,
-    pub manifest_digest: Option<String>,
+    pub sha256: Sha256,
+    pub manifest_digest: Option<Digest>,
     pub pin: Option<PinMatch>,
     /// No module bytes were downloaded (a tag may still have been checked).
     pub from_cache: bool,
 }
 
-/// A source URL as the index records it and a pull reports it: without its userinfo. The
-/// index is world-readable, and a password in an `http://user:password@...` URL must not be
-/// written to disk or printed.
-fn recorded_source(url: &str) -> String {
-    reference::redact_userinfo(url)
-}
-
-fn digest_str(s: &Sha256) -> String {
-    format!("sha256:{}", s.hex())
-}
-
-/// What the cache alone can answer, under `policy`.
-fn from_cache(
-    idx: &index::Index,
-    cache: &Cache,
-    req: &PullRequest,
-    source: &Source,
+/// One pull, as every step sees it.
+struct Pull<'a> {
+    req: &'a PullRequest,
+    source: Source,
+    /// `source.key()`.
+    key: String,
+    pins: Pins,
     policy: PullPolicy,
-    resource: &str,
-) -> Option<Pulled> {
-    let hit = |sha: &str, pin: Option<PinMatch>| -> Option<Pulled> {
-        let path = intact(idx, cache, sha, pin.is_some())?;
-        Some(Pulled {
-            path,
-            source: recorded_source(&req.url),
-            sha256: sha.to_string(),
-            manifest_digest: idx.modules.get(sha).and_then(|m| m.manifest_digest.clone()),
-            pin,
-            from_cache: true,
+    /// The resource whose version `Always` compares.
+    resource: String,
+}
+
+impl<'a> Pull<'a> {
+    fn new(req: &'a PullRequest) -> Result<Self, FetchError> {
+        let source = Source::parse(&req.url)?;
+        let key = source.key();
+        let pins = Pins::new(req.sha256, &source);
+        let policy = policy::effective(req.policy, &source, pins.any());
+        // A resource named by a URL is one resource however the URL is written.
+        let resource = req
+            .resource
+            .as_deref()
+            .map_or_else(|| key.clone(), reference::canonical_key);
+        Ok(Self {
+            req,
+            source,
+            key,
+            pins,
+            policy,
+            resource,
         })
-    };
-    let by_digest = |d: &str| {
-        idx.modules.iter().find_map(|(sha, m)| {
-            if m.manifest_digest.as_deref() == Some(d) {
-                Some((sha.clone(), PinMatch::ManifestDigest))
-            } else if m.index_digest.as_deref() == Some(d) {
-                Some((sha.clone(), PinMatch::IndexDigest))
-            } else {
-                None
+    }
+
+    /// What the cache alone can answer, under the policy.
+    fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
+        let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
+            let path = idx.intact(cache, &sha, pin.is_some())?;
+            Some(Pulled {
+                path,
+                source: self.key.clone(),
+                sha256: sha,
+                manifest_digest: idx.modules.get(&sha).and_then(|m| m.manifest_digest),
+                pin,
+                from_cache: true,
+            })
+        };
+        if self.pins.any() {
+            return self
+                .pins
+                .candidates(idx)
+                .into_iter()
+                .find_map(|(sha, matched)| hit(sha, Some(matched)));
+        }
+        let known = idx.sources.get(&self.key)?;
+        match self.policy {
+            PullPolicy::IfNotPresent | PullPolicy::Never => hit(known.sha256, None),
+            PullPolicy::Always => {
+                let version = self.req.resource_version.as_ref()?;
+                (idx.resources.get(&self.resource) == Some(version))
+                    .then(|| hit(known.sha256, None))?
             }
-        })
-    };
-    for pin in req.sha256.iter().chain(source.pinned_digest().as_ref()) {
-        if let Some(p) = hit(&pin.hex(), Some(PinMatch::ModuleSha256)) {
-            return Some(p);
-        }
-        if let Some((sha, m)) = by_digest(&digest_str(pin)) {
-            return hit(&sha, Some(m));
         }
     }
-    if req.sha256.is_some() || source.pinned_digest().is_some() {
-        return None;
-    }
-    let known = idx.sources.get(&recorded_source(&req.url))?;
-    match policy {
-        PullPolicy::IfNotPresent | PullPolicy::Never => hit(&known.sha256, None),
-        PullPolicy::Always => {
-            let version = req.resource_version.as_ref()?;
-            (idx.resources.get(resource) == Some(version)).then(|| hit(&known.sha256, None))?
-        }
+
+    /// Whether recording `p` would change nothing but a last-use time under a minute old.
+    fn already_recorded(&self, idx: &Index, p: &Pulled) -> bool {
+        let fresh = idx.modules.get(&p.sha256).is_some_and(|m| {
+            index::now().saturating_sub(m.last_used) < 60
+                && cache::Stamp::of_file(&p.path) == Some(m.stamp())
+        });
+        let source_known = idx
+            .sources
+            .get(&self.key)
+            .is_some_and(|s| s.sha256 == p.sha256);
+        let version_known = self
+            .req
+            .resource_version
+            .as_ref()
+            .is_none_or(|v| idx.resources.get(&self.resource) == Some(v));
+        fresh && source_known && version_known
     }
 }
 
-/// Resolves the pull policy, serves from the cache when it may, otherwise fetches, verifies,
-/// stores and records the module. A pull never deletes anything.
+/// Resolves the pull policy, serves from the cache when it may, otherwise fetches from the
+/// source, commits the verified module and records the pull. A pull never deletes anything.
 pub async fn pull(
     req: &PullRequest,
     cache: &Cache,
     settings: &Settings,
 ) -> Result<Pulled, FetchError> {
-    let source = Source::parse(&req.url)?;
-    let pinned = req.sha256.is_some() || source.pinned_digest().is_some();
-    let policy = policy::effective(req.policy, &source, pinned);
-    let resource = req
-        .resource
-        .clone()
-        .unwrap_or_else(|| recorded_source(&req.url));
+    let pull = Pull::new(req)?;
     let index = IndexFile::new(cache);
     let idx = index.load()?;
-    if let Some(p) = from_cache(&idx, cache, req, &source, policy, &resource) {
-        // A hit that would change nothing but a last-use time under a minute old skips the
-        // locked index rewrite: that keeps a warm lookup to a read and a stat.
-        if already_recorded(&idx, req, &resource, &p) {
+    if let Some(p) = pull.cached(&idx, cache) {
+        // A hit that would change nothing but a recent last-use time skips the locked index
+        // rewrite: that keeps a warm lookup to a read and a stat.
+        if pull.already_recorded(&idx, &p) {
             return Ok(p);
         }
-        return match record(&index, req, &resource, p.clone(), None).await {
+        return match record(&index, &pull, p.clone(), None).await {
             // The module is there and checked; only the bookkeeping could not be written.
             Err(FetchError::CacheReadOnly { path, message }) => {
                 tracing::warn!(path = %path.display(), %message, "cache is read-only; last use not recorded");
@@ -185,121 +195,52 @@ pub async fn pull(
             other => other,
         };
     }
-    if policy == PullPolicy::Never {
+    if pull.policy == PullPolicy::Never {
         return Err(FetchError::NotInCache);
     }
     // One download per source: within this process through an async mutex, across processes
     // through the file lock. Whoever waited finds the module cached below.
-    let _in_process = in_flight(cache, &req.url).lock_owned().await;
-    let _lock = lock_source(cache, &req.url).await?;
-    if policy != PullPolicy::Always || req.resource_version.is_some() {
-        if let Some(p) = from_cache(&index.load()?, cache, req, &source, policy, &resource) {
-            return record(&index, req, &resource, p, None).await;
+    let _in_process = in_flight(cache, &pull.key).lock_owned().await;
+    let _lock = lock_source(cache, &pull.key).await?;
+    if pull.policy != PullPolicy::Always || req.resource_version.is_some() {
+        if let Some(p) = pull.cached(&index.load()?, cache) {
+            return record(&index, &pull, p, None).await;
         }
     }
     let mut staging = cache.staging(settings.max_size)?;
     staging.report_to(req.progress.clone());
-    let (pulled, index_digest) = match &source {
-        Source::File(url) => {
-            source::file::fetch(url, &mut staging).await?;
-            (commit(cache, staging, req, None)?, None)
-        }
-        Source::Http(url) => {
-            source::http::fetch(url, &mut staging, settings).await?;
-            let staging = unbox::unbox(cache, staging)?;
-            (commit(cache, staging, req, None)?, None)
-        }
-        Source::Oci(r) => {
-            let creds = auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
-            let registry = source::oci::Registry::new(r, creds, settings);
-            let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
-            // A pin may name the manifest or the index instead of the module.
-            let digest_pin = req.sha256.as_ref().map(digest_str).and_then(|pin| {
-                if pin == resolved.manifest_digest {
-                    Some(PinMatch::ManifestDigest)
-                } else if Some(&pin) == resolved.index_digest.as_ref() {
-                    Some(PinMatch::IndexDigest)
-                } else {
-                    None
-                }
-            });
-            let url_pin = source.pinned_digest().map(|d| digest_str(&d));
-            if let Some(d) = &url_pin {
-                if *d != resolved.manifest_digest && Some(d) != resolved.index_digest.as_ref() {
-                    return Err(FetchError::ChecksumMismatch {
-                        expected: d.clone(),
-                        actual: resolved.manifest_digest.clone(),
-                    });
-                }
-            }
-            // The tag still points at the manifest we have: no layer download.
-            let idx = index.load()?;
-            let unchanged = idx.modules.iter().find(|(sha, m)| {
-                m.manifest_digest.as_deref() == Some(&resolved.manifest_digest)
-                    && intact(&idx, cache, sha, pinned).is_some()
-            });
-            let module_pin = if digest_pin.is_some() {
-                None
-            } else {
-                req.sha256
-            };
-            match unchanged {
-                Some((sha, _)) if module_pin.is_none_or(|p| p.hex() == *sha) => {
-                    let sha = Sha256::parse(sha).map_err(|e| FetchError::Cache {
-                        path: cache.root().to_path_buf(),
-                        message: e,
-                    })?;
-                    (
-                        Pulled {
-                            path: cache.module_path(&sha),
-                            source: recorded_source(&req.url),
-                            sha256: sha.hex(),
-                            manifest_digest: Some(resolved.manifest_digest.clone()),
-                            pin: digest_pin.or(module_pin.map(|_| PinMatch::ModuleSha256)),
-                            from_cache: true,
-                        },
-                        resolved.index_digest.clone(),
-                    )
-                }
-                _ => {
-                    let staging = registry
-                        .download(&connection, cache, &resolved, staging)
-                        .await?;
-                    let (path, sha) = cache.commit(staging, module_pin.as_ref())?;
-                    let pin = digest_pin
-                        .or(module_pin.map(|_| PinMatch::ModuleSha256))
-                        .or(url_pin.map(|d| {
-                            if Some(&d) == resolved.index_digest.as_ref() {
-                                PinMatch::IndexDigest
-                            } else {
-                                PinMatch::ManifestDigest
-                            }
-                        }));
-                    (
-                        Pulled {
-                            path,
-                            source: recorded_source(&req.url),
-                            sha256: sha.hex(),
-                            manifest_digest: Some(resolved.manifest_digest.clone()),
-                            pin,
-                            from_cache: false,
-                        },
-                        resolved.index_digest.clone(),
-                    )
-                }
-            }
+    let target = source::Target {
+        cache,
+        index: &index,
+        settings,
+    };
+    let Fetched { image, pin, body } =
+        source::fetch(&pull.source, req, &pull.pins, &target, staging).await?;
+    let (path, sha, from_cache) = match body {
+        Body::Cached(sha) => (cache.module_path(&sha), sha, true),
+        Body::Staged(staging) => {
+            let (path, sha) = cache.commit(staging, pin.module.as_ref())?;
+            (path, sha, false)
         }
     };
-    record(&index, req, &resource, pulled, index_digest).await
+    let pulled = Pulled {
+        path,
+        source: pull.key.clone(),
+        sha256: sha,
+        manifest_digest: image.map(|i| i.manifest),
+        pin: pin.matched,
+        from_cache,
+    };
+    record(&index, &pull, pulled, image.and_then(|i| i.index)).await
 }
 
 /// The cross-process lock on one source. Waiting polls instead of blocking a thread in the
 /// kernel, so a caller's deadline (`--timeout`) ends the wait at once and leaves no thread
 /// behind.
-async fn lock_source(cache: &Cache, url: &str) -> Result<std::fs::File, FetchError> {
+async fn lock_source(cache: &Cache, key: &str) -> Result<std::fs::File, FetchError> {
     let mut pause = std::time::Duration::from_millis(2);
     loop {
-        if let Some(lock) = cache.try_lock_source(url)? {
+        if let Some(lock) = cache.try_lock_source(key)? {
             return Ok(lock);
         }
         tokio::time::sleep(pause).await;
@@ -309,99 +250,66 @@ async fn lock_source(cache: &Cache, url: &str) -> Result<std::fs::File, FetchErr
 
 /// The in-process lock for one source in one cache. Entries stay for the life of the process:
 /// one small mutex per distinct source pulled.
-fn in_flight(cache: &Cache, url: &str) -> Arc<tokio::sync::Mutex<()>> {
+fn in_flight(cache: &Cache, key: &str) -> Arc<tokio::sync::Mutex<()>> {
     type SourceLocks = HashMap<(PathBuf, String), Arc<tokio::sync::Mutex<()>>>;
     static IN_FLIGHT: LazyLock<Mutex<SourceLocks>> = LazyLock::new(Mutex::default);
     let mut map = IN_FLIGHT
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    map.entry((cache.root().to_path_buf(), url.to_string()))
+    map.entry((cache.root().to_path_buf(), key.to_string()))
         .or_default()
         .clone()
-}
-
-/// The cached module named by `sha` (hex), if its file is intact; `pinned` re-hashes it
-/// whatever the index recorded, since the answer is reported as a pin match.
-fn intact(idx: &index::Index, cache: &Cache, sha: &str, pinned: bool) -> Option<PathBuf> {
-    let verify = if pinned {
-        cache::Verify::Hash
-    } else {
-        cache::Verify::Stamp(idx.modules.get(sha).map(ModuleEntry::stamp))
-    };
-    cache.lookup_intact(&Sha256::parse(sha).ok()?, verify)
-}
-
-fn already_recorded(idx: &index::Index, req: &PullRequest, resource: &str, p: &Pulled) -> bool {
-    let fresh = idx.modules.get(&p.sha256).is_some_and(|m| {
-        index::now().saturating_sub(m.last_used) < 60
-            && cache::Stamp::of_file(&p.path) == Some(m.stamp())
-    });
-    let source_known = idx
-        .sources
-        .get(&recorded_source(&req.url))
-        .is_some_and(|s| s.sha256 == p.sha256);
-    let version_known = req
-        .resource_version
-        .as_ref()
-        .is_none_or(|v| idx.resources.get(resource) == Some(v));
-    fresh && source_known && version_known
-}
-
-fn commit(
-    cache: &Cache,
-    staging: cache::Staging,
-    req: &PullRequest,
-    manifest_digest: Option<String>,
-) -> Result<Pulled, FetchError> {
-    let (path, sha) = cache.commit(staging, req.sha256.as_ref())?;
-    Ok(Pulled {
-        path,
-        source: recorded_source(&req.url),
-        sha256: sha.hex(),
-        manifest_digest,
-        pin: req.sha256.map(|_| PinMatch::ModuleSha256),
-        from_cache: false,
-    })
 }
 
 /// [`record_now`] on a blocking thread: waiting for the index lock must not stall the
 /// runtime, or a caller's deadline could not fire.
 async fn record(
     index: &IndexFile,
-    req: &PullRequest,
-    resource: &str,
+    pull: &Pull<'_>,
     pulled: Pulled,
-    index_digest: Option<String>,
+    index_digest: Option<Digest>,
 ) -> Result<Pulled, FetchError> {
-    let (index, req, resource) = (index.clone(), req.clone(), resource.to_string());
+    let index = index.clone();
+    let (key, resource) = (pull.key.clone(), pull.resource.clone());
+    let version = pull.req.resource_version.clone();
     let root = index.path().to_path_buf();
-    tokio::task::spawn_blocking(move || record_now(&index, &req, &resource, pulled, index_digest))
-        .await
-        .map_err(|e| FetchError::Cache {
-            path: root,
-            message: format!("recording the pull: {e}"),
-        })?
+    tokio::task::spawn_blocking(move || {
+        let recorded = Recorded {
+            key: &key,
+            resource: &resource,
+            version: version.as_deref(),
+            index_digest,
+        };
+        record_now(&index, &recorded, pulled)
+    })
+    .await
+    .map_err(|e| FetchError::Cache {
+        path: root,
+        message: format!("recording the pull: {e}"),
+    })?
+}
+
+/// What a successful pull writes to the index beside the module itself.
+struct Recorded<'a> {
+    key: &'a str,
+    resource: &'a str,
+    version: Option<&'a str>,
+    index_digest: Option<Digest>,
 }
 
 /// Records a successful pull: the module's use, what the source resolved to, and (only now,
 /// after success) the resource version.
-fn record_now(
-    index: &IndexFile,
-    req: &PullRequest,
-    resource: &str,
-    pulled: Pulled,
-    index_digest: Option<String>,
-) -> Result<Pulled, FetchError> {
+fn record_now(index: &IndexFile, r: &Recorded, pulled: Pulled) -> Result<Pulled, FetchError> {
     let now = index::now();
     let stamp = cache::Stamp::of_file(&pulled.path);
     index.update(|idx| {
         let entry = idx
             .modules
-            .entry(pulled.sha256.clone())
+            .entry(pulled.sha256)
             .or_insert_with(|| ModuleEntry {
-                source: recorded_source(&req.url),
-                manifest_digest: pulled.manifest_digest.clone(),
-                index_digest: index_digest.clone(),
+                source: r.key.to_string(),
+                manifest_digest: pulled.manifest_digest,
+                index_digest: r.index_digest,
                 size: 0,
                 modified_ns: None,
                 pulled_at: now,
@@ -410,7 +318,7 @@ fn record_now(
         entry.last_used = now;
         if entry.source.is_empty() {
             // Found by a rebuilt index, which cannot know where a module came from.
-            entry.source = recorded_source(&req.url);
+            entry.source = r.key.to_string();
         }
         // Verified by this pull (downloaded, or checked by `intact`): remember the file as is.
         if let Some(stamp) = stamp {
@@ -418,20 +326,20 @@ fn record_now(
             entry.modified_ns = stamp.modified_ns;
         }
         if pulled.manifest_digest.is_some() {
-            entry.manifest_digest = pulled.manifest_digest.clone();
+            entry.manifest_digest = pulled.manifest_digest;
         }
-        if index_digest.is_some() {
-            entry.index_digest = index_digest.clone();
+        if r.index_digest.is_some() {
+            entry.index_digest = r.index_digest;
         }
         idx.sources.insert(
-            recorded_source(&req.url),
+            r.key.to_string(),
             SourceEntry {
-                sha256: pulled.sha256.clone(),
-                manifest_digest: pulled.manifest_digest.clone(),
+                sha256: pulled.sha256,
+                manifest_digest: pulled.manifest_digest,
             },
         );
-        if let Some(v) = &req.resource_version {
-            idx.resources.insert(resource.to_string(), v.clone());
+        if let Some(v) = r.version {
+            idx.resources.insert(r.resource.to_string(), v.to_string());
         }
     })?;
     Ok(pulled)
@@ -440,10 +348,10 @@ fn record_now(
 /// One cached module as `wasm-fetcher ls` shows it.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Listed {
-    pub sha256: String,
+    pub sha256: Sha256,
     pub path: PathBuf,
     pub source: String,
-    pub manifest_digest: Option<String>,
+    pub manifest_digest: Option<Digest>,
     pub size: u64,
     /// Unix seconds.
     pub last_used: u64,
@@ -458,14 +366,12 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
         .modules
         .iter()
         .filter_map(|(sha, m)| {
-            // A hand-edited index may spell a digest otherwise: listed in one spelling.
-            let sha = Sha256::parse(sha).ok()?;
-            let path = cache.lookup(&sha)?;
+            let path = cache.lookup(sha)?;
             Some(Listed {
-                sha256: sha.hex(),
+                sha256: *sha,
                 path,
                 source: m.source.clone(),
-                manifest_digest: m.manifest_digest.clone(),
+                manifest_digest: m.manifest_digest,
                 size: m.size,
                 last_used: m.last_used,
                 expires: m.last_used.saturating_add(settings.module_expiry.as_secs()),
@@ -477,21 +383,19 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
 /// Removes modules unused for longer than `WASM_MODULE_EXPIRY`, with their index entries, and
 /// what killed processes left behind: temp files, and lock files no one holds. Returns the
 /// removed modules' digests.
-pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<String>, FetchError> {
+pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<Sha256>, FetchError> {
     let now = index::now();
     let expiry = settings.module_expiry.as_secs();
     let removed = IndexFile::new(cache).update(|idx| {
-        let expired: Vec<String> = idx
+        let expired: Vec<Sha256> = idx
             .modules
             .iter()
             .filter(|(_, m)| now.saturating_sub(m.last_used) >= expiry)
-            .map(|(sha, _)| sha.clone())
+            .map(|(sha, _)| *sha)
             .collect();
         for sha in &expired {
             idx.modules.remove(sha);
-            if let Ok(s) = Sha256::parse(sha) {
-                let _ = std::fs::remove_file(cache.module_path(&s));
-            }
+            let _ = std::fs::remove_file(cache.module_path(sha));
         }
         idx.sources.retain(|_, s| !expired.contains(&s.sha256));
         expired

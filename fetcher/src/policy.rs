@@ -6,15 +6,14 @@
 
 use crate::reference::Source;
 
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 pub enum PullPolicy {
-    #[value(name = "IfNotPresent")]
+    #[cfg_attr(feature = "cli", value(name = "IfNotPresent"))]
     IfNotPresent,
-    #[value(name = "Always")]
+    #[cfg_attr(feature = "cli", value(name = "Always"))]
     Always,
-    #[value(name = "Never")]
+    #[cfg_attr(feature = "cli", value(name = "Never"))]
     Never,
 }
 

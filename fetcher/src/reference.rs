@@ -66,7 +66,11 @@ impl OciRef {
 
 impl Source {
     pub fn parse(url: &str) -> Result<Self, FetchError> {
-        if let Some(rest) = url.strip_prefix("oci://") {
+        if let Some(rest) = url
+            .get(..6)
+            .filter(|scheme| scheme.eq_ignore_ascii_case("oci://"))
+            .and_then(|_| url.get(6..))
+        {
             return parse_oci(rest).map(Source::Oci);
         }
         let parsed = url::Url::parse(url).map_err(|e| FetchError::BadUrl {
@@ -88,6 +92,33 @@ impl Source {
             _ => None,
         }
     }
+
+    /// The one name of this source in the index, the locks and the default resource, so a
+    /// module written two ways is one entry and one download. Scheme and host are lower-case
+    /// and a default port is dropped (`HTTPS://Host:443/m` is `https://host/m`); for `oci://`
+    /// the tag `latest` is written out when there is neither tag nor digest (as every registry
+    /// client resolves it), and a tag beside a digest is dropped (the digest alone is
+    /// fetched). Userinfo is replaced by `***`: the index is world-readable.
+    pub fn key(&self) -> String {
+        match self {
+            Source::File(u) | Source::Http(u) => redact_userinfo(u.as_str()),
+            Source::Oci(r) => {
+                let registry = r.registry.to_ascii_lowercase();
+                let registry = registry.strip_suffix(":443").unwrap_or(&registry);
+                match (&r.digest, &r.tag) {
+                    (Some(d), _) => format!("oci://{registry}/{}@sha256:{}", r.repository, d.hex()),
+                    (None, Some(t)) => format!("oci://{registry}/{}:{t}", r.repository),
+                    (None, None) => format!("oci://{registry}/{}:latest", r.repository),
+                }
+            }
+        }
+    }
+}
+
+/// The canonical key (`Source::key`) of `text` if it names a source, else `text` as it is:
+/// how names recorded before keys were canonical are read.
+pub fn canonical_key(text: &str) -> String {
+    Source::parse(text).map_or_else(|_| text.to_string(), |s| s.key())
 }
 
 fn parse_oci(rest: &str) -> Result<OciRef, FetchError> {
@@ -254,6 +285,45 @@ mod tests {
         assert_eq!(
             r.to_reference().whole(),
             format!("localhost:5000/a@sha256:{d}")
+        );
+    }
+
+    #[test]
+    fn one_source_written_two_ways_has_one_key() {
+        let d = "ab".repeat(32);
+        for (a, b) in [
+            (
+                "HTTPS://Example.COM:443/m.wasm",
+                "https://example.com/m.wasm",
+            ),
+            ("http://Example.com:80/m.wasm", "http://example.com/m.wasm"),
+            ("http://user:pw@h:8080/m.wasm", "http://***@h:8080/m.wasm"),
+            ("OCI://Reg.Example:443/a/b", "oci://reg.example/a/b:latest"),
+            (
+                "oci://reg.example/a/b:latest",
+                "oci://reg.example/a/b:latest",
+            ),
+            (
+                &format!("oci://127.0.0.1:5000/a:v1@sha256:{d}"),
+                &format!("oci://127.0.0.1:5000/a@sha256:{d}"),
+            ),
+            ("file:///tmp/m.wasm", "file:///tmp/m.wasm"),
+        ] {
+            assert_eq!(Source::parse(a).unwrap().key(), b, "{a}");
+            assert_eq!(canonical_key(a), b, "{a}");
+            assert_eq!(canonical_key(b), b, "a key is its own key: {b}");
+        }
+        for kept in [
+            "oci://reg.example:5000/a:1",
+            "https://h:8443/m.wasm",
+            "oci://h/a:LATEST",
+        ] {
+            assert_eq!(canonical_key(kept), kept);
+        }
+        assert_eq!(
+            canonical_key("extensions.istio.io/wasmplugin/ns.name"),
+            "extensions.istio.io/wasmplugin/ns.name",
+            "a resource name that is no URL is left alone"
         );
     }
 

@@ -126,9 +126,9 @@ pub fn resource(p: &WasmPlugin, pulled: Result<&Pulled, &FetchError>) -> EcdsRes
             wasm_config(p, filter_type, &m.path),
             Outcome::Module {
                 path: m.path.clone(),
-                sha256: m.sha256.clone(),
+                sha256: m.sha256.to_string(),
             },
-            format!("{}-{}", short(p.version()), short(&m.sha256)),
+            format!("{}-{}", short(p.version()), short(&m.sha256.to_string())),
         ),
         Err(e) => {
             let fallback = Fallback::for_policy(p.fail_strategy.opens());
@@ -341,7 +341,7 @@ mod tests {
         Pulled {
             path: "/cache/modules/sha256/ab.wasm".into(),
             source: "https://h.example/p.wasm".into(),
-            sha256: "ab".repeat(32),
+            sha256: crate::Sha256::parse(&"ab".repeat(32)).unwrap(),
             manifest_digest: None,
             pin: None,
             from_cache: false,

@@ -4,7 +4,8 @@
 use crate::error::FetchError;
 
 /// A sha256 digest, parsed from 64 hex characters (case-insensitive, optional `sha256:`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+/// Shown and stored as 64 lower-case hex characters: a module's name in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Sha256(pub [u8; 32]);
 
 impl Sha256 {
@@ -35,7 +36,7 @@ pub fn sha256_of(bytes: &[u8]) -> Sha256 {
 
 /// A digest named by a manifest or an index: exactly `sha256:` and 64 lower-case hex
 /// characters, checked before it goes into a URL.
-pub fn parse_digest(s: &str) -> Result<Sha256, FetchError> {
+pub fn parse_digest(s: &str) -> Result<Digest, FetchError> {
     let bad = || FetchError::Registry {
         message: format!(
             "invalid digest {:?} in a manifest: expected sha256: and 64 lower-case hex characters",
@@ -49,7 +50,7 @@ pub fn parse_digest(s: &str) -> Result<Sha256, FetchError> {
     {
         return Err(bad());
     }
-    Sha256::parse(hex_part).map_err(|_| bad())
+    Sha256::parse(hex_part).map(Digest).map_err(|_| bad())
 }
 
 impl std::fmt::Display for Sha256 {
@@ -64,6 +65,48 @@ impl std::str::FromStr for Sha256 {
         Self::parse(s)
     }
 }
+
+/// An OCI content digest (an image manifest's or index's), shown and stored as
+/// `sha256:<hex>`, the form registries and Istio's `sha256` field use for it; the typed form
+/// keeps it from being compared with a module's sha256 by accident of spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Digest(pub Sha256);
+
+impl std::fmt::Display for Digest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "sha256:{}", self.0)
+    }
+}
+
+impl std::str::FromStr for Digest {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.strip_prefix("sha256:") {
+            Some(hex) => Sha256::parse(hex).map(Digest),
+            None => Err(format!("{s:?} is not a digest: expected sha256:<64 hex>")),
+        }
+    }
+}
+
+/// Stored as their text, read back through `FromStr`.
+macro_rules! serde_as_text {
+    ($($t:ty),*) => {$(
+        impl serde::Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let text = std::borrow::Cow::<str>::deserialize(d)?;
+                text.parse().map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+
+serde_as_text!(Sha256, Digest);
 
 const MAGIC: &[u8; 4] = b"\0asm";
 const CORE_VERSION: [u8; 4] = [1, 0, 0, 0];
@@ -127,7 +170,10 @@ mod tests {
     #[test]
     fn manifest_digests_are_strict() {
         let hex = "ab".repeat(32);
-        assert_eq!(parse_digest(&format!("sha256:{hex}")).unwrap().hex(), hex);
+        assert_eq!(
+            parse_digest(&format!("sha256:{hex}")).unwrap().to_string(),
+            format!("sha256:{hex}")
+        );
         for bad in [
             hex.clone(),
             format!("sha256:{}", hex.to_uppercase()),

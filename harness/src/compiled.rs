@@ -39,11 +39,11 @@ impl CompiledCache {
             Some(d) if !d.is_empty() => return Some(PathBuf::from(d)),
             _ => {}
         }
-        let base = std::env::var_os("XDG_CACHE_HOME")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-        Some(base.join("wasm-harness").join("compiled"))
+        Some(
+            wasm_common::dirs::user_cache_dir()?
+                .join("wasm-harness")
+                .join("compiled"),
+        )
     }
 
     /// Creates the directory (0700) if needed and checks that only this user can write it.
@@ -73,7 +73,7 @@ impl CompiledCache {
         engine.precompile_compatibility_hash().hash(&mut h);
         let sha = Sha256::digest(bytes);
         self.dir
-            .join(format!("{}-{:016x}.cwasm", hex_encode(&sha), h.finish()))
+            .join(format!("{}-{:016x}.cwasm", hex::encode(sha), h.finish()))
     }
 
     /// The module from the cache, or compiled now and stored for next time.
@@ -101,11 +101,8 @@ impl CompiledCache {
 
     fn store(&self, path: &Path, module: &Module) -> wasmtime::Result<()> {
         let bytes = module.serialize()?;
-        let mut tmp = tempfile::Builder::new()
-            .prefix(".compiling-")
-            .tempfile_in(&self.dir)?;
-        std::io::Write::write_all(&mut tmp, &bytes)?;
-        tmp.persist(path)?;
+        let private = wasm_common::fs::Mode::Private;
+        wasm_common::fs::write_whole(&self.dir, ".compiling-", path, &bytes, private, false)?;
         Ok(())
     }
 }
@@ -144,10 +141,6 @@ fn check_private(dir: &Path) -> Result<(), CompiledCacheError> {
 #[cfg(not(unix))]
 fn check_private(_dir: &Path) -> Result<(), CompiledCacheError> {
     Ok(())
-}
-
-fn hex_encode(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]

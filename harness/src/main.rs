@@ -217,18 +217,9 @@ fn precompile(module: &std::path::Path, output: &std::path::Path) -> anyhow::Res
         .parent()
         .filter(|d| !d.as_os_str().is_empty())
         .unwrap_or(std::path::Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".precompiling-")
-        .tempfile_in(dir)
-        .with_context(|| format!("cannot write into {}", dir.display()))?;
-    std::io::Write::write_all(&mut tmp, &out)?;
     // Readable by an Envoy running as another user, like the fetcher's cache files.
-    #[cfg(unix)]
-    std::fs::set_permissions(
-        tmp.path(),
-        std::os::unix::fs::PermissionsExt::from_mode(0o644),
-    )?;
-    tmp.persist(output)
+    let readable = wasm_common::fs::Mode::WorldReadable;
+    wasm_common::fs::write_whole(dir, ".precompiling-", output, &out, readable, false)
         .with_context(|| format!("cannot write {}", output.display()))?;
     let section = precompiled::section_name().unwrap_or_default();
     let code = precompiled::find_section(&out, &section)?.map_or(0, <[u8]>::len);

@@ -357,35 +357,10 @@ impl<'de> Deserialize<'de> for DurationSpec {
     }
 }
 
-/// Parses `<number><unit>`, the number possibly decimal, the unit one of h, m, s, ms, us, ns.
+/// A duration in Go's syntax (`5s`, `1500ms`, `1h30m`), the grammar the fetcher's
+/// environment variables use too.
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let t = text.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (number, unit) = t.split_at(split);
-    let nanos_per_unit: f64 = match unit.trim() {
-        "h" => 3_600e9,
-        "m" => 60e9,
-        "s" => 1e9,
-        "ms" => 1e6,
-        "us" | "µs" => 1e3,
-        "ns" => 1.0,
-        "" => return Err(format!("duration {text:?} needs a unit, like 5s or 1500ms")),
-        other => {
-            return Err(format!(
-                "duration {text:?}: unknown unit {other:?} (use h, m, s, ms, us or ns)"
-            ))
-        }
-    };
-    let n: f64 = number
-        .parse()
-        .map_err(|_| format!("duration {text:?}: {number:?} is not a number"))?;
-    let nanos = (n * nanos_per_unit).round();
-    if !nanos.is_finite() || nanos > u64::MAX as f64 {
-        return Err(format!("duration {text:?} is too long"));
-    }
-    Ok(Duration::from_nanos(nanos as u64))
+    wasm_common::duration::parse(text).map_err(|e| format!("duration {text:?}: {e}"))
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -1109,7 +1084,8 @@ mod tests {
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("250us"), Ok(Duration::from_micros(250)));
-        assert_eq!(parse_duration(" 10 ns"), Ok(Duration::from_nanos(10)));
+        assert_eq!(parse_duration(" 10ns"), Ok(Duration::from_nanos(10)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
         assert!(parse_duration("5").unwrap_err().contains("needs a unit"));
         assert!(parse_duration("5 days")
             .unwrap_err()

@@ -19,17 +19,8 @@ use crate::source::oci::media;
 use crate::verify::sha256_of;
 
 /// Which image `push` writes.
-#[derive(
-    Debug,
-    Clone,
-    Copy,
-    PartialEq,
-    Eq,
-    Default,
-    clap::ValueEnum,
-    serde::Serialize,
-    serde::Deserialize,
-)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[cfg_attr(feature = "cli", derive(clap::ValueEnum))]
 #[serde(rename_all = "snake_case")]
 pub enum Layout {
     /// Istio's Wasm artifact (2 layers: the artifact config and the raw module).

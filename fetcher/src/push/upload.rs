@@ -21,7 +21,7 @@ const PIECE: usize = 64 * 1024;
 /// The manifest digest `tag` names now, if it names one.
 pub async fn current_digest(d: &Distribution, tag: &str) -> Result<Option<String>, PushError> {
     match d.manifest(tag, &media::accept_manifests()).await {
-        Ok((_, digest)) => Ok(Some(digest)),
+        Ok((_, digest)) => Ok(Some(digest.to_string())),
         // Only a shortcut: a registry that cannot say (an odd answer to a GET) gets the push.
         Err(FetchError::NotFound { .. } | FetchError::Registry { .. }) => Ok(None),
         Err(e) => Err(e.into()),

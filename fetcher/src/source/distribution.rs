@@ -19,7 +19,7 @@ use serde_json::Value;
 use crate::error::{shown, FetchError};
 use crate::net;
 use crate::settings::Settings;
-use crate::verify::Sha256;
+use crate::verify::Digest;
 
 /// Manifests and indexes are small JSON documents; anything larger is not one.
 pub const MANIFEST_LIMIT: usize = 4 << 20;
@@ -367,7 +367,7 @@ impl Distribution {
         &self,
         reference: &str,
         accept: &str,
-    ) -> Result<(Vec<u8>, String), FetchError> {
+    ) -> Result<(Vec<u8>, Digest), FetchError> {
         let resp = self
             .get(
                 &format!("{}/manifests/{reference}", self.repository),
@@ -375,23 +375,20 @@ impl Distribution {
             )
             .await?;
         let bytes = net::read_limited(resp, MANIFEST_LIMIT, "manifest").await?;
-        let digest = format!("sha256:{}", crate::verify::sha256_of(&bytes).hex());
-        if reference.starts_with("sha256:") && reference != digest {
+        let digest = Digest(crate::verify::sha256_of(&bytes));
+        if reference.starts_with("sha256:") && reference != digest.to_string() {
             return Err(FetchError::ChecksumMismatch {
                 expected: reference.to_string(),
-                actual: digest,
+                actual: digest.to_string(),
             });
         }
         Ok((bytes, digest))
     }
 
     /// A blob, to stream.
-    pub async fn blob(&self, digest: &Sha256) -> Result<reqwest::Response, FetchError> {
-        self.get(
-            &format!("{}/blobs/sha256:{}", self.repository, digest.hex()),
-            None,
-        )
-        .await
+    pub async fn blob(&self, digest: &Digest) -> Result<reqwest::Response, FetchError> {
+        self.get(&format!("{}/blobs/{digest}", self.repository), None)
+            .await
     }
 
     /// A foreign layer from a URL its descriptor lists: no credentials, the same guard.

@@ -13,10 +13,47 @@ use serde_json::Value;
 
 use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
+use crate::pin::{ImageDigests, Pins};
 use crate::reference::OciRef;
 use crate::settings::Settings;
 use crate::source::distribution::{Access, Distribution, PingFailure, Scheme};
-use crate::verify::{parse_digest, Sha256};
+use crate::source::{Body, Fetched, Target};
+use crate::verify::{parse_digest, Digest};
+use crate::PullRequest;
+
+/// Resolves the image, checks the pins against it, and downloads the module unless the
+/// manifest it resolved to is one whose module the cache holds (a tag that did not move).
+pub async fn fetch(
+    r: &OciRef,
+    req: &PullRequest,
+    pins: &Pins,
+    target: &Target<'_>,
+    staging: Staging,
+) -> Result<Fetched, FetchError> {
+    let creds = crate::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
+    let registry = Registry::new(r, creds, target.settings);
+    let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
+    let image = resolved.digests;
+    let pin = pins.check(Some(&image))?;
+    let unchanged = target
+        .index
+        .load()?
+        .module_of_manifest(target.cache, image.manifest, pins.any())
+        .filter(|sha| pin.accepts(sha));
+    let body = match unchanged {
+        Some(sha) => Body::Cached(sha),
+        None => Body::Staged(
+            registry
+                .download(&connection, target.cache, &resolved, staging)
+                .await?,
+        ),
+    };
+    Ok(Fetched {
+        image: Some(image),
+        pin,
+        body,
+    })
+}
 
 /// Media types, in one place.
 pub mod media {
@@ -61,8 +98,7 @@ pub mod media {
 /// when the reference named an index.
 pub struct Resolved {
     pub manifest: OciImageManifest,
-    pub manifest_digest: String,
-    pub index_digest: Option<String>,
+    pub digests: ImageDigests,
 }
 
 pub struct Registry {
@@ -203,37 +239,33 @@ impl Registry {
     ) -> Result<(Distribution, Resolved), FetchError> {
         let d = self.connect().await?;
         let accepted = media::accept_manifests();
-        let reference = match (&r.digest, &r.tag) {
-            (Some(digest), _) => format!("sha256:{}", digest.hex()),
+        let pinned = r.digest.map(Digest);
+        let reference = match (pinned, &r.tag) {
+            (Some(digest), _) => digest.to_string(),
             (None, Some(tag)) => tag.clone(),
             (None, None) => "latest".to_string(),
         };
         let (bytes, digest) = d.manifest(&reference, &accepted).await?;
         let doc = parse_json(&bytes)?;
         if doc.get("manifests").is_some() {
-            let child = pick_child(
-                &doc,
-                platform,
-                r.digest
-                    .as_ref()
-                    .map(|d| format!("sha256:{}", d.hex()))
-                    .as_deref(),
-            )?;
-            let child = parse_digest(&child)?;
-            let (bytes, child_digest) = d
-                .manifest(&format!("sha256:{}", child.hex()), &accepted)
-                .await?;
+            let pin = pinned.map(|p| p.to_string());
+            let child = parse_digest(&pick_child(&doc, platform, pin.as_deref())?)?;
+            let (bytes, child_digest) = d.manifest(&child.to_string(), &accepted).await?;
             let resolved = Resolved {
                 manifest: parse_manifest(&bytes)?,
-                manifest_digest: child_digest,
-                index_digest: Some(digest),
+                digests: ImageDigests {
+                    manifest: child_digest,
+                    index: Some(digest),
+                },
             };
             return Ok((d, resolved));
         }
         let resolved = Resolved {
             manifest: parse_manifest(&bytes)?,
-            manifest_digest: digest,
-            index_digest: None,
+            digests: ImageDigests {
+                manifest: digest,
+                index: None,
+            },
         };
         Ok((d, resolved))
     }
@@ -324,7 +356,7 @@ impl Registry {
 /// Streams a blob into `staging`: never past its declared size, and exactly its digest.
 async fn copy_checked(
     resp: reqwest::Response,
-    digest: &Sha256,
+    digest: &Digest,
     declared: u64,
     staging: &mut Staging,
     d: &Distribution,
@@ -354,11 +386,11 @@ async fn copy_checked(
             expected: declared,
         });
     }
-    let actual = staging.digest_so_far();
+    let actual = Digest(staging.digest_so_far());
     if actual != *digest {
         return Err(FetchError::ChecksumMismatch {
-            expected: format!("sha256:{}", digest.hex()),
-            actual: format!("sha256:{}", actual.hex()),
+            expected: digest.to_string(),
+            actual: actual.to_string(),
         });
     }
     Ok(())

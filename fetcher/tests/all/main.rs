@@ -16,4 +16,5 @@ mod registry;
 mod rewrite;
 mod side_inputs;
 mod sidecar;
+mod source_key;
 mod support;

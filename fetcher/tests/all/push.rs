@@ -413,7 +413,7 @@ fn a_pushed_filter_pulled_back_by_digest_runs_in_real_envoy() {
     let (o, _) = run_within(
         Command::new(harness_bin())
             .current_dir(&workspace)
-            .env("ENVOY_BIN", crate::real_envoy::envoy_bin())
+            .env("ENVOY_BIN", wasm_common::envoy::envoy())
             .args(["run", "--envoy", "--bootstrap"])
             .arg(&bootstrap)
             .arg("testdata/scenarios/demo.yaml"),

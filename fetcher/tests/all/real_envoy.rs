@@ -9,15 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub fn envoy_bin() -> PathBuf {
-    let p = std::env::var_os("ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/envoy"));
-    assert!(
-        p.exists(),
-        "envoy not found at {}: run `make envoy`",
-        p.display()
-    );
-    p
+    wasm_common::envoy::envoy()
 }
 
 /// `envoy --mode validate` on `bootstrap`; the log tail when it refuses.

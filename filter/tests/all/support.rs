@@ -49,18 +49,7 @@ pub fn bootstrap_copy(dir: &Path, relative: &str) -> PathBuf {
     path
 }
 
-/// Real Envoy: `$ENVOY_BIN`, else the project's `.venv` (`make envoy`).
-pub fn envoy() -> PathBuf {
-    let p = std::env::var_os("ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/envoy"));
-    assert!(
-        p.exists(),
-        "envoy not found at {}: run `make envoy`",
-        p.display()
-    );
-    p
-}
+pub use wasm_common::envoy::envoy;
 
 /// Real Envoy's `wasm log` lines containing `needle`, waiting (up to 10 s) for at least
 /// `want` of them: Envoy writes its log every 50 ms, ticks come on their own time.

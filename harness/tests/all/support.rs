@@ -27,18 +27,7 @@ pub fn guest(name: &str) -> PathBuf {
     root().join("testdata/guests").join(name)
 }
 
-/// Real Envoy: `$ENVOY_BIN`, else the project's `.venv` (`make envoy`).
-pub fn envoy() -> PathBuf {
-    let p = std::env::var_os("ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".venv/bin/envoy"));
-    assert!(
-        p.exists(),
-        "envoy not found at {}: run `make envoy` (or `make test`)",
-        p.display()
-    );
-    p
-}
+pub use wasm_common::envoy::envoy;
 
 pub fn shipped_bootstrap() -> Value {
     let text = std::fs::read_to_string(root().join("testdata/scenarios/header-ops.bootstrap.yaml"))
@@ -55,7 +44,7 @@ pub fn bootstrap_variant(
     edit: impl FnOnce(&mut Value),
 ) -> PathBuf {
     let mut doc = shipped_bootstrap();
-    wasm_fetcher::bootstrap::point_wasm_code_at(&mut doc, module).unwrap();
+    wasm_fetcher::rewrite::point_wasm_code_at(&mut doc, module).unwrap();
     let plugin = doc
         .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
         .unwrap();

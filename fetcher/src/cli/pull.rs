@@ -1,0 +1,106 @@
+//! `wasm-fetcher pull`.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use wasm_fetcher::{settings, Cache, PullPolicy, PullRequest, Settings, Sha256};
+
+use super::Failure;
+
+#[derive(clap::Args)]
+pub struct PullArgs {
+    /// oci://REGISTRY/REPO[:TAG][@sha256:DIGEST], https://..., http://... or file:///PATH.
+    url: String,
+    /// Pin (64 hex characters): the module's sha256; for oci:// also the image manifest or
+    /// index digest. A mismatch fails and caches nothing.
+    #[arg(long, value_parser = Sha256::parse)]
+    sha256: Option<Sha256>,
+    /// Cache directory [default: $WASM_CACHE_DIR, else ~/.cache/wasm-fetcher].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// IfNotPresent | Always | Never [default: IfNotPresent; Always for an OCI `latest` or untagged reference; a pin makes it IfNotPresent].
+    #[arg(long, value_enum)]
+    pull_policy: Option<PullPolicy>,
+    /// The resource the module is for [default: the URL].
+    #[arg(long)]
+    resource: Option<String>,
+    /// The resource's version: with Always, the source is checked again only when it changes.
+    #[arg(long)]
+    resource_version: Option<String>,
+    /// Docker config JSON with registry credentials (a decoded .dockerconfigjson): a
+    /// regular file of at most 1 MiB.
+    #[arg(long)]
+    pull_secret: Option<PathBuf>,
+    /// Image index platform, os/arch (e.g. wasip1/wasm, linux/amd64).
+    #[arg(long)]
+    platform: Option<String>,
+    /// Bound on the whole pull (waiting for another process's pull of the same source
+    /// included), Go duration syntax; must be more than 0.
+    #[arg(long, default_value = "30s", value_parser = settings::parse_timeout)]
+    timeout: Duration,
+    /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file
+    /// (at most 4 MiB) holding at least one certificate.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+    /// Print a JSON object (path, source, sha256, manifest_digest, pin, from_cache).
+    #[arg(long)]
+    json: bool,
+    /// Fetch an image layer from the URLs its descriptor lists (foreign, non-distributable
+    /// layers) before asking the registry; those URLs pass the same address guard.
+    #[arg(long)]
+    allow_foreign_layers: bool,
+}
+
+/// A pull as the flags and the environment ask for it, every input read and checked.
+pub struct PullOptions {
+    pub request: PullRequest,
+    pub cache: Cache,
+    pub settings: Settings,
+    pub timeout: Duration,
+    pub json: bool,
+}
+
+impl PullOptions {
+    pub fn from_args(args: PullArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<Self> {
+        let mut settings = Settings::from_env()?;
+        settings.allow_foreign_layers = args.allow_foreign_layers;
+        if let Some(ca) = &args.ca_file {
+            settings.add_ca_file(ca)?;
+        }
+        let cache = Cache::open(&args.cache_dir.unwrap_or_else(Cache::default_dir))?;
+        Ok(Self {
+            request: PullRequest {
+                url: args.url,
+                sha256: args.sha256,
+                policy: args.pull_policy,
+                resource: args.resource,
+                resource_version: args.resource_version,
+                platform: args.platform,
+                pull_secret: args.pull_secret,
+                progress,
+            },
+            cache,
+            settings,
+            timeout: args.timeout,
+            json: args.json,
+        })
+    }
+}
+
+pub fn run(args: PullArgs) -> Result<(), Failure> {
+    let message = format!("pulling {}", args.url);
+    super::with_progress(args.url.clone(), &message, |progress| pull(args, progress))
+}
+
+fn pull(args: PullArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<()> {
+    let o = PullOptions::from_args(args, progress)?;
+    let pulled = super::within(o.timeout, async {
+        Ok(wasm_fetcher::pull(&o.request, &o.cache, &o.settings).await?)
+    })?;
+    if o.json {
+        println!("{}", serde_json::to_string(&pulled)?);
+    } else {
+        println!("{}", pulled.path.display());
+    }
+    Ok(())
+}

@@ -1,0 +1,45 @@
+//! `wasm-fetcher rewrite`: an Envoy bootstrap pointed at a local module.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use wasm_fetcher::{regular_file, rewrite};
+
+use super::Failure;
+
+#[derive(clap::Args)]
+pub struct RewriteArgs {
+    /// The Envoy bootstrap, YAML or JSON: a regular file of at most 64 MiB.
+    bootstrap: PathBuf,
+    #[arg(long)]
+    module: PathBuf,
+    /// Output file [default: stdout].
+    #[arg(long, short)]
+    output: Option<PathBuf>,
+}
+
+pub fn run(args: RewriteArgs) -> Result<(), Failure> {
+    rewrite_file(&args).map_err(|e| Failure::new("rewrite", e))
+}
+
+fn rewrite_file(args: &RewriteArgs) -> anyhow::Result<()> {
+    let path = &args.bootstrap;
+    // Each failure names the file once: the read error itself, the others by context.
+    let bytes = regular_file::read_input(path, "bootstrap", regular_file::BOOTSTRAP_LIMIT)?;
+    let named = || path.display().to_string();
+    let text = String::from_utf8(bytes)
+        .context("not UTF-8 text")
+        .with_context(named)?;
+    let mut doc: serde_json::Value = serde_norway::from_str(&text)
+        .context("not valid YAML or JSON")
+        .with_context(named)?;
+    rewrite::point_wasm_code_at(&mut doc, &args.module).with_context(named)?;
+    let yaml = serde_norway::to_string(&doc)?;
+    match &args.output {
+        Some(out) => {
+            std::fs::write(out, yaml).with_context(|| format!("cannot write {}", out.display()))?
+        }
+        None => print!("{yaml}"),
+    }
+    Ok(())
+}
