@@ -616,64 +616,6 @@ pub(crate) fn base64_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-impl RouteConfig {
-    /// Envoy's virtual host selection: exact domain, then the longest `*.suffix` / `suffix`
-    /// wildcard, then the longest `prefix*` wildcard, then `*`.
-    pub fn virtual_host(&self, authority: &str) -> Option<&VirtualHost> {
-        let host = authority.to_ascii_lowercase();
-        let exact = self
-            .virtual_hosts
-            .iter()
-            .find(|vh| vh.domains.contains(&host));
-        if exact.is_some() {
-            return exact;
-        }
-        let best = |pick: &dyn Fn(&str) -> Option<usize>| {
-            self.virtual_hosts
-                .iter()
-                .filter_map(|vh| {
-                    vh.domains
-                        .iter()
-                        .filter_map(|d| pick(d))
-                        .max()
-                        .map(|n| (n, vh))
-                })
-                .max_by_key(|(n, _)| *n)
-                .map(|(_, vh)| vh)
-        };
-        best(&|d: &str| {
-            let suffix = d.strip_prefix('*')?;
-            (!suffix.is_empty() && host.ends_with(suffix) && host.len() > suffix.len())
-                .then_some(suffix.len())
-        })
-        .or_else(|| {
-            best(&|d: &str| {
-                let prefix = d.strip_suffix('*')?;
-                (!prefix.is_empty() && host.starts_with(prefix) && host.len() > prefix.len())
-                    .then_some(prefix.len())
-            })
-        })
-        .or_else(|| {
-            self.virtual_hosts
-                .iter()
-                .find(|vh| vh.domains.iter().any(|d| d == "*"))
-        })
-    }
-
-    /// The first route of the matching virtual host whose match accepts the path (query
-    /// string excluded, as Envoy does for `path` and `prefix`).
-    pub fn route(&self, authority: &str, path: &str) -> Option<&Route> {
-        let path = path.split(['?', '#']).next().unwrap_or_default();
-        self.virtual_host(authority)?
-            .routes
-            .iter()
-            .find(|r| match &r.matcher {
-                RouteMatch::Prefix(p) => path.starts_with(p.as_str()),
-                RouteMatch::Path(p) => path == p,
-            })
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -748,25 +690,6 @@ static_resources:
         assert_eq!(p.code, PathBuf::from("target/filter.wasm"));
         assert_eq!(p.failure_policy, FailurePolicy::FailClosed);
         assert_eq!(b.cluster("backend").unwrap().endpoints[0].1, 8080);
-    }
-
-    #[test]
-    fn routes_by_domain_and_path() {
-        let b = parse(YAML).unwrap();
-        let rc = &b.listeners[0].http.routes;
-        assert!(matches!(
-            rc.route("x.test", "/local").unwrap().action,
-            RouteAction::Direct { status: 200, .. }
-        ));
-        assert!(
-            matches!(&rc.route("x.test", "/local/more?q").unwrap().action, RouteAction::Cluster(c) if c == "backend")
-        );
-        assert!(
-            matches!(&rc.route("API.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
-        );
-        assert!(
-            matches!(&rc.route("www.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
-        );
     }
 
     #[test]

@@ -193,7 +193,7 @@ fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {
             println!(
                 "{}: ok ({} listener(s), {} worker(s))",
                 path.display(),
-                proxy.bootstrap.listeners.len(),
+                proxy.bootstrap().listeners.len(),
                 proxy.workers()
             );
             Verdict::Passed
