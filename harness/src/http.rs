@@ -4,7 +4,11 @@
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-use crate::host::HeaderMap;
+pub mod headers;
+
+/// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
+/// [`headers`] edits it with Envoy's rules.
+pub type HeaderMap = Vec<(String, Vec<u8>)>;
 
 /// A request as a client sends it to a listener.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -235,7 +239,7 @@ impl Exchange {
 }
 
 pub fn header<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
-    crate::host::headers::get(map, name)
+    headers::get(map, name)
 }
 
 /// A reply the scenario gives for `proxy_http_call`s to `cluster` (whose `:path` starts with

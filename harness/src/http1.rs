@@ -10,8 +10,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::host::HeaderMap;
-use crate::http::Response;
+use crate::http::{HeaderMap, Response};
 
 /// Envoy's default for `max_request_headers_kb` (60 KiB), rounded up: a head longer than this
 /// is refused rather than buffered.

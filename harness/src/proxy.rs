@@ -25,16 +25,14 @@ use crate::vm::{CodeSource, PluginStartError, Runtime, VmError};
 use http_stream::HttpStream;
 use threads::{Thread, Threads, VmFactory};
 
+pub use crate::host::time::format_duration;
 pub use call_records::{CallRecords, MAX_CALL_RECORD_BYTES};
 pub use callouts::{
     Callouts, DEFAULT_CALLOUT_BUDGET, MAX_CALLOUT_BODY_BYTES, MAX_CONCURRENT_CALLOUTS,
     NO_TIMEOUT_LIMIT,
 };
 pub use capacity::MAX_WORKERS;
-pub use events::{
-    format_duration, DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES,
-    MAX_TICKS_PER_ADVANCE,
-};
+pub use events::{DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES, MAX_TICKS_PER_ADVANCE};
 pub use router::{select_route, select_virtual_host};
 pub use threads::RELOAD_BACKOFF;
 // Also named here, beside `Proxy::connect` that takes and returns them.

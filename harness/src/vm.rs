@@ -19,8 +19,7 @@ use crate::precompiled;
 
 /// How often the epoch ticks; deadlines are whole ticks.
 const EPOCH_TICK: Duration = Duration::from_millis(10);
-/// Envoy's cap on a VM's linear memory (`PROXY_WASM_HOST_MAX_WASM_MEMORY_SIZE_BYTES`).
-pub const MAX_MEMORY_BYTES: usize = 1 << 30;
+pub use crate::host::memory::MAX_MEMORY_BYTES;
 /// The most elements a VM's table may have, as the pooling allocator's default allows. The
 /// same limit holds when instances are allocated on demand: otherwise one `table.grow` and
 /// `table.fill` (a single instruction, which no deadline interrupts) would have the host
@@ -482,7 +481,7 @@ impl Vm {
                 let message = match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::Interrupt) => format!(
                         "interrupted: the callback ran longer than the harness's deadline of {} (an infinite loop?)",
-                        crate::proxy::format_duration(EPOCH_TICK * self.deadline_ticks as u32)
+                        crate::host::time::format_duration(EPOCH_TICK * self.deadline_ticks as u32)
                     ),
                     _ => describe_trap(&e),
                 };
@@ -905,7 +904,7 @@ fn describe_start_trap(name: &str, e: &wasmtime::Error, deadline: Duration) -> S
     match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => format!(
             "{name} was interrupted: it ran longer than the harness's deadline of {} for one call into the VM (an infinite loop at start-up?)",
-            crate::proxy::format_duration(deadline)
+            crate::host::time::format_duration(deadline)
         ),
         _ => format!("{name}: {}", describe_trap(e)),
     }

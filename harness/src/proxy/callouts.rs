@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use super::threads::{Dispatcher, Threads};
 use crate::bootstrap::Bootstrap;
 use crate::host::callouts::{CallRequest, CallResponse, PendingCall};
-use crate::host::{self, HeaderMap};
 use crate::http::{
-    CallRecord, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HttpCallAnswer, UpstreamReply,
+    headers, CallRecord, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HeaderMap, HttpCallAnswer,
+    UpstreamReply,
 };
 use crate::vm::CallOutcome;
 
@@ -134,7 +134,7 @@ impl Callouts {
     }
 
     fn canned_http(&self, cluster: &str, headers: &HeaderMap) -> Option<&CannedHttpCall> {
-        let path = host::headers::get(headers, ":path").unwrap_or_default();
+        let path = headers::get(headers, ":path").unwrap_or_default();
         self.http.iter().find(|c| {
             c.cluster == cluster
                 && c.path_prefix
@@ -522,9 +522,6 @@ mod tests {
                 "x-envoy-upstream-service-time"
             ]
         );
-        assert_eq!(
-            host::headers::get(&r.headers, "content-length"),
-            Some(&b"6"[..])
-        );
+        assert_eq!(headers::get(&r.headers, "content-length"), Some(&b"6"[..]));
     }
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use super::callouts;
 use super::threads::Threads;
+use crate::host::time::format_duration;
 
 /// How many queue notifications one delivery round may make before the harness calls it a
 /// storm (roots enqueueing to each other from `proxy_on_queue_ready` forever). Envoy would
@@ -243,36 +244,4 @@ fn next_tick(threads: &Threads, target: u64) -> Option<(u64, Option<usize>, usiz
         }
     }
     best
-}
-
-/// A duration as a person writes it: `3s`, `1500ms`, `2m`, `250us`, `7ns`.
-pub fn format_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    for (unit, size) in [
-        ("h", 3_600_000_000_000u128),
-        ("m", 60_000_000_000),
-        ("s", 1_000_000_000),
-        ("ms", 1_000_000),
-        ("us", 1_000),
-    ] {
-        if nanos != 0 && nanos.is_multiple_of(size) {
-            return format!("{}{unit}", nanos / size);
-        }
-    }
-    format!("{nanos}ns")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_as_written() {
-        assert_eq!(format_duration(Duration::from_secs(3)), "3s");
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
-        assert_eq!(format_duration(Duration::from_secs(120)), "2m");
-        assert_eq!(format_duration(Duration::from_secs(7200)), "2h");
-        assert_eq!(format_duration(Duration::from_nanos(7)), "7ns");
-        assert_eq!(format_duration(Duration::ZERO), "0ns");
-    }
 }

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use super::router::{self, Framing, Outgoing, Routed};
 use super::threads::{Dispatcher, Threads};
 use crate::bootstrap::{Bootstrap, FailurePolicy, Listener, WasmPlugin};
-use crate::host::{self, HeaderMap, LocalReply};
-use crate::http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
+use crate::host::{self, LocalReply};
+use crate::http::{
+    Exchange, HeaderMap, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
+};
 use crate::vm::Vm;
 
 /// One HTTP stream on worker `w`. It holds every thread because what a callback enqueues is

@@ -6,8 +6,8 @@
 use std::fmt::Write as _;
 
 use crate::bootstrap::{Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, VirtualHost};
-use crate::host::{self, HeaderMap, LocalReply};
-use crate::http::{LocalReplySource, Request, Response, UpstreamReply};
+use crate::host::LocalReply;
+use crate::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
 
 /// A request as the connection manager hands it to the filters.
 pub(super) struct Incoming {
@@ -30,15 +30,15 @@ pub(super) fn incoming(request: &Request, number: usize) -> Incoming {
         (":scheme".into(), b"http".to_vec()),
     ]);
     headers.extend(request.headers.iter().cloned());
-    let grpc = host::headers::get(&headers, "content-type")
-        .is_some_and(|v| v.starts_with(b"application/grpc"));
+    let grpc =
+        headers::get(&headers, "content-type").is_some_and(|v| v.starts_with(b"application/grpc"));
     let chunks = request.chunks();
     let body_len: usize = chunks.iter().map(Vec::len).sum();
-    if body_len > 0 && host::headers::get(&headers, "content-length").is_none() {
+    if body_len > 0 && headers::get(&headers, "content-length").is_none() {
         headers.push(("content-length".into(), body_len.to_string().into_bytes()));
     }
-    host::headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
-    if host::headers::get(&headers, "x-request-id").is_none() {
+    headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
+    if headers::get(&headers, "x-request-id").is_none() {
         headers.push(("x-request-id".into(), request_id(number).into_bytes()));
     }
     let trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
@@ -69,9 +69,8 @@ pub(super) fn route(
 ) -> Routed {
     let action = {
         let authority =
-            String::from_utf8_lossy(host::headers::get(headers, ":authority").unwrap_or_default());
-        let path =
-            String::from_utf8_lossy(host::headers::get(headers, ":path").unwrap_or_default());
+            String::from_utf8_lossy(headers::get(headers, ":authority").unwrap_or_default());
+        let path = String::from_utf8_lossy(headers::get(headers, ":path").unwrap_or_default());
         select_route(routes, &authority, &path).map(|r| r.action.clone())
     };
     match action {
@@ -90,7 +89,7 @@ pub(super) fn route(
             )
         }
         Some(RouteAction::Cluster(cluster)) => {
-            host::headers::replace(headers, "x-envoy-expected-rq-timeout-ms", b"15000".to_vec());
+            headers::replace(headers, "x-envoy-expected-rq-timeout-ms", b"15000".to_vec());
             Routed::Upstream(cluster)
         }
     }
@@ -210,15 +209,15 @@ pub(super) fn local_reply_response(reply: &LocalReply, grpc: bool) -> Outgoing {
     }
     let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
     for (k, v) in &reply.headers {
-        host::headers::add(&mut headers, k, v.clone());
+        headers::add(&mut headers, k, v.clone());
     }
     if !reply.body.is_empty() {
-        host::headers::replace(
+        headers::replace(
             &mut headers,
             "content-length",
             reply.body.len().to_string().into_bytes(),
         );
-        if host::headers::get(&headers, "content-type").is_none() {
+        if headers::get(&headers, "content-type").is_none() {
             headers.push(("content-type".into(), b"text/plain".to_vec()));
         }
     }
@@ -259,7 +258,7 @@ fn grpc_local_reply(
         headers.push(("grpc-message".into(), message));
     }
     for (k, v) in extra {
-        host::headers::add(&mut headers, k, v.clone());
+        headers::add(&mut headers, k, v.clone());
     }
     Outgoing::new(200, headers, Vec::new())
 }
@@ -282,12 +281,12 @@ pub(crate) fn routed_headers(status: u16, upstream: HeaderMap, body_len: usize) 
     let mut headers = HeaderMap::with_capacity(upstream.len() + ROOM_FOR_FILTERS);
     headers.push((":status".into(), status.to_string().into_bytes()));
     for (k, v) in upstream {
-        host::headers::add(&mut headers, k, v);
+        headers::add(&mut headers, k, v);
     }
-    if host::headers::get(&headers, "content-length").is_none() {
+    if headers::get(&headers, "content-length").is_none() {
         headers.push(("content-length".into(), body_len.to_string().into_bytes()));
     }
-    host::headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
+    headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
     headers
 }
 
@@ -304,11 +303,11 @@ pub(super) enum Framing {
 /// chunked without one; it does not fix a length a filter invalidated by changing the body
 /// (filters that change a body's size remove `content-length` in their headers callback).
 pub(super) fn http1_framing(headers: &mut HeaderMap, body: &mut Vec<u8>, peer: &str) -> Framing {
-    let declared = host::headers::get(headers, "content-length")
+    let declared = headers::get(headers, "content-length")
         .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
     match declared {
         None if !body.is_empty() => {
-            if host::headers::get(headers, "transfer-encoding").is_none() {
+            if headers::get(headers, "transfer-encoding").is_none() {
                 headers.push(("transfer-encoding".into(), b"chunked".to_vec()));
             }
             Framing::Fine
@@ -332,17 +331,17 @@ pub(super) fn http1_framing(headers: &mut HeaderMap, body: &mut Vec<u8>, peer: &
 
 /// What the connection manager does after the filters, on the way to the client.
 pub(super) fn finalize_downstream(response: &mut Response) {
-    response.status = host::headers::get(&response.headers, ":status")
+    response.status = headers::get(&response.headers, ":status")
         .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok())
         .unwrap_or(response.status);
-    host::headers::replace(&mut response.headers, "server", b"envoy".to_vec());
+    headers::replace(&mut response.headers, "server", b"envoy".to_vec());
     // Envoy's HTTP/1 codec ends a bodiless response with `content-length: 0` unless the
     // status forbids a body (seen on its failure-policy 503, whose local reply has none).
     let bodiless_status = response.status < 200 || matches!(response.status, 204 | 304);
     if response.body.is_empty()
         && !bodiless_status
-        && host::headers::get(&response.headers, "content-length").is_none()
-        && host::headers::get(&response.headers, "transfer-encoding").is_none()
+        && headers::get(&response.headers, "content-length").is_none()
+        && headers::get(&response.headers, "transfer-encoding").is_none()
     {
         response
             .headers
