@@ -17,7 +17,8 @@ use wasm_harness::host::Shared;
 use wasm_harness::http::{Request, UpstreamReply};
 use wasm_harness::precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
-use wasm_harness::vm::{Runtime, Vm};
+use wasm_harness::runtime::Runtime;
+use wasm_harness::vm::Vm;
 
 /// The system allocator, counting allocations: the time per request swings by 2x with the load
 /// of this shared machine, the number of allocations does not, so a change that adds work to

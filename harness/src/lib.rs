@@ -32,6 +32,7 @@ pub mod input;
 pub mod precompiled;
 pub mod proxy;
 pub mod run;
+pub mod runtime;
 pub mod scenario;
 pub mod traffic;
 pub mod vm;

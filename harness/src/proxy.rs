@@ -20,8 +20,9 @@ use std::time::Duration;
 use crate::bootstrap::{Bootstrap, BootstrapError};
 use crate::host::{self, LogRecord, Shared};
 use crate::http::{CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, UpstreamReply};
+use crate::runtime::{CodeSource, Runtime, VmError};
 use crate::traffic::TrafficError;
-use crate::vm::{CodeSource, PluginStartError, Runtime, VmError};
+use crate::vm::PluginStartError;
 use http_stream::HttpStream;
 use threads::{Thread, Threads, VmFactory};
 
@@ -208,7 +209,10 @@ impl Proxy {
         events: &[TcpEvent],
     ) -> Result<TcpOutcome, TrafficError> {
         let listener = self.listener_index(listener)?;
-        let Some(tcp_proxy) = self.bootstrap.listeners[listener].tcp_proxy.clone() else {
+        let Some(cluster) = self.bootstrap.listeners[listener]
+            .tcp()
+            .map(|tcp| tcp.proxy.cluster.clone())
+        else {
             return Err(TrafficError::HttpListener {
                 name: self.bootstrap.listeners[listener].name.clone(),
             });
@@ -216,12 +220,15 @@ impl Proxy {
         let w = self.pick_worker(worker)?;
         self.requests_sent += 1;
         threads::reload_failed_vms(&mut self.threads, w, &self.factory, &self.bootstrap);
-        let connection = self.new_connection(listener);
-        let plugins = &self.bootstrap.listeners[listener].network;
-        let cluster_exists = self.bootstrap.cluster(&tcp_proxy.cluster).is_some();
+        let connection = new_connection(&mut self.connections, &self.destinations[listener]);
+        let plugins = self.bootstrap.listeners[listener].plugins();
+        let cluster_exists = self.bootstrap.cluster(&cluster).is_some();
         Ok(
-            tcp::TcpConnection::new(&mut self.threads, w, listener, plugins, tcp_proxy.cluster)
-                .run(connection, cluster_exists, events),
+            tcp::TcpConnection::new(&mut self.threads, w, listener, plugins, cluster).run(
+                connection,
+                cluster_exists,
+                events,
+            ),
         )
     }
 
@@ -354,16 +361,6 @@ impl Proxy {
         Ok(w)
     }
 
-    /// A new downstream connection to `listener`, from 127.0.0.1 and a port of its own.
-    fn new_connection(&mut self, listener: usize) -> host::Connection {
-        self.connections += 1;
-        host::Connection {
-            id: self.connections,
-            source_port: 40000 + (self.connections % 20000) as u16,
-            destination: self.destinations[listener].clone(),
-        }
-    }
-
     /// Envoy's shutdown (the server exits, or the plugins are removed): every root context
     /// on each worker, then on the main thread, gets `proxy_on_done`, then `proxy_on_delete`
     /// at once if that returned true (or is not exported). A root that returned false stays
@@ -416,17 +413,33 @@ impl Proxy {
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
     ) -> Result<Exchange, TrafficError> {
         let listener = self.listener_index(listener)?;
-        if self.bootstrap.listeners[listener].tcp_proxy.is_some() {
+        let Some(hcm) = self.bootstrap.listeners[listener].http() else {
             return Err(TrafficError::TcpListener {
                 name: self.bootstrap.listeners[listener].name.clone(),
             });
-        }
+        };
         let w = self.pick_worker(worker)?;
         self.requests_sent += 1;
-        let connection = self.new_connection(listener);
+        let connection = new_connection(&mut self.connections, &self.destinations[listener]);
         threads::reload_failed_vms(&mut self.threads, w, &self.factory, &self.bootstrap);
-        let mut stream =
-            HttpStream::new(&mut self.threads, w, &self.bootstrap, listener, connection);
+        let mut stream = HttpStream::new(
+            &mut self.threads,
+            w,
+            &self.bootstrap,
+            (listener, hcm),
+            connection,
+        );
         Ok(stream.run(request, self.requests_sent, upstream))
+    }
+}
+
+/// A new downstream connection (Envoy's connection ids count every one accepted, HTTP and
+/// TCP), from 127.0.0.1 and a port of its own, to the listener at `destination`.
+fn new_connection(connections: &mut u64, destination: &Arc<(String, u16)>) -> host::Connection {
+    *connections += 1;
+    host::Connection {
+        id: *connections,
+        source_port: 40000 + (*connections % 20000) as u16,
+        destination: destination.clone(),
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use super::router::{self, Framing, Outgoing, Routed};
 use super::threads::{Dispatcher, Threads};
-use crate::bootstrap::{Bootstrap, FailurePolicy, Listener, WasmPlugin};
+use crate::bootstrap::{Bootstrap, FailurePolicy, HttpConnectionManager, WasmPlugin};
 use crate::host::{self, LocalReply};
 use crate::http::{
     Exchange, HeaderMap, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
@@ -22,7 +22,9 @@ pub(super) struct HttpStream<'a> {
     threads: &'a mut Threads,
     w: usize,
     bootstrap: &'a Bootstrap,
+    /// The listener's index and its connection manager.
     listener_index: usize,
+    hcm: &'a HttpConnectionManager,
     connection: host::Connection,
     /// Per Wasm filter: the stream context created for it, if the filter is active.
     contexts: Vec<Option<(usize, u32)>>,
@@ -115,7 +117,7 @@ impl<'a> HttpStream<'a> {
         threads: &'a mut Threads,
         w: usize,
         bootstrap: &'a Bootstrap,
-        listener_index: usize,
+        (listener_index, hcm): (usize, &'a HttpConnectionManager),
         connection: host::Connection,
     ) -> Self {
         Self {
@@ -123,18 +125,15 @@ impl<'a> HttpStream<'a> {
             w,
             bootstrap,
             listener_index,
+            hcm,
             connection,
             contexts: Vec::new(),
             request: None,
         }
     }
 
-    fn listener(&self) -> &'a Listener {
-        &self.bootstrap.listeners[self.listener_index]
-    }
-
     fn plugin(&self, i: usize) -> &'a WasmPlugin {
-        &self.listener().http.filters[i]
+        &self.hcm.filters[i]
     }
 
     fn fail_stream(&self, i: usize) -> Step {
@@ -379,7 +378,7 @@ impl<'a> HttpStream<'a> {
         exchange: &mut Exchange,
     ) -> Result<Outgoing, Halt> {
         let mut headers = self.unshare_request();
-        let routes = &self.listener().http.routes;
+        let routes = &self.hcm.routes;
         let response = match router::route(self.bootstrap, routes, &mut headers, grpc) {
             Routed::Reply(source, reply) => {
                 exchange.local_reply = Some(source);

@@ -13,7 +13,8 @@ use super::StartError;
 use crate::bootstrap::{Bootstrap, FailurePolicy, WasmPlugin};
 use crate::host::Shared;
 use crate::precompiled;
-use crate::vm::{LoadedModule, Runtime, Vm, VmError};
+use crate::runtime::{LoadedModule, Runtime, VmError};
+use crate::vm::Vm;
 
 /// `FAIL_RELOAD`'s backoff (`reload_config.backoff.base_interval`, Envoy's default). The
 /// harness does not jitter it, so runs repeat.

@@ -453,7 +453,7 @@ fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
         "{lines:?}"
     );
     // What was stored before the refusal is there; the last key stored is under the budget.
-    let vm_id = &p.bootstrap().listeners[0].http.filters[0].vm_id;
+    let vm_id = &p.bootstrap().listeners[0].plugins()[0].vm_id;
     let stored = (0u16..1024)
         .take_while(|&i| {
             let key = [b'A' + (i & 31) as u8, b'A' + (i >> 5) as u8];

@@ -3,7 +3,7 @@
 
 use serde_json::json;
 use wasm_harness::precompiled;
-use wasm_harness::vm::Runtime;
+use wasm_harness::runtime::Runtime;
 
 use crate::support::*;
 
