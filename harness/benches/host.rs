@@ -207,7 +207,7 @@ fn big_bodies() -> f64 {
 
 fn vm_start(bootstrap: Bootstrap) -> (Duration, Duration) {
     let runtime = Runtime::new().unwrap();
-    let plugin = Arc::new(bootstrap.listeners[0].http.filters[0].clone());
+    let plugin = Arc::new(bootstrap.listeners[0].plugins()[0].clone());
     let load_start = Instant::now();
     let module = runtime.load(&plugin.code, None).unwrap();
     let load = load_start.elapsed();
