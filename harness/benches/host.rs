@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasm_harness::bootstrap::Bootstrap;
-use wasm_harness::compiled::CompiledCache;
+use wasm_harness::compiled_cache::CompiledCache;
 use wasm_harness::host::Shared;
 use wasm_harness::http::{Request, UpstreamReply};
-use wasm_harness::precompiled;
+use wasm_harness::precompiled_section as precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
 use wasm_harness::runtime::Runtime;
 use wasm_harness::vm::Vm;

@@ -109,7 +109,7 @@ impl ProxyBuilder {
         self
     }
 
-    /// `vm_config.allow_precompiled` (see [`crate::precompiled`]).
+    /// `vm_config.allow_precompiled` (see [`crate::precompiled_section`]).
     pub fn allow_precompiled(mut self, allow: bool) -> Self {
         self.allow_precompiled = allow;
         self

@@ -1,8 +1,8 @@
 //! The Wasm runtime the harness's VMs share, as STYLE asks of a wasmtime host: one `Engine`
 //! (with the pooling allocator and epoch interruption), one `Linker` with every hostcall, and
 //! code loading: a module's bytecode, the on-disk compiled-code cache
-//! ([`crate::compiled`]), or the module's precompiled section
-//! ([`crate::precompiled`]), checked against the Proxy-Wasm ABI before it is linked.
+//! ([`crate::compiled_cache`]), or the module's precompiled section
+//! ([`crate::precompiled_section`]), checked against the Proxy-Wasm ABI before it is linked.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -11,10 +11,10 @@ use std::time::Duration;
 use wasmtime::{Engine, InstancePre, Linker, Module};
 
 use crate::abi::AbiVersion;
-use crate::compiled::CompiledCache;
+use crate::compiled_cache::CompiledCache;
 use crate::host::memory::MAX_MEMORY_BYTES;
 use crate::host::{self, HostState};
-use crate::precompiled;
+use crate::precompiled_section as precompiled;
 
 /// How often the epoch ticks; deadlines are whole ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -64,7 +64,7 @@ pub struct Runtime {
     linker: Linker<HostState>,
     /// How long one callback may run (see [`DEFAULT_CALLBACK_DEADLINE`]).
     pub callback_deadline: Duration,
-    /// Compiled modules on disk (see [`crate::compiled`]); `None` compiles in memory.
+    /// Compiled modules on disk (see [`crate::compiled_cache`]); `None` compiles in memory.
     pub compiled: Option<CompiledCache>,
 }
 
@@ -178,8 +178,8 @@ impl Runtime {
                         .load_or_compile(&self.engine, &bytes)
                         .map_err(compile_error)?;
                     let code = match origin {
-                        crate::compiled::Origin::Cached => CodeSource::Cache,
-                        crate::compiled::Origin::Compiled => CodeSource::Compiled,
+                        crate::compiled_cache::Origin::Cached => CodeSource::Cache,
+                        crate::compiled_cache::Origin::Compiled => CodeSource::Compiled,
                     };
                     (m, code)
                 }
@@ -242,7 +242,7 @@ impl Runtime {
             return Ok(None);
         };
         // SAFETY: this is what `allow_precompiled` means in Envoy: the operator trusts the
-        // module's precompiled code (see `crate::precompiled`). wasmtime checks the header,
+        // module's precompiled code (see `crate::precompiled_section`). wasmtime checks the header,
         // version and engine settings before using it.
         match unsafe { Module::deserialize(&self.engine, code) } {
             Ok(m) => Ok(Some(m)),

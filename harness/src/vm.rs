@@ -611,7 +611,7 @@ mod tests {
             name: "p".into(),
             root_id: String::new(),
             vm_id: String::new(),
-            runtime: crate::precompiled::WASMTIME_RUNTIME.into(),
+            runtime: crate::precompiled_section::WASMTIME_RUNTIME.into(),
             code: code.to_path_buf(),
             vm_configuration: Vec::new(),
             configuration: Vec::new(),

@@ -12,7 +12,7 @@ use super::events::{self, DeliveryError};
 use super::StartError;
 use crate::bootstrap::{Bootstrap, FailurePolicy, WasmPlugin};
 use crate::host::Shared;
-use crate::precompiled;
+use crate::precompiled_section as precompiled;
 use crate::runtime::{LoadedModule, Runtime, VmError};
 use crate::vm::Vm;
 
