@@ -281,6 +281,7 @@ impl Proxy {
         data.get(vm_id, key).map(|(v, _)| v)
     }
 
+    /// How many workers take traffic (Envoy's `--concurrency`).
     pub fn workers(&self) -> usize {
         self.threads.workers.len()
     }
@@ -323,6 +324,7 @@ impl Proxy {
             .dropped()
     }
 
+    /// How many log lines there are so far: a mark for [`Proxy::logs_since`].
     pub fn log_len(&self) -> usize {
         self.threads
             .shared
