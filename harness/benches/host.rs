@@ -12,12 +12,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use wasm_harness::bootstrap::Bootstrap;
-use wasm_harness::compiled::CompiledCache;
+use wasm_harness::compiled_cache::CompiledCache;
 use wasm_harness::host::Shared;
 use wasm_harness::http::{Request, UpstreamReply};
-use wasm_harness::precompiled;
+use wasm_harness::precompiled_section as precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
-use wasm_harness::vm::{Runtime, Vm};
+use wasm_harness::runtime::Runtime;
+use wasm_harness::vm::Vm;
 
 /// The system allocator, counting allocations: the time per request swings by 2x with the load
 /// of this shared machine, the number of allocations does not, so a change that adds work to
@@ -206,7 +207,7 @@ fn big_bodies() -> f64 {
 
 fn vm_start(bootstrap: Bootstrap) -> (Duration, Duration) {
     let runtime = Runtime::new().unwrap();
-    let plugin = Arc::new(bootstrap.listeners[0].http.filters[0].clone());
+    let plugin = Arc::new(bootstrap.listeners[0].plugins()[0].clone());
     let load_start = Instant::now();
     let module = runtime.load(&plugin.code, None).unwrap();
     let load = load_start.elapsed();

@@ -109,7 +109,7 @@ impl ProxyBuilder {
         self
     }
 
-    /// `vm_config.allow_precompiled` (see [`crate::precompiled`]).
+    /// `vm_config.allow_precompiled` (see [`crate::precompiled_section`]).
     pub fn allow_precompiled(mut self, allow: bool) -> Self {
         self.allow_precompiled = allow;
         self
@@ -266,7 +266,7 @@ mod tests {
             .env("K", "V")
             .failure_policy(FailurePolicy::FailOpen);
         let parsed = Bootstrap::from_value(Path::new("x"), &b.bootstrap()).unwrap();
-        let p = &parsed.listeners[0].http.filters[0];
+        let p = &parsed.listeners[0].plugins()[0];
         assert_eq!((p.root_id.as_str(), p.vm_id.as_str()), ("r", "v"));
         assert_eq!(p.configuration, b"{}");
         assert_eq!(p.failure_policy, FailurePolicy::FailOpen);
@@ -276,7 +276,6 @@ mod tests {
             vec![("127.0.0.1".to_string(), 9000)]
         );
         let tcp = Bootstrap::from_value(Path::new("x"), &b.tcp().bootstrap()).unwrap();
-        assert_eq!(tcp.listeners[0].network.len(), 1);
-        assert!(tcp.listeners[0].tcp_proxy.is_some());
+        assert_eq!(tcp.listeners[0].tcp().map(|t| t.filters.len()), Some(1));
     }
 }

@@ -23,8 +23,8 @@ use crate::http::{
     CallRecord, CannedHttpCall, Exchange, HttpCallAnswer, Request, Response, SeenRequest,
     UpstreamReply,
 };
+use crate::http::{TcpEvent, TcpOutcome};
 use crate::http1;
-use crate::proxy::{TcpEvent, TcpOutcome};
 use crate::traffic::TrafficError;
 
 #[derive(Debug, thiserror::Error)]

@@ -4,7 +4,11 @@
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-use crate::host::HeaderMap;
+pub mod headers;
+
+/// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
+/// [`headers`] edits it with Envoy's rules.
+pub type HeaderMap = Vec<(String, Vec<u8>)>;
 
 /// A request as a client sends it to a listener.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -235,7 +239,7 @@ impl Exchange {
 }
 
 pub fn header<'a>(map: &'a HeaderMap, name: &str) -> Option<&'a [u8]> {
-    crate::host::headers::get(map, name)
+    headers::get(map, name)
 }
 
 /// A reply the scenario gives for `proxy_http_call`s to `cluster` (whose `:path` starts with
@@ -295,6 +299,39 @@ pub struct CallRecord {
     pub body: Vec<u8>,
     /// What answered: `canned reply 200`, `upstream 127.0.0.1:8081: 200`, `reset`, ...
     pub answer: String,
+}
+
+/// One thing that happens on a connection, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TcpEvent {
+    /// The client sends these bytes.
+    Downstream(Vec<u8>),
+    /// The upstream sends these bytes.
+    Upstream(Vec<u8>),
+    /// The client closes its side; the upstream closes in turn.
+    CloseDownstream,
+    /// The upstream closes its side; the client closes in turn.
+    CloseUpstream,
+}
+
+/// What a connection did.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct TcpOutcome {
+    pub worker: usize,
+    /// The `tcp_proxy` cluster.
+    pub cluster: String,
+    /// Every byte the upstream received.
+    #[serde(serialize_with = "bytes_as_text")]
+    pub upstream_received: Vec<u8>,
+    /// Every byte the client received.
+    #[serde(serialize_with = "bytes_as_text")]
+    pub downstream_received: Vec<u8>,
+    /// Who closed the connection: `client`, `upstream`, a plugin, the failure policy, or
+    /// `still open` when the events ended first (the harness then closes it as the client).
+    pub closed_by: String,
+    /// Bytes a filter still held when the connection closed, by plugin.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<String>,
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! The harness's HTTP/1.1 on the wire: the client it uses for callouts to loopback upstreams
-//! and for requests to real Envoy, and the reader its loopback upstreams use.
+//! and for requests to real Envoy, and the reader and writer its loopback upstreams use
+//! ([`read_request`], [`write_response`]).
 //!
 //! The peer is not trusted (a callout's upstream is whatever the bootstrap names on loopback):
 //! the head, each chunk and the body are capped before anything is allocated for them, sizes
@@ -10,8 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::host::HeaderMap;
-use crate::http::Response;
+use crate::http::{HeaderMap, Response, UpstreamReply};
 
 /// Envoy's default for `max_request_headers_kb` (60 KiB), rounded up: a head longer than this
 /// is refused rather than buffered.
@@ -343,6 +343,62 @@ fn parse_response(message: Message) -> Result<Response, Http1Error> {
     })
 }
 
+/// Reads one request as a server does: its head as a header map (`:authority` from `host`
+/// first, then `:method`, `:path`, then the other headers lower-cased, in order) and its body.
+/// `Ok(None)`: the connection ended cleanly before a request began.
+pub fn read_request(
+    reader: &mut impl BufRead,
+    limits: Limits,
+) -> Result<Option<(HeaderMap, Vec<u8>)>, Http1Error> {
+    let Some(Message { head, body }) = read_message(reader, true, limits)? else {
+        return Ok(None);
+    };
+    let mut headers_buf = [httparse::EMPTY_HEADER; 128];
+    let mut req = httparse::Request::new(&mut headers_buf);
+    match req.parse(&head) {
+        Ok(httparse::Status::Complete(_)) => {}
+        Ok(httparse::Status::Partial) => {
+            return Err(Http1Error::Malformed("incomplete request head".into()))
+        }
+        Err(e) => return Err(Http1Error::Malformed(format!("bad HTTP request: {e}"))),
+    }
+    let mut headers: HeaderMap = vec![
+        (
+            ":method".into(),
+            req.method.unwrap_or_default().as_bytes().to_vec(),
+        ),
+        (
+            ":path".into(),
+            req.path.unwrap_or_default().as_bytes().to_vec(),
+        ),
+    ];
+    for h in req.headers.iter() {
+        let name = h.name.to_ascii_lowercase();
+        if name == "host" {
+            headers.insert(0, (":authority".into(), h.value.to_vec()));
+        } else {
+            headers.push((name, h.value.to_vec()));
+        }
+    }
+    Ok(Some((headers, body)))
+}
+
+/// Writes `reply` as an HTTP/1.1 response: the status line, its headers as given, and its
+/// body in one piece with a `content-length` (chunk boundaries and trailers do not survive).
+pub fn write_response(writer: &mut impl Write, reply: &UpstreamReply) -> std::io::Result<()> {
+    let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
+    for (k, v) in &reply.headers {
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v);
+        out.extend_from_slice(b"\r\n");
+    }
+    let body = reply.chunks().concat();
+    out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+    out.extend_from_slice(&body);
+    writer.write_all(&out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,5 +553,36 @@ mod tests {
                 prop_assert!(m.body.capacity() <= 2 * SMALL.body + 64);
             }
         }
+    }
+
+    #[test]
+    fn a_response_written_reads_back_and_a_request_reads_as_a_header_map() {
+        let mut reply = UpstreamReply::new(201);
+        reply.headers.push(("x-a".into(), b"1".to_vec()));
+        reply.body = b"made".to_vec();
+        let mut wire = Vec::new();
+        write_response(&mut wire, &reply).unwrap();
+        let response = parse_response(read(&wire, false, SMALL).unwrap().unwrap()).unwrap();
+        assert_eq!(response.status, 201);
+        assert_eq!(
+            crate::http::header(&response.headers, "x-a"),
+            Some(&b"1"[..])
+        );
+        assert_eq!(response.body, b"made");
+
+        let request = b"POST /p?q HTTP/1.1\r\nX-B: 2\r\nHost: up\r\ncontent-length: 2\r\n\r\nhi";
+        let (headers, body) = read_request(&mut std::io::Cursor::new(&request[..]), SMALL)
+            .unwrap()
+            .unwrap();
+        let names: Vec<&str> = headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(
+            names,
+            [":authority", ":method", ":path", "x-b", "content-length"]
+        );
+        assert_eq!(crate::http::header(&headers, ":path"), Some(&b"/p?q"[..]));
+        assert_eq!(body, b"hi");
+        assert!(read_request(&mut std::io::Cursor::new(&b""[..]), SMALL)
+            .unwrap()
+            .is_none());
     }
 }

@@ -21,20 +21,28 @@
 pub mod abi;
 pub mod bootstrap;
 pub mod builder;
-pub mod compiled;
+#[doc(hidden)]
+pub mod compiled_cache;
 pub mod diff;
 pub mod envoy;
 pub mod guest;
 pub mod host;
 pub mod http;
+#[doc(hidden)]
 pub mod http1;
+#[doc(hidden)]
 pub mod input;
-pub mod precompiled;
+#[doc(hidden)]
+pub mod precompiled_section;
 pub mod proxy;
 pub mod run;
+#[doc(hidden)]
+pub mod runtime;
 pub mod scenario;
 pub mod traffic;
+#[doc(hidden)]
 pub mod vm;
+#[doc(hidden)]
 pub mod yaml;
 
 /// The Rust examples of the README and docs/rust-api.md, compiled and run by `cargo test` so

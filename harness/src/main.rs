@@ -6,10 +6,11 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use wasm_harness::bootstrap::Bootstrap;
+use wasm_harness::precompiled_section as precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
 use wasm_harness::run::{self, RunOptions, Verdict};
 use wasm_harness::vm::{CodeSource, Runtime};
-use wasm_harness::{diff, envoy, precompiled};
+use wasm_harness::{diff, envoy};
 
 #[derive(Parser)]
 #[command(
@@ -193,7 +194,7 @@ fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {
             println!(
                 "{}: ok ({} listener(s), {} worker(s))",
                 path.display(),
-                proxy.bootstrap.listeners.len(),
+                proxy.bootstrap().listeners.len(),
                 proxy.workers()
             );
             Verdict::Passed

@@ -114,7 +114,7 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
         }
     };
     if let Some(budget) = scenario.callout_budget {
-        proxy.callouts.budget = budget.0;
+        proxy.set_callout_budget(budget.0);
     }
     report.startup_logs = proxy.logs().iter().map(report_line).collect();
     report.startup_failures = proxy
@@ -160,8 +160,8 @@ pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
         }
         http.extend(http_calls.iter().cloned());
         grpc.extend(grpc_calls.iter().cloned());
-        proxy.callouts.http = http;
-        proxy.callouts.grpc = grpc;
+        proxy.set_http_call_replies(http);
+        proxy.set_grpc_call_replies(grpc);
         let case = run_step(&mut proxy, step);
         if !case.failures.is_empty() {
             report.verdict = Verdict::Failed;
@@ -218,8 +218,8 @@ fn check_state(
 pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
     let before = proxy.log_len();
     let dropped_before = proxy.log_dropped();
-    let calls_before = proxy.callouts.records.len();
-    let calls_dropped_before = proxy.callouts.records.dropped();
+    let calls_before = proxy.call_records().len();
+    let calls_dropped_before = proxy.call_records().dropped();
     let mut case = CaseReport {
         name: step.name(),
         failures: Vec::new(),
@@ -263,8 +263,8 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
             dropped.bytes - dropped_before.bytes
         ));
     }
-    case.calls = proxy.callouts.records[calls_before..].to_vec();
-    let calls_dropped = proxy.callouts.records.dropped() - calls_dropped_before;
+    case.calls = proxy.call_records()[calls_before..].to_vec();
+    let calls_dropped = proxy.call_records().dropped() - calls_dropped_before;
     if calls_dropped > 0 {
         case.logs.push(format!(
             "(this step's callouts were not all recorded: {calls_dropped} call(s) answered but not kept; the harness keeps at most {} MiB of call records for a run)",

@@ -48,11 +48,11 @@ fn records_from_every_worker_reach_the_singleton_and_a_failed_post_carries_over(
         assert_eq!(ex.response_status(), Some(status));
     }
     // The collector is down: the post fails, the counts wait.
-    proxy.callouts.http.push(CannedHttpCall {
+    proxy.set_http_call_replies(vec![CannedHttpCall {
         cluster: "stats-collector".into(),
         path_prefix: None,
         answer: HttpCallAnswer::Reply(UpstreamReply::new(503)),
-    });
+    }]);
     let before = proxy.log_len();
     proxy.advance(Duration::from_secs(5));
     let lines = summaries(&proxy, before);
@@ -67,8 +67,8 @@ fn records_from_every_worker_reach_the_singleton_and_a_failed_post_carries_over(
             .any(|(_, l)| l.contains("answered 503; the 3 requests carry over")),
         "{lines:#?}"
     );
-    assert_eq!(proxy.callouts.records.len(), 1);
-    let posted = String::from_utf8_lossy(&proxy.callouts.records[0].body).into_owned();
+    assert_eq!(proxy.call_records().len(), 1);
+    let posted = String::from_utf8_lossy(&proxy.call_records()[0].body).into_owned();
     assert_eq!(format!("stats summary: {posted}"), want);
 
     // One more request, then the collector is back: the next summary has all four.
@@ -80,12 +80,11 @@ fn records_from_every_worker_reach_the_singleton_and_a_failed_post_carries_over(
             &mut |_| UpstreamReply::new(200),
         )
         .unwrap();
-    proxy.callouts.http.clear();
-    proxy.callouts.http.push(CannedHttpCall {
+    proxy.set_http_call_replies(vec![CannedHttpCall {
         cluster: "stats-collector".into(),
         path_prefix: Some("/v1/summaries".into()),
         answer: HttpCallAnswer::Reply(UpstreamReply::new(204)),
-    });
+    }]);
     let before = proxy.log_len();
     proxy.advance(Duration::from_secs(5));
     let lines = summaries(&proxy, before);

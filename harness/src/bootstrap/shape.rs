@@ -232,7 +232,7 @@ fn wrong(at: &str, kind: Kind, found: &Value) -> BootstrapError {
         Value::Bool(b) => format!("{b}"),
         Value::Null => "nothing".to_string(),
     };
-    super::invalid(at, format!("expected {}, found {what}", kind.name()))
+    super::model::invalid(at, format!("expected {}, found {what}", kind.name()))
 }
 
 #[cfg(test)]

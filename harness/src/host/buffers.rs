@@ -107,7 +107,7 @@ fn proxy_get_buffer_status(
 
 /// The most a guest may grow a body or connection buffer to with `proxy_set_buffer_bytes`:
 /// the size of the largest memory a guest has, so no guest could read more in one piece.
-pub const MAX_BUFFER_BYTES: usize = crate::vm::MAX_MEMORY_BYTES;
+pub const MAX_BUFFER_BYTES: usize = memory::MAX_MEMORY_BYTES;
 
 /// Envoy's `Buffer::copyFrom` rules for `proxy_set_buffer_bytes`.
 pub fn apply_set(buf: &mut Vec<u8>, start: usize, size: usize, data: &[u8]) -> Result<(), Status> {

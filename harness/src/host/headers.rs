@@ -46,37 +46,7 @@ fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
     }
 }
 
-/// Envoy keeps pseudo-headers ahead of regular ones; a new pseudo-header goes after the last.
-/// An owned key is lower-cased in place, so a key read from the guest costs no second copy.
-pub fn add(map: &mut HeaderMap, key: impl Into<String>, value: Vec<u8>) {
-    let mut key = key.into();
-    key.make_ascii_lowercase();
-    if key.starts_with(':') {
-        let at = map.iter().take_while(|(k, _)| k.starts_with(':')).count();
-        map.insert(at, (key, value));
-    } else {
-        map.push((key, value));
-    }
-}
-
-/// Envoy's `setCopy` (current runtime default): drop every value of the key, then add it.
-pub fn replace(map: &mut HeaderMap, key: impl Into<String>, value: Vec<u8>) {
-    let key = key.into();
-    remove(map, &key);
-    add(map, key, value);
-}
-
-/// Keys are stored lower-case (see `add`), so lookups compare without allocating.
-pub fn remove(map: &mut HeaderMap, key: &str) {
-    map.retain(|(k, _)| !k.eq_ignore_ascii_case(key));
-}
-
-/// The first value of a key, as Envoy's `getHeaderMapValue` returns.
-pub fn get<'a>(map: &'a HeaderMap, key: &str) -> Option<&'a [u8]> {
-    map.iter()
-        .find(|(k, _)| k.eq_ignore_ascii_case(key))
-        .map(|(_, v)| v.as_slice())
-}
+pub use crate::http::headers::{add, get, remove, replace};
 
 fn map_type(raw: i32) -> Result<MapType, Status> {
     MapType::from_raw(raw).ok_or(Status::BadArgument)

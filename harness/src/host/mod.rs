@@ -31,8 +31,7 @@ use crate::bootstrap::WasmPlugin;
 
 pub use logging::LogRecord;
 
-/// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
-pub type HeaderMap = Vec<(String, Vec<u8>)>;
+pub use crate::http::HeaderMap;
 
 /// State shared by every VM of one host: the log, the virtual clock, shared data and queues.
 #[derive(Debug, Default)]

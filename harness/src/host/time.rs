@@ -128,6 +128,23 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     Ok(())
 }
 
+/// A duration as a person writes it: `3s`, `1500ms`, `2m`, `250us`, `7ns`.
+pub fn format_duration(d: Duration) -> String {
+    let nanos = d.as_nanos();
+    for (unit, size) in [
+        ("h", 3_600_000_000_000u128),
+        ("m", 60_000_000_000),
+        ("s", 1_000_000_000),
+        ("ms", 1_000_000),
+        ("us", 1_000),
+    ] {
+        if nanos != 0 && nanos.is_multiple_of(size) {
+            return format!("{}{unit}", nanos / size);
+        }
+    }
+    format!("{nanos}ns")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,5 +206,15 @@ mod tests {
         c.set_monotonic_nanos(S);
         assert_eq!(c.monotonic_nanos(), 3 * S);
         assert_eq!(c.wall_nanos(), START_WALL_NANOS + 3 * S);
+    }
+
+    #[test]
+    fn durations_read_as_written() {
+        assert_eq!(format_duration(Duration::from_secs(3)), "3s");
+        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
+        assert_eq!(format_duration(Duration::from_secs(120)), "2m");
+        assert_eq!(format_duration(Duration::from_secs(7200)), "2h");
+        assert_eq!(format_duration(Duration::from_nanos(7)), "7ns");
+        assert_eq!(format_duration(Duration::ZERO), "0ns");
     }
 }

@@ -16,12 +16,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::Worker;
+use super::threads::{Dispatcher, Threads};
 use crate::bootstrap::Bootstrap;
 use crate::host::callouts::{CallRequest, CallResponse, PendingCall};
-use crate::host::{self, HeaderMap, Shared};
 use crate::http::{
-    CallRecord, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HttpCallAnswer, UpstreamReply,
+    headers, CallRecord, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HeaderMap, HttpCallAnswer,
+    UpstreamReply,
 };
 use crate::vm::CallOutcome;
 
@@ -134,7 +134,7 @@ impl Callouts {
     }
 
     fn canned_http(&self, cluster: &str, headers: &HeaderMap) -> Option<&CannedHttpCall> {
-        let path = host::headers::get(headers, ":path").unwrap_or_default();
+        let path = headers::get(headers, ":path").unwrap_or_default();
         self.http.iter().find(|c| {
             c.cluster == cluster
                 && c.path_prefix
@@ -342,7 +342,7 @@ const CONNECT_FAILURE: &str =
 /// An upstream's reply as the guest sees it through Envoy's router.
 fn from_upstream(reply: UpstreamReply) -> CallResponse {
     CallResponse {
-        headers: super::routed_headers(reply.status, reply.headers, reply.body.len()),
+        headers: super::router::routed_headers(reply.status, reply.headers, reply.body.len()),
         body: reply.body,
         ..Default::default()
     }
@@ -426,14 +426,14 @@ pub(super) struct Delivered {
 /// Answers the calls pending now, oldest first, at most `limit` of them, by `deadline`; a
 /// call whose VM is gone (the canary's, a failed one) or that was cancelled is dropped
 /// unanswered, as Envoy cancels it. Calls the completions make wait for the next call.
-pub(super) fn deliver_calls(
-    shared: &Shared,
-    workers: &mut [Worker],
-    main: &mut Worker,
-    callouts: &mut Callouts,
-    limit: usize,
-    deadline: Instant,
-) -> Delivered {
+pub(super) fn deliver_calls(threads: &mut Threads, limit: usize, deadline: Instant) -> Delivered {
+    let Threads {
+        shared,
+        main,
+        workers,
+        callouts,
+        ..
+    } = threads;
     let mut batch: Vec<PendingCall> = {
         let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
         let n = pending.len().min(limit);
@@ -478,8 +478,8 @@ pub(super) fn deliver_calls(
 
 /// The VM instance owning `call`, if it still exists.
 fn receiver_vm<'w>(
-    workers: &'w mut [Worker],
-    main: &'w mut Worker,
+    workers: &'w mut [Dispatcher],
+    main: &'w mut Dispatcher,
     call: &PendingCall,
 ) -> Option<&'w mut crate::vm::Vm> {
     let dispatcher = match call.receiver.worker {
@@ -522,9 +522,6 @@ mod tests {
                 "x-envoy-upstream-service-time"
             ]
         );
-        assert_eq!(
-            host::headers::get(&r.headers, "content-length"),
-            Some(&b"6"[..])
-        );
+        assert_eq!(headers::get(&r.headers, "content-length"), Some(&b"6"[..]));
     }
 }

@@ -4,7 +4,8 @@
 
 use std::collections::HashSet;
 
-use super::{StartError, VmKey};
+use super::threads::VmKey;
+use super::StartError;
 use crate::bootstrap::Bootstrap;
 
 /// The most workers the harness runs (Envoy's `--concurrency`). Each has its own instance of

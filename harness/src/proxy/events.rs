@@ -8,9 +8,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::callouts::{self, Callouts};
-use super::{Proxy, Worker};
-use crate::host::Shared;
+use super::callouts;
+use super::threads::Threads;
+use crate::host::time::format_duration;
 
 /// How many queue notifications one delivery round may make before the harness calls it a
 /// storm (roots enqueueing to each other from `proxy_on_queue_ready` forever). Envoy would
@@ -81,26 +81,22 @@ pub const MAX_TICKS_PER_ADVANCE: usize = 100_000;
 
 /// Runs everything posted since the last callback returned: queue notifications and callout
 /// completions, and whatever those post in turn, until nothing is left.
-pub(super) fn deliver_all(
-    shared: &Shared,
-    workers: &mut [Worker],
-    main: &mut Worker,
-    calls: &mut Callouts,
-    errors: &mut Vec<DeliveryError>,
-) {
-    if !shared
+pub(super) fn deliver_all(threads: &mut Threads) {
+    if !threads
+        .shared
         .posted
         .swap(false, std::sync::atomic::Ordering::AcqRel)
     {
         return;
     }
+    let shared = threads.shared.clone();
     let pending_at_start = shared.calls.lock().unwrap_or_else(|e| e.into_inner()).len();
-    let deadline = Instant::now() + calls.budget;
+    let deadline = Instant::now() + threads.callouts.budget;
     let mut total = callouts::Delivered::default();
     let at = || format_duration(Duration::from_nanos(shared.monotonic_nanos()));
     loop {
-        if let Err(e) = deliver_queue_ready(shared, workers, main) {
-            errors.push(e);
+        if let Err(e) = deliver_queue_ready(threads) {
+            threads.errors.push(e);
         }
         let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
         if pending.is_empty() {
@@ -108,7 +104,7 @@ pub(super) fn deliver_all(
         }
         if total.answered == MAX_CALL_DELIVERIES {
             let dropped = pending.len();
-            errors.push(DeliveryError::CalloutStorm {
+            threads.errors.push(DeliveryError::CalloutStorm {
                 answered: total.answered,
                 dropped,
                 made_by_completions: (total.answered + dropped).saturating_sub(pending_at_start),
@@ -121,22 +117,16 @@ pub(super) fn deliver_all(
             break;
         }
         drop(pending);
-        let round = callouts::deliver_calls(
-            shared,
-            workers,
-            main,
-            calls,
-            MAX_CALL_DELIVERIES - total.answered,
-            deadline,
-        );
+        let round =
+            callouts::deliver_calls(threads, MAX_CALL_DELIVERIES - total.answered, deadline);
         total.answered += round.answered;
         total.cut += round.cut;
     }
     if total.cut > 0 {
-        errors.push(DeliveryError::CalloutBudget {
+        threads.errors.push(DeliveryError::CalloutBudget {
             answered: total.answered,
             cut: total.cut,
-            budget: calls.budget,
+            budget: threads.callouts.budget,
             at: at(),
         });
     }
@@ -146,11 +136,8 @@ pub(super) fn deliver_all(
 /// themselves cause, up to [`MAX_QUEUE_DELIVERIES`]. A notification whose receiver is gone
 /// (the canary VM, a failed VM, a root that no longer exists) is dropped, as in Envoy.
 /// Returns how many were delivered.
-pub(super) fn deliver_queue_ready(
-    shared: &Shared,
-    workers: &mut [Worker],
-    main: &mut Worker,
-) -> Result<usize, DeliveryError> {
+pub(super) fn deliver_queue_ready(threads: &mut Threads) -> Result<usize, DeliveryError> {
+    let shared = threads.shared.clone();
     let mut delivered = 0;
     loop {
         // The lock is released before calling the guest, which may enqueue or dequeue.
@@ -175,11 +162,7 @@ pub(super) fn deliver_queue_ready(
         }
         // No worker: the main thread (its plugin instances and Wasm services; the canary's
         // VMs are gone).
-        let dispatcher = match n.receiver.worker {
-            Some(w) => workers.get_mut(w),
-            None => Some(&mut *main),
-        };
-        let vm = dispatcher.and_then(|w| {
+        let vm = threads.dispatcher(n.receiver.worker).and_then(|w| {
             w.vms
                 .iter_mut()
                 .find(|vm| vm.state().instance == n.receiver.instance)
@@ -191,128 +174,74 @@ pub(super) fn deliver_queue_ready(
     }
 }
 
-impl Proxy {
-    /// Time on the virtual clock since the proxy started.
-    pub fn elapsed(&self) -> Duration {
-        Duration::from_nanos(self.shared.monotonic_nanos())
-    }
-
-    /// Advances the virtual clock by `by`. Every worker's root context whose tick period is
-    /// set gets `proxy_on_tick` once per period boundary crossed, in time order (at equal
-    /// times: worker 0 first, then VM and root context order), with the clock reading the
-    /// tick's time during the call; what each tick enqueues is delivered right after it.
-    /// Returns the number of `proxy_on_tick` calls. At most [`MAX_TICKS_PER_ADVANCE`] fire:
-    /// then the clock stops at the next tick's time and a [`DeliveryError::TickStorm`] says so.
-    /// Delivery problems are kept for [`Proxy::take_errors`].
-    pub fn advance(&mut self, by: Duration) -> usize {
-        let start = self.shared.monotonic_nanos();
-        let target = start.saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX));
-        let mut ticks = 0;
-        while let Some((due, w, v, root)) = self.next_tick(target) {
-            if ticks == MAX_TICKS_PER_ADVANCE {
-                self.errors.push(DeliveryError::TickStorm {
-                    advance: format_duration(by),
-                    fired: ticks,
-                    at: format_duration(Duration::from_nanos(due)),
-                });
-                self.set_clock(due);
-                return ticks;
-            }
-            self.set_clock(due);
-            let vm = match w {
-                Some(w) => &mut self.workers[w].vms[v],
-                None => &mut self.main.vms[v],
-            };
-            let has_on_tick = vm.has_on_tick();
-            if has_on_tick {
-                vm.on_tick(root);
-                ticks += 1;
-            }
-            if let Some(t) = vm.state_mut().timers.get_mut(&root) {
-                t.rearm_after_tick(due, has_on_tick);
-            }
-            self.deliver_posted();
+/// Advances the virtual clock by `by`. Every root context whose tick period is set, on the
+/// workers and the main thread, gets `proxy_on_tick` once per period boundary crossed, in time
+/// order (at equal times: the main thread first, then worker 0, then VM and root context
+/// order), with the clock reading the tick's time during the call; what each tick enqueues is
+/// delivered right after it. Returns the number of `proxy_on_tick` calls. At most
+/// [`MAX_TICKS_PER_ADVANCE`] fire: then the clock stops at the next tick's time and a
+/// [`DeliveryError::TickStorm`] says so. Delivery problems are kept in `threads.errors`.
+pub(super) fn advance(threads: &mut Threads, by: Duration) -> usize {
+    let start = threads.shared.monotonic_nanos();
+    let target = start.saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX));
+    let mut ticks = 0;
+    while let Some((due, w, v, root)) = next_tick(threads, target) {
+        if ticks == MAX_TICKS_PER_ADVANCE {
+            threads.errors.push(DeliveryError::TickStorm {
+                advance: format_duration(by),
+                fired: ticks,
+                at: format_duration(Duration::from_nanos(due)),
+            });
+            set_clock(threads, due);
+            return ticks;
         }
-        self.set_clock(target);
-        ticks
+        set_clock(threads, due);
+        let vm = match w {
+            Some(w) => &mut threads.workers[w].vms[v],
+            None => &mut threads.main.vms[v],
+        };
+        let has_on_tick = vm.has_on_tick();
+        if has_on_tick {
+            vm.on_tick(root);
+            ticks += 1;
+        }
+        if let Some(t) = vm.state_mut().timers.get_mut(&root) {
+            t.rearm_after_tick(due, has_on_tick);
+        }
+        threads.deliver_posted();
     }
+    set_clock(threads, target);
+    ticks
+}
 
-    /// Delivery problems since the last call (queue storms), oldest first.
-    pub fn take_errors(&mut self) -> Vec<DeliveryError> {
-        std::mem::take(&mut self.errors)
-    }
+fn set_clock(threads: &Threads, nanos: u64) {
+    threads
+        .shared
+        .clock
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .set_monotonic_nanos(nanos);
+}
 
-    pub(super) fn deliver_posted(&mut self) {
-        deliver_all(
-            &self.shared,
-            &mut self.workers,
-            &mut self.main,
-            &mut self.callouts,
-            &mut self.errors,
-        );
-    }
-
-    fn set_clock(&self, nanos: u64) {
-        self.shared
-            .clock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_monotonic_nanos(nanos);
-    }
-
-    /// The earliest timer due by `target`: (due, worker, vm, root), worker `None` being the
-    /// main thread (its plugin instances and Wasm services), first at equal times. Failed VMs never tick.
-    fn next_tick(&self, target: u64) -> Option<(u64, Option<usize>, usize, u32)> {
-        let mut best: Option<(u64, Option<usize>, usize, u32)> = None;
-        let dispatchers = std::iter::once((None, &self.main))
-            .chain(self.workers.iter().enumerate().map(|(w, x)| (Some(w), x)));
-        for (w, worker) in dispatchers {
-            for (v, vm) in worker.vms.iter().enumerate() {
-                if vm.failed.is_some() {
-                    continue;
-                }
-                for (&root, timer) in &vm.state().timers {
-                    if let Some(due) = timer.due_nanos.filter(|&d| d <= target) {
-                        let candidate = (due, w, v, root);
-                        if best.is_none_or(|b| candidate < b) {
-                            best = Some(candidate);
-                        }
+/// The earliest timer due by `target`: (due, worker, vm, root), worker `None` being the main
+/// thread (its plugin instances and Wasm services), first at equal times. Failed VMs never
+/// tick.
+fn next_tick(threads: &Threads, target: u64) -> Option<(u64, Option<usize>, usize, u32)> {
+    let mut best: Option<(u64, Option<usize>, usize, u32)> = None;
+    for (w, dispatcher) in threads.all() {
+        for (v, vm) in dispatcher.vms.iter().enumerate() {
+            if vm.failed.is_some() {
+                continue;
+            }
+            for (&root, timer) in &vm.state().timers {
+                if let Some(due) = timer.due_nanos.filter(|&d| d <= target) {
+                    let candidate = (due, w, v, root);
+                    if best.is_none_or(|b| candidate < b) {
+                        best = Some(candidate);
                     }
                 }
             }
         }
-        best
     }
-}
-
-/// A duration as a person writes it: `3s`, `1500ms`, `2m`, `250us`, `7ns`.
-pub fn format_duration(d: Duration) -> String {
-    let nanos = d.as_nanos();
-    for (unit, size) in [
-        ("h", 3_600_000_000_000u128),
-        ("m", 60_000_000_000),
-        ("s", 1_000_000_000),
-        ("ms", 1_000_000),
-        ("us", 1_000),
-    ] {
-        if nanos != 0 && nanos.is_multiple_of(size) {
-            return format!("{}{unit}", nanos / size);
-        }
-    }
-    format!("{nanos}ns")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn durations_read_as_written() {
-        assert_eq!(format_duration(Duration::from_secs(3)), "3s");
-        assert_eq!(format_duration(Duration::from_millis(1500)), "1500ms");
-        assert_eq!(format_duration(Duration::from_secs(120)), "2m");
-        assert_eq!(format_duration(Duration::from_secs(7200)), "2h");
-        assert_eq!(format_duration(Duration::from_nanos(7)), "7ns");
-        assert_eq!(format_duration(Duration::ZERO), "0ns");
-    }
+    best
 }

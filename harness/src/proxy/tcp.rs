@@ -21,46 +21,11 @@
 //! `proxy_close_stream` closes the connection after the callback. A failed VM applies its
 //! plugin's failure policy: fail-closed closes the connection, fail-open passes bytes through.
 
-use serde::Serialize;
-
-use super::{Callouts, DeliveryError, PluginSlot, Proxy, Worker};
+use super::threads::{PluginSlot, Threads};
 use crate::bootstrap::{FailurePolicy, WasmPlugin};
-use crate::host::{self, Shared};
-use crate::traffic::TrafficError;
+use crate::host;
+use crate::http::{TcpEvent, TcpOutcome};
 use crate::vm::Vm;
-
-/// One thing that happens on a connection, in order.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum TcpEvent {
-    /// The client sends these bytes.
-    Downstream(Vec<u8>),
-    /// The upstream sends these bytes.
-    Upstream(Vec<u8>),
-    /// The client closes its side; the upstream closes in turn.
-    CloseDownstream,
-    /// The upstream closes its side; the client closes in turn.
-    CloseUpstream,
-}
-
-/// What a connection did.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct TcpOutcome {
-    pub worker: usize,
-    /// The `tcp_proxy` cluster.
-    pub cluster: String,
-    /// Every byte the upstream received.
-    #[serde(serialize_with = "crate::http::bytes_as_text")]
-    pub upstream_received: Vec<u8>,
-    /// Every byte the client received.
-    #[serde(serialize_with = "crate::http::bytes_as_text")]
-    pub downstream_received: Vec<u8>,
-    /// Who closed the connection: `client`, `upstream`, a plugin, the failure policy, or
-    /// `still open` when the events ended first (the harness then closes it as the client).
-    pub closed_by: String,
-    /// Bytes a filter still held when the connection closed, by plugin.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub held: Vec<String>,
-}
 
 /// Which way bytes flow.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -76,78 +41,11 @@ enum Step {
     Close(String),
 }
 
-impl Proxy {
-    /// Opens a connection to a TCP listener (`None`: the first listener) on `worker` (else
-    /// round robin), plays `events`, closes it if they did not, and says what each side got.
-    pub fn connect(
-        &mut self,
-        listener: Option<&str>,
-        worker: Option<usize>,
-        events: &[TcpEvent],
-    ) -> Result<TcpOutcome, TrafficError> {
-        let li = self.listener_index(listener)?;
-        let Some(tcp_proxy) = self.bootstrap.listeners[li].tcp_proxy.clone() else {
-            return Err(TrafficError::HttpListener {
-                name: self.bootstrap.listeners[li].name.clone(),
-            });
-        };
-        let w = self.pick_worker(worker)?;
-        self.requests_sent += 1;
-        self.reload_failed_vms(w);
-        let connection = self.new_connection(li);
-        let n = self.bootstrap.listeners[li].network.len();
-        let mut conn = TcpConnection {
-            slots: self.workers[w].slots[li].clone(),
-            workers: &mut self.workers,
-            main: &mut self.main,
-            w,
-            shared: &self.shared,
-            errors: &mut self.errors,
-            callouts: &mut self.callouts,
-            plugins: &self.bootstrap.listeners[li].network,
-            contexts: vec![None; n],
-            held: [vec![Vec::new(); n], vec![Vec::new(); n]],
-            outcome: TcpOutcome {
-                worker: w,
-                cluster: tcp_proxy.cluster.clone(),
-                ..TcpOutcome::default()
-            },
-            closed: false,
-        };
-        if self.bootstrap.cluster(&tcp_proxy.cluster).is_none() {
-            // Envoy's tcp_proxy closes a connection whose cluster does not exist.
-            conn.outcome.closed_by = format!("no cluster {:?} (tcp_proxy)", tcp_proxy.cluster);
-            return Ok(conn.outcome);
-        }
-        conn.open(connection);
-        for event in events {
-            if conn.closed {
-                break;
-            }
-            match event {
-                TcpEvent::Downstream(data) => conn.data(Way::Downstream, data.clone(), false),
-                TcpEvent::Upstream(data) => conn.data(Way::Upstream, data.clone(), false),
-                TcpEvent::CloseDownstream => conn.close_by(Way::Downstream),
-                TcpEvent::CloseUpstream => conn.close_by(Way::Upstream),
-            }
-        }
-        if !conn.closed {
-            conn.close_by(Way::Downstream);
-            conn.outcome.closed_by = "still open (the harness closed it as the client)".into();
-        }
-        Ok(conn.outcome)
-    }
-}
-
-/// One connection on worker `w` (holding every worker for the same reason as an HTTP stream:
+/// One connection on worker `w` (holding every thread for the same reason as an HTTP stream:
 /// what a callback posts may be for another one).
-struct TcpConnection<'a> {
-    workers: &'a mut [Worker],
-    main: &'a mut Worker,
+pub(super) struct TcpConnection<'a> {
+    threads: &'a mut Threads,
     w: usize,
-    shared: &'a Shared,
-    errors: &'a mut Vec<DeliveryError>,
-    callouts: &'a mut Callouts,
     plugins: &'a [WasmPlugin],
     slots: Vec<Option<PluginSlot>>,
     /// Per filter: (vm, context) once created.
@@ -158,19 +56,71 @@ struct TcpConnection<'a> {
     closed: bool,
 }
 
-impl TcpConnection<'_> {
+impl<'a> TcpConnection<'a> {
+    /// A connection to `listener` on worker `w`, through `plugins` (the listener's network
+    /// filters) to the `tcp_proxy`'s `cluster`.
+    pub(super) fn new(
+        threads: &'a mut Threads,
+        w: usize,
+        listener: usize,
+        plugins: &'a [WasmPlugin],
+        cluster: String,
+    ) -> Self {
+        let n = plugins.len();
+        Self {
+            slots: threads.workers[w].slots[listener].clone(),
+            threads,
+            w,
+            plugins,
+            contexts: vec![None; n],
+            held: [vec![Vec::new(); n], vec![Vec::new(); n]],
+            outcome: TcpOutcome {
+                worker: w,
+                cluster,
+                ..TcpOutcome::default()
+            },
+            closed: false,
+        }
+    }
+
+    /// Accepts the connection, plays `events`, closes it as the client if they did not, and
+    /// says what each side got.
+    pub(super) fn run(
+        mut self,
+        connection: host::Connection,
+        cluster_exists: bool,
+        events: &[TcpEvent],
+    ) -> TcpOutcome {
+        if !cluster_exists {
+            // Envoy's tcp_proxy closes a connection whose cluster does not exist.
+            self.outcome.closed_by = format!("no cluster {:?} (tcp_proxy)", self.outcome.cluster);
+            return self.outcome;
+        }
+        self.open(connection);
+        for event in events {
+            if self.closed {
+                break;
+            }
+            match event {
+                TcpEvent::Downstream(data) => self.data(Way::Downstream, data.clone(), false),
+                TcpEvent::Upstream(data) => self.data(Way::Upstream, data.clone(), false),
+                TcpEvent::CloseDownstream => self.close_by(Way::Downstream),
+                TcpEvent::CloseUpstream => self.close_by(Way::Upstream),
+            }
+        }
+        if !self.closed {
+            self.close_by(Way::Downstream);
+            self.outcome.closed_by = "still open (the harness closed it as the client)".into();
+        }
+        self.outcome
+    }
+
     fn vm(&mut self, v: usize) -> &mut Vm {
-        &mut self.workers[self.w].vms[v]
+        &mut self.threads.workers[self.w].vms[v]
     }
 
     fn deliver_posted(&mut self) {
-        super::events::deliver_all(
-            self.shared,
-            self.workers,
-            self.main,
-            self.callouts,
-            self.errors,
-        );
+        self.threads.deliver_posted();
     }
 
     /// The failure policy for filter `i`, whose VM failed or never started.

@@ -117,17 +117,12 @@ fn callouts_to_loopback_upstreams_are_in_flight_together() {
         server(slow_200),
     );
     let mut p = proxy(&b, 1);
-    p.callouts.budget = Duration::from_secs(5);
+    p.set_callout_budget(Duration::from_secs(5));
     let ex = p
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
         .unwrap();
     assert_eq!(ex.response_status(), Some(200));
-    let answers: Vec<&str> = p
-        .callouts
-        .records
-        .iter()
-        .map(|r| r.answer.as_str())
-        .collect();
+    let answers: Vec<&str> = p.call_records().iter().map(|r| r.answer.as_str()).collect();
     assert_eq!(answers.len(), 32);
     assert!(answers.iter().all(|a| a.ends_with(": 200")), "{answers:?}");
     assert!(p.take_errors().is_empty());
@@ -150,7 +145,7 @@ fn many_calls_to_an_upstream_that_never_answers_end_within_the_budget() {
         server(silent),
     );
     let mut p = proxy(&b, 1);
-    p.callouts.budget = Duration::from_secs(1);
+    p.set_callout_budget(Duration::from_secs(1));
     let started = std::time::Instant::now();
     let ex = p
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
@@ -162,14 +157,13 @@ fn many_calls_to_an_upstream_that_never_answers_end_within_the_budget() {
         started.elapsed()
     );
     assert_eq!(ex.response_status(), Some(200));
-    assert_eq!(p.callouts.records.len(), 200);
+    assert_eq!(p.call_records().len(), 200);
     assert!(
-        p.callouts
-            .records
+        p.call_records()
             .iter()
             .all(|r| r.answer.contains("callout budget of 1s") && r.answer.ends_with(": 504")),
         "{:?}",
-        p.callouts.records[0].answer
+        p.call_records()[0].answer
     );
     let errors = p.take_errors();
     assert!(
@@ -200,11 +194,11 @@ fn a_callout_storm_says_how_many_were_answered_and_dropped_and_why() {
         9,
     );
     let mut p = proxy(&b, 1);
-    p.callouts.http = vec![wasm_harness::http::CannedHttpCall {
+    p.set_http_call_replies(vec![wasm_harness::http::CannedHttpCall {
         cluster: "slow".into(),
         path_prefix: None,
         answer: wasm_harness::http::HttpCallAnswer::Reply(Default::default()),
-    }];
+    }]);
     let ex = p
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
         .unwrap();
@@ -276,7 +270,7 @@ fn hostile_upstream_responses_end_the_call_cleanly() {
             .round_trip(&Request::get("/"), UpstreamReply::new(200))
             .unwrap();
         assert_eq!(ex.response_status(), Some(200));
-        let got = &p.callouts.records[0].answer;
+        let got = &p.call_records()[0].answer;
         assert!(got.contains(answer), "expected {answer:?} in {got:?}");
     }
 }
@@ -459,7 +453,7 @@ fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
         "{lines:?}"
     );
     // What was stored before the refusal is there; the last key stored is under the budget.
-    let vm_id = &p.bootstrap.listeners[0].http.filters[0].vm_id;
+    let vm_id = &p.bootstrap().listeners[0].plugins()[0].vm_id;
     let stored = (0u16..1024)
         .take_while(|&i| {
             let key = [b'A' + (i & 31) as u8, b'A' + (i >> 5) as u8];
@@ -521,23 +515,23 @@ fn call_records_stop_at_their_budget_and_count_what_was_not_kept() {
     let dir = tempfile::tempdir().unwrap();
     let b = bootstrap_with_slow(dir.path(), "call-body-tick.wat", "x", 9);
     let mut p = proxy(&b, 1);
-    p.callouts.http = vec![wasm_harness::http::CannedHttpCall {
+    p.set_http_call_replies(vec![wasm_harness::http::CannedHttpCall {
         cluster: "slow".into(),
         path_prefix: None,
         answer: wasm_harness::http::HttpCallAnswer::Reply(Default::default()),
-    }];
+    }]);
     // Each root calls with 4 MiB on every 1 ms tick: 160 MiB and more over 40 ms.
     p.advance(Duration::from_millis(40));
-    let kept: usize = p.callouts.records.iter().map(|r| r.body.len()).sum();
+    let kept: usize = p.call_records().iter().map(|r| r.body.len()).sum();
     assert!(
         kept <= MAX_CALL_RECORD_BYTES,
         "{kept} bytes of call records kept"
     );
     assert!(kept >= MAX_CALL_RECORD_BYTES / 2, "only {kept} bytes kept");
     assert!(
-        p.callouts.records.dropped() >= 20,
+        p.call_records().dropped() >= 20,
         "{}",
-        p.callouts.records.dropped()
+        p.call_records().dropped()
     );
 
     let s = dir.path().join("calls.yaml");

@@ -88,3 +88,60 @@ fn another_bootstrap_extension_is_refused_by_name() {
     assert!(text(&o).contains("bootstrap_extensions[0]"), "{}", text(&o));
     assert!(text(&o).contains("InternalListener"), "{}", text(&o));
 }
+
+#[test]
+fn a_reloaded_vm_shared_with_a_service_starts_the_service_again() {
+    use wasm_harness::{Proxy, ProxyOptions, Request, UpstreamReply};
+    let dir = tempfile::tempdir().unwrap();
+    let module = guest("trap-on-path.wat");
+    let b = bootstrap_variant(dir.path(), &module, None, |doc| {
+        doc.pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
+            .unwrap()["failure_policy"] = serde_json::json!("FAIL_RELOAD");
+        // Same vm_id, configuration and code as the filter: one VM per worker hosts both.
+        doc["bootstrap_extensions"] = serde_json::json!([{
+            "name": "envoy.bootstrap.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.wasm.v3.WasmService",
+                "singleton": false,
+                "config": {
+                    "name": "beside-the-filter",
+                    "root_id": "beside-the-filter",
+                    "vm_config": {
+                        "vm_id": "wasm-filter",
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": {"local": {"filename": module.display().to_string()}}
+                    }
+                }
+            }
+        }]);
+    });
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    // The plugins whose root context started (`proxy_on_vm_start` logs) on worker 0.
+    let started_on_worker = |proxy: &Proxy, from: usize| -> Vec<String> {
+        proxy
+            .logs_since(from)
+            .iter()
+            .filter(|l| l.worker == Some(0) && l.message == "trap-on-path VM started")
+            .map(|l| l.plugin.clone())
+            .collect()
+    };
+    assert_eq!(
+        started_on_worker(&proxy, 0),
+        ["header-ops", "beside-the-filter"]
+    );
+    let trapped = proxy
+        .round_trip(&Request::get("/trap"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(trapped.response_status(), Some(503));
+    proxy.advance(std::time::Duration::from_millis(1500));
+    let before_reload = proxy.log_len();
+    let reloaded = proxy
+        .round_trip(&Request::get("/"), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(reloaded.response_status(), Some(200));
+    assert_eq!(
+        started_on_worker(&proxy, before_reload),
+        ["header-ops", "beside-the-filter"],
+        "the reloaded VM must host the service's root context again"
+    );
+}

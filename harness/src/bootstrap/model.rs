@@ -1,0 +1,193 @@
+//! The parts of an Envoy bootstrap the harness emulates, as the parser
+//! ([`super::parse`]) leaves them.
+
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BootstrapError {
+    #[error("cannot read bootstrap {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bootstrap {path} is not valid YAML/JSON: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("bootstrap: {at}: {message}")]
+    Invalid { at: String, message: String },
+    #[error("bootstrap: {at}: unsupported filter {name:?} ({type_url}): the harness runs only Wasm filters and the router")]
+    UnsupportedFilter {
+        at: String,
+        name: String,
+        type_url: String,
+    },
+}
+
+/// A [`BootstrapError::Invalid`] at `at`.
+pub(super) fn invalid(at: &str, message: impl Into<String>) -> BootstrapError {
+    BootstrapError::Invalid {
+        at: at.to_string(),
+        message: message.into(),
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct Bootstrap {
+    pub path: PathBuf,
+    pub listeners: Vec<Listener>,
+    pub clusters: Vec<Cluster>,
+    /// `node`, kept as JSON for the `xds.node` / node metadata properties.
+    pub node: Value,
+    /// `bootstrap_extensions` of type `envoy.bootstrap.wasm`: Wasm services.
+    pub services: Vec<WasmService>,
+}
+
+/// A Wasm service (`envoy.extensions.wasm.v3.WasmService`): a plugin with no stream, only a
+/// root context; `singleton` runs one on the main thread, otherwise one on each worker.
+#[derive(Debug, Clone)]
+pub struct WasmService {
+    pub plugin: WasmPlugin,
+    pub singleton: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub name: String,
+    pub address: String,
+    pub port: u16,
+    /// What its one filter chain ends with, and the Wasm filters in front of that.
+    pub chain: FilterChain,
+}
+
+/// A listener's filter chain, by its terminal filter.
+#[derive(Debug, Clone)]
+pub enum FilterChain {
+    /// `envoy.filters.network.http_connection_manager`: HTTP Wasm filters, then the router.
+    Http(HttpConnectionManager),
+    /// `envoy.filters.network.wasm` filters, then `envoy.filters.network.tcp_proxy`.
+    Tcp(TcpChain),
+}
+
+impl Listener {
+    /// The listener's Wasm plugins in chain order: the network filters of a TCP listener,
+    /// else the HTTP filters.
+    pub fn plugins(&self) -> &[WasmPlugin] {
+        match &self.chain {
+            FilterChain::Http(hcm) => &hcm.filters,
+            FilterChain::Tcp(tcp) => &tcp.filters,
+        }
+    }
+
+    /// The HTTP connection manager, unless this is a TCP listener.
+    pub fn http(&self) -> Option<&HttpConnectionManager> {
+        match &self.chain {
+            FilterChain::Http(hcm) => Some(hcm),
+            FilterChain::Tcp(_) => None,
+        }
+    }
+
+    /// The network filters and `tcp_proxy`, if this is a TCP listener.
+    pub fn tcp(&self) -> Option<&TcpChain> {
+        match &self.chain {
+            FilterChain::Http(_) => None,
+            FilterChain::Tcp(tcp) => Some(tcp),
+        }
+    }
+}
+
+/// A TCP listener's chain: network Wasm filters in order, then `tcp_proxy`.
+#[derive(Debug, Clone)]
+pub struct TcpChain {
+    pub filters: Vec<WasmPlugin>,
+    pub proxy: TcpProxy,
+}
+
+/// `envoy.filters.network.tcp_proxy`: every connection goes to one cluster.
+#[derive(Debug, Clone)]
+pub struct TcpProxy {
+    pub stat_prefix: String,
+    pub cluster: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConnectionManager {
+    pub stat_prefix: String,
+    /// Wasm filters in chain order; the router is always last.
+    pub filters: Vec<WasmPlugin>,
+    pub routes: RouteConfig,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RouteConfig {
+    pub virtual_hosts: Vec<VirtualHost>,
+}
+
+#[derive(Debug, Clone)]
+pub struct VirtualHost {
+    pub name: String,
+    pub domains: Vec<String>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Route {
+    pub matcher: RouteMatch,
+    pub action: RouteAction,
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteMatch {
+    Prefix(String),
+    Path(String),
+}
+
+#[derive(Debug, Clone)]
+pub enum RouteAction {
+    Cluster(String),
+    Direct { status: u16, body: Vec<u8> },
+}
+
+#[derive(Debug, Clone)]
+pub struct Cluster {
+    pub name: String,
+    pub endpoints: Vec<(String, u16)>,
+}
+
+/// Where the failed-VM policy sends traffic (`fail_open` / `failure_policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailurePolicy {
+    FailClosed,
+    FailOpen,
+    FailReload,
+}
+
+/// One `PluginConfig`: what Envoy needs to create (or share) a VM and a root context.
+#[derive(Debug, Clone)]
+pub struct WasmPlugin {
+    pub name: String,
+    pub root_id: String,
+    pub vm_id: String,
+    pub runtime: String,
+    pub code: PathBuf,
+    pub vm_configuration: Vec<u8>,
+    pub configuration: Vec<u8>,
+    pub failure_policy: FailurePolicy,
+    pub environment: Vec<(String, String)>,
+    /// `vm_config.allow_precompiled`: load code precompiled into the module (see
+    /// [`crate::precompiled_section`]).
+    pub allow_precompiled: bool,
+}
+
+impl Bootstrap {
+    pub fn listener(&self, name: Option<&str>) -> Option<&Listener> {
+        match name {
+            None => self.listeners.first(),
+            Some(n) => self.listeners.iter().find(|l| l.name == n),
+        }
+    }
+
+    pub fn cluster(&self, name: &str) -> Option<&Cluster> {
+        self.clusters.iter().find(|c| c.name == name)
+    }
+}

@@ -1,0 +1,434 @@
+//! One HTTP stream through a listener's filter chain, with Envoy's order of callbacks: the
+//! request's headers, body and trailers through the filters first to last (decode), the
+//! router (see [`super::router`]), then the response back from the last filter to the first
+//! (encode). A filter that answers locally turns the stream around at its position; a stall
+//! or a reset ends it without a response. Each callback's posted work (queue notifications,
+//! callout completions) runs right after it, on whichever thread it is for.
+
+use std::sync::Arc;
+
+mod phases;
+
+use super::router::{self, Framing, Outgoing, Routed};
+use super::threads::{Dispatcher, Threads};
+use crate::bootstrap::{Bootstrap, FailurePolicy, HttpConnectionManager, WasmPlugin};
+use crate::host::{self, LocalReply};
+use crate::http::{
+    Exchange, HeaderMap, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
+};
+use crate::vm::Vm;
+
+/// One HTTP stream on worker `w`. It holds every thread because what a callback enqueues is
+/// delivered, once the callback returns, to whichever thread registered the queue.
+pub(super) struct HttpStream<'a> {
+    threads: &'a mut Threads,
+    w: usize,
+    bootstrap: &'a Bootstrap,
+    /// The listener's index and its connection manager.
+    listener_index: usize,
+    hcm: &'a HttpConnectionManager,
+    connection: host::Connection,
+    /// Per Wasm filter: the stream context created for it, if the filter is active.
+    contexts: Vec<Option<(usize, u32)>>,
+    /// The request's headers while the contexts share them (see `share_request`).
+    request: Option<Arc<HeaderMap>>,
+}
+
+/// How a callback's result (after the failure policy) tells the chain to go on.
+enum Step {
+    Continue,
+    /// The filter paused (headers: a stall unless resumed; body: keep buffering), and why
+    /// that would stall the stream.
+    Paused(String),
+    Stop(StopReason),
+}
+
+/// Which way data flows through the filter chain.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Dir {
+    Request,
+    Response,
+}
+
+/// The part of a message a callback is about.
+#[derive(Clone, Copy)]
+enum Part {
+    Headers,
+    Body,
+    Trailers,
+}
+
+impl Dir {
+    /// The callback's name, for messages.
+    fn phase(self, part: Part) -> &'static str {
+        match (self, part) {
+            (Dir::Request, Part::Headers) => "on_http_request_headers",
+            (Dir::Request, Part::Body) => "on_http_request_body",
+            (Dir::Request, Part::Trailers) => "on_http_request_trailers",
+            (Dir::Response, Part::Headers) => "on_http_response_headers",
+            (Dir::Response, Part::Body) => "on_http_response_body",
+            (Dir::Response, Part::Trailers) => "on_http_response_trailers",
+        }
+    }
+}
+
+/// The filters a direction visits: the request goes first to last, the response from
+/// filter `from` back to the first. Positions index this order; `at` says which filter.
+#[derive(Clone, Copy)]
+enum Order {
+    Forward(usize),
+    Backward(usize),
+}
+
+impl Order {
+    fn len(self) -> usize {
+        match self {
+            Order::Forward(n) => n,
+            Order::Backward(from) => from,
+        }
+    }
+
+    fn at(self, pos: usize) -> usize {
+        match self {
+            Order::Forward(_) => pos,
+            Order::Backward(from) => from - 1 - pos,
+        }
+    }
+}
+
+/// Where a direction of the stream stopped: at filter `.0`, for this reason.
+type Stopped = (usize, StopReason);
+
+enum StopReason {
+    /// Answered locally: the response turns around at the filter that stopped.
+    LocalReply(LocalReplySource, Box<LocalReply>),
+    Halt(Halt),
+}
+
+/// How a stream ends without a response to the client.
+enum Halt {
+    /// Nothing resumed a pause, or the framing leaves the peer waiting: Envoy would hold the
+    /// stream until a timeout.
+    Stalled(String),
+    /// A plugin closed the stream (`proxy_close_stream`): Envoy resets it, no response.
+    Reset(String),
+}
+
+impl<'a> HttpStream<'a> {
+    pub(super) fn new(
+        threads: &'a mut Threads,
+        w: usize,
+        bootstrap: &'a Bootstrap,
+        (listener_index, hcm): (usize, &'a HttpConnectionManager),
+        connection: host::Connection,
+    ) -> Self {
+        Self {
+            threads,
+            w,
+            bootstrap,
+            listener_index,
+            hcm,
+            connection,
+            contexts: Vec::new(),
+            request: None,
+        }
+    }
+
+    fn plugin(&self, i: usize) -> &'a WasmPlugin {
+        &self.hcm.filters[i]
+    }
+
+    fn fail_stream(&self, i: usize) -> Step {
+        let plugin = self.plugin(i);
+        match plugin.failure_policy {
+            FailurePolicy::FailOpen => Step::Continue,
+            _ => Step::Stop(StopReason::LocalReply(
+                LocalReplySource::FailurePolicy {
+                    plugin: plugin.name.clone(),
+                },
+                Box::new(LocalReply {
+                    status: 503,
+                    details: "wasm_fail_stream".into(),
+                    body: Vec::new(),
+                    headers: Vec::new(),
+                    grpc_status: Some(14),
+                }),
+            )),
+        }
+    }
+
+    fn worker(&mut self) -> &mut Dispatcher {
+        &mut self.threads.workers[self.w]
+    }
+
+    /// Creates the stream contexts lazily, as Envoy does at the first decode callback.
+    fn setup(&mut self) {
+        let listener = self.listener_index;
+        let n = self.worker().slots[listener].len();
+        self.contexts = vec![None; n];
+        for i in 0..n {
+            if let Some(slot) = self.worker().slots[listener][i] {
+                if self.worker().vms[slot.vm].failed.is_none() {
+                    let conn = self.connection.clone();
+                    let ctx = self.worker().vms[slot.vm].create_http_context(slot.root, conn);
+                    self.contexts[i] = Some((slot.vm, ctx));
+                    self.threads.deliver_posted();
+                }
+            }
+        }
+    }
+
+    /// Runs one callback on filter `i`, then what it posted (a callout's completion may
+    /// resume the stream or answer it locally), and turns the outcome into a step, applying
+    /// local replies, the failure policy and pauses as Envoy does.
+    fn callback(
+        &mut self,
+        i: usize,
+        phase: &str,
+        call: &mut dyn FnMut(&mut Vm, u32) -> Option<i32>,
+    ) -> Step {
+        let Some((vm, ctx)) = self.contexts[i] else {
+            return self.fail_stream(i);
+        };
+        let name = &self.plugin(i).name;
+        if self.worker().vms[vm].failed.is_some() {
+            return self.fail_stream(i);
+        }
+        let result = call(&mut self.worker().vms[vm], ctx);
+        self.threads.deliver_posted();
+        if self.worker().vms[vm].failed.is_some() {
+            return self.fail_stream(i);
+        }
+        let vm = &mut self.worker().vms[vm];
+        let s = vm
+            .http_state(ctx)
+            .expect("stream context exists while the stream runs");
+        if std::mem::take(&mut s.reset) {
+            return Step::Stop(StopReason::Halt(Halt::Reset(format!(
+                "plugin {name:?} closed the stream in {phase} (proxy_close_stream): Envoy resets it and the client gets no response"
+            ))));
+        }
+        if let Some(reply) = s.local_reply.take() {
+            s.stop_forced = false;
+            return Step::Stop(StopReason::LocalReply(
+                LocalReplySource::Plugin {
+                    plugin: name.clone(),
+                    details: reply.details.clone(),
+                },
+                Box::new(reply),
+            ));
+        }
+        let resumed =
+            std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
+        match result {
+            // 0 Continue; 2 ContinueAndEndStream, which Envoy's converter treats as Continue.
+            None | Some(0) | Some(2) => Step::Continue,
+            Some(_) if resumed => Step::Continue,
+            Some(code) => Step::Paused(format!(
+                "plugin {name:?} paused the stream in {phase} (returned {code}) and nothing resumed it; Envoy would hold the request until a timeout"
+            )),
+        }
+    }
+
+    /// The whole stream: the exchange, then the contexts' end. What went upstream gets its
+    /// headers back from the contexts, which read them until their end.
+    pub(super) fn run(
+        &mut self,
+        request: &Request,
+        number: usize,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+    ) -> Exchange {
+        let mut exchange = Exchange {
+            worker: self.w,
+            upstream: None,
+            response: None,
+            local_reply: None,
+            stalled: None,
+            reset: None,
+            notes: Vec::new(),
+        };
+        match self.exchange(request, number, upstream, &mut exchange) {
+            Ok(response) => exchange.response = Some(response),
+            Err(Halt::Stalled(why)) => exchange.stalled = Some(why),
+            Err(Halt::Reset(why)) => exchange.reset = Some(why),
+        }
+        self.finish();
+        if let (Some(seen), Some(shared)) = (exchange.upstream.as_mut(), self.request.take()) {
+            seen.headers = Arc::unwrap_or_clone(shared);
+        }
+        exchange
+    }
+
+    /// Lends the request's headers to every context of the stream: Envoy's filters all read
+    /// the one map for `request.*` properties, after their own headers callback too.
+    fn share_request(&mut self, headers: HeaderMap) {
+        let shared = Arc::new(headers);
+        self.lend_request(Some(&shared));
+        self.request = Some(shared);
+    }
+
+    /// Takes the request's headers back from the contexts, for the router to change.
+    fn unshare_request(&mut self) -> HeaderMap {
+        self.lend_request(None);
+        self.request
+            .take()
+            .map(Arc::unwrap_or_clone)
+            .unwrap_or_default()
+    }
+
+    fn lend_request(&mut self, shared: Option<&Arc<HeaderMap>>) {
+        let worker = &mut self.threads.workers[self.w];
+        for &(vm, ctx) in self.contexts.iter().flatten() {
+            if let Some(s) = worker.vms[vm].http_state(ctx) {
+                s.request_snapshot = shared.cloned();
+            }
+        }
+    }
+
+    /// Decode, route and forward, encode: the response the client gets, or why it gets none.
+    /// Who answered and the framing notes go into `exchange` on the way.
+    fn exchange(
+        &mut self,
+        request: &Request,
+        number: usize,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+        exchange: &mut Exchange,
+    ) -> Result<Response, Halt> {
+        self.setup();
+        let n = self.contexts.len();
+        let router::Incoming {
+            headers,
+            chunks,
+            trailers,
+            grpc,
+        } = router::incoming(request, number);
+        let end_at_headers = chunks.is_empty() && trailers.is_none();
+        let decode_order = Order::Forward(n);
+        let (headers, decoded) =
+            self.headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0);
+        self.share_request(headers);
+        let decoded =
+            decoded.and_then(|()| self.data_phase(Dir::Request, decode_order, chunks, trailers));
+        let (response, encode_from) = match decoded {
+            Err((_, StopReason::Halt(halt))) => return Err(halt),
+            Err((i, StopReason::LocalReply(source, reply))) => {
+                exchange.local_reply = Some(source);
+                (router::local_reply_response(&reply, grpc), i)
+            }
+            Ok((body, trailers)) => {
+                let response = self.route_and_forward(body, trailers, grpc, upstream, exchange)?;
+                (response, n.saturating_sub(1))
+            }
+        };
+        // Encode: the response runs back through the filters, last to first, starting at the
+        // one that produced a local reply.
+        let encode_order = Order::Backward(if n == 0 { 0 } else { encode_from + 1 });
+        let Outgoing {
+            status,
+            headers,
+            chunks,
+            trailers,
+        } = response;
+        let end_at_headers = chunks.is_empty() && trailers.is_none();
+        let (headers, encoded) =
+            self.headers_phase(Dir::Response, encode_order, headers, end_at_headers, status);
+        let encoded = encoded.and_then(|()| {
+            let (body, trailers) =
+                self.data_phase(Dir::Response, encode_order, chunks, trailers)?;
+            Ok(Response {
+                status,
+                headers,
+                body,
+                trailers: trailers.unwrap_or_default(),
+            })
+        });
+        let mut response = match encoded {
+            Ok(r) => r,
+            Err((_, StopReason::Halt(halt))) => return Err(halt),
+            // Envoy can still replace the response before its headers went out.
+            Err((_, StopReason::LocalReply(source, reply))) => {
+                exchange.local_reply = Some(source);
+                let r = router::local_reply_response(&reply, grpc);
+                // It does not pass through the filters again.
+                Response {
+                    status: r.status,
+                    headers: r.headers,
+                    body: r.chunks.concat(),
+                    trailers: Vec::new(),
+                }
+            }
+        };
+        frame(
+            &mut response.headers,
+            &mut response.body,
+            "client",
+            &mut exchange.notes,
+        )?;
+        router::finalize_downstream(&mut response);
+        Ok(response)
+    }
+
+    /// The router's part: the decoded request goes to its route's upstream (whose response
+    /// comes back), or the router answers itself. The contexts get the request's headers
+    /// back, as the router left them, for the rest of the stream.
+    fn route_and_forward(
+        &mut self,
+        body: Vec<u8>,
+        trailers: Option<HeaderMap>,
+        grpc: bool,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+        exchange: &mut Exchange,
+    ) -> Result<Outgoing, Halt> {
+        let mut headers = self.unshare_request();
+        let routes = &self.hcm.routes;
+        let response = match router::route(self.bootstrap, routes, &mut headers, grpc) {
+            Routed::Reply(source, reply) => {
+                exchange.local_reply = Some(source);
+                reply
+            }
+            Routed::Upstream(cluster) => {
+                let mut body = body;
+                frame(&mut headers, &mut body, "upstream", &mut exchange.notes)?;
+                let mut seen = SeenRequest {
+                    cluster,
+                    headers,
+                    body,
+                    trailers: trailers.unwrap_or_default(),
+                };
+                let reply = upstream(&seen);
+                // The contexts read the headers until their end; `run` returns them.
+                headers = std::mem::take(&mut seen.headers);
+                exchange.upstream = Some(seen);
+                router::upstream_response(reply)
+            }
+        };
+        self.share_request(headers);
+        Ok(response)
+    }
+
+    /// Stream end: `on_log`, `on_done`, `on_delete` on every filter's context.
+    fn finish(&mut self) {
+        for c in std::mem::take(&mut self.contexts).into_iter().flatten() {
+            self.worker().vms[c.0].finish_stream(c.1);
+            self.threads.deliver_posted();
+        }
+    }
+}
+
+/// Frames a message for HTTP/1 as Envoy's codec does; a body shorter than its declared length
+/// leaves the peer waiting, which stalls the stream.
+fn frame(
+    headers: &mut HeaderMap,
+    body: &mut Vec<u8>,
+    peer: &str,
+    notes: &mut Vec<String>,
+) -> Result<(), Halt> {
+    match router::http1_framing(headers, body, peer) {
+        Framing::Fine => Ok(()),
+        Framing::Truncated(note) => {
+            notes.push(note);
+            Ok(())
+        }
+        Framing::Short(why) => Err(Halt::Stalled(why)),
+    }
+}

@@ -1,0 +1,410 @@
+//! What Envoy's HTTP connection manager and router do around the filter chain: the headers
+//! the connection manager puts in front of the filters, the route a request takes, the
+//! replies the router and `sendLocalReply` make, the HTTP/1 codec's framing, and what the
+//! connection manager adds on the way to the client.
+
+use std::fmt::Write as _;
+
+use crate::bootstrap::{Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, VirtualHost};
+use crate::host::LocalReply;
+use crate::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
+
+/// A request as the connection manager hands it to the filters.
+pub(super) struct Incoming {
+    pub(super) headers: HeaderMap,
+    pub(super) chunks: Vec<Vec<u8>>,
+    pub(super) trailers: Option<HeaderMap>,
+    /// Envoy answers a gRPC request's local replies the gRPC way.
+    pub(super) grpc: bool,
+}
+
+/// What Envoy's connection manager puts in front of the filters: the pseudo-headers, a
+/// `content-length` for a body sent without one, `x-forwarded-proto`, and an `x-request-id`
+/// when the client sent none. `number` numbers the request for its id.
+pub(super) fn incoming(request: &Request, number: usize) -> Incoming {
+    let mut headers = HeaderMap::with_capacity(request.headers.len() + ROOM_FOR_FILTERS);
+    headers.extend([
+        (":authority".into(), request.authority.clone().into_bytes()),
+        (":path".into(), request.path.clone().into_bytes()),
+        (":method".into(), request.method.clone().into_bytes()),
+        (":scheme".into(), b"http".to_vec()),
+    ]);
+    headers.extend(request.headers.iter().cloned());
+    let grpc =
+        headers::get(&headers, "content-type").is_some_and(|v| v.starts_with(b"application/grpc"));
+    let chunks = request.chunks();
+    let body_len: usize = chunks.iter().map(Vec::len).sum();
+    if body_len > 0 && headers::get(&headers, "content-length").is_none() {
+        headers.push(("content-length".into(), body_len.to_string().into_bytes()));
+    }
+    headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
+    if headers::get(&headers, "x-request-id").is_none() {
+        headers.push(("x-request-id".into(), request_id(number).into_bytes()));
+    }
+    let trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
+    Incoming {
+        headers,
+        chunks,
+        trailers,
+        grpc,
+    }
+}
+
+/// Where the router sends a request that came through the decode filters.
+pub(super) enum Routed {
+    /// The router answers itself: no route, a direct response, a cluster that does not
+    /// exist.
+    Reply(LocalReplySource, Outgoing),
+    /// To this cluster's upstream, with the router's headers added.
+    Upstream(String),
+}
+
+/// The router's decision for a request with these (decoded) headers; on the way upstream it
+/// stamps the request as Envoy's router does.
+pub(super) fn route(
+    bootstrap: &Bootstrap,
+    routes: &RouteConfig,
+    headers: &mut HeaderMap,
+    grpc: bool,
+) -> Routed {
+    let action = {
+        let authority =
+            String::from_utf8_lossy(headers::get(headers, ":authority").unwrap_or_default());
+        let path = String::from_utf8_lossy(headers::get(headers, ":path").unwrap_or_default());
+        select_route(routes, &authority, &path).map(|r| r.action.clone())
+    };
+    match action {
+        None => Routed::Reply(
+            LocalReplySource::NoRoute,
+            router_reply(404, Vec::new(), grpc),
+        ),
+        Some(RouteAction::Direct { status, body }) => Routed::Reply(
+            LocalReplySource::DirectResponse,
+            router_reply(status, body, grpc),
+        ),
+        Some(RouteAction::Cluster(cluster)) if bootstrap.cluster(&cluster).is_none() => {
+            Routed::Reply(
+                LocalReplySource::NoCluster { cluster },
+                router_reply(503, Vec::new(), grpc),
+            )
+        }
+        Some(RouteAction::Cluster(cluster)) => {
+            headers::replace(headers, "x-envoy-expected-rq-timeout-ms", b"15000".to_vec());
+            Routed::Upstream(cluster)
+        }
+    }
+}
+
+/// Envoy's virtual host selection: exact domain, then the longest `*.suffix` / `suffix`
+/// wildcard, then the longest `prefix*` wildcard, then `*`.
+pub fn select_virtual_host<'r>(
+    routes: &'r RouteConfig,
+    authority: &str,
+) -> Option<&'r VirtualHost> {
+    let host = authority.to_ascii_lowercase();
+    let exact = routes
+        .virtual_hosts
+        .iter()
+        .find(|vh| vh.domains.contains(&host));
+    if exact.is_some() {
+        return exact;
+    }
+    let best = |pick: &dyn Fn(&str) -> Option<usize>| {
+        routes
+            .virtual_hosts
+            .iter()
+            .filter_map(|vh| {
+                vh.domains
+                    .iter()
+                    .filter_map(|d| pick(d))
+                    .max()
+                    .map(|n| (n, vh))
+            })
+            .max_by_key(|(n, _)| *n)
+            .map(|(_, vh)| vh)
+    };
+    best(&|d: &str| {
+        let suffix = d.strip_prefix('*')?;
+        (!suffix.is_empty() && host.ends_with(suffix) && host.len() > suffix.len())
+            .then_some(suffix.len())
+    })
+    .or_else(|| {
+        best(&|d: &str| {
+            let prefix = d.strip_suffix('*')?;
+            (!prefix.is_empty() && host.starts_with(prefix) && host.len() > prefix.len())
+                .then_some(prefix.len())
+        })
+    })
+    .or_else(|| {
+        routes
+            .virtual_hosts
+            .iter()
+            .find(|vh| vh.domains.iter().any(|d| d == "*"))
+    })
+}
+
+/// The first route of the matching virtual host whose match accepts the path (query string
+/// excluded, as Envoy does for `path` and `prefix`).
+pub fn select_route<'r>(routes: &'r RouteConfig, authority: &str, path: &str) -> Option<&'r Route> {
+    let path = path.split(['?', '#']).next().unwrap_or_default();
+    select_virtual_host(routes, authority)?
+        .routes
+        .iter()
+        .find(|r| match &r.matcher {
+            RouteMatch::Prefix(p) => path.starts_with(p.as_str()),
+            RouteMatch::Path(p) => path == p,
+        })
+}
+
+/// The `x-request-id` Envoy would generate: a UUID's shape, numbered by request so that runs
+/// repeat. Built in its one 36-byte allocation (`format!` grows its buffer on the way).
+pub(super) fn request_id(number: usize) -> String {
+    let mut id = String::with_capacity(36);
+    let _ = write!(id, "{:08x}-0000-4000-8000-{number:012x}", 0x5eed);
+    id
+}
+
+/// Headers the connection manager, the router and typical filters add to a message: reserved
+/// up front so that a request does not grow its header maps several times.
+pub(super) const ROOM_FOR_FILTERS: usize = 10;
+
+/// A response on its way back through the filters, as it arrives: headers, body chunks,
+/// trailers.
+pub(super) struct Outgoing {
+    pub(super) status: u16,
+    pub(super) headers: HeaderMap,
+    pub(super) chunks: Vec<Vec<u8>>,
+    pub(super) trailers: Option<HeaderMap>,
+}
+
+impl Outgoing {
+    fn new(status: u16, headers: HeaderMap, body: Vec<u8>) -> Self {
+        Self {
+            status,
+            headers,
+            chunks: if body.is_empty() { vec![] } else { vec![body] },
+            trailers: None,
+        }
+    }
+}
+
+/// A reply the router makes (no route, no cluster, a direct response).
+pub(super) fn router_reply(status: u16, body: Vec<u8>, grpc: bool) -> Outgoing {
+    if grpc {
+        return grpc_local_reply(status, &[], &body, None);
+    }
+    let mut headers: HeaderMap = vec![(":status".into(), status.to_string().into_bytes())];
+    if !body.is_empty() {
+        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
+        headers.push(("content-type".into(), b"text/plain".to_vec()));
+    }
+    Outgoing::new(status, headers, body)
+}
+
+/// Envoy's `sendLocalReply`: `:status`, the plugin's headers, then length and type; to a
+/// gRPC request, a trailers-only gRPC response instead.
+pub(super) fn local_reply_response(reply: &LocalReply, grpc: bool) -> Outgoing {
+    if grpc {
+        return grpc_local_reply(reply.status, &reply.headers, &reply.body, reply.grpc_status);
+    }
+    let mut headers: HeaderMap = vec![(":status".into(), reply.status.to_string().into_bytes())];
+    for (k, v) in &reply.headers {
+        headers::add(&mut headers, k, v.clone());
+    }
+    if !reply.body.is_empty() {
+        headers::replace(
+            &mut headers,
+            "content-length",
+            reply.body.len().to_string().into_bytes(),
+        );
+        if headers::get(&headers, "content-type").is_none() {
+            headers.push(("content-type".into(), b"text/plain".to_vec()));
+        }
+    }
+    Outgoing::new(reply.status, headers, reply.body.clone())
+}
+
+/// Envoy's local reply to a gRPC request: HTTP 200 with headers only, `grpc-status` (the
+/// one given, else mapped from the HTTP status as Envoy maps it) and the body as a
+/// percent-encoded `grpc-message`.
+fn grpc_local_reply(
+    status: u16,
+    extra: &[(String, Vec<u8>)],
+    body: &[u8],
+    grpc_status: Option<u32>,
+) -> Outgoing {
+    let code = grpc_status.unwrap_or(match status {
+        400 => 13,
+        401 => 16,
+        403 => 7,
+        404 => 12,
+        429 | 502 | 503 | 504 => 14,
+        _ => 2,
+    });
+    let mut headers: HeaderMap = vec![
+        (":status".into(), b"200".to_vec()),
+        ("content-type".into(), b"application/grpc".to_vec()),
+        ("grpc-status".into(), code.to_string().into_bytes()),
+    ];
+    if !body.is_empty() {
+        let mut message = Vec::new();
+        for &b in body {
+            if (0x20..0x7f).contains(&b) && b != b'%' {
+                message.push(b);
+            } else {
+                message.extend_from_slice(format!("%{b:02X}").as_bytes());
+            }
+        }
+        headers.push(("grpc-message".into(), message));
+    }
+    for (k, v) in extra {
+        headers::add(&mut headers, k, v.clone());
+    }
+    Outgoing::new(200, headers, Vec::new())
+}
+
+pub(super) fn upstream_response(reply: UpstreamReply) -> Outgoing {
+    let chunks = reply.chunks();
+    let len = chunks.iter().map(Vec::len).sum();
+    Outgoing {
+        status: reply.status,
+        headers: routed_headers(reply.status, reply.headers, len),
+        chunks,
+        trailers: (!reply.trailers.is_empty()).then_some(reply.trailers),
+    }
+}
+
+/// An upstream's response headers as Envoy's router hands them on, to the filter chain or to
+/// a callout's caller: `:status` first, the upstream's headers, a `content-length` when the
+/// upstream sent none, and the router's service-time stamp.
+pub(crate) fn routed_headers(status: u16, upstream: HeaderMap, body_len: usize) -> HeaderMap {
+    let mut headers = HeaderMap::with_capacity(upstream.len() + ROOM_FOR_FILTERS);
+    headers.push((":status".into(), status.to_string().into_bytes()));
+    for (k, v) in upstream {
+        headers::add(&mut headers, k, v);
+    }
+    if headers::get(&headers, "content-length").is_none() {
+        headers.push(("content-length".into(), body_len.to_string().into_bytes()));
+    }
+    headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
+    headers
+}
+
+/// How a message's body fits the framing Envoy's HTTP/1 codec sends it with.
+pub(super) enum Framing {
+    Fine,
+    /// The body was longer than its `content-length`: the peer reads only that much.
+    Truncated(String),
+    /// Shorter: the peer waits for bytes that never come.
+    Short(String),
+}
+
+/// Envoy's HTTP/1 codec frames a message by the `content-length` the filters left, or
+/// chunked without one; it does not fix a length a filter invalidated by changing the body
+/// (filters that change a body's size remove `content-length` in their headers callback).
+pub(super) fn http1_framing(headers: &mut HeaderMap, body: &mut Vec<u8>, peer: &str) -> Framing {
+    let declared = headers::get(headers, "content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok());
+    match declared {
+        None if !body.is_empty() => {
+            if headers::get(headers, "transfer-encoding").is_none() {
+                headers.push(("transfer-encoding".into(), b"chunked".to_vec()));
+            }
+            Framing::Fine
+        }
+        None => Framing::Fine,
+        Some(n) if n == body.len() => Framing::Fine,
+        Some(n) if n < body.len() => {
+            let note = format!(
+                "content-length says {n} but the filters left a {}-byte body: the {peer} reads only the first {n} bytes (a filter that changes a body's size must remove content-length in its headers callback)",
+                body.len()
+            );
+            body.truncate(n);
+            Framing::Truncated(note)
+        }
+        Some(n) => Framing::Short(format!(
+            "content-length says {n} but the filters left a {}-byte body: the {peer} waits for the rest and Envoy would time out (a filter that changes a body's size must remove content-length in its headers callback)",
+            body.len()
+        )),
+    }
+}
+
+/// What the connection manager does after the filters, on the way to the client.
+pub(super) fn finalize_downstream(response: &mut Response) {
+    response.status = headers::get(&response.headers, ":status")
+        .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok())
+        .unwrap_or(response.status);
+    headers::replace(&mut response.headers, "server", b"envoy".to_vec());
+    // Envoy's HTTP/1 codec ends a bodiless response with `content-length: 0` unless the
+    // status forbids a body (seen on its failure-policy 503, whose local reply has none).
+    let bodiless_status = response.status < 200 || matches!(response.status, 204 | 304);
+    if response.body.is_empty()
+        && !bodiless_status
+        && headers::get(&response.headers, "content-length").is_none()
+        && headers::get(&response.headers, "transfer-encoding").is_none()
+    {
+        response
+            .headers
+            .push(("content-length".into(), b"0".to_vec()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(name: &str, domains: &[&str], routes: Vec<Route>) -> VirtualHost {
+        VirtualHost {
+            name: name.into(),
+            domains: domains.iter().map(|d| d.to_string()).collect(),
+            routes,
+        }
+    }
+
+    fn to_cluster(matcher: RouteMatch, cluster: &str) -> Route {
+        Route {
+            matcher,
+            action: RouteAction::Cluster(cluster.into()),
+        }
+    }
+
+    #[test]
+    fn routes_by_domain_and_path() {
+        let rc = RouteConfig {
+            virtual_hosts: vec![
+                host(
+                    "all",
+                    &["*"],
+                    vec![
+                        Route {
+                            matcher: RouteMatch::Path("/local".into()),
+                            action: RouteAction::Direct {
+                                status: 200,
+                                body: b"hi".to_vec(),
+                            },
+                        },
+                        to_cluster(RouteMatch::Prefix("/".into()), "backend"),
+                    ],
+                ),
+                host(
+                    "api",
+                    &["api.example.com", "*.example.com"],
+                    vec![to_cluster(RouteMatch::Prefix("/".into()), "api")],
+                ),
+            ],
+        };
+        assert!(matches!(
+            select_route(&rc, "x.test", "/local").unwrap().action,
+            RouteAction::Direct { status: 200, .. }
+        ));
+        assert!(
+            matches!(&select_route(&rc, "x.test", "/local/more?q").unwrap().action, RouteAction::Cluster(c) if c == "backend")
+        );
+        assert!(
+            matches!(&select_route(&rc, "API.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
+        );
+        assert!(
+            matches!(&select_route(&rc, "www.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
+        );
+    }
+}
