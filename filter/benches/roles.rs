@@ -259,7 +259,7 @@ impl Drop for Envoy {
 /// Median microseconds per request and requests per second, per listener, the listeners
 /// taken in turn `ENVOY_ROUNDS` times.
 fn envoy_latencies(dir: &Path, variants: &[(String, Vec<Value>)]) -> Option<Vec<(f64, f64)>> {
-    let envoy = wasm_harness::envoy::find_envoy().ok()?;
+    let envoy = wasm_harness::real_envoy::find_envoy().ok()?;
     let backend = upstream();
     let ports: Vec<u16> = variants.iter().map(|_| free_port()).collect();
     let listeners: Vec<Value> = variants

@@ -124,9 +124,9 @@ fn request() -> Request {
 /// The same request through real Envoy (one worker, V8) and a loopback upstream, for scale:
 /// a whole HTTP/1.1 round trip on a new connection, not comparable term by term.
 fn envoy_round_trip() -> Option<Duration> {
-    let envoy = wasm_harness::envoy::find_envoy().ok()?;
+    let envoy = wasm_harness::real_envoy::find_envoy().ok()?;
     let (_dir, path) = bootstrap_file(None);
-    let mut real = wasm_harness::envoy::RealEnvoy::start(&envoy, &path, 1).ok()?;
+    let mut real = wasm_harness::real_envoy::RealEnvoy::start(&envoy, &path, 1).ok()?;
     let reply = UpstreamReply {
         status: 200,
         headers: vec![("x-backend-version".into(), b"7".to_vec())],

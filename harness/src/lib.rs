@@ -17,28 +17,57 @@
 //!
 //! [`Proxy::from_bootstrap`] starts from a whole Envoy bootstrap instead (several listeners,
 //! plugins, Wasm services, routes and clusters).
+//!
+//! Scenario files (YAML: a bootstrap, then requests, clock advances, connections and a
+//! shutdown, each with what must hold) run with [`run_scenario`]; with the `real-envoy`
+//! feature (on by default), [`run_comparison`] runs each step in real Envoy too and reports
+//! where the two differ.
+//!
+//! # Features
+//! - `cli` (default): the `wasm-harness` command, its argument parsing and log output; it
+//!   turns on `real-envoy`. A filter crate that only runs the emulated proxy in its tests can
+//!   depend on the harness with `default-features = false` and compile less.
+//! - `real-envoy`: [`real_envoy`] (drive a real Envoy with the same bootstrap) and
+//!   [`compare`]. The emulated proxy never depends on it.
 
+pub mod guest;
+pub mod http;
+
+#[cfg(feature = "real-envoy")]
+pub mod compare;
+#[cfg(feature = "real-envoy")]
+pub mod real_envoy;
+
+// The host's parts: reachable (by the command line, benches and tests), not the API.
+#[doc(hidden)]
 pub mod abi;
+#[doc(hidden)]
 pub mod bootstrap;
+#[doc(hidden)]
 pub mod builder;
 #[doc(hidden)]
 pub mod compiled_cache;
-pub mod diff;
-pub mod envoy;
-pub mod guest;
+#[doc(hidden)]
+pub mod expect;
+#[doc(hidden)]
 pub mod host;
-pub mod http;
 #[doc(hidden)]
 pub mod http1;
 #[doc(hidden)]
 pub mod input;
 #[doc(hidden)]
 pub mod precompiled_section;
+#[doc(hidden)]
 pub mod proxy;
+#[doc(hidden)]
+pub mod report;
+#[doc(hidden)]
 pub mod run;
 #[doc(hidden)]
 pub mod runtime;
+#[doc(hidden)]
 pub mod scenario;
+#[doc(hidden)]
 pub mod traffic;
 #[doc(hidden)]
 pub mod vm;
@@ -55,8 +84,17 @@ pub mod doc_examples {
     pub struct RustApi;
 }
 
+pub use abi::LogLevel;
 pub use bootstrap::FailurePolicy;
 pub use builder::ProxyBuilder;
-pub use http::{Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply};
-pub use proxy::{Proxy, ProxyOptions, StartError};
+#[cfg(feature = "real-envoy")]
+pub use compare::{run_comparison, ComparedStep, ComparisonReport};
+pub use host::{HeaderMap, LogRecord};
+pub use http::{
+    CallRecord, Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
+};
+pub use proxy::{Proxy, ProxyOptions, StartError, TcpEvent, TcpOutcome};
+pub use report::{ClockAdvance, ScenarioReport, StepOutcome, StepReport, Verdict};
+pub use run::{run_scenario, RunOptions};
+pub use scenario::Scenario;
 pub use traffic::TrafficError;

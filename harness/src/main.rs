@@ -8,9 +8,9 @@ use clap::{Parser, Subcommand};
 use wasm_harness::bootstrap::Bootstrap;
 use wasm_harness::precompiled_section as precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
-use wasm_harness::run::{self, RunOptions, Verdict};
 use wasm_harness::vm::{CodeSource, Runtime};
-use wasm_harness::{diff, envoy};
+use wasm_harness::{compare, real_envoy, run};
+use wasm_harness::{ComparisonReport, RunOptions, ScenarioReport, Verdict};
 
 #[derive(Parser)]
 #[command(
@@ -95,7 +95,7 @@ fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, json: boo
     let mut worst = Verdict::Passed;
     let mut reports = Vec::new();
     let envoy_bin = if with_envoy {
-        match envoy::find_envoy() {
+        match real_envoy::find_envoy() {
             Ok(b) => Some(b),
             Err(e) => {
                 eprintln!("wasm-harness: {e}");
@@ -107,7 +107,7 @@ fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, json: boo
     };
     for path in scenarios {
         let report = match &envoy_bin {
-            Some(bin) => Report::Differential(diff::run_differential(bin, path, opts)),
+            Some(bin) => Report::Comparison(compare::run_comparison(bin, path, opts)),
             None => Report::Harness(run::run_scenario(path, opts)),
         };
         worst = worst.max(report.verdict());
@@ -140,15 +140,15 @@ fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, json: boo
 #[derive(serde::Serialize)]
 #[serde(untagged)]
 enum Report {
-    Harness(run::ScenarioReport),
-    Differential(diff::DiffReport),
+    Harness(ScenarioReport),
+    Comparison(ComparisonReport),
 }
 
 impl Report {
     fn verdict(&self) -> Verdict {
         match self {
             Report::Harness(r) => r.verdict,
-            Report::Differential(r) => r.verdict,
+            Report::Comparison(r) => r.verdict,
         }
     }
 }
@@ -157,7 +157,7 @@ impl std::fmt::Display for Report {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Report::Harness(r) => r.fmt(f),
-            Report::Differential(r) => r.fmt(f),
+            Report::Comparison(r) => r.fmt(f),
         }
     }
 }

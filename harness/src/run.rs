@@ -1,68 +1,15 @@
-//! Runs scenarios in the harness and produces reports with scripts' exit codes:
-//! 0 every expectation held, 1 one failed, 2 the run could not start.
+//! Runs scenarios in the harness: starts the proxy a scenario's bootstrap describes, then runs
+//! each step and checks its expectations against what happened and what was logged meanwhile.
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-
-use crate::host::LogRecord;
-use crate::http::Exchange;
+use crate::expect::{self, WrittenLog};
+use crate::http::{CannedGrpcCall, CannedHttpCall};
 use crate::proxy::{Proxy, ProxyOptions};
-use crate::scenario::{self, Scenario, Step};
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Verdict {
-    Passed = 0,
-    Failed = 1,
-    CannotStart = 2,
-}
-
-impl Verdict {
-    pub fn exit_code(self) -> i32 {
-        self as i32
-    }
-}
-
-/// One step of a scenario: a request, or a clock advance.
-#[derive(Debug, Clone, Serialize)]
-pub struct CaseReport {
-    pub name: String,
-    pub failures: Vec<String>,
-    pub exchange: Option<Exchange>,
-    /// For an advance step: how far the virtual clock moved (e.g. `3s`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub advanced: Option<String>,
-    /// For an advance step: how many `proxy_on_tick` calls it made, all workers together.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub ticks: Option<usize>,
-    /// Log lines written while this step ran: `[worker N]`, then Envoy's format.
-    pub logs: Vec<String>,
-    /// HTTP and gRPC callouts made while this step ran, and how each was answered.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub calls: Vec<crate::http::CallRecord>,
-    /// For a connection step: what each side received and who closed it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub connection: Option<crate::proxy::TcpOutcome>,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ScenarioReport {
-    pub scenario: PathBuf,
-    pub verdict: Verdict,
-    /// Why the run could not start (verdict 2).
-    pub error: Option<String>,
-    /// Log lines from VM start and configuration (`[main]` for the canary VM).
-    pub startup_logs: Vec<String>,
-    /// Problems while starting that do not stop the run (a queue storm at startup).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub startup_failures: Vec<String>,
-    pub cases: Vec<CaseReport>,
-    /// What the run's log cap left out, if anything.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub log_dropped: Option<crate::host::log_book::Dropped>,
-}
+use crate::report::{
+    report_line, ClockAdvance, ScenarioReport, Startup, StepOutcome, StepReport, Verdict,
+};
+use crate::scenario::{Scenario, Step};
 
 /// What a caller may change about a scenario without editing it.
 #[derive(Debug, Clone, Default)]
@@ -80,376 +27,253 @@ impl RunOptions {
             .clone()
             .unwrap_or_else(|| scenario.bootstrap_path())
     }
+
+    /// The worker count: this run's, else the scenario's, else Envoy's default for the harness.
+    pub fn workers_for(&self, scenario: &Scenario) -> usize {
+        self.workers
+            .or(scenario.workers)
+            .unwrap_or(ProxyOptions::default().workers)
+    }
 }
 
 /// Runs one scenario file in the harness.
 pub fn run_scenario(path: &Path, opts: &RunOptions) -> ScenarioReport {
+    match Scenario::load(path) {
+        Ok(scenario) => run_loaded(&scenario, opts),
+        Err(e) => ScenarioReport {
+            scenario: path.to_path_buf(),
+            verdict: Verdict::CannotStart,
+            startup: Startup {
+                error: Some(e.to_string()),
+                ..Startup::default()
+            },
+            cases: Vec::new(),
+            log_dropped: None,
+        },
+    }
+}
+
+/// Runs a loaded scenario in the harness.
+pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> ScenarioReport {
+    let (run, startup) = HarnessRun::start(scenario, opts);
     let mut report = ScenarioReport {
-        scenario: path.to_path_buf(),
-        verdict: Verdict::CannotStart,
-        error: None,
-        startup_logs: Vec::new(),
-        startup_failures: Vec::new(),
+        scenario: scenario.path.clone(),
+        verdict: startup_verdict(&startup),
+        startup,
         cases: Vec::new(),
         log_dropped: None,
     };
-    let scenario = match Scenario::load(path) {
-        Ok(s) => s,
-        Err(e) => {
-            report.error = Some(e.to_string());
-            return report;
-        }
-    };
-    let options = ProxyOptions {
-        workers: opts
-            .workers
-            .or(scenario.workers)
-            .unwrap_or(ProxyOptions::default().workers),
-    };
-    let mut proxy = match Proxy::from_bootstrap(&opts.bootstrap_for(&scenario), &options) {
-        Ok(p) => p,
-        Err(e) => {
-            report.error = Some(e.to_string());
-            return report;
-        }
-    };
-    if let Some(budget) = scenario.callout_budget {
-        proxy.set_callout_budget(budget.0);
-    }
-    report.startup_logs = proxy.logs().iter().map(report_line).collect();
-    report.startup_failures = proxy
-        .take_errors()
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-    report.verdict = if report.startup_failures.is_empty() {
-        Verdict::Passed
-    } else {
-        Verdict::Failed
-    };
-    let mut http_calls = Vec::new();
-    for spec in &scenario.http_calls {
-        http_calls.push(spec.to_canned());
-    }
-    let mut grpc_calls = Vec::new();
-    for spec in &scenario.grpc_calls {
-        match spec.to_canned() {
-            Ok(c) => grpc_calls.push(c),
-            Err(e) => {
-                report.verdict = Verdict::CannotStart;
-                report.error = Some(format!("scenario {}: {e}", path.display()));
-                return report;
+    if let Some(mut run) = run {
+        for step in &scenario.requests {
+            let done = run.step(step);
+            if !done.failures.is_empty() {
+                report.verdict = Verdict::Failed;
             }
+            report.cases.push(done);
         }
+        report.log_dropped = run.log_dropped();
     }
-    for step in &scenario.requests {
-        // The step's canned replies first, then the scenario's.
-        let (mut http, mut grpc) = (Vec::new(), Vec::new());
-        if let Step::Request(req) = step {
-            http.extend(req.http_calls.iter().map(|c| c.to_canned()));
-            for spec in &req.grpc_calls {
-                match spec.to_canned() {
-                    Ok(c) => grpc.push(c),
-                    Err(e) => {
-                        report.verdict = Verdict::CannotStart;
-                        report.error = Some(format!("request {:?}: {e}", req.name));
-                        return report;
-                    }
-                }
-            }
-        }
-        http.extend(http_calls.iter().cloned());
-        grpc.extend(grpc_calls.iter().cloned());
-        proxy.set_http_call_replies(http);
-        proxy.set_grpc_call_replies(grpc);
-        let case = run_step(&mut proxy, step);
-        if !case.failures.is_empty() {
-            report.verdict = Verdict::Failed;
-        }
-        report.cases.push(case);
-    }
-    report.log_dropped = Some(proxy.log_dropped()).filter(|d| *d != Default::default());
     report
 }
 
-/// A log line for reports: which thread wrote it (`main` for the canary VM Envoy runs at
-/// configuration time, else the worker), then Envoy's own format.
-pub fn report_line(record: &LogRecord) -> String {
-    match record.worker {
-        Some(w) => format!("[worker {w}] {record}"),
-        None => format!("[main] {record}"),
+/// The verdict a run has before its first step.
+pub fn startup_verdict(startup: &Startup) -> Verdict {
+    if startup.error.is_some() {
+        Verdict::CannotStart
+    } else if startup.startup_failures.is_empty() {
+        Verdict::Passed
+    } else {
+        Verdict::Failed
     }
 }
 
-/// Checks custom metrics and shared data after a step.
-fn check_state(
-    proxy: &Proxy,
-    metrics: &BTreeMap<String, u64>,
-    shared_data: &BTreeMap<String, BTreeMap<String, String>>,
-    failures: &mut Vec<String>,
-) {
-    for (name, want) in metrics {
-        match proxy.metric(name) {
-            Some(v) if v == *want => {}
-            Some(v) => failures.push(format!("metric {name}: expected {want}, got {v}")),
-            None => failures.push(format!(
-                "metric {name}: expected {want}, but the plugin never defined it"
-            )),
+/// A scenario's proxy, started, with the scenario-wide canned callout replies.
+pub struct HarnessRun {
+    proxy: Proxy,
+    http_calls: Vec<CannedHttpCall>,
+    grpc_calls: Vec<CannedGrpcCall>,
+}
+
+impl HarnessRun {
+    /// Starts the proxy; without one, `Startup::error` says why. Every canned reply is
+    /// checked here, so a bad one stops the run before its first step.
+    pub fn start(scenario: &Scenario, opts: &RunOptions) -> (Option<Self>, Startup) {
+        let mut startup = Startup::default();
+        let grpc_calls = match canned_grpc(scenario) {
+            Ok(calls) => calls,
+            Err(e) => {
+                startup.error = Some(e);
+                return (None, startup);
+            }
+        };
+        let options = ProxyOptions {
+            workers: opts.workers_for(scenario),
+        };
+        let mut proxy = match Proxy::from_bootstrap(&opts.bootstrap_for(scenario), &options) {
+            Ok(p) => p,
+            Err(e) => {
+                startup.error = Some(e.to_string());
+                return (None, startup);
+            }
+        };
+        if let Some(budget) = scenario.callout_budget {
+            proxy.set_callout_budget(budget.0);
         }
+        startup.startup_logs = proxy.logs().iter().map(report_line).collect();
+        startup.startup_failures = proxy
+            .take_errors()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let http_calls = scenario.http_calls.iter().map(|c| c.to_canned()).collect();
+        let run = Self {
+            proxy,
+            http_calls,
+            grpc_calls,
+        };
+        (Some(run), startup)
     }
-    for (vm_id, keys) in shared_data {
-        for (key, want) in keys {
-            match proxy.shared_data(vm_id, key) {
-                Some(v) if v == want.as_bytes() => {}
-                Some(v) => failures.push(format!(
-                    "shared data {vm_id}/{key}: expected {want:?}, got {:?}",
-                    String::from_utf8_lossy(&v)
-                )),
-                None => failures.push(format!(
-                    "shared data {vm_id}/{key}: expected {want:?}, but it is not set"
-                )),
+
+    /// Runs one step and checks its expectations against what happened and what was logged
+    /// meanwhile; delivery problems (a queue storm) are failures of the step.
+    pub fn step(&mut self, step: &Step) -> StepReport {
+        self.set_canned_replies(step);
+        run_step(&mut self.proxy, step)
+    }
+
+    /// What the run's log cap left out, if anything.
+    pub fn log_dropped(&self) -> Option<crate::host::log_book::Dropped> {
+        Some(self.proxy.log_dropped()).filter(|d| *d != Default::default())
+    }
+
+    /// The step's canned replies first, then the scenario's.
+    fn set_canned_replies(&mut self, step: &Step) {
+        let (mut http, mut grpc) = (Vec::new(), Vec::new());
+        if let Step::Request(req) = step {
+            http.extend(req.http_calls.iter().map(|c| c.to_canned()));
+            // Checked in `start`.
+            grpc.extend(req.grpc_calls.iter().filter_map(|c| c.to_canned().ok()));
+        }
+        http.extend(self.http_calls.iter().cloned());
+        grpc.extend(self.grpc_calls.iter().cloned());
+        self.proxy.set_http_call_replies(http);
+        self.proxy.set_grpc_call_replies(grpc);
+    }
+}
+
+/// The scenario-wide canned gRPC replies, after checking every step's too.
+fn canned_grpc(scenario: &Scenario) -> Result<Vec<CannedGrpcCall>, String> {
+    for step in &scenario.requests {
+        if let Step::Request(req) = step {
+            for spec in &req.grpc_calls {
+                spec.to_canned()
+                    .map_err(|e| format!("request {:?}: {e}", req.name))?;
             }
         }
     }
+    scenario
+        .grpc_calls
+        .iter()
+        .map(|spec| {
+            spec.to_canned()
+                .map_err(|e| format!("scenario {}: {e}", scenario.path.display()))
+        })
+        .collect()
 }
 
-/// Runs one step and checks its expectations against what happened and what was logged
-/// meanwhile; delivery problems (a queue storm) are failures of the step.
-pub fn run_step(proxy: &mut Proxy, step: &Step) -> CaseReport {
-    let before = proxy.log_len();
+/// Runs one step on `proxy` with the canned replies it has, and checks the step.
+pub fn run_step(proxy: &mut Proxy, step: &Step) -> StepReport {
+    let log_start = proxy.log_len();
     let dropped_before = proxy.log_dropped();
-    let calls_before = proxy.call_records().len();
+    let calls_start = proxy.call_records().len();
     let calls_dropped_before = proxy.call_records().dropped();
-    let mut case = CaseReport {
-        name: step.name(),
-        failures: Vec::new(),
-        exchange: None,
-        advanced: None,
-        ticks: None,
-        logs: Vec::new(),
-        calls: Vec::new(),
-        connection: None,
-    };
-    let mut outcome = None;
-    let mut connection = None;
-    match step {
+    let (outcome, mut failures) = match step {
         Step::Request(req) => {
             let reply = req.upstream_reply();
-            outcome = Some(proxy.send(
+            let sent = proxy.send(
                 req.listener.as_deref(),
                 req.worker,
                 &req.to_request(),
                 &mut |_| reply.clone(),
-            ));
+            );
+            match sent {
+                Ok(ex) => (StepOutcome::Request(ex), Vec::new()),
+                Err(e) => (StepOutcome::NotSent, vec![e.to_string()]),
+            }
         }
         Step::Advance(adv) => {
-            case.ticks = Some(proxy.advance(adv.advance.0));
-            case.advanced = Some(adv.advance.to_string());
+            let ticks = proxy.advance(adv.advance.0);
+            let advance = ClockAdvance {
+                by: adv.advance.to_string(),
+                ticks: Some(ticks),
+            };
+            (StepOutcome::Advance(advance), Vec::new())
         }
-        Step::Connection(c) => {
-            connection = Some(proxy.connect(c.listener.as_deref(), c.worker, &c.events()));
-        }
+        Step::Connection(c) => match proxy.connect(c.listener.as_deref(), c.worker, &c.events()) {
+            Ok(out) => (StepOutcome::Connection(out), Vec::new()),
+            Err(e) => (StepOutcome::NotSent, vec![e.to_string()]),
+        },
         Step::Shutdown(_) => {
             proxy.shutdown();
+            (StepOutcome::Shutdown, Vec::new())
         }
-    }
-    let records = proxy.logs_since(before);
-    case.logs = records.iter().map(report_line).collect();
+    };
+    let records = proxy.logs_since(log_start);
+    let mut logs: Vec<String> = records.iter().map(report_line).collect();
     let dropped = proxy.log_dropped();
     if dropped != dropped_before {
-        case.logs.push(format!(
+        logs.push(format!(
             "(this step's log was cut: {} record(s) and {} byte(s) not kept; {dropped})",
             dropped.records - dropped_before.records,
             dropped.bytes - dropped_before.bytes
         ));
     }
-    case.calls = proxy.call_records()[calls_before..].to_vec();
+    let calls = proxy.call_records()[calls_start..].to_vec();
     let calls_dropped = proxy.call_records().dropped() - calls_dropped_before;
     if calls_dropped > 0 {
-        case.logs.push(format!(
+        logs.push(format!(
             "(this step's callouts were not all recorded: {calls_dropped} call(s) answered but not kept; the harness keeps at most {} MiB of call records for a run)",
             crate::proxy::MAX_CALL_RECORD_BYTES >> 20
         ));
     }
-    case.failures = match (step, outcome, connection) {
-        (Step::Request(req), Some(Ok(ex)), _) => {
-            let mut failures = scenario::check(&req.expect, &ex, &records);
+    let written = WrittenLog::harness(&records);
+    match (step, &outcome) {
+        (Step::Request(req), StepOutcome::Request(ex)) => {
+            failures = expect::check_exchange(&req.expect, ex, &written);
             if let Some(want) = &req.expect.calls {
-                scenario::check_calls(want, &case.calls, &mut failures);
+                expect::check_calls(want, &calls, &mut failures);
             }
-            check_state(
-                proxy,
-                &req.expect.metrics,
-                &req.expect.shared_data,
-                &mut failures,
-            );
-            case.exchange = Some(ex);
-            failures
+            let e = &req.expect;
+            expect::check_state(proxy, &e.metrics, &e.shared_data, &mut failures);
         }
-        (Step::Connection(c), _, Some(Ok(out))) => {
-            let mut failures = scenario::check_connection(&c.expect, &out, &records);
-            check_state(
-                proxy,
-                &c.expect.metrics,
-                &c.expect.shared_data,
-                &mut failures,
-            );
-            case.connection = Some(out);
-            failures
+        (Step::Connection(c), StepOutcome::Connection(out)) => {
+            failures = expect::check_connection(&c.expect, out, &written);
+            let e = &c.expect;
+            expect::check_state(proxy, &e.metrics, &e.shared_data, &mut failures);
         }
-        (_, Some(Err(e)), _) | (_, _, Some(Err(e))) => vec![e.to_string()],
-        (Step::Advance(adv), _, _) => scenario::check_advance(adv, &records),
-        (Step::Shutdown(sd), _, _) => {
-            let failures = scenario::check_log_expect(&sd.expect, &records);
+        (Step::Advance(adv), _) => failures = expect::check_log_expect(&adv.expect, &written),
+        (Step::Shutdown(sd), _) => {
+            failures = expect::check_log_expect(&sd.expect, &written);
             // Not a failure by itself (a root may finish on a later tick), but worth seeing.
             for p in proxy.pending_done() {
                 let thread = p
                     .worker
                     .map_or("the main thread".to_string(), |w| format!("worker {w}"));
-                case.logs.push(format!(
+                logs.push(format!(
                     "root context {} on {thread} is waiting to call proxy_done",
                     p.root
                 ));
             }
-            failures
         }
-        _ => Vec::new(),
-    };
-    case.failures
-        .extend(proxy.take_errors().iter().map(ToString::to_string));
-    case
-}
-
-impl std::fmt::Display for ScenarioReport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        writeln!(f, "scenario {}", self.scenario.display())?;
-        if let Some(e) = &self.error {
-            return writeln!(f, "  cannot start: {e}");
-        }
-        for line in &self.startup_logs {
-            writeln!(f, "  {line}")?;
-        }
-        for failure in &self.startup_failures {
-            writeln!(f, "  FAIL at startup: {failure}")?;
-        }
-        for case in &self.cases {
-            let mark = if case.failures.is_empty() {
-                "ok  "
-            } else {
-                "FAIL"
-            };
-            match (&case.exchange, &case.advanced) {
-                (Some(ex), _) => writeln!(f, "  {mark} {} (worker {})", case.name, ex.worker)?,
-                (None, None) if case.connection.is_some() => {
-                    let c = case.connection.as_ref().expect("checked");
-                    writeln!(f, "  {mark} {} (worker {})", case.name, c.worker)?;
-                    writeln!(
-                        f,
-                        "       upstream {:?} received {}; client received {}; closed by {}",
-                        c.cluster,
-                        summary_body(&c.upstream_received),
-                        summary_body(&c.downstream_received),
-                        c.closed_by
-                    )?;
-                    for held in &c.held {
-                        writeln!(f, "       note: {held}")?;
-                    }
-                }
-                (None, Some(by)) => writeln!(
-                    f,
-                    "  {mark} {} (clock +{by}, {} tick(s))",
-                    case.name,
-                    case.ticks.unwrap_or_default()
-                )?,
-                (None, None) => writeln!(f, "  {mark} {}", case.name)?,
-            }
-            if let Some(ex) = &case.exchange {
-                if let Some(why) = &ex.reset {
-                    writeln!(f, "       reset: {why}")?;
-                }
-                if let Some(resp) = &ex.response {
-                    writeln!(
-                        f,
-                        "       response: {} {}",
-                        resp.status,
-                        summary_body(&resp.body)
-                    )?;
-                }
-                match &ex.upstream {
-                    Some(seen) => writeln!(
-                        f,
-                        "       upstream {:?} saw: {}",
-                        seen.cluster,
-                        seen.headers
-                            .iter()
-                            .map(|(k, v)| format!("{k}: {}", String::from_utf8_lossy(v)))
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )?,
-                    None => writeln!(f, "       upstream: not reached ({:?})", ex.local_reply)?,
-                }
-            }
-            for note in case.exchange.iter().flat_map(|e| &e.notes) {
-                writeln!(f, "       note: {note}")?;
-            }
-            for call in &case.calls {
-                let pseudo = |name: &str| {
-                    crate::http::header(&call.headers, name)
-                        .map(|v| String::from_utf8_lossy(v).into_owned())
-                        .unwrap_or_default()
-                };
-                let target = match pseudo(":method") {
-                    m if m.is_empty() => pseudo(":path"),
-                    m => format!("{m} {}", pseudo(":path")),
-                };
-                writeln!(
-                    f,
-                    "       {} call to {:?}: {target} -> {}",
-                    call.kind, call.cluster, call.answer
-                )?;
-            }
-            for line in &case.logs {
-                writeln!(f, "       {line}")?;
-            }
-            for failure in &case.failures {
-                writeln!(f, "       expected: {failure}")?;
-            }
-        }
-        if let Some(dropped) = &self.log_dropped {
-            writeln!(f, "  note: {dropped}")?;
-        }
-        let failed = self.cases.iter().filter(|c| !c.failures.is_empty()).count();
-        writeln!(
-            f,
-            "  {} passed, {} failed",
-            self.cases.len() - failed,
-            failed
-        )
+        // Not sent: the failure is why.
+        _ => {}
     }
-}
-
-/// The first 60 characters of a body, for a report line (cut on a character boundary).
-fn summary_body(body: &[u8]) -> String {
-    let text = String::from_utf8_lossy(body);
-    match text.char_indices().nth(60) {
-        Some((cut, _)) => format!("{:?}...", &text[..cut]),
-        None => format!("{text:?}"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_body_summary_never_cuts_a_character() {
-        let body = format!("a{}", "\u{20ac}".repeat(100));
-        assert_eq!(
-            summary_body(body.as_bytes()),
-            format!("{:?}...", format!("a{}", "\u{20ac}".repeat(59)))
-        );
-        assert_eq!(summary_body(b"short"), "\"short\"");
-        let replaced = summary_body(&[0xff; 70]);
-        assert_eq!(replaced.chars().filter(|c| *c == '\u{fffd}').count(), 60);
+    failures.extend(proxy.take_errors().iter().map(ToString::to_string));
+    StepReport {
+        name: step.name(),
+        outcome,
+        failures,
+        logs,
+        calls,
     }
 }

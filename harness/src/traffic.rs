@@ -32,6 +32,7 @@ pub enum TrafficError {
     EnvoyNoUpstream(Duration),
 }
 
+#[cfg(feature = "real-envoy")]
 impl TrafficError {
     pub(crate) fn socket(what: &'static str) -> impl FnOnce(std::io::Error) -> Self {
         move |source| Self::EnvoySocket { what, source }

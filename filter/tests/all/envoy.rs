@@ -2,8 +2,8 @@
 //! client and an upstream see, and what only Envoy's log and stats can show (TCP totals,
 //! summaries of the singleton aggregator).
 
-use wasm_harness::envoy::RealEnvoy;
 use wasm_harness::proxy::TcpEvent;
+use wasm_harness::real_envoy::RealEnvoy;
 use wasm_harness::{Request, UpstreamReply};
 
 use crate::support::{bootstrap_copy, envoy, envoy_lines};
@@ -20,7 +20,7 @@ fn start(dir: &std::path::Path, workers: usize, edit: impl Fn(String) -> String)
 fn the_shipped_bootstrap_passes_envoy_validate() {
     let dir = tempfile::tempdir().unwrap();
     let path = bootstrap_copy(dir.path(), "envoy-config/bootstrap.yaml");
-    wasm_harness::envoy::validate(&envoy(), &path).unwrap_or_else(|e| panic!("{e}"));
+    wasm_harness::real_envoy::validate(&envoy(), &path).unwrap_or_else(|e| panic!("{e}"));
 }
 
 #[test]
@@ -254,7 +254,7 @@ fn real_envoy_refuses_each_bad_configuration_with_the_filters_reason() {
         let text = std::fs::read_to_string(&path).unwrap();
         assert!(text.contains(from), "{from}");
         std::fs::write(&path, text.replace(from, to)).unwrap();
-        let e = wasm_harness::envoy::validate(&envoy(), &path)
+        let e = wasm_harness::real_envoy::validate(&envoy(), &path)
             .err()
             .unwrap_or_else(|| panic!("{to}: envoy accepted it"))
             .to_string();

@@ -1,14 +1,14 @@
 //! The filter's scenarios in testdata/scenarios, each run in the harness and through real
 //! Envoy (`wasm-harness run --envoy`), compared request by request.
 
-use wasm_harness::diff::run_differential;
-use wasm_harness::run::{RunOptions, Verdict};
+use wasm_harness::run_comparison;
+use wasm_harness::{RunOptions, Verdict};
 
 use crate::support::{bootstrap_copy, envoy, root};
 
 fn passes_in_harness_and_envoy(scenario: &str, bootstrap: &str, steps: usize) {
     let dir = tempfile::tempdir().unwrap();
-    let report = run_differential(
+    let report = run_comparison(
         &envoy(),
         &root().join("testdata/scenarios").join(scenario),
         &RunOptions {

@@ -54,7 +54,7 @@ pub use wasm_common::envoy::envoy;
 /// Real Envoy's `wasm log` lines containing `needle`, waiting (up to 10 s) for at least
 /// `want` of them: Envoy writes its log every 50 ms, ticks come on their own time.
 pub fn envoy_lines(
-    real: &wasm_harness::envoy::RealEnvoy,
+    real: &wasm_harness::real_envoy::RealEnvoy,
     needle: &str,
     want: usize,
 ) -> Vec<String> {

@@ -2,7 +2,7 @@
 //! the module's ABI does not have. Each guest marks the request with what it observed, so the
 //! test checks what the host answered from inside the guest.
 
-use wasm_harness::run::Verdict;
+use wasm_harness::Verdict;
 
 use crate::support::*;
 
@@ -84,7 +84,7 @@ fn real_envoy_agrees_on_abi_0_1_0_bad_pointers_and_the_memory_cap() {
         assert_eq!(report.verdict, Verdict::Passed, "{file}: {report}");
         let seen = report.cases[0]
             .envoy
-            .as_ref()
+            .exchange()
             .and_then(|e| e.upstream.as_ref());
         assert!(
             seen.is_some_and(|u| u
@@ -167,8 +167,8 @@ fn custom_metrics_are_proxy_wide_across_workers() {
 
 #[test]
 fn real_envoy_counts_custom_metrics_proxy_wide_too() {
-    use wasm_harness::envoy::RealEnvoy;
     use wasm_harness::http::{Request, UpstreamReply};
+    use wasm_harness::real_envoy::RealEnvoy;
     let dir = tempfile::tempdir().unwrap();
     let wasm = assembled(dir.path(), "counter.wat");
     let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
@@ -248,8 +248,8 @@ fn a_cas_race_between_workers_ends_in_cas_mismatch_as_in_envoy() {
 /// for its own.
 #[test]
 fn connection_addresses_answer_like_envoys() {
-    use wasm_harness::envoy::RealEnvoy;
     use wasm_harness::http::{Request, UpstreamReply};
+    use wasm_harness::real_envoy::RealEnvoy;
     let dir = tempfile::tempdir().unwrap();
     let wasm = assembled(dir.path(), "addresses.wat");
     let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
@@ -332,7 +332,7 @@ fn foreign_functions_answer_like_real_envoy() {
         .collect();
     assert_eq!(harness_says, [expected]);
 
-    let mut real = wasm_harness::envoy::RealEnvoy::start(&envoy(), &b, 1).unwrap();
+    let mut real = wasm_harness::real_envoy::RealEnvoy::start(&envoy(), &b, 1).unwrap();
     real.send(
         None,
         &wasm_harness::Request::get("/"),

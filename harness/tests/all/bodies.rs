@@ -1,7 +1,7 @@
 //! Bodies in chunks and trailers, with Envoy's buffering: `testdata/guests/body-buffer.wat`
 //! pauses on each chunk until the end of the stream, then rewrites the whole buffer.
 
-use wasm_harness::run::Verdict;
+use wasm_harness::Verdict;
 
 use crate::support::*;
 

@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
-use wasm_harness::run::Verdict;
+use wasm_harness::Verdict;
 
 use crate::support::*;
 

@@ -3,8 +3,8 @@
 
 use std::process::Command;
 
-use wasm_harness::diff;
-use wasm_harness::run::{RunOptions, Verdict};
+use wasm_harness::compare;
+use wasm_harness::{RunOptions, Verdict};
 
 use crate::support::*;
 
@@ -56,7 +56,7 @@ fn harness_and_envoy_agree_on_the_demo() {
     let dir = tempfile::tempdir().unwrap();
     // Absolute module path: Envoy and the harness resolve relative ones against their cwd.
     let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
-    let report = diff::run_differential(
+    let report = compare::run_comparison(
         &envoy(),
         &root().join("testdata/scenarios/header-ops.yaml"),
         &RunOptions {
@@ -68,7 +68,7 @@ fn harness_and_envoy_agree_on_the_demo() {
     assert_eq!(report.cases.len(), 3);
     for case in &report.cases {
         assert!(case.differences.is_empty(), "{report}");
-        let seen = case.envoy.as_ref().unwrap();
+        let seen = case.envoy.exchange().unwrap();
         assert!(seen.response.is_some());
     }
 }
@@ -79,7 +79,7 @@ fn a_difference_between_harness_and_envoy_is_reported() {
     // Envoy's: the differential must name the header only Envoy's upstream saw.
     let dir = tempfile::tempdir().unwrap();
     let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |_| {});
-    let report = diff::run_differential(
+    let report = compare::run_comparison(
         &envoy(),
         &root().join("testdata/scenarios/header-ops.yaml"),
         &RunOptions {
@@ -87,7 +87,7 @@ fn a_difference_between_harness_and_envoy_is_reported() {
             bootstrap: Some(b),
         },
     );
-    let harness_ex = report.harness.cases[0].exchange.clone().unwrap();
+    let harness_ex = report.cases[0].harness.outcome.exchange().cloned().unwrap();
     let mut tampered = harness_ex.clone();
     tampered
         .upstream
@@ -95,14 +95,14 @@ fn a_difference_between_harness_and_envoy_is_reported() {
         .unwrap()
         .headers
         .retain(|(k, _)| k != "x-added-by");
-    let diffs = diff::compare(&tampered, report.cases[0].envoy.as_ref().unwrap());
+    let diffs = compare::compare(&tampered, report.cases[0].envoy.exchange().unwrap());
     assert!(
         diffs
             .iter()
             .any(|d| d.contains("x-added-by") && d.contains("harness has none")),
         "{diffs:?}"
     );
-    assert!(diff::compare(&harness_ex, report.cases[0].envoy.as_ref().unwrap()).is_empty());
+    assert!(compare::compare(&harness_ex, report.cases[0].envoy.exchange().unwrap()).is_empty());
 }
 
 #[test]
@@ -159,7 +159,7 @@ fn an_advance_step_keeps_harness_and_envoy_steps_aligned() {
     );
     let s = dir.path().join("scenario.yaml");
     std::fs::write(&s, demo).unwrap();
-    let report = diff::run_differential(
+    let report = compare::run_comparison(
         &envoy(),
         &s,
         &RunOptions {
@@ -168,11 +168,14 @@ fn an_advance_step_keeps_harness_and_envoy_steps_aligned() {
         },
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
-    let names: Vec<&str> = report.cases.iter().map(|c| c.name.as_str()).collect();
+    let names: Vec<&str> = report.cases.iter().map(|c| c.name()).collect();
     assert_eq!(names[1], "advance 200ms", "{report}");
-    assert_eq!(report.cases[1].envoy_waited.as_deref(), Some("200ms"));
+    assert_eq!(
+        report.cases[1].envoy.advance().map(|a| a.by.as_str()),
+        Some("200ms")
+    );
     // The request after the advance is compared with Envoy's answer to that same request.
-    let post = report.cases[2].envoy.as_ref().unwrap();
+    let post = report.cases[2].envoy.exchange().unwrap();
     assert_eq!(post.response.as_ref().unwrap().status, 201, "{report}");
     assert!(report
         .to_string()
@@ -202,15 +205,12 @@ fn a_rewritten_path_is_routed_again_as_in_envoy() {
 ",
     );
     let report = differential(&s);
+    assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
     assert_eq!(
-        report.verdict,
-        wasm_harness::run::Verdict::Passed,
-        "{report}"
-    );
-    assert_eq!(
-        report.harness.cases[0]
-            .exchange
-            .as_ref()
+        report.cases[0]
+            .harness
+            .outcome
+            .exchange()
             .and_then(|e| e.local_reply.clone()),
         Some(wasm_harness::LocalReplySource::DirectResponse),
         "{report}"
@@ -257,7 +257,7 @@ fn real_envoy_ticks_on_the_main_thread_and_each_worker() {
         Some(""),
         |_| {},
     );
-    let real = wasm_harness::envoy::RealEnvoy::start(&envoy(), &b, 2).unwrap();
+    let real = wasm_harness::real_envoy::RealEnvoy::start(&envoy(), &b, 2).unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let first_ticks = || -> Vec<String> {
         real.wasm_logs()

@@ -106,11 +106,7 @@ fn a_plugin_that_closes_the_stream_resets_it_like_envoy() {
 ",
     );
     let report = differential(&s);
-    assert_eq!(
-        report.verdict,
-        wasm_harness::run::Verdict::Passed,
-        "{report}"
-    );
+    assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
     let o = harness(&["run", s.to_str().unwrap()]);
     assert!(
         text(&o).contains("closed the stream in on_http_request_headers (proxy_close_stream)"),

@@ -145,19 +145,15 @@ fn the_precompile_command_makes_a_module_the_harness_loads_and_envoy_accepts() {
     let v8 = dir.path().join("v8");
     std::fs::create_dir_all(&v8).unwrap();
     let b = bootstrap_variant(&v8, &out, None, vm_config("envoy.wasm.runtime.v8", true));
-    let report = wasm_harness::diff::run_differential(
+    let report = wasm_harness::run_comparison(
         &envoy(),
         &demo,
-        &wasm_harness::run::RunOptions {
+        &wasm_harness::RunOptions {
             workers: Some(1),
             bootstrap: Some(b),
         },
     );
-    assert_eq!(
-        report.verdict,
-        wasm_harness::run::Verdict::Passed,
-        "{report}"
-    );
+    assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
 
     // Not a module: nothing written, and the error says what is wrong.
     let bad = dir.path().join("bad.wasm");
@@ -184,14 +180,10 @@ fn real_envoy_ignores_a_wasmtime_section_under_v8_as_the_harness_does() {
     );
     let s = scenario(dir.path(), &b, &request_expecting("1"));
     let report = differential(&s);
-    assert_eq!(
-        report.verdict,
-        wasm_harness::run::Verdict::Passed,
-        "{report}"
-    );
+    assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
     let envoy_saw = report.cases[0]
         .envoy
-        .as_ref()
+        .exchange()
         .unwrap()
         .upstream
         .as_ref()

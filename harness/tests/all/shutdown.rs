@@ -48,7 +48,7 @@ fn every_root_gets_on_done_then_on_delete_like_real_envoy_at_exit() {
     );
     let harness_lines: Vec<String> = proxy.logs().iter().map(|r| r.message.clone()).collect();
 
-    let mut real = wasm_harness::envoy::RealEnvoy::start(&envoy(), &b, 2).unwrap();
+    let mut real = wasm_harness::real_envoy::RealEnvoy::start(&envoy(), &b, 2).unwrap();
     real.send(None, &Request::get("/"), &UpstreamReply::new(200))
         .unwrap();
     real.shutdown(Duration::from_secs(20)).unwrap();
@@ -147,29 +147,25 @@ requests:
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("ok   shutdown"), "{}", text(&o));
 
-    let report = wasm_harness::diff::run_differential(
+    let report = wasm_harness::run_comparison(
         &envoy(),
         &s,
-        &wasm_harness::run::RunOptions {
+        &wasm_harness::RunOptions {
             workers: None,
             bootstrap: None,
         },
     );
-    assert_eq!(
-        report.verdict,
-        wasm_harness::run::Verdict::Passed,
-        "{report}"
-    );
+    assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
     // And a wrong count is caught on Envoy's side too.
     let wrong = std::fs::read_to_string(&s).unwrap().replace(
         "{contains: root on_done, count: 3}",
         "{contains: root on_done, count: 2}",
     );
     std::fs::write(&s, wrong).unwrap();
-    let report = wasm_harness::diff::run_differential(
+    let report = wasm_harness::run_comparison(
         &envoy(),
         &s,
-        &wasm_harness::run::RunOptions {
+        &wasm_harness::RunOptions {
             workers: None,
             bootstrap: None,
         },

@@ -126,11 +126,11 @@ pub fn assembled(dir: &std::path::Path, guest_file: &str) -> std::path::PathBuf 
 }
 
 /// The scenario through the harness and real Envoy (one worker each), compared.
-pub fn differential(scenario: &std::path::Path) -> wasm_harness::diff::DiffReport {
-    wasm_harness::diff::run_differential(
+pub fn differential(scenario: &std::path::Path) -> wasm_harness::ComparisonReport {
+    wasm_harness::run_comparison(
         &envoy(),
         scenario,
-        &wasm_harness::run::RunOptions {
+        &wasm_harness::RunOptions {
             workers: Some(1),
             bootstrap: None,
         },

@@ -3,9 +3,9 @@
 
 use std::time::{Duration, Instant};
 
-use wasm_harness::envoy::RealEnvoy;
 use wasm_harness::proxy::TcpEvent;
-use wasm_harness::run::Verdict;
+use wasm_harness::real_envoy::RealEnvoy;
+use wasm_harness::Verdict;
 use wasm_harness::{Proxy, ProxyOptions, TrafficError};
 
 use crate::support::*;

@@ -8,9 +8,11 @@
 //! reached), and module paths made absolute.
 //! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
 
+mod client;
+mod tcp;
+mod upstream;
+
 use std::collections::HashMap;
-use std::io::{BufReader, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -18,14 +20,12 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::host::HeaderMap;
-use crate::http::{
-    CallRecord, CannedHttpCall, Exchange, HttpCallAnswer, Request, Response, SeenRequest,
-    UpstreamReply,
-};
-use crate::http::{TcpEvent, TcpOutcome};
+use crate::http::{CallRecord, CannedHttpCall, Exchange, Request, UpstreamReply};
 use crate::http1;
 use crate::traffic::TrafficError;
+
+use client::{admin_get, bound_listeners, http1_exchange};
+use upstream::{Upstream, UpstreamState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyError {
@@ -84,128 +84,9 @@ pub fn validate(envoy: &Path, bootstrap: &Path) -> Result<(), EnvoyError> {
     }
 }
 
-/// One loopback upstream per cluster: answers each request with the reply queued for it and
-/// records what it saw.
-#[derive(Default)]
-struct UpstreamState {
-    reply: UpstreamReply,
-    /// Canned callout answers: a request matching one gets its answer instead of `reply`.
-    calls: Vec<CannedHttpCall>,
-    seen: Vec<SeenRequest>,
-    /// While set, accepted connections are handed over raw (a TCP proxy's upstream).
-    tcp_handoff: Option<std::sync::mpsc::Sender<TcpStream>>,
-}
-
-struct Upstream {
-    port: u16,
-}
-
-impl Upstream {
-    fn start(cluster: String, state: Arc<Mutex<UpstreamState>>) -> Result<Self, EnvoyError> {
-        let listener = TcpListener::bind("127.0.0.1:0").map_err(|e| io("upstream bind", e))?;
-        let port = listener
-            .local_addr()
-            .map_err(|e| io("upstream addr", e))?
-            .port();
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let handoff = state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .tcp_handoff
-                    .clone();
-                if let Some(tx) = handoff {
-                    let _ = tx.send(conn);
-                    continue;
-                }
-                let state = state.clone();
-                let cluster = cluster.clone();
-                std::thread::spawn(move || serve_upstream(conn, &cluster, &state));
-            }
-        });
-        Ok(Self { port })
-    }
-}
-
-fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
-    let mut reader = BufReader::new(match conn.try_clone() {
-        Ok(c) => c,
-        Err(_) => return,
-    });
-    let mut writer = conn;
-    loop {
-        let Ok(Some(http1::Message { head, body })) =
-            http1::read_message(&mut reader, true, http1::Limits::new(MAX_BODY_BYTES))
-        else {
-            return;
-        };
-        let mut headers_buf = [httparse::EMPTY_HEADER; 128];
-        let mut req = httparse::Request::new(&mut headers_buf);
-        if !matches!(req.parse(&head), Ok(httparse::Status::Complete(_))) {
-            return;
-        }
-        let mut headers: HeaderMap = vec![
-            (
-                ":method".into(),
-                req.method.unwrap_or_default().as_bytes().to_vec(),
-            ),
-            (
-                ":path".into(),
-                req.path.unwrap_or_default().as_bytes().to_vec(),
-            ),
-        ];
-        for h in req.headers.iter() {
-            let name = h.name.to_ascii_lowercase();
-            if name == "host" {
-                headers.insert(0, (":authority".into(), h.value.to_vec()));
-            } else {
-                headers.push((name, h.value.to_vec()));
-            }
-        }
-        let path = String::from_utf8_lossy(req.path.unwrap_or_default().as_bytes()).into_owned();
-        let answer = {
-            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-            s.seen.push(SeenRequest {
-                cluster: cluster.to_string(),
-                headers,
-                body,
-                trailers: Vec::new(),
-            });
-            s.calls
-                .iter()
-                .find(|c| {
-                    c.cluster == cluster
-                        && c.path_prefix.as_deref().is_none_or(|p| path.starts_with(p))
-                })
-                .map(|c| c.answer.clone())
-                .unwrap_or_else(|| HttpCallAnswer::Reply(s.reply.clone()))
-        };
-        let reply = match answer {
-            HttpCallAnswer::Reply(r) => r,
-            // Close without answering: what a crashing upstream does. (Envoy's router turns
-            // it into a 503; nothing on the wire makes Envoy report a callout reset.)
-            HttpCallAnswer::Disconnect | HttpCallAnswer::Reset => return,
-        };
-        let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
-        for (k, v) in &reply.headers {
-            out.extend_from_slice(k.as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v);
-            out.extend_from_slice(b"\r\n");
-        }
-        let body = reply.chunks().concat();
-        out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
-        out.extend_from_slice(&body);
-        if writer.write_all(&out).is_err() {
-            return;
-        }
-    }
-}
-
 /// The most of a message body the loopback upstreams and the client for Envoy's listeners
 /// keep (a scenario's bodies go through Envoy whole).
-const MAX_BODY_BYTES: usize = 256 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 256 << 20;
 
 /// A running Envoy with loopback upstreams.
 pub struct RealEnvoy {
@@ -436,120 +317,7 @@ impl RealEnvoy {
             records,
         ))
     }
-}
 
-impl RealEnvoy {
-    /// Opens a connection to a TCP listener and plays `events` with real sockets: the client
-    /// side here, the upstream side on the `tcp_proxy` cluster's loopback upstream. After
-    /// each send it reads what arrives on the other side until it goes quiet; a close is a
-    /// half-close (`shutdown(Write)`) answered by the other side's.
-    pub fn connect(
-        &mut self,
-        listener: Option<&str>,
-        events: &[TcpEvent],
-    ) -> Result<TcpOutcome, TrafficError> {
-        let name = listener.unwrap_or(&self.first_listener).to_string();
-        let port = *self
-            .listeners
-            .get(&name)
-            .ok_or_else(|| TrafficError::NoListener { name: name.clone() })?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        for s in self.upstreams.values() {
-            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = Some(tx.clone());
-        }
-        let result = (|| {
-            let mut client = TcpStream::connect(("127.0.0.1", port))
-                .map_err(TrafficError::socket("cannot connect to envoy"))?;
-            let wait = Duration::from_secs(10);
-            let mut upstream = rx
-                .recv_timeout(wait)
-                .map_err(|_| TrafficError::EnvoyNoUpstream(wait))?;
-            let mut out = TcpOutcome::default();
-            let mut closed = false;
-            for event in events {
-                match event {
-                    TcpEvent::Downstream(d) => {
-                        client
-                            .write_all(d)
-                            .map_err(TrafficError::socket("client write"))?;
-                        out.upstream_received.extend(quiet_read(&mut upstream));
-                    }
-                    TcpEvent::Upstream(d) => {
-                        upstream
-                            .write_all(d)
-                            .map_err(TrafficError::socket("upstream write"))?;
-                        out.downstream_received.extend(quiet_read(&mut client));
-                    }
-                    TcpEvent::CloseDownstream => {
-                        half_close_both(&mut client, &mut upstream, &mut out, true);
-                        out.closed_by = "client".into();
-                        closed = true;
-                        break;
-                    }
-                    TcpEvent::CloseUpstream => {
-                        half_close_both(&mut upstream, &mut client, &mut out, false);
-                        out.closed_by = "upstream".into();
-                        closed = true;
-                        break;
-                    }
-                }
-            }
-            if !closed {
-                half_close_both(&mut client, &mut upstream, &mut out, true);
-                out.closed_by = "still open (closed as the client)".into();
-            }
-            Ok(out)
-        })();
-        for s in self.upstreams.values() {
-            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = None;
-        }
-        result
-    }
-}
-
-/// Reads until the peer has been quiet for a moment or closed.
-fn quiet_read(s: &mut TcpStream) -> Vec<u8> {
-    let _ = s.set_read_timeout(Some(Duration::from_millis(300)));
-    let mut out = Vec::new();
-    let mut buf = [0u8; 4096];
-    loop {
-        match std::io::Read::read(s, &mut buf) {
-            Ok(0) | Err(_) => return out,
-            Ok(n) => out.extend_from_slice(&buf[..n]),
-        }
-    }
-}
-
-/// Reads until the peer closes its side (or 10 s pass).
-fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
-    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
-    let mut out = Vec::new();
-    let _ = std::io::Read::read_to_end(s, &mut out);
-    out
-}
-
-/// `first` half-closes; what it still had to receive and what the other side gets until
-/// `first`'s close reaches it are read; then `second` closes too.
-fn half_close_both(
-    first: &mut TcpStream,
-    second: &mut TcpStream,
-    out: &mut TcpOutcome,
-    first_is_client: bool,
-) {
-    let _ = first.shutdown(Shutdown::Write);
-    let at_second = read_to_close(second);
-    let _ = second.shutdown(Shutdown::Write);
-    let at_first = read_to_close(first);
-    if first_is_client {
-        out.upstream_received.extend(at_second);
-        out.downstream_received.extend(at_first);
-    } else {
-        out.downstream_received.extend(at_second);
-        out.upstream_received.extend(at_first);
-    }
-}
-
-impl RealEnvoy {
     /// Envoy's graceful exit: SIGTERM, then wait (up to `timeout`) for it to finish, so its
     /// shutdown work (root contexts' `proxy_on_done` / `proxy_on_delete`) is in the log.
     pub fn shutdown(&mut self, timeout: std::time::Duration) -> Result<(), EnvoyError> {
@@ -597,59 +365,4 @@ fn absolutize_wasm_paths(v: &mut Value) {
         Value::Array(a) => a.iter_mut().for_each(absolutize_wasm_paths),
         _ => {}
     }
-}
-
-/// A GET on Envoy's admin API, once Envoy has written its admin address.
-fn admin_get(admin_path: &Path, path: &str) -> Option<Vec<u8>> {
-    let address = std::fs::read_to_string(admin_path).ok()?;
-    let port: u16 = address.trim().rsplit_once(':')?.1.parse().ok()?;
-    let request = Request {
-        method: "GET".into(),
-        path: path.into(),
-        authority: "admin".into(),
-        ..Request::default()
-    };
-    Some(http1_exchange(port, &request).ok()?.body)
-}
-
-/// The listeners Envoy has bound, by name, from its admin API (`/listeners?format=json`).
-fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>> {
-    let body = admin_get(admin_path, "/listeners?format=json")?;
-    let doc: Value = serde_json::from_slice(&body).ok()?;
-    Some(
-        doc["listener_statuses"]
-            .as_array()?
-            .iter()
-            .filter_map(|l| {
-                let name = l["name"].as_str()?.to_string();
-                let port = l
-                    .pointer("/local_address/socket_address/port_value")?
-                    .as_u64()?;
-                (port > 0).then_some((name, port as u16))
-            })
-            .collect(),
-    )
-}
-
-fn http1_exchange(port: u16, request: &Request) -> Result<Response, http1::Http1Error> {
-    let mut headers: HeaderMap = vec![
-        (":method".into(), request.method.clone().into_bytes()),
-        (":path".into(), request.path.clone().into_bytes()),
-        (":authority".into(), request.authority.clone().into_bytes()),
-    ];
-    headers.extend(request.headers.iter().cloned());
-    // Chunk boundaries and trailers do not survive this HTTP/1.1 client: Envoy gets the
-    // whole body at once.
-    let body = request.full_body();
-    if !body.is_empty() {
-        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
-    }
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    http1::request(
-        addr,
-        &headers,
-        &body,
-        Duration::from_secs(30),
-        http1::Limits::new(MAX_BODY_BYTES),
-    )
 }

@@ -1,0 +1,474 @@
+//! The differential comparison: each step of a scenario run in the harness and then in real
+//! Envoy, each side checked against the step's expectations and the two against each other.
+//! The scenario is loaded once and both sides run the same [`Step`], so a step's two outcomes
+//! are paired by the step itself.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::expect::{self, LogExpect, WrittenLog};
+use crate::http::{CallRecord, Exchange};
+use crate::proxy::TcpOutcome;
+use crate::real_envoy::RealEnvoy;
+use crate::report::{ClockAdvance, Startup, StepOutcome, StepReport, Verdict};
+use crate::run::{startup_verdict, HarnessRun, RunOptions};
+use crate::scenario::{AdvanceStep, ConnectionCase, RequestCase, Scenario, Step};
+
+/// Headers whose values legitimately differ between two runs (clock, ids, timing); only
+/// their presence is compared.
+const VOLATILE: &[&str] = &["x-request-id", "x-envoy-upstream-service-time"];
+/// Not compared at all: `date` is Envoy's wall clock, which the harness does not add, and an
+/// HTTP/1.1 upstream cannot observe `:scheme`.
+const IGNORED: &[&str] = &["date", ":scheme"];
+/// Real Envoy has no virtual clock: an `advance` step waits in real time (so its timers fire
+/// too), at most this long.
+pub const MAX_REAL_WAIT: Duration = Duration::from_secs(10);
+
+/// One step, in the harness and in real Envoy.
+#[derive(Debug, Clone, Serialize)]
+pub struct ComparedStep {
+    /// The step in the harness: its name, outcome, failed expectations, logs and calls.
+    pub harness: StepReport,
+    /// What the step did in real Envoy.
+    pub envoy: StepOutcome,
+    /// Expectations that failed on Envoy.
+    pub envoy_failures: Vec<String>,
+    /// Where Envoy and the harness disagree.
+    pub differences: Vec<String>,
+}
+
+impl ComparedStep {
+    pub fn name(&self) -> &str {
+        &self.harness.name
+    }
+
+    pub fn passed(&self) -> bool {
+        self.harness.failures.is_empty()
+            && self.envoy_failures.is_empty()
+            && self.differences.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ComparisonReport {
+    pub scenario: PathBuf,
+    pub verdict: Verdict,
+    /// How the harness started, or why it could not.
+    pub harness: Startup,
+    /// Why real Envoy could not start, or why its run was not compared.
+    pub envoy_error: Option<String>,
+    pub cases: Vec<ComparedStep>,
+}
+
+/// Runs `path` in the harness and in real Envoy with the same worker count.
+pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> ComparisonReport {
+    let mut report = ComparisonReport {
+        scenario: path.to_path_buf(),
+        verdict: Verdict::CannotStart,
+        harness: Startup::default(),
+        envoy_error: None,
+        cases: Vec::new(),
+    };
+    let scenario = match Scenario::load(path) {
+        Ok(s) => s,
+        Err(e) => {
+            report.harness.error = Some(e.to_string());
+            return report;
+        }
+    };
+    let (harness, startup) = HarnessRun::start(&scenario, opts);
+    report.harness = startup;
+    let harness_verdict = startup_verdict(&report.harness);
+    let bootstrap = opts.bootstrap_for(&scenario);
+    let mut real = match RealEnvoy::start(envoy_bin, &bootstrap, opts.workers_for(&scenario)) {
+        Ok(r) => r,
+        Err(e) => {
+            // Both refusing the configuration is agreement; anything else is not.
+            report.verdict = match harness_verdict {
+                Verdict::CannotStart => Verdict::CannotStart,
+                _ => Verdict::Failed,
+            };
+            report.envoy_error = Some(e.to_string());
+            return report;
+        }
+    };
+    let Some(mut harness) = harness else {
+        report.envoy_error = Some("envoy accepted a configuration the harness refused".into());
+        report.verdict = Verdict::Failed;
+        return report;
+    };
+    report.verdict = harness_verdict;
+    for step in &scenario.requests {
+        let in_harness = harness.step(step);
+        let compared = compare_step(&mut real, &scenario, step, in_harness);
+        if !compared.passed() {
+            report.verdict = Verdict::Failed;
+        }
+        report.cases.push(compared);
+    }
+    report
+}
+
+/// Runs `step` in real Envoy and compares it with the harness's run of the same step.
+fn compare_step(
+    real: &mut RealEnvoy,
+    scenario: &Scenario,
+    step: &Step,
+    harness: StepReport,
+) -> ComparedStep {
+    let mut compared = ComparedStep {
+        harness,
+        envoy: StepOutcome::NotSent,
+        envoy_failures: Vec::new(),
+        differences: Vec::new(),
+    };
+    match step {
+        Step::Request(case) => envoy_request(real, scenario, case, &mut compared),
+        Step::Connection(c) => envoy_connection(real, c, &mut compared),
+        Step::Advance(adv) => compared.envoy = envoy_advance(adv),
+        Step::Shutdown(sd) => {
+            compared.envoy_failures = envoy_shutdown(real, &sd.expect);
+            compared.envoy = StepOutcome::Shutdown;
+        }
+    }
+    compared
+}
+
+/// A request through Envoy, with the callout clusters' upstreams answering as the scenario's
+/// canned replies say. Its log expectations stay the harness's: Envoy's log is not split per
+/// request, and it cannot say who made a local reply.
+fn envoy_request(
+    real: &mut RealEnvoy,
+    scenario: &Scenario,
+    case: &RequestCase,
+    compared: &mut ComparedStep,
+) {
+    let mut expect = case.expect.clone();
+    expect.logs.clear();
+    expect.log_counts.clear();
+    expect.local_reply = None;
+    let calls: Vec<_> = case
+        .http_calls
+        .iter()
+        .chain(&scenario.http_calls)
+        .map(|c| c.to_canned())
+        .collect();
+    let sent = real.send_with_calls(
+        case.listener.as_deref(),
+        &case.to_request(),
+        &case.upstream_reply(),
+        &calls,
+    );
+    let (ex, envoy_calls) = match sent {
+        Ok(sent) => sent,
+        Err(e) => {
+            compared.envoy_failures.push(e.to_string());
+            return;
+        }
+    };
+    compared.envoy_failures = expect::check_exchange(&expect, &ex, &WrittenLog::envoy(Vec::new()));
+    if let Some(want) = &expect.calls {
+        expect::check_calls(want, &envoy_calls, &mut compared.envoy_failures);
+    }
+    if let Some(h) = compared.harness.outcome.exchange() {
+        compared.differences = compare(h, &ex);
+    }
+    compare_calls(
+        &compared.harness.calls,
+        &envoy_calls,
+        &mut compared.differences,
+    );
+    compared.envoy = StepOutcome::Request(ex);
+}
+
+/// A connection through Envoy: only the bytes are checked and compared, since who closed is
+/// the harness's reading and Envoy's log is not split per connection.
+fn envoy_connection(real: &mut RealEnvoy, c: &ConnectionCase, compared: &mut ComparedStep) {
+    let out = match real.connect(c.listener.as_deref(), &c.events()) {
+        Ok(out) => out,
+        Err(e) => {
+            compared.envoy_failures.push(e.to_string());
+            return;
+        }
+    };
+    expect::check_connection_bytes(&c.expect, &out, &mut compared.envoy_failures);
+    if let Some(h) = compared.harness.outcome.connection() {
+        compare_connections(h, &out, &mut compared.differences);
+    }
+    compared.envoy = StepOutcome::Connection(out);
+}
+
+/// An advance in real time, so Envoy's timers fire too; its log expectations are the
+/// harness's alone, as for requests.
+fn envoy_advance(adv: &AdvanceStep) -> StepOutcome {
+    let wait = adv.advance.0.min(MAX_REAL_WAIT);
+    std::thread::sleep(wait);
+    StepOutcome::Advance(ClockAdvance {
+        by: crate::proxy::format_duration(wait),
+        ticks: None,
+    })
+}
+
+/// A shutdown step through real Envoy: SIGTERM, wait for the exit, and check the step's log
+/// expectations against the Wasm lines Envoy wrote meanwhile.
+fn envoy_shutdown(real: &mut RealEnvoy, expect: &LogExpect) -> Vec<String> {
+    // Lines still waiting for Envoy's 50 ms log flush belong before the signal.
+    std::thread::sleep(Duration::from_millis(150));
+    let before = real.wasm_logs().len();
+    match real.shutdown(Duration::from_secs(20)) {
+        Ok(()) => expect::check_log_expect(
+            expect,
+            &WrittenLog::envoy(real.wasm_logs().split_off(before)),
+        ),
+        Err(e) => vec![e.to_string()],
+    }
+}
+
+fn normalize(headers: &[(String, Vec<u8>)]) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (k, v) in headers {
+        if IGNORED.contains(&k.as_str()) {
+            continue;
+        }
+        let value = if VOLATILE.contains(&k.as_str()) {
+            "<any>".to_string()
+        } else {
+            String::from_utf8_lossy(v).into_owned()
+        };
+        out.entry(k.clone()).or_default().push(value);
+    }
+    out
+}
+
+fn diff_headers(
+    what: &str,
+    harness: &[(String, Vec<u8>)],
+    envoy: &[(String, Vec<u8>)],
+    out: &mut Vec<String>,
+) {
+    let (h, e) = (normalize(harness), normalize(envoy));
+    for (k, hv) in &h {
+        match e.get(k) {
+            None => out.push(format!(
+                "{what} header {k:?}: harness {hv:?}, envoy has none"
+            )),
+            Some(ev) if ev != hv => {
+                out.push(format!("{what} header {k:?}: harness {hv:?}, envoy {ev:?}"))
+            }
+            _ => {}
+        }
+    }
+    for (k, ev) in &e {
+        if !h.contains_key(k) {
+            out.push(format!(
+                "{what} header {k:?}: envoy {ev:?}, harness has none"
+            ));
+        }
+    }
+}
+
+/// Every way two exchanges differ in what a client or an upstream could observe.
+pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
+    let mut out = Vec::new();
+    match (&harness.upstream, &envoy.upstream) {
+        (Some(h), Some(e)) => {
+            if h.cluster != e.cluster {
+                out.push(format!(
+                    "upstream cluster: harness {:?}, envoy {:?}",
+                    h.cluster, e.cluster
+                ));
+            }
+            diff_headers("upstream request", &h.headers, &e.headers, &mut out);
+            if h.body != e.body {
+                out.push("upstream request body differs".into());
+            }
+        }
+        (Some(_), None) => out.push("the harness reached the upstream, envoy did not".into()),
+        (None, Some(_)) => out.push("envoy reached the upstream, the harness did not".into()),
+        (None, None) => {}
+    }
+    match (&harness.response, &envoy.response) {
+        (Some(h), Some(e)) => {
+            if h.status != e.status {
+                out.push(format!(
+                    "response status: harness {}, envoy {}",
+                    h.status, e.status
+                ));
+            }
+            diff_headers("response", &h.headers, &e.headers, &mut out);
+            if h.body != e.body {
+                out.push(format!(
+                    "response body: harness {:?}, envoy {:?}",
+                    String::from_utf8_lossy(&h.body),
+                    String::from_utf8_lossy(&e.body)
+                ));
+            }
+        }
+        (h, e) => {
+            if h.is_some() != e.is_some() {
+                out.push(format!(
+                    "response: harness {}, envoy {}",
+                    if h.is_some() { "answered" } else { "none" },
+                    if e.is_some() { "answered" } else { "none" }
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// The bytes each side of a connection received.
+fn compare_connections(harness: &TcpOutcome, envoy: &TcpOutcome, out: &mut Vec<String>) {
+    for (what, h, e) in [
+        (
+            "upstream received",
+            &harness.upstream_received,
+            &envoy.upstream_received,
+        ),
+        (
+            "client received",
+            &harness.downstream_received,
+            &envoy.downstream_received,
+        ),
+    ] {
+        if h != e {
+            out.push(format!(
+                "{what}: harness {:?}, envoy {:?}",
+                String::from_utf8_lossy(h),
+                String::from_utf8_lossy(e)
+            ));
+        }
+    }
+}
+
+/// HTTP callouts as their upstreams saw them (Envoy's gRPC calls are not observed).
+fn compare_calls(harness: &[CallRecord], envoy: &[CallRecord], out: &mut Vec<String>) {
+    let harness: Vec<&CallRecord> = harness.iter().filter(|c| c.kind == "http").collect();
+    if harness.len() != envoy.len() {
+        out.push(format!(
+            "http callouts: harness made {}, envoy's upstreams saw {}",
+            harness.len(),
+            envoy.len()
+        ));
+        return;
+    }
+    for (n, (h, e)) in harness.iter().zip(envoy).enumerate() {
+        let what = format!("callout {} to {:?}", n + 1, h.cluster);
+        if h.cluster != e.cluster {
+            out.push(format!("{what}: envoy sent it to {:?} instead", e.cluster));
+        }
+        diff_headers(&what, &h.headers, &e.headers, out);
+        if h.body != e.body {
+            out.push(format!(
+                "{what} body: harness {:?}, envoy {:?}",
+                String::from_utf8_lossy(&h.body),
+                String::from_utf8_lossy(&e.body)
+            ));
+        }
+    }
+}
+
+impl fmt::Display for ComparisonReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "scenario {} — harness vs real Envoy",
+            self.scenario.display()
+        )?;
+        if let Some(e) = &self.harness.error {
+            writeln!(f, "  harness: cannot start: {e}")?;
+        }
+        if let Some(e) = &self.envoy_error {
+            writeln!(f, "  envoy: {e}")?;
+        }
+        for step in &self.cases {
+            write!(f, "{step}")?;
+        }
+        let failed = self.cases.iter().filter(|c| !c.passed()).count();
+        writeln!(
+            f,
+            "  {} passed, {} failed",
+            self.cases.len() - failed,
+            failed
+        )
+    }
+}
+
+impl fmt::Display for ComparedStep {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mark = if self.passed() { "ok  " } else { "FAIL" };
+        writeln!(f, "  {mark} {}", self.name())?;
+        let harness_failures = self
+            .harness
+            .failures
+            .iter()
+            .map(|x| ("harness expected", x));
+        let envoy_failures = self.envoy_failures.iter().map(|x| ("envoy expected", x));
+        let differences = self.differences.iter().map(|x| ("differs", x));
+        match (&self.harness.outcome, &self.envoy) {
+            (StepOutcome::Advance(h), envoy) => {
+                let waited = envoy.advance().map_or("0s", |a| a.by.as_str());
+                writeln!(
+                    f,
+                    "       harness: clock +{}, {} tick(s) | envoy: waited {waited} of real time",
+                    h.by,
+                    h.ticks.unwrap_or_default(),
+                )?;
+                for (what, x) in harness_failures {
+                    writeln!(f, "       {what}: {x}")?;
+                }
+                return Ok(());
+            }
+            (_, StepOutcome::Shutdown) => {
+                writeln!(
+                    f,
+                    "       harness: roots got on_done / on_delete | envoy: exited on SIGTERM, its shutdown log checked"
+                )?;
+                for (what, x) in harness_failures.chain(envoy_failures) {
+                    writeln!(f, "       {what}: {x}")?;
+                }
+                return Ok(());
+            }
+            (StepOutcome::Connection(h), envoy) => {
+                let bytes = |c: &TcpOutcome| {
+                    format!(
+                        "upstream got {:?}, client got {:?}",
+                        String::from_utf8_lossy(&c.upstream_received),
+                        String::from_utf8_lossy(&c.downstream_received)
+                    )
+                };
+                let envoy = envoy
+                    .connection()
+                    .map_or_else(|| "no connection".into(), bytes);
+                writeln!(f, "       harness: {} | envoy: {envoy}", bytes(h))?;
+            }
+            (harness, envoy) => {
+                let status = |ex: Option<&Exchange>| match ex.and_then(|e| e.response.as_ref()) {
+                    Some(r) => format!("{} {:?}", r.status, String::from_utf8_lossy(&r.body)),
+                    None => "no response".into(),
+                };
+                let reached = |ex: Option<&Exchange>| match ex.and_then(|e| e.upstream.as_ref()) {
+                    Some(u) => format!("upstream {:?}", u.cluster),
+                    None => "no upstream".into(),
+                };
+                let (h, e) = (harness.exchange(), envoy.exchange());
+                writeln!(
+                    f,
+                    "       harness: {:<28} {:<20} | envoy: {:<28} {}",
+                    status(h),
+                    reached(h),
+                    status(e),
+                    reached(e)
+                )?;
+            }
+        }
+        for (what, x) in harness_failures.chain(envoy_failures).chain(differences) {
+            writeln!(f, "       {what}: {x}")?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,68 @@
+//! The HTTP/1.1 client for Envoy's listeners and its admin API. Requests are written as raw
+//! HTTP/1.1 so Envoy receives exactly the scenario's headers.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use super::MAX_BODY_BYTES;
+use crate::host::HeaderMap;
+use crate::http::{Request, Response};
+use crate::http1;
+
+/// A GET on Envoy's admin API, once Envoy has written its admin address.
+pub(super) fn admin_get(admin_path: &Path, path: &str) -> Option<Vec<u8>> {
+    let address = std::fs::read_to_string(admin_path).ok()?;
+    let port: u16 = address.trim().rsplit_once(':')?.1.parse().ok()?;
+    let request = Request {
+        method: "GET".into(),
+        path: path.into(),
+        authority: "admin".into(),
+        ..Request::default()
+    };
+    Some(http1_exchange(port, &request).ok()?.body)
+}
+
+/// The listeners Envoy has bound, by name, from its admin API (`/listeners?format=json`).
+pub(super) fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>> {
+    let body = admin_get(admin_path, "/listeners?format=json")?;
+    let doc: Value = serde_json::from_slice(&body).ok()?;
+    Some(
+        doc["listener_statuses"]
+            .as_array()?
+            .iter()
+            .filter_map(|l| {
+                let name = l["name"].as_str()?.to_string();
+                let port = l
+                    .pointer("/local_address/socket_address/port_value")?
+                    .as_u64()?;
+                (port > 0).then_some((name, port as u16))
+            })
+            .collect(),
+    )
+}
+
+pub(super) fn http1_exchange(port: u16, request: &Request) -> Result<Response, http1::Http1Error> {
+    let mut headers: HeaderMap = vec![
+        (":method".into(), request.method.clone().into_bytes()),
+        (":path".into(), request.path.clone().into_bytes()),
+        (":authority".into(), request.authority.clone().into_bytes()),
+    ];
+    headers.extend(request.headers.iter().cloned());
+    // Chunk boundaries and trailers do not survive this HTTP/1.1 client: Envoy gets the
+    // whole body at once.
+    let body = request.full_body();
+    if !body.is_empty() {
+        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
+    }
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    http1::request(
+        addr,
+        &headers,
+        &body,
+        Duration::from_secs(30),
+        http1::Limits::new(MAX_BODY_BYTES),
+    )
+}

@@ -1,0 +1,120 @@
+//! TCP connections through real Envoy's `tcp_proxy` listeners, played with real sockets.
+
+use std::io::Write;
+use std::net::{Shutdown, TcpStream};
+use std::time::Duration;
+
+use super::RealEnvoy;
+use crate::proxy::{TcpEvent, TcpOutcome};
+use crate::traffic::TrafficError;
+
+impl RealEnvoy {
+    /// Opens a connection to a TCP listener and plays `events` with real sockets: the client
+    /// side here, the upstream side on the `tcp_proxy` cluster's loopback upstream. After
+    /// each send it reads what arrives on the other side until it goes quiet; a close is a
+    /// half-close (`shutdown(Write)`) answered by the other side's.
+    pub fn connect(
+        &mut self,
+        listener: Option<&str>,
+        events: &[TcpEvent],
+    ) -> Result<TcpOutcome, TrafficError> {
+        let name = listener.unwrap_or(&self.first_listener).to_string();
+        let port = *self
+            .listeners
+            .get(&name)
+            .ok_or_else(|| TrafficError::NoListener { name: name.clone() })?;
+        let (tx, rx) = std::sync::mpsc::channel();
+        for s in self.upstreams.values() {
+            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = Some(tx.clone());
+        }
+        let result = (|| {
+            let mut client = TcpStream::connect(("127.0.0.1", port))
+                .map_err(TrafficError::socket("cannot connect to envoy"))?;
+            let wait = Duration::from_secs(10);
+            let mut upstream = rx
+                .recv_timeout(wait)
+                .map_err(|_| TrafficError::EnvoyNoUpstream(wait))?;
+            let mut out = TcpOutcome::default();
+            let mut closed = false;
+            for event in events {
+                match event {
+                    TcpEvent::Downstream(d) => {
+                        client
+                            .write_all(d)
+                            .map_err(TrafficError::socket("client write"))?;
+                        out.upstream_received.extend(quiet_read(&mut upstream));
+                    }
+                    TcpEvent::Upstream(d) => {
+                        upstream
+                            .write_all(d)
+                            .map_err(TrafficError::socket("upstream write"))?;
+                        out.downstream_received.extend(quiet_read(&mut client));
+                    }
+                    TcpEvent::CloseDownstream => {
+                        half_close_both(&mut client, &mut upstream, &mut out, true);
+                        out.closed_by = "client".into();
+                        closed = true;
+                        break;
+                    }
+                    TcpEvent::CloseUpstream => {
+                        half_close_both(&mut upstream, &mut client, &mut out, false);
+                        out.closed_by = "upstream".into();
+                        closed = true;
+                        break;
+                    }
+                }
+            }
+            if !closed {
+                half_close_both(&mut client, &mut upstream, &mut out, true);
+                out.closed_by = "still open (closed as the client)".into();
+            }
+            Ok(out)
+        })();
+        for s in self.upstreams.values() {
+            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = None;
+        }
+        result
+    }
+}
+
+/// Reads until the peer has been quiet for a moment or closed.
+fn quiet_read(s: &mut TcpStream) -> Vec<u8> {
+    let _ = s.set_read_timeout(Some(Duration::from_millis(300)));
+    let mut out = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        match std::io::Read::read(s, &mut buf) {
+            Ok(0) | Err(_) => return out,
+            Ok(n) => out.extend_from_slice(&buf[..n]),
+        }
+    }
+}
+
+/// Reads until the peer closes its side (or 10 s pass).
+fn read_to_close(s: &mut TcpStream) -> Vec<u8> {
+    let _ = s.set_read_timeout(Some(Duration::from_secs(10)));
+    let mut out = Vec::new();
+    let _ = std::io::Read::read_to_end(s, &mut out);
+    out
+}
+
+/// `first` half-closes; what it still had to receive and what the other side gets until
+/// `first`'s close reaches it are read; then `second` closes too.
+fn half_close_both(
+    first: &mut TcpStream,
+    second: &mut TcpStream,
+    out: &mut TcpOutcome,
+    first_is_client: bool,
+) {
+    let _ = first.shutdown(Shutdown::Write);
+    let at_second = read_to_close(second);
+    let _ = second.shutdown(Shutdown::Write);
+    let at_first = read_to_close(first);
+    if first_is_client {
+        out.upstream_received.extend(at_second);
+        out.downstream_received.extend(at_first);
+    } else {
+        out.downstream_received.extend(at_second);
+        out.upstream_received.extend(at_first);
+    }
+}
