@@ -22,6 +22,7 @@ pub mod cache;
 pub mod error;
 pub mod guard;
 pub mod index;
+pub mod lifecycle;
 pub mod net;
 pub mod policy;
 pub mod progress;
@@ -470,29 +471,11 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
         .collect())
 }
 
-/// Removes modules unused for longer than `WASM_MODULE_EXPIRY`, with their index entries, and
-/// what killed processes left behind: temp files, and lock files no one holds. Returns the
-/// removed modules' digests.
+/// Removes modules unused for longer than `WASM_MODULE_EXPIRY` and, with
+/// `WASM_CACHE_MAX_BYTES`, the least recently used until the cache fits, sparing what a running
+/// `serve` uses ([`lifecycle::purge`]); then what killed processes left behind: temp files, and
+/// lock files no one holds. Returns the removed modules' digests.
 pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<String>, FetchError> {
-    let now = index::now();
-    let expiry = settings.module_expiry.as_secs();
-    let removed = IndexFile::new(cache).update(|idx| {
-        let expired: Vec<String> = idx
-            .modules
-            .iter()
-            .filter(|(_, m)| now.saturating_sub(m.last_used) >= expiry)
-            .map(|(sha, _)| sha.clone())
-            .collect();
-        for sha in &expired {
-            idx.modules.remove(sha);
-            if let Ok(s) = Sha256::parse(sha) {
-                let _ = std::fs::remove_file(cache.module_path(&s));
-            }
-        }
-        idx.sources.retain(|_, s| !expired.contains(&s.sha256));
-        expired
-    })?;
-    cache.remove_stale_temp_files(settings.purge_interval);
-    cache.remove_unused_locks();
-    Ok(removed)
+    let purged = lifecycle::purge(cache, settings, &Default::default())?;
+    Ok(purged.removed().cloned().collect())
 }
