@@ -1,6 +1,8 @@
 //! `wasm-fetcher`: pull Wasm modules into a verified cache; point Envoy config at them.
 //! Exit codes: 0 ok, 1 the operation failed (one line on stderr), 2 usage error.
 
+mod sidecar_cmd;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -119,6 +121,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Istio WasmPlugin resources -> one Envoy ECDS file per plugin, modules pulled to the cache.
+    Render(sidecar_cmd::RenderArgs),
+    /// Pull the modules WasmPlugin resources name into the cache (then `render --pull-policy Never` offline).
+    Prefetch(sidecar_cmd::PrefetchArgs),
+    /// Envoy Wasm config naming remote modules -> the same config naming cached local files.
+    Convert(sidecar_cmd::ConvertArgs),
     /// Point every Wasm plugin of an Envoy bootstrap at a local module; writes YAML.
     Rewrite {
         /// The Envoy bootstrap, YAML or JSON: a regular file of at most 64 MiB.
@@ -225,6 +233,21 @@ fn main() -> ExitCode {
         Command::Ls { cache_dir, json } => {
             if let Err(e) = run_ls(cache_dir, json) {
                 return fail("ls", &e);
+            }
+        }
+        Command::Render(args) => {
+            if let Err(e) = sidecar_cmd::render(args) {
+                return fail("render", &e);
+            }
+        }
+        Command::Prefetch(args) => {
+            if let Err(e) = sidecar_cmd::prefetch(args) {
+                return fail("prefetch", &e);
+            }
+        }
+        Command::Convert(args) => {
+            if let Err(e) = sidecar_cmd::convert(args) {
+                return fail("convert", &e);
             }
         }
         Command::Rewrite {

@@ -1,0 +1,655 @@
+//! Envoy Wasm configuration that names remote modules, made to name local files, as Istio's
+//! agent converts ECDS: every HTTP or network Wasm filter (plain, or wrapped in a
+//! `TypedStruct`) and every Wasm service whose `vm_config.code.remote` has an `http_uri`
+//! is pulled through the cache and rewritten to `code.local.filename`. The input may be one
+//! filter configuration, a `TypedExtensionConfig`, a list of them, a discovery response, or a
+//! whole bootstrap: the walk finds the Wasm wherever it is.
+//!
+//! A module that cannot be fetched is replaced by the RBAC filter its failure policy picks
+//! (`crate::fallback`), as Istio does; a Wasm service has no substitute, so its failure fails
+//! the conversion. Malformed input is refused before anything is fetched, naming the field.
+//!
+//! Istio's agent settings travel as `ISTIO_META_*` environment variables of the VM: the pull
+//! policy (`ISTIO_META_WASM_IMAGE_PULL_POLICY`), the resource version
+//! (`ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION`) and the Docker config JSON of the pull secret
+//! (`ISTIO_META_WASM_IMAGE_PULL_SECRET`). They are read, then removed, so the secret never
+//! reaches Envoy.
+
+use std::time::Duration;
+
+use serde_json::{json, Map, Value};
+
+use crate::error::FetchError;
+use crate::fallback::{Fallback, FilterType, TYPED_STRUCTS};
+use crate::render::Outcome;
+use crate::{Cache, PullPolicy, PullRequest, Settings, Sha256};
+
+const WASM_SERVICE: &str = "type.googleapis.com/envoy.extensions.wasm.v3.WasmService";
+const META_PREFIX: &str = "ISTIO_META_";
+const POLICY_ENV: &str = "ISTIO_META_WASM_IMAGE_PULL_POLICY";
+const VERSION_ENV: &str = "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION";
+const SECRET_ENV: &str = "ISTIO_META_WASM_IMAGE_PULL_SECRET";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// The input is not Envoy Wasm configuration as Envoy would take it.
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("no Wasm filter or Wasm service configuration (an Any with @type {}, {} or {WASM_SERVICE}) found", crate::fallback::HTTP_WASM, crate::fallback::NETWORK_WASM)]
+    NothingToConvert,
+    /// A Wasm service's module could not be fetched: there is no filter to stand in for it.
+    #[error("{field}: cannot fetch the Wasm service's module {url}: {message}")]
+    Service {
+        field: String,
+        url: String,
+        message: String,
+    },
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> ConvertError {
+    ConvertError::Invalid {
+        field: field.to_string(),
+        message: message.into(),
+    }
+}
+
+/// What stands where a Wasm configuration was.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Kind {
+    Filter(FilterType),
+    Service,
+}
+
+/// A Wasm configuration whose module is remote: where it is and how to pull it.
+#[derive(Debug, Clone)]
+pub struct Site {
+    /// Where the `Any` is, as a field path (`resources[0].typed_config`).
+    pub at: String,
+    /// The same place as a JSON pointer, to replace it.
+    pointer: String,
+    pub kind: Kind,
+    /// The Wasm message (`{config: ...}` for a filter, `{config, singleton}` for a service),
+    /// with `ISTIO_META_*` variables already removed.
+    message: Value,
+    pub request: PullRequest,
+    /// `http_uri.timeout`, the bound Istio puts on the whole fetch.
+    pub timeout: Option<Duration>,
+    /// The Docker config JSON carried by `ISTIO_META_WASM_IMAGE_PULL_SECRET`.
+    pub secret: Option<Vec<u8>>,
+    pub fail_open: bool,
+}
+
+/// One converted site, for the report.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Converted {
+    pub at: String,
+    pub url: String,
+    pub outcome: Outcome,
+}
+
+/// Every remote Wasm site in `doc`, checked. Local ones are left alone; none at all is an
+/// error, since the input was meant to hold some.
+pub fn sites(doc: &Value) -> Result<Vec<Site>, ConvertError> {
+    let mut found = Found::default();
+    walk(doc, "", "", None, &mut found)?;
+    if found.sites.is_empty() && found.local == 0 {
+        return Err(ConvertError::NothingToConvert);
+    }
+    Ok(found.sites)
+}
+
+#[derive(Default)]
+struct Found {
+    sites: Vec<Site>,
+    local: usize,
+}
+
+fn join(at: &str, key: &str) -> String {
+    if at.is_empty() {
+        key.to_string()
+    } else {
+        format!("{at}.{key}")
+    }
+}
+
+fn walk(
+    v: &Value,
+    at: &str,
+    pointer: &str,
+    resource: Option<&str>,
+    found: &mut Found,
+) -> Result<(), ConvertError> {
+    match v {
+        Value::Object(map) => {
+            if let Some(kind) = wasm_kind(map, at)? {
+                return site(map, at, pointer, resource, kind, found);
+            }
+            // A TypedExtensionConfig names the resource its typed_config is pulled for (a
+            // filter-chain entry has the same shape, but its name is the filter's kind).
+            let name = map
+                .get("name")
+                .and_then(Value::as_str)
+                .filter(|_| is_extension_config(map, at));
+            for (key, child) in map {
+                let res = if key == "typed_config" { name } else { None };
+                let ptr = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
+                walk(child, &join(at, key), &ptr, res.or(resource), found)?;
+            }
+            Ok(())
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                walk(
+                    child,
+                    &format!("{at}[{i}]"),
+                    &format!("{pointer}/{i}"),
+                    resource,
+                    found,
+                )?;
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A `TypedExtensionConfig`: typed as one, or given as one (the whole input, an item of a
+/// list, or an item of a discovery response's `resources`).
+fn is_extension_config(map: &Map<String, Value>, at: &str) -> bool {
+    let typed =
+        map.get("@type").and_then(Value::as_str) == Some(crate::render::TYPED_EXTENSION_CONFIG);
+    let top_item = at.is_empty()
+        || (at.starts_with('[') && !at.contains('.'))
+        || (at.starts_with("resources[") && !at.contains('.'));
+    typed || top_item
+}
+
+/// Whether this object is a Wasm `Any`, and of which kind; a `TypedStruct` holding a Wasm
+/// filter counts (its `value` is the message).
+fn wasm_kind(map: &Map<String, Value>, at: &str) -> Result<Option<Kind>, ConvertError> {
+    let Some(t) = map.get("@type").and_then(Value::as_str) else {
+        return Ok(None);
+    };
+    if let Some(f) = FilterType::of_wasm_type_url(t) {
+        return Ok(Some(Kind::Filter(f)));
+    }
+    if t == WASM_SERVICE {
+        return Ok(Some(Kind::Service));
+    }
+    if TYPED_STRUCTS.contains(&t) {
+        let inner = map.get("type_url").and_then(Value::as_str).unwrap_or("");
+        if let Some(f) = FilterType::of_wasm_type_url(inner) {
+            if !map.get("value").is_none_or(Value::is_object) {
+                return Err(invalid(&join(at, "value"), "must be an object"));
+            }
+            return Ok(Some(Kind::Filter(f)));
+        }
+    }
+    Ok(None)
+}
+
+fn site(
+    map: &Map<String, Value>,
+    at: &str,
+    pointer: &str,
+    resource: Option<&str>,
+    kind: Kind,
+    found: &mut Found,
+) -> Result<(), ConvertError> {
+    // The message itself, without `@type` (from a TypedStruct: its `value`).
+    let (mut message, base) = if map.contains_key("type_url") {
+        let value = map.get("value").cloned().unwrap_or_else(|| json!({}));
+        (value, join(at, "value"))
+    } else {
+        let mut m = map.clone();
+        m.remove("@type");
+        (Value::Object(m), at.to_string())
+    };
+    let config_at = join(&base, "config");
+    let vm_at = join(&config_at, "vm_config");
+    let code_at = join(&vm_at, "code");
+    let config = message
+        .get_mut("config")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| invalid(&config_at, "Required value: the plugin configuration"))?;
+    let fail_open = fail_open(config, &config_at)?;
+    let plugin_name = config.get("name").and_then(Value::as_str).map(String::from);
+    let vm = config
+        .get_mut("vm_config")
+        .and_then(Value::as_object_mut)
+        .ok_or_else(|| invalid(&vm_at, "Required value: the VM configuration"))?;
+    let code = vm.get("code").and_then(Value::as_object).ok_or_else(|| {
+        invalid(
+            &code_at,
+            "Required value: no remote and no local module (code.remote.http_uri or code.local.filename)",
+        )
+    })?;
+    if code.contains_key("local") && !code.contains_key("remote") {
+        found.local += 1;
+        return Ok(());
+    }
+    let remote_at = join(&code_at, "remote");
+    let remote = code.get("remote").and_then(Value::as_object).ok_or_else(|| {
+        invalid(
+            &code_at,
+            "Required value: no remote and no local module (code.remote.http_uri or code.local.filename)",
+        )
+    })?;
+    let uri_at = join(&join(&remote_at, "http_uri"), "uri");
+    let http_uri = remote
+        .get("http_uri")
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            invalid(
+                &join(&remote_at, "http_uri"),
+                "Required value: the module's URL (http_uri.uri); this fetcher reads nothing else of a remote source",
+            )
+        })?;
+    let url = http_uri
+        .get("uri")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| invalid(&uri_at, "Required value: the module's URL"))?
+        .to_string();
+    crate::reference::Source::parse(&url)
+        .map_err(|e| invalid(&uri_at, crate::reference::redact_userinfo(&e.to_string())))?;
+    let sha256 = match remote.get("sha256") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.is_empty() || s == "nil" => None,
+        Some(Value::String(s)) => Some(Sha256::parse(s).map_err(|e| {
+            invalid(
+                &join(&remote_at, "sha256"),
+                format!("{e} (the module's sha256, or for oci:// the manifest digest)"),
+            )
+        })?),
+        Some(_) => {
+            return Err(invalid(
+                &join(&remote_at, "sha256"),
+                "must be a string of 64 hex characters",
+            ))
+        }
+    };
+    let timeout = match http_uri.get("timeout") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(t)) => Some(
+            crate::settings::parse_duration(t)
+                .map_err(|e| invalid(&join(&join(&remote_at, "http_uri"), "timeout"), e))?,
+        ),
+        Some(_) => {
+            return Err(invalid(
+                &join(&join(&remote_at, "http_uri"), "timeout"),
+                "must be a duration string such as \"30s\"",
+            ))
+        }
+    };
+    let env = take_istio_env(vm, &vm_at)?;
+    let policy = match env.get(POLICY_ENV).map(String::as_str) {
+        Some("IfNotPresent") => Some(PullPolicy::IfNotPresent),
+        Some("Always") => Some(PullPolicy::Always),
+        _ => None,
+    };
+    let request = PullRequest {
+        url: url.clone(),
+        sha256,
+        policy,
+        resource: resource.map(String::from).or(plugin_name),
+        resource_version: env.get(VERSION_ENV).cloned(),
+        ..Default::default()
+    };
+    found.sites.push(Site {
+        at: at.to_string(),
+        pointer: pointer.to_string(),
+        kind,
+        message,
+        request,
+        timeout,
+        secret: env.get(SECRET_ENV).map(|s| s.clone().into_bytes()),
+        fail_open,
+    });
+    Ok(())
+}
+
+/// Istio's rule: `failure_policy`, when set, opens only for `FAIL_OPEN`; otherwise the
+/// deprecated `fail_open`.
+fn fail_open(config: &Map<String, Value>, at: &str) -> Result<bool, ConvertError> {
+    match config.get("failure_policy") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(p)) => match p.as_str() {
+            "UNSPECIFIED" => {}
+            "FAIL_OPEN" => return Ok(true),
+            "FAIL_CLOSED" | "FAIL_RELOAD" => return Ok(false),
+            other => {
+                return Err(invalid(
+                    &join(at, "failure_policy"),
+                    format!(
+                        "Unsupported value: {:?}: supported values: \"UNSPECIFIED\", \"FAIL_RELOAD\", \"FAIL_CLOSED\", \"FAIL_OPEN\"",
+                        crate::error::shown(other)
+                    ),
+                ))
+            }
+        },
+        Some(_) => {
+            return Err(invalid(
+                &join(at, "failure_policy"),
+                "must be a string (FAIL_OPEN, FAIL_CLOSED, FAIL_RELOAD)",
+            ))
+        }
+    }
+    match config.get("fail_open") {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(invalid(&join(at, "fail_open"), "must be true or false")),
+    }
+}
+
+/// Removes the `ISTIO_META_*` variables from the VM's environment and returns them; an
+/// environment left empty is removed, as Istio's agent does.
+fn take_istio_env(
+    vm: &mut Map<String, Value>,
+    vm_at: &str,
+) -> Result<std::collections::BTreeMap<String, String>, ConvertError> {
+    let mut out = std::collections::BTreeMap::new();
+    let env_at = join(vm_at, "environment_variables");
+    let Some(env) = vm.get_mut("environment_variables") else {
+        return Ok(out);
+    };
+    let env = env
+        .as_object_mut()
+        .ok_or_else(|| invalid(&env_at, "must be an object"))?;
+    if let Some(kv) = env.get_mut("key_values") {
+        let kv_at = join(&env_at, "key_values");
+        let kv = kv
+            .as_object_mut()
+            .ok_or_else(|| invalid(&kv_at, "must be an object of strings"))?;
+        let meta: Vec<String> = kv
+            .keys()
+            .filter(|k| k.starts_with(META_PREFIX))
+            .cloned()
+            .collect();
+        for k in meta {
+            match kv.remove(&k) {
+                Some(Value::String(v)) => {
+                    out.insert(k, v);
+                }
+                _ => return Err(invalid(&join(&kv_at, &k), "must be a string")),
+            }
+        }
+        if kv.is_empty() {
+            env.remove("key_values");
+        }
+    }
+    let no_host_keys = env
+        .get("host_env_keys")
+        .is_none_or(|h| h.as_array().is_some_and(Vec::is_empty));
+    if env.is_empty() || (no_host_keys && !env.contains_key("key_values")) {
+        vm.remove("environment_variables");
+    }
+    Ok(out)
+}
+
+/// Pulls the site's module under its timeout (or `default_timeout`), with its pull secret.
+pub async fn fetch(
+    site: &Site,
+    cache: &Cache,
+    settings: &Settings,
+    default_timeout: Duration,
+) -> Result<crate::Pulled, FetchError> {
+    let mut request = site.request.clone();
+    // The secret's bytes go to a private temp file for the pull's length: the pull reads a
+    // Docker config from a file, as `--pull-secret` gives one.
+    let _secret_file = match &site.secret {
+        Some(bytes) if bytes.is_empty() => {
+            return Err(FetchError::Setting {
+                name: SECRET_ENV,
+                value: String::new(),
+                reason: "missing image pulling secret (the control plane could not read it)".into(),
+            })
+        }
+        Some(bytes) => {
+            let mut f = tempfile::NamedTempFile::new()?;
+            std::io::Write::write_all(&mut f, bytes)?;
+            request.pull_secret = Some(f.path().to_path_buf());
+            Some(f)
+        }
+        None => None,
+    };
+    let limit = site.timeout.unwrap_or(default_timeout);
+    crate::render::pull_within(&request, cache, settings, limit).await
+}
+
+/// Puts the outcome of `site`'s pull into `doc`: the Wasm message with its module local, or
+/// the fallback. A Wasm service that could not be fetched is an error.
+pub fn apply(
+    doc: &mut Value,
+    site: &Site,
+    pulled: Result<&crate::Pulled, &FetchError>,
+) -> Result<Converted, ConvertError> {
+    let url = crate::reference::redact_userinfo(&site.request.url);
+    let (replacement, outcome) = match (pulled, &site.kind) {
+        (Ok(m), kind) => {
+            let mut message = site.message.clone();
+            message["config"]["vm_config"]["code"] =
+                json!({"local": {"filename": m.path.display().to_string()}});
+            let type_url = match kind {
+                Kind::Filter(f) => f.wasm_type_url(),
+                Kind::Service => WASM_SERVICE,
+            };
+            if let Some(obj) = message.as_object_mut() {
+                obj.insert("@type".into(), json!(type_url));
+            }
+            (
+                message,
+                Outcome::Module {
+                    path: m.path.clone(),
+                    sha256: m.sha256.clone(),
+                },
+            )
+        }
+        (Err(e), Kind::Filter(f)) => {
+            let fallback = Fallback::for_policy(site.fail_open);
+            (
+                fallback.config(*f),
+                Outcome::Fallback {
+                    fallback,
+                    error: crate::reference::redact_userinfo(&crate::error::chain(e)),
+                },
+            )
+        }
+        (Err(e), Kind::Service) => {
+            return Err(ConvertError::Service {
+                field: site.at.clone(),
+                url,
+                message: crate::reference::redact_userinfo(&crate::error::chain(e)),
+            })
+        }
+    };
+    match doc.pointer_mut(&site.pointer) {
+        Some(slot) => *slot = replacement,
+        None => {
+            return Err(invalid(
+                &site.at,
+                "not found in the document it was read from",
+            ))
+        }
+    }
+    Ok(Converted {
+        at: site.at.clone(),
+        url,
+        outcome,
+    })
+}
+
+/// Converts `doc` in place: checks every site, pulls them all, then applies the outcomes.
+/// On an error `doc` may be partly converted; the caller writes nothing then.
+pub async fn convert(
+    doc: &mut Value,
+    cache: &Cache,
+    settings: &Settings,
+    default_timeout: Duration,
+) -> Result<Vec<Converted>, ConvertError> {
+    let sites = sites(doc)?;
+    let pulls = futures_util::future::join_all(
+        sites
+            .iter()
+            .map(|s| fetch(s, cache, settings, default_timeout)),
+    )
+    .await;
+    sites
+        .iter()
+        .zip(&pulls)
+        .map(|(site, pulled)| apply(doc, site, pulled.as_ref()))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn doc(yaml: &str) -> Value {
+        serde_norway::from_str(yaml).unwrap()
+    }
+
+    const ECDS: &str = r#"
+resources:
+- "@type": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig
+  name: extensions.istio.io/wasmplugin/ns.a
+  typed_config:
+    "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+    config:
+      name: ns.a
+      fail_open: true
+      vm_config:
+        runtime: envoy.wasm.runtime.v8
+        environment_variables:
+          key_values:
+            ISTIO_META_WASM_IMAGE_PULL_POLICY: Always
+            ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION: "42"
+            ISTIO_META_WASM_IMAGE_PULL_SECRET: '{"auths":{}}'
+        code:
+          remote:
+            http_uri: {uri: "oci://127.0.0.1:5000/f:1", timeout: 30s, cluster: _}
+            sha256: nil
+- "@type": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig
+  name: b
+  typed_config:
+    "@type": type.googleapis.com/udpa.type.v1.TypedStruct
+    type_url: type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm
+    value:
+      config:
+        failure_policy: FAIL_CLOSED
+        fail_open: true
+        vm_config: {code: {remote: {http_uri: {uri: "https://h.example/b.wasm"}}}}
+"#;
+
+    #[test]
+    fn sites_carry_istios_settings() {
+        let d = doc(ECDS);
+        let s = sites(&d).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].at, "resources[0].typed_config");
+        assert_eq!(s[0].kind, Kind::Filter(FilterType::Http));
+        assert!(s[0].fail_open);
+        assert_eq!(s[0].request.policy, Some(PullPolicy::Always));
+        assert_eq!(s[0].request.resource_version.as_deref(), Some("42"));
+        assert_eq!(
+            s[0].request.resource.as_deref(),
+            Some("extensions.istio.io/wasmplugin/ns.a")
+        );
+        assert_eq!(s[0].request.sha256, None);
+        assert_eq!(s[0].timeout, Some(Duration::from_secs(30)));
+        assert_eq!(s[0].secret.as_deref(), Some(&br#"{"auths":{}}"#[..]));
+        // The agent's variables are gone, and with them the whole environment.
+        assert!(s[0].message["config"]["vm_config"]
+            .get("environment_variables")
+            .is_none());
+        assert_eq!(s[1].kind, Kind::Filter(FilterType::Network));
+        assert!(!s[1].fail_open, "failure_policy wins over fail_open");
+    }
+
+    #[test]
+    fn outcomes_replace_the_any_in_place() {
+        let mut d = doc(ECDS);
+        let s = sites(&d).unwrap();
+        let pulled = crate::Pulled {
+            path: "/c/m.wasm".into(),
+            source: String::new(),
+            sha256: "ab".repeat(32),
+            manifest_digest: None,
+            pin: None,
+            from_cache: false,
+        };
+        apply(&mut d, &s[0], Ok(&pulled)).unwrap();
+        let e = FetchError::HttpStatus {
+            status: 404,
+            reason: String::new(),
+        };
+        let c = apply(&mut d, &s[1], Err(&e)).unwrap();
+        assert!(matches!(
+            c.outcome,
+            Outcome::Fallback {
+                fallback: Fallback::DenyAll,
+                ..
+            }
+        ));
+        let a = &d["resources"][0]["typed_config"];
+        assert_eq!(a["@type"], crate::fallback::HTTP_WASM);
+        assert_eq!(
+            a["config"]["vm_config"]["code"],
+            json!({"local": {"filename": "/c/m.wasm"}})
+        );
+        assert_eq!(a["config"]["vm_config"]["runtime"], "envoy.wasm.runtime.v8");
+        assert_eq!(
+            d["resources"][1]["typed_config"],
+            Fallback::DenyAll.config(FilterType::Network)
+        );
+        assert_eq!(d["resources"][1]["name"], "b");
+    }
+
+    #[test]
+    fn malformed_input_names_the_field() {
+        for (from, to, field) in [
+            (
+                "uri: \"oci://127.0.0.1:5000/f:1\"",
+                "uri: \"ftp://h/x\"",
+                "resources[0].typed_config.config.vm_config.code.remote.http_uri.uri",
+            ),
+            (
+                "sha256: nil",
+                "sha256: abc",
+                "resources[0].typed_config.config.vm_config.code.remote.sha256",
+            ),
+            (
+                "timeout: 30s",
+                "timeout: soon",
+                "resources[0].typed_config.config.vm_config.code.remote.http_uri.timeout",
+            ),
+            (
+                "failure_policy: FAIL_CLOSED",
+                "failure_policy: CLOSED",
+                "resources[1].typed_config.value.config.failure_policy",
+            ),
+            (
+                "{code: {remote: {http_uri: {uri: \"https://h.example/b.wasm\"}}}}",
+                "{code: {remote: {sha256: x}}}",
+                "resources[1].typed_config.value.config.vm_config.code.remote.http_uri",
+            ),
+            (
+                "{code: {remote: {http_uri: {uri: \"https://h.example/b.wasm\"}}}}",
+                "{runtime: v8}",
+                "resources[1].typed_config.value.config.vm_config.code",
+            ),
+        ] {
+            assert!(ECDS.contains(from), "{from}");
+            match sites(&doc(&ECDS.replace(from, to))) {
+                Err(ConvertError::Invalid { field: f, .. }) => assert_eq!(f, field, "{to}"),
+                other => panic!("{to}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            sites(&json!({"static_resources": {}})),
+            Err(ConvertError::NothingToConvert)
+        ));
+        let local = json!({"@type": crate::fallback::HTTP_WASM, "config": {"vm_config": {"code": {"local": {"filename": "/m.wasm"}}}}});
+        assert!(sites(&local).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,253 @@
+//! The CLI edge of `render`, `prefetch` and `convert`: flags, reading the inputs, printing.
+//! Every input is read and checked before anything is fetched or written, so a refused input
+//! leaves the output as it was.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use wasm_fetcher::render::{self, Outcome};
+use wasm_fetcher::wasmplugin::WasmPlugin;
+use wasm_fetcher::{convert, regular_file, settings, Cache, PullPolicy, Settings};
+
+/// A WasmPlugin file: Kubernetes caps an object at about 1.5 MiB; a file may hold several.
+const WASMPLUGIN_FILE_LIMIT: u64 = 16 << 20;
+
+#[derive(Args, Debug)]
+pub struct Fetching {
+    /// Cache directory [default: $WASM_CACHE_DIR, else ~/.cache/wasm-fetcher].
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// Bound on each module's pull, Go duration syntax; must be more than 0.
+    #[arg(long, default_value = "30s", value_parser = settings::parse_timeout)]
+    timeout: Duration,
+    /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file.
+    #[arg(long)]
+    ca_file: Option<PathBuf>,
+}
+
+impl Fetching {
+    fn open(&self) -> anyhow::Result<(Cache, Settings)> {
+        let mut settings = Settings::from_env()?;
+        if let Some(ca) = &self.ca_file {
+            settings.add_ca_file(ca)?;
+        }
+        let dir = self.cache_dir.clone().unwrap_or_else(Cache::default_dir);
+        Ok((Cache::open(&dir)?, settings))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct RenderArgs {
+    /// WasmPlugin resources (extensions.istio.io/v1alpha1), YAML or JSON; a file may hold
+    /// several documents separated by `---`.
+    #[arg(required = true, value_name = "WASMPLUGIN.yaml")]
+    files: Vec<PathBuf>,
+    /// Write one ECDS file per plugin (<namespace>.<name>.yaml) into DIR, each replaced
+    /// atomically, and print the filter-chain entries [default: print the ECDS resources].
+    #[arg(long, short, value_name = "DIR")]
+    output: Option<PathBuf>,
+    /// The ECDS directory as Envoy sees it, named by the filter-chain entries [default: the
+    /// absolute path of --output].
+    #[arg(long, value_name = "DIR")]
+    envoy_dir: Option<PathBuf>,
+    /// Where pull secrets are mounted: imagePullSecret NAME reads DIR/NAME/.dockerconfigjson
+    /// (a Kubernetes Secret volume). Without it a named secret is not used.
+    #[arg(long, value_name = "DIR")]
+    pull_secrets: Option<PathBuf>,
+    /// Overrides every plugin's imagePullPolicy; Never serves only what the cache holds
+    /// (after `prefetch`).
+    #[arg(long, value_enum)]
+    pull_policy: Option<PullPolicy>,
+    #[command(flatten)]
+    fetching: Fetching,
+}
+
+#[derive(Args, Debug)]
+pub struct PrefetchArgs {
+    /// WasmPlugin resources whose modules to pull into the cache.
+    #[arg(required = true, value_name = "WASMPLUGIN.yaml")]
+    files: Vec<PathBuf>,
+    /// As for render: imagePullSecret NAME reads DIR/NAME/.dockerconfigjson.
+    #[arg(long, value_name = "DIR")]
+    pull_secrets: Option<PathBuf>,
+    #[command(flatten)]
+    fetching: Fetching,
+}
+
+#[derive(Args, Debug)]
+pub struct ConvertArgs {
+    /// Envoy Wasm configuration, YAML or JSON: a Wasm filter config, a TypedExtensionConfig,
+    /// a list of them, a discovery response, or a bootstrap (a regular file of at most 64 MiB).
+    #[arg(value_name = "IN")]
+    input: PathBuf,
+    /// Output file, replaced atomically; JSON when it ends in .json, YAML when it ends in
+    /// .yaml or .yml, else the input's format [default: stdout].
+    #[arg(long, short, value_name = "OUT")]
+    output: Option<PathBuf>,
+    #[command(flatten)]
+    fetching: Fetching,
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+/// Every plugin in `files`, in order; any refused document refuses them all. Two plugins with
+/// one namespace and name would write one file: refused too.
+fn read_plugins(files: &[PathBuf]) -> anyhow::Result<Vec<WasmPlugin>> {
+    let mut all: Vec<WasmPlugin> = Vec::new();
+    for path in files {
+        let bytes = regular_file::read_input(path, "WasmPlugin file", WASMPLUGIN_FILE_LIMIT)?;
+        let text = String::from_utf8(bytes)
+            .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
+        let plugins = WasmPlugin::parse_all(&text).with_context(|| path.display().to_string())?;
+        for p in plugins {
+            if all.iter().any(|q| q.qualified_name() == p.qualified_name()) {
+                anyhow::bail!(
+                    "{}: WasmPlugin {} is given twice (a namespace and name name one plugin)",
+                    path.display(),
+                    p.qualified_name()
+                );
+            }
+            all.push(p);
+        }
+    }
+    Ok(all)
+}
+
+fn warn_fallback(subject: &str, outcome: &Outcome) {
+    if let Outcome::Fallback { fallback, error } = outcome {
+        let what = match fallback {
+            wasm_fetcher::fallback::Fallback::AllowAll => "fail-open: allow-all RBAC in its place",
+            wasm_fetcher::fallback::Fallback::DenyAll => "fail-closed: deny-all RBAC in its place",
+        };
+        eprintln!("wasm-fetcher: {subject}: cannot fetch the module ({error}); {what}");
+    }
+}
+
+pub fn render(args: RenderArgs) -> anyhow::Result<()> {
+    let plugins = read_plugins(&args.files)?;
+    let (cache, settings) = args.fetching.open()?;
+    let options = render::Options {
+        pull_secrets: args.pull_secrets.clone(),
+        pull_policy: args.pull_policy,
+    };
+    let envoy_dir = match (&args.envoy_dir, &args.output) {
+        (Some(d), _) => Some(d.clone()),
+        (None, Some(out)) => Some(std::path::absolute(out)?),
+        (None, None) => None,
+    };
+    if let Some(out) = &args.output {
+        std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    }
+    let rt = runtime()?;
+    let mut printed = Vec::new();
+    for p in &plugins {
+        let request = render::plan(p, &options);
+        let timeout = args.fetching.timeout;
+        let pulled = rt.block_on(render::pull_within(&request, &cache, &settings, timeout));
+        let resource = render::resource(p, pulled.as_ref());
+        warn_fallback(&p.qualified_name(), &resource.outcome);
+        match &args.output {
+            Some(dir) => {
+                resource.write_atomically(dir)?;
+            }
+            None => printed.push(format!("# {}\n{}", resource.file_name, resource.to_yaml())),
+        }
+    }
+    rt.shutdown_background();
+    match envoy_dir {
+        Some(dir) if args.output.is_some() => print!(
+            "# Filter-chain entries in Istio's order: http_filters go before the router,\n\
+             # network_filters before the terminal network filter.\n{}",
+            serde_norway::to_string(&render::filter_chain(&plugins, &dir))?
+        ),
+        _ => print!("{}", printed.join("---\n")),
+    }
+    Ok(())
+}
+
+pub fn prefetch(args: PrefetchArgs) -> anyhow::Result<()> {
+    let plugins = read_plugins(&args.files)?;
+    let (cache, settings) = args.fetching.open()?;
+    let options = render::Options {
+        pull_secrets: args.pull_secrets.clone(),
+        pull_policy: None,
+    };
+    let rt = runtime()?;
+    let mut failed = Vec::new();
+    for p in &plugins {
+        let request = render::plan(p, &options);
+        let timeout = args.fetching.timeout;
+        match rt.block_on(render::pull_within(&request, &cache, &settings, timeout)) {
+            Ok(pulled) => println!("{} {}", p.qualified_name(), pulled.path.display()),
+            Err(e) => failed.push(format!(
+                "{}: {}",
+                p.qualified_name(),
+                wasm_fetcher::error::chain(&e)
+            )),
+        }
+    }
+    rt.shutdown_background();
+    if !failed.is_empty() {
+        anyhow::bail!(
+            "{} of {} modules not cached: {}",
+            failed.len(),
+            plugins.len(),
+            failed.join("; ")
+        );
+    }
+    Ok(())
+}
+
+/// JSON text (rather than YAML): what the first character says.
+fn looks_like_json(text: &str) -> bool {
+    text.trim_start().starts_with(['{', '['])
+}
+
+pub fn convert(args: ConvertArgs) -> anyhow::Result<()> {
+    let path = &args.input;
+    let named = || path.display().to_string();
+    let bytes = regular_file::read_input(path, "input", regular_file::BOOTSTRAP_LIMIT)?;
+    let text = String::from_utf8(bytes)
+        .context("not UTF-8 text")
+        .with_context(named)?;
+    let mut doc: serde_json::Value = serde_norway::from_str(&text)
+        .context("not valid YAML or JSON")
+        .with_context(named)?;
+    // Checked before the cache is opened or anything fetched.
+    convert::sites(&doc).with_context(named)?;
+    let (cache, settings) = args.fetching.open()?;
+    let rt = runtime()?;
+    let outcome = rt.block_on(convert::convert(
+        &mut doc,
+        &cache,
+        &settings,
+        args.fetching.timeout,
+    ));
+    rt.shutdown_background();
+    let converted = outcome.with_context(named)?;
+    for c in &converted {
+        warn_fallback(&format!("{} ({})", c.at, c.url), &c.outcome);
+    }
+    let json = match args.output.as_deref().and_then(Path::extension) {
+        Some(e) if e == "json" => true,
+        Some(e) if e == "yaml" || e == "yml" => false,
+        _ => looks_like_json(&text),
+    };
+    let out = if json {
+        serde_json::to_string_pretty(&doc)? + "\n"
+    } else {
+        serde_norway::to_string(&doc)?
+    };
+    match &args.output {
+        Some(o) => render::write_atomically(o, out.as_bytes())?,
+        None => print!("{out}"),
+    }
+    Ok(())
+}

@@ -1,0 +1,815 @@
+//! Istio's `WasmPlugin` (`extensions.istio.io/v1alpha1`), read from YAML or JSON and checked
+//! the way Istio's admission checks it: each refusal names the field as Kubernetes does
+//! (`spec.sha256`, `spec.vmConfig.env[1].name`) with Istio's wording, so a resource this
+//! accepts is one `kubectl apply` accepts, and the other way round.
+//!
+//! Workload selection (`selector`, `targetRef(s)`, `match`) is accepted and not used: a
+//! resource given here is meant for the proxy beside this fetcher. `verificationKey` is
+//! accepted and ignored, as Istio does.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Map, Value};
+
+use crate::policy::PullPolicy;
+use crate::verify::Sha256;
+
+pub const API_VERSION: &str = "extensions.istio.io/v1alpha1";
+pub const KIND: &str = "WasmPlugin";
+
+/// One `WasmPlugin`, validated; enum fields resolved to their meaning.
+#[derive(Debug, Clone, PartialEq)]
+pub struct WasmPlugin {
+    pub name: String,
+    /// `metadata.namespace`, `default` when absent (where `kubectl apply` would put it).
+    pub namespace: String,
+    /// `metadata.resourceVersion`, if the resource carries one (exported from a cluster).
+    pub resource_version: Option<String>,
+    /// Hex sha256 of the whole document: any change to it, metadata included, is a new
+    /// version (Istio's `Always` re-pulls on any change to the object).
+    pub content_digest: String,
+    /// `spec.url` with `oci://` put in front when it names no scheme, as Istio does.
+    pub url: String,
+    pub sha256: Option<Sha256>,
+    /// `None` for `UNSPECIFIED_POLICY` or no field: the URL decides (see `crate::policy`).
+    pub image_pull_policy: Option<PullPolicy>,
+    pub image_pull_secret: Option<String>,
+    /// `spec.pluginConfig`, handed to the module as JSON text.
+    pub plugin_config: Option<Map<String, Value>>,
+    /// `spec.pluginName`: the module's root id.
+    pub plugin_name: Option<String>,
+    pub phase: Phase,
+    pub priority: Option<i32>,
+    pub plugin_type: PluginType,
+    pub fail_strategy: FailStrategy,
+    pub env: Vec<EnvVar>,
+}
+
+/// Where in the filter chain a plugin goes (Istio: before its own authn, authz, stats
+/// filters; `Unspecified` after all of them, just before the router).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Phase {
+    Authn,
+    Authz,
+    Stats,
+    Unspecified,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PluginType {
+    Http,
+    Network,
+}
+
+/// What the proxy does when the module cannot be fetched or fails. `FailReload` reloads a
+/// VM that failed at run time; a module that cannot be fetched fails closed under it, as in
+/// Istio.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FailStrategy {
+    FailClose,
+    FailOpen,
+    FailReload,
+}
+
+impl FailStrategy {
+    /// Whether traffic passes when the module cannot be fetched.
+    pub fn opens(self) -> bool {
+        self == FailStrategy::FailOpen
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EnvVar {
+    pub name: String,
+    pub value: EnvValue,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EnvValue {
+    /// `valueFrom: INLINE` (the default) with this `value`.
+    Inline(String),
+    /// `valueFrom: HOST`: the proxy's own environment variable of that name.
+    Host,
+}
+
+/// Why a resource was refused: the field, as Kubernetes names it, and what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct Invalid {
+    pub field: String,
+    pub message: String,
+}
+
+fn invalid(field: impl Into<String>, message: impl Into<String>) -> Invalid {
+    Invalid {
+        field: field.into(),
+        message: message.into(),
+    }
+}
+
+/// A refusal in a file of several documents: which document (from 1), and why.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DocumentError {
+    #[error("not YAML or JSON: {0}")]
+    Syntax(String),
+    #[error("document {index}: {error}")]
+    Invalid { index: usize, error: Invalid },
+    #[error("no WasmPlugin in it (an empty file, or only empty documents)")]
+    Empty,
+}
+
+impl WasmPlugin {
+    /// Every `WasmPlugin` in `text`: one YAML or JSON document, or several separated by
+    /// `---`. Empty documents are skipped; any other refused document refuses the whole text,
+    /// so nothing is rendered from half a file.
+    pub fn parse_all(text: &str) -> Result<Vec<WasmPlugin>, DocumentError> {
+        use serde::Deserialize;
+        let mut out = Vec::new();
+        for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
+            let value = Value::deserialize(doc)
+                .map_err(|e| DocumentError::Syntax(crate::error::shown(&e.to_string())))?;
+            if value.is_null() {
+                continue;
+            }
+            let plugin = Self::from_value(&value).map_err(|error| DocumentError::Invalid {
+                index: i + 1,
+                error,
+            })?;
+            out.push(plugin);
+        }
+        if out.is_empty() {
+            return Err(DocumentError::Empty);
+        }
+        Ok(out)
+    }
+
+    /// One resource, already parsed as JSON.
+    pub fn from_value(doc: &Value) -> Result<WasmPlugin, Invalid> {
+        let top = doc
+            .as_object()
+            .ok_or_else(|| invalid("(document)", "must be of type object"))?;
+        match top.get("apiVersion") {
+            Some(Value::String(v)) if v == API_VERSION => {}
+            Some(Value::String(v)) => {
+                return Err(invalid(
+                    "apiVersion",
+                    format!(
+                        "Unsupported value: {:?}: supported values: {API_VERSION:?}",
+                        crate::error::shown(v)
+                    ),
+                ))
+            }
+            _ => return Err(invalid("apiVersion", "Required value")),
+        }
+        match top.get("kind") {
+            Some(Value::String(k)) if k == KIND => {}
+            Some(Value::String(k)) => {
+                return Err(invalid(
+                    "kind",
+                    format!(
+                        "Unsupported value: {:?}: supported values: {KIND:?} (TrafficExtension is not read)",
+                        crate::error::shown(k)
+                    ),
+                ))
+            }
+            _ => return Err(invalid("kind", "Required value")),
+        }
+        let metadata = object(top.get("metadata"), "metadata")?
+            .ok_or_else(|| invalid("metadata", "Required value"))?;
+        let name = string(metadata.get("name"), "metadata.name")?
+            .ok_or_else(|| invalid("metadata.name", "Required value: name is required"))?;
+        check_dns_subdomain(&name, "metadata.name")?;
+        let namespace = match string(metadata.get("namespace"), "metadata.namespace")? {
+            Some(ns) => {
+                check_dns_label(&ns, "metadata.namespace")?;
+                ns
+            }
+            None => "default".to_string(),
+        };
+        let resource_version = string(metadata.get("resourceVersion"), "metadata.resourceVersion")?;
+        let spec = match top.get("spec") {
+            None | Some(Value::Null) => {
+                return Err(invalid("spec", "in body must be of type object: \"null\""))
+            }
+            Some(Value::Object(s)) => s,
+            Some(other) => {
+                return Err(invalid(
+                    "spec",
+                    format!("in body must be of type object: {:?}", type_name(other)),
+                ))
+            }
+        };
+        for key in spec.keys() {
+            if !SPEC_FIELDS.contains(&key.as_str()) {
+                return Err(invalid(
+                    format!("spec.{}", crate::error::shown(key)),
+                    format!(
+                        "unknown field; WasmPlugin's spec has {}",
+                        SPEC_FIELDS.join(", ")
+                    ),
+                ));
+            }
+        }
+        let url = spec_url(spec)?;
+        let sha256 = match string(spec.get("sha256"), "spec.sha256")? {
+            None => None,
+            Some(s) if s.is_empty() => None,
+            Some(s) => {
+                let lower_hex = s.len() == 64
+                    && s.bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+                if !lower_hex {
+                    return Err(invalid(
+                        "spec.sha256",
+                        "in body should match '(^$|^[a-f0-9]{64}$)': 64 lower-case hex characters (for an oci:// url, the image's manifest digest without \"sha256:\")",
+                    ));
+                }
+                Some(Sha256::parse(&s).map_err(|e| invalid("spec.sha256", e))?)
+            }
+        };
+        let image_pull_policy = match enumeration(
+            spec.get("imagePullPolicy"),
+            "spec.imagePullPolicy",
+            &["UNSPECIFIED_POLICY", "IfNotPresent", "Always"],
+        )? {
+            Some("IfNotPresent") => Some(PullPolicy::IfNotPresent),
+            Some("Always") => Some(PullPolicy::Always),
+            _ => None,
+        };
+        let image_pull_secret = non_empty(spec.get("imagePullSecret"), "spec.imagePullSecret")?;
+        let plugin_config = object(spec.get("pluginConfig"), "spec.pluginConfig")?.cloned();
+        let plugin_name = non_empty(spec.get("pluginName"), "spec.pluginName")?;
+        let phase = match enumeration(
+            spec.get("phase"),
+            "spec.phase",
+            &["UNSPECIFIED_PHASE", "AUTHN", "AUTHZ", "STATS"],
+        )? {
+            Some("AUTHN") => Phase::Authn,
+            Some("AUTHZ") => Phase::Authz,
+            Some("STATS") => Phase::Stats,
+            _ => Phase::Unspecified,
+        };
+        let priority = match spec.get("priority") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(
+                v.as_i64()
+                    .and_then(|n| i32::try_from(n).ok())
+                    .ok_or_else(|| {
+                        invalid(
+                            "spec.priority",
+                            "in body must be of type int32 (a whole number from -2147483648 to 2147483647)",
+                        )
+                    })?,
+            ),
+        };
+        let plugin_type = match enumeration(
+            spec.get("type"),
+            "spec.type",
+            &["UNSPECIFIED_PLUGIN_TYPE", "HTTP", "NETWORK"],
+        )? {
+            Some("NETWORK") => PluginType::Network,
+            _ => PluginType::Http,
+        };
+        let fail_strategy = match enumeration(
+            spec.get("failStrategy"),
+            "spec.failStrategy",
+            &["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"],
+        )? {
+            Some("FAIL_OPEN") => FailStrategy::FailOpen,
+            Some("FAIL_RELOAD") => FailStrategy::FailReload,
+            _ => FailStrategy::FailClose,
+        };
+        let env = vm_env(spec)?;
+        tolerated(spec)?;
+        Ok(WasmPlugin {
+            name,
+            namespace,
+            resource_version,
+            content_digest: crate::verify::sha256_of(doc.to_string().as_bytes()).hex(),
+            url,
+            sha256,
+            image_pull_policy,
+            image_pull_secret,
+            plugin_config,
+            plugin_name,
+            phase,
+            priority,
+            plugin_type,
+            fail_strategy,
+            env,
+        })
+    }
+
+    /// `<namespace>.<name>`: the plugin's name in Envoy (`PluginConfig.name`), as Istio names it.
+    pub fn qualified_name(&self) -> String {
+        format!("{}.{}", self.namespace, self.name)
+    }
+
+    /// The version a pull under `Always` compares: `metadata.resourceVersion` when the resource
+    /// has one, else the digest of its content.
+    pub fn version(&self) -> &str {
+        self.resource_version
+            .as_deref()
+            .unwrap_or(&self.content_digest)
+    }
+}
+
+const SPEC_FIELDS: &[&str] = &[
+    "selector",
+    "targetRef",
+    "targetRefs",
+    "url",
+    "sha256",
+    "imagePullPolicy",
+    "imagePullSecret",
+    "verificationKey",
+    "pluginConfig",
+    "pluginName",
+    "phase",
+    "priority",
+    "failStrategy",
+    "vmConfig",
+    "match",
+    "type",
+];
+
+/// `spec.url`: required, a scheme Istio takes (none means `oci://`), and a URL the fetcher
+/// can pull.
+fn spec_url(spec: &Map<String, Value>) -> Result<String, Invalid> {
+    let url = string(spec.get("url"), "spec.url")?
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| {
+            invalid(
+                "spec.url",
+                "in body should be at least 1 chars long: the module's oci://, https://, http:// or file:// URL",
+            )
+        })?;
+    let url = match url.split_once("://") {
+        Some((scheme, _)) => {
+            if !["oci", "http", "https", "file"].contains(&scheme) {
+                return Err(invalid(
+                    "spec.url",
+                    format!(
+                        "url must have schema one of [http, https, file, oci], got {:?}",
+                        crate::error::shown(scheme)
+                    ),
+                ));
+            }
+            url
+        }
+        None => format!("oci://{url}"),
+    };
+    crate::reference::Source::parse(&url).map_err(|e| {
+        invalid(
+            "spec.url",
+            crate::reference::redact_userinfo(&e.to_string()),
+        )
+    })?;
+    Ok(url)
+}
+
+/// `spec.vmConfig.env`: names present and unique, `value` only for `INLINE`.
+fn vm_env(spec: &Map<String, Value>) -> Result<Vec<EnvVar>, Invalid> {
+    let Some(vm) = object(spec.get("vmConfig"), "spec.vmConfig")? else {
+        return Ok(Vec::new());
+    };
+    if let Some(key) = vm.keys().find(|k| *k != "env") {
+        return Err(invalid(
+            format!("spec.vmConfig.{}", crate::error::shown(key)),
+            "unknown field; vmConfig has env",
+        ));
+    }
+    let list = match vm.get("env") {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(other) => {
+            return Err(invalid(
+                "spec.vmConfig.env",
+                format!("in body must be of type array: {:?}", type_name(other)),
+            ))
+        }
+    };
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::with_capacity(list.len().min(256));
+    for (i, item) in list.iter().enumerate() {
+        let at = format!("spec.vmConfig.env[{i}]");
+        let e = object(Some(item), &at)?.ok_or_else(|| invalid(&at, "Required value"))?;
+        if let Some(key) = e
+            .keys()
+            .find(|k| !["name", "value", "valueFrom"].contains(&k.as_str()))
+        {
+            return Err(invalid(
+                format!("{at}.{}", crate::error::shown(key)),
+                "unknown field; an env entry has name, value, valueFrom",
+            ));
+        }
+        let name = non_empty(e.get("name"), &format!("{at}.name"))?.ok_or_else(|| {
+            invalid(
+                format!("{at}.name"),
+                "in body should be at least 1 chars long",
+            )
+        })?;
+        if !seen.insert(name.clone()) {
+            return Err(invalid(
+                format!("{at}.name"),
+                format!("Duplicate value: {:?}", crate::error::shown(&name)),
+            ));
+        }
+        let from = enumeration(
+            e.get("valueFrom"),
+            &format!("{at}.valueFrom"),
+            &["INLINE", "HOST"],
+        )?;
+        let value = string(e.get("value"), &format!("{at}.value"))?;
+        let value = match (from, value) {
+            (Some("HOST"), Some(_)) => {
+                return Err(invalid(
+                    at,
+                    "value may only be set when valueFrom is INLINE",
+                ))
+            }
+            (Some("HOST"), None) => EnvValue::Host,
+            (_, v) => EnvValue::Inline(v.unwrap_or_default()),
+        };
+        out.push(EnvVar { name, value });
+    }
+    Ok(out)
+}
+
+/// The selection fields, checked for shape only.
+fn tolerated(spec: &Map<String, Value>) -> Result<(), Invalid> {
+    if let Some(sel) = object(spec.get("selector"), "spec.selector")? {
+        if let Some(labels) = object(sel.get("matchLabels"), "spec.selector.matchLabels")? {
+            for (k, v) in labels {
+                if k.contains('*') {
+                    return Err(invalid(
+                        "spec.selector.matchLabels",
+                        "wildcard not allowed in label key match",
+                    ));
+                }
+                if v.as_str().is_some_and(|v| v.contains('*')) {
+                    return Err(invalid(
+                        "spec.selector.matchLabels",
+                        "wildcard not allowed in label value match",
+                    ));
+                }
+            }
+        }
+    }
+    object(spec.get("targetRef"), "spec.targetRef")?;
+    for field in ["targetRefs", "match"] {
+        match spec.get(field) {
+            None | Some(Value::Null) | Some(Value::Array(_)) => {}
+            Some(other) => {
+                return Err(invalid(
+                    format!("spec.{field}"),
+                    format!("in body must be of type array: {:?}", type_name(other)),
+                ))
+            }
+        }
+    }
+    string(spec.get("verificationKey"), "spec.verificationKey")?;
+    Ok(())
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+fn string(v: Option<&Value>, field: &str) -> Result<Option<String>, Invalid> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(other) => Err(invalid(
+            field,
+            format!("in body must be of type string: {:?}", type_name(other)),
+        )),
+    }
+}
+
+/// A string field that, when present, must not be empty (the CRD's `minLength: 1`).
+fn non_empty(v: Option<&Value>, field: &str) -> Result<Option<String>, Invalid> {
+    match string(v, field)? {
+        Some(s) if s.is_empty() => Err(invalid(field, "in body should be at least 1 chars long")),
+        other => Ok(other),
+    }
+}
+
+fn object<'a>(
+    v: Option<&'a Value>,
+    field: &str,
+) -> Result<Option<&'a Map<String, Value>>, Invalid> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(other) => Err(invalid(
+            field,
+            format!("in body must be of type object: {:?}", type_name(other)),
+        )),
+    }
+}
+
+/// An enum field: one of `allowed`, spelled exactly (Istio's enums are case-sensitive).
+fn enumeration<'a>(
+    v: Option<&Value>,
+    field: &str,
+    allowed: &[&'a str],
+) -> Result<Option<&'a str>, Invalid> {
+    let Some(s) = string(v, field)? else {
+        return Ok(None);
+    };
+    allowed
+        .iter()
+        .find(|a| **a == s)
+        .map(|a| Some(*a))
+        .ok_or_else(|| {
+            let list: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
+            invalid(
+                field,
+                format!(
+                    "Unsupported value: {:?}: supported values: {}",
+                    crate::error::shown(&s),
+                    list.join(", ")
+                ),
+            )
+        })
+}
+
+/// A DNS-1123 subdomain (a Kubernetes object name): it also becomes a file name, so no
+/// `/` and no `..` can reach the file system.
+fn check_dns_subdomain(s: &str, field: &str) -> Result<(), Invalid> {
+    let ok = !s.is_empty() && s.len() <= 253 && s.split('.').all(|label| dns_label(label, 63));
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!(
+                "Invalid value: {:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
+                crate::error::shown(s)
+            ),
+        ))
+    }
+}
+
+fn check_dns_label(s: &str, field: &str) -> Result<(), Invalid> {
+    if dns_label(s, 63) {
+        Ok(())
+    } else {
+        Err(invalid(
+            field,
+            format!(
+                "Invalid value: {:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
+                crate::error::shown(s)
+            ),
+        ))
+    }
+}
+
+fn dns_label(s: &str, max: usize) -> bool {
+    let alnum = |c: u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    let bytes = s.as_bytes();
+    !bytes.is_empty()
+        && bytes.len() <= max
+        && bytes.iter().all(|&c| alnum(c) || c == b'-')
+        && alnum(bytes[0])
+        && alnum(bytes[bytes.len() - 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+apiVersion: extensions.istio.io/v1alpha1
+kind: WasmPlugin
+metadata: {name: header-ops, namespace: edge}
+spec:
+  selector: {matchLabels: {istio: ingressgateway}}
+  url: registry.example.com/filters/f:1.0
+  sha256: 0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef
+  imagePullPolicy: Always
+  imagePullSecret: creds
+  pluginName: headers
+  phase: AUTHZ
+  priority: 10
+  type: NETWORK
+  failStrategy: FAIL_OPEN
+  vmConfig:
+    env:
+    - {name: A, value: "1"}
+    - {name: POD_NAME, valueFrom: HOST}
+  pluginConfig: {role: tcp-total-data-size-counter}
+"#;
+
+    fn parse(text: &str) -> Result<WasmPlugin, DocumentError> {
+        WasmPlugin::parse_all(text).map(|mut v| v.remove(0))
+    }
+
+    #[test]
+    fn every_field_is_read() {
+        let p = parse(GOOD).unwrap();
+        assert_eq!(p.qualified_name(), "edge.header-ops");
+        assert_eq!(p.url, "oci://registry.example.com/filters/f:1.0");
+        assert_eq!(p.image_pull_policy, Some(PullPolicy::Always));
+        assert_eq!(p.image_pull_secret.as_deref(), Some("creds"));
+        assert_eq!(p.plugin_name.as_deref(), Some("headers"));
+        assert_eq!((p.phase, p.priority), (Phase::Authz, Some(10)));
+        assert_eq!(p.plugin_type, PluginType::Network);
+        assert!(p.fail_strategy.opens());
+        assert_eq!(
+            p.env,
+            [
+                EnvVar {
+                    name: "A".into(),
+                    value: EnvValue::Inline("1".into())
+                },
+                EnvVar {
+                    name: "POD_NAME".into(),
+                    value: EnvValue::Host
+                }
+            ]
+        );
+        assert_eq!(p.version(), p.content_digest);
+        let changed = parse(&GOOD.replace("priority: 10", "priority: 11")).unwrap();
+        assert_ne!(changed.version(), p.version());
+    }
+
+    #[test]
+    fn defaults_are_istios() {
+        let p = parse(
+            "apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: a}\nspec: {url: 'https://h/a.wasm'}\n",
+        )
+        .unwrap();
+        assert_eq!(p.namespace, "default");
+        assert_eq!(p.phase, Phase::Unspecified);
+        assert_eq!(p.plugin_type, PluginType::Http);
+        assert_eq!(p.fail_strategy, FailStrategy::FailClose);
+        assert_eq!(p.image_pull_policy, None);
+        assert!(p.plugin_config.is_none() && p.env.is_empty());
+    }
+
+    #[test]
+    fn several_documents_and_empty_ones() {
+        let two = format!(
+            "---\n{GOOD}\n---\n{}\n---\n",
+            GOOD.replace("header-ops", "b")
+        );
+        let all = WasmPlugin::parse_all(&two).unwrap();
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1].name, "b");
+        assert_eq!(WasmPlugin::parse_all("---\n"), Err(DocumentError::Empty));
+    }
+
+    /// Each refusal names the field as Istio's validation does.
+    #[test]
+    fn refusals_name_the_field() {
+        for (from, to, field, words) in [
+            (
+                "url: registry.example.com/filters/f:1.0",
+                "url: ''",
+                "spec.url",
+                "at least 1 chars",
+            ),
+            (
+                "url: registry.example.com/filters/f:1.0",
+                "url: 'fake://x/y'",
+                "spec.url",
+                "schema one of",
+            ),
+            (
+                "url: registry.example.com/filters/f:1.0",
+                "url: 'oci://h/Up:1'",
+                "spec.url",
+                "lower-case",
+            ),
+            (
+                "sha256: 0123456789abcdef",
+                "sha256: 0123456789ABCDEF",
+                "spec.sha256",
+                "should match",
+            ),
+            (
+                "imagePullPolicy: Always",
+                "imagePullPolicy: always",
+                "spec.imagePullPolicy",
+                "Unsupported value: \"always\"",
+            ),
+            (
+                "imagePullSecret: creds",
+                "imagePullSecret: ''",
+                "spec.imagePullSecret",
+                "at least 1 chars",
+            ),
+            (
+                "pluginName: headers",
+                "pluginName: ''",
+                "spec.pluginName",
+                "at least 1 chars",
+            ),
+            (
+                "phase: AUTHZ",
+                "phase: authz",
+                "spec.phase",
+                "supported values",
+            ),
+            ("priority: 10", "priority: 1.5", "spec.priority", "int32"),
+            (
+                "priority: 10",
+                "priority: 3000000000",
+                "spec.priority",
+                "int32",
+            ),
+            (
+                "type: NETWORK",
+                "type: TCP",
+                "spec.type",
+                "\"HTTP\", \"NETWORK\"",
+            ),
+            (
+                "failStrategy: FAIL_OPEN",
+                "failStrategy: OPEN",
+                "spec.failStrategy",
+                "FAIL_CLOSE",
+            ),
+            (
+                "- {name: A, value: \"1\"}",
+                "- {name: '', value: \"1\"}",
+                "spec.vmConfig.env[0].name",
+                "at least 1 chars",
+            ),
+            (
+                "- {name: A, value: \"1\"}",
+                "- {name: POD_NAME}",
+                "spec.vmConfig.env[1].name",
+                "Duplicate value",
+            ),
+            (
+                "- {name: POD_NAME, valueFrom: HOST}",
+                "- {name: P, valueFrom: HOST, value: x}",
+                "spec.vmConfig.env[1]",
+                "only be set when valueFrom is INLINE",
+            ),
+            (
+                "pluginConfig: {role: tcp-total-data-size-counter}",
+                "pluginConfig: [1]",
+                "spec.pluginConfig",
+                "type object",
+            ),
+            (
+                "phase: AUTHZ",
+                "stage: AUTHZ",
+                "spec.stage",
+                "unknown field",
+            ),
+            (
+                "{istio: ingressgateway}",
+                "{istio: 'bar*'}",
+                "spec.selector.matchLabels",
+                "wildcard",
+            ),
+            (
+                "name: header-ops",
+                "name: ../etc",
+                "metadata.name",
+                "RFC 1123",
+            ),
+            (
+                "namespace: edge",
+                "namespace: a.b",
+                "metadata.namespace",
+                "RFC 1123",
+            ),
+            (
+                "kind: WasmPlugin",
+                "kind: EnvoyFilter",
+                "kind",
+                "Unsupported value",
+            ),
+            ("v1alpha1", "v1", "apiVersion", "Unsupported value"),
+        ] {
+            assert!(GOOD.contains(from), "{from}");
+            let text = GOOD.replace(from, to);
+            match parse(&text) {
+                Err(DocumentError::Invalid { index: 1, error }) => {
+                    assert_eq!(error.field, field, "{to}: {error}");
+                    assert!(error.message.contains(words), "{to}: {error}");
+                }
+                other => panic!("{to}: {other:?}"),
+            }
+        }
+        let no_spec = "apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata: {name: a}\nspec:\n";
+        assert!(parse(no_spec)
+            .unwrap_err()
+            .to_string()
+            .contains("spec: in body must be of type object: \"null\""));
+        assert!(matches!(parse("a: [b"), Err(DocumentError::Syntax(_))));
+    }
+}
