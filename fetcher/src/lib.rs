@@ -32,6 +32,7 @@ pub mod push;
 pub mod reference;
 pub mod regular_file;
 pub mod render;
+pub mod serve;
 pub mod settings;
 pub mod source;
 pub mod tls;

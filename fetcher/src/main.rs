@@ -1,6 +1,7 @@
 //! `wasm-fetcher`: pull Wasm modules into a verified cache; point Envoy config at them.
 //! Exit codes: 0 ok, 1 the operation failed (one line on stderr), 2 usage error.
 
+mod serve_cmd;
 mod sidecar_cmd;
 
 use std::path::PathBuf;
@@ -127,6 +128,9 @@ enum Command {
     Prefetch(sidecar_cmd::PrefetchArgs),
     /// Envoy Wasm config naming remote modules -> the same config naming cached local files.
     Convert(sidecar_cmd::ConvertArgs),
+    /// Keep Envoy ECDS files in step with a directory of Istio WasmPlugin files, pulling each
+    /// module by its pull policy; /metrics, /healthz, /readyz on --metrics-addr.
+    Serve(serve_cmd::ServeArgs),
     /// Point every Wasm plugin of an Envoy bootstrap at a local module; writes YAML.
     Rewrite {
         /// The Envoy bootstrap, YAML or JSON: a regular file of at most 64 MiB.
@@ -248,6 +252,11 @@ fn main() -> ExitCode {
         Command::Convert(args) => {
             if let Err(e) = sidecar_cmd::convert(args) {
                 return fail("convert", &e);
+            }
+        }
+        Command::Serve(args) => {
+            if let Err(e) = serve_cmd::run(args) {
+                return fail("serve", &e);
             }
         }
         Command::Rewrite {

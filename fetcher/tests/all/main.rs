@@ -12,5 +12,8 @@ mod pull_http;
 mod push;
 mod registry;
 mod rewrite;
+mod serve_lifecycle;
+mod serve_reload;
+mod serve_support;
 mod side_inputs;
 mod support;
