@@ -83,7 +83,9 @@ impl Serve {
         env: &[(&str, &str)],
         args: &[&str],
     ) -> Self {
-        let stderr = cache.with_extension(format!("serve-{}.log", std::process::id()));
+        static STARTED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = STARTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stderr = cache.with_extension(format!("serve-{n}.log"));
         let mut child = fetcher()
             .envs(env.iter().copied())
             .env("WASM_FETCHER_LOG", "info")
@@ -94,7 +96,12 @@ impl Serve {
             .arg(ecds)
             .arg("--cache-dir")
             .arg(cache)
-            .args(["--metrics-addr", "127.0.0.1:0", "--poll-interval", "50ms"])
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .args(if args.contains(&"--poll-interval") {
+                &[][..]
+            } else {
+                &["--poll-interval", "50ms"][..]
+            })
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
