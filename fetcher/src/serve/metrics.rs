@@ -127,49 +127,61 @@ impl Metrics {
     /// The Prometheus text exposition (format 0.0.4). Every label value is written from the
     /// start, zeros included, so a rate over a counter that has not moved yet still works.
     pub fn render(&self) -> String {
-        let p = &self.prefix;
         let mut out = String::new();
-        let _ = writeln!(
-            out,
-            "# HELP {p}wasm_cache_entries number of Wasm modules in the local cache\n# TYPE {p}wasm_cache_entries gauge\n{p}wasm_cache_entries {}",
-            self.cache_entries.load(Relaxed)
+        self.family(
+            &mut out,
+            ("wasm_cache_entries", "gauge"),
+            "number of Wasm modules in the local cache",
+            [("", self.cache_entries.load(Relaxed))],
         );
-        let _ = writeln!(
-            out,
-            "# HELP {p}wasm_cache_lookup_count number of cache lookups, by whether they hit\n# TYPE {p}wasm_cache_lookup_count counter"
+        self.family(
+            &mut out,
+            ("wasm_cache_lookup_count", "counter"),
+            "number of cache lookups, by whether they hit",
+            ["false", "true"]
+                .iter()
+                .zip(&self.lookups)
+                .map(|(hit, n)| (format!("hit=\"{hit}\""), n.load(Relaxed))),
         );
-        for (hit, n) in ["false", "true"].iter().zip(&self.lookups) {
-            let _ = writeln!(
-                out,
-                "{p}wasm_cache_lookup_count{{hit=\"{hit}\"}} {}",
-                n.load(Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {p}wasm_remote_fetch_count number of remote module fetches, by result\n# TYPE {p}wasm_remote_fetch_count counter"
+        self.family(
+            &mut out,
+            ("wasm_remote_fetch_count", "counter"),
+            "number of remote module fetches, by result",
+            FetchResult::ALL
+                .iter()
+                .zip(&self.fetches)
+                .map(|(r, n)| (format!("result=\"{}\"", r.label()), n.load(Relaxed))),
         );
-        for (r, n) in FetchResult::ALL.iter().zip(&self.fetches) {
-            let _ = writeln!(
-                out,
-                "{p}wasm_remote_fetch_count{{result=\"{}\"}} {}",
-                r.label(),
-                n.load(Relaxed)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP {p}wasm_config_conversion_count number of WasmPlugin conversions, by result\n# TYPE {p}wasm_config_conversion_count counter"
+        self.family(
+            &mut out,
+            ("wasm_config_conversion_count", "counter"),
+            "number of WasmPlugin conversions, by result",
+            ConversionResult::ALL
+                .iter()
+                .zip(&self.conversions)
+                .map(|(r, n)| (format!("result=\"{}\"", r.label()), n.load(Relaxed))),
         );
-        for (r, n) in ConversionResult::ALL.iter().zip(&self.conversions) {
-            let _ = writeln!(
-                out,
-                "{p}wasm_config_conversion_count{{result=\"{}\"}} {}",
-                r.label(),
-                n.load(Relaxed)
-            );
-        }
         out
+    }
+
+    /// One metric: its HELP and TYPE lines, then a sample per label set (`""` for none).
+    fn family<L: std::fmt::Display>(
+        &self,
+        out: &mut String,
+        (name, kind): (&str, &str),
+        help: &str,
+        samples: impl IntoIterator<Item = (L, u64)>,
+    ) {
+        let p = &self.prefix;
+        let _ = writeln!(out, "# HELP {p}{name} {help}\n# TYPE {p}{name} {kind}");
+        for (labels, value) in samples {
+            let labels = labels.to_string();
+            if labels.is_empty() {
+                let _ = writeln!(out, "{p}{name} {value}");
+            } else {
+                let _ = writeln!(out, "{p}{name}{{{labels}}} {value}");
+            }
+        }
     }
 }
 

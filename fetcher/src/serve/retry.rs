@@ -62,13 +62,8 @@ pub async fn pull(
     let end = Instant::now() + backoff.deadline;
     let mut pause = backoff.first;
     loop {
-        let attempt = tokio::time::timeout_at(end, crate::pull(req, cache, settings)).await;
-        let outcome = attempt.unwrap_or_else(|_| {
-            Err(FetchError::TimedOut {
-                attempts: 1,
-                per_attempt: backoff.deadline,
-            })
-        });
+        let left = end.saturating_duration_since(Instant::now());
+        let outcome = crate::render::pull_within(req, cache, settings, left).await;
         match &outcome {
             Ok(p) => {
                 metrics.lookup(p.from_cache);

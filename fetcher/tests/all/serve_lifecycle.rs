@@ -2,30 +2,11 @@
 //! disk, signals and kills. A loopback HTTP server stands in for the module's host.
 
 use std::path::{Path, PathBuf};
+
 use std::time::{Duration, Instant};
 
 use crate::serve_support::*;
 use crate::support::{fetcher, module, sha256_hex, stderr, Behaviour, Server};
-
-struct Dirs {
-    _tmp: tempfile::TempDir,
-    plugins: PathBuf,
-    ecds: PathBuf,
-    cache: PathBuf,
-}
-
-fn dirs() -> Dirs {
-    let tmp = tempfile::tempdir().unwrap();
-    let d = Dirs {
-        plugins: tmp.path().join("plugins"),
-        ecds: tmp.path().join("ecds"),
-        cache: tmp.path().join("cache"),
-        _tmp: tmp,
-    };
-    std::fs::create_dir_all(&d.plugins).unwrap();
-    std::fs::create_dir_all(&d.ecds).unwrap();
-    d
-}
 
 fn module_file(cache: &Path, bytes: &[u8]) -> PathBuf {
     cache
@@ -42,6 +23,17 @@ fn ecds_module(ecds: &Path, name: &str) -> Option<String> {
         .map(String::from)
 }
 
+/// `wasm-fetcher purge` on `cache` with `env`.
+fn purge(cache: &Path, env: &[(&str, &str)]) -> std::process::Output {
+    fetcher()
+        .envs(env.iter().copied())
+        .arg("purge")
+        .arg("--cache-dir")
+        .arg(cache)
+        .output()
+        .unwrap()
+}
+
 #[test]
 fn a_slow_pull_of_an_older_version_never_overwrites_a_newer_one() {
     let d = dirs();
@@ -55,7 +47,7 @@ fn a_slow_pull_of_an_older_version_never_overwrites_a_newer_one() {
     ]);
     let file = d.plugins.join("p.yaml");
     write_plugin(&file, &wasm_plugin("p", &server.url("/old.wasm"), ""));
-    let serve = Serve::start(&d.plugins, &d.ecds, &d.cache, &[], &[]);
+    let serve = d.serve(&[], &[]);
     wait_for(
         "the old version's pull started",
         Duration::from_secs(10),
@@ -106,7 +98,7 @@ fn purges_spare_the_modules_in_use_and_remove_the_rest() {
         ("WASM_MODULE_EXPIRY", "1ns"),
         ("WASM_PURGE_INTERVAL", "300ms"),
     ];
-    let serve = Serve::start(&d.plugins, &d.ecds, &d.cache, &env, &[]);
+    let serve = d.serve(&env, &[]);
     serve.wait_ready();
     wait_for(
         "the unused module is purged",
@@ -116,24 +108,12 @@ fn purges_spare_the_modules_in_use_and_remove_the_rest() {
     std::thread::sleep(Duration::from_secs(1));
     assert!(module_file(&d.cache, &used).is_file(), "{}", serve.log());
     // The CLI's purge, in another process, spares it too: serve holds a lease on it.
-    let o = fetcher()
-        .envs(env)
-        .arg("purge")
-        .arg("--cache-dir")
-        .arg(&d.cache)
-        .output()
-        .unwrap();
+    let o = purge(&d.cache, &env);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(module_file(&d.cache, &used).is_file());
     // Once serve is gone, the module is an ordinary expired one.
     assert!(serve.stop().success());
-    let o = fetcher()
-        .envs(env)
-        .arg("purge")
-        .arg("--cache-dir")
-        .arg(&d.cache)
-        .output()
-        .unwrap();
+    let o = purge(&d.cache, &env);
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         format!("purged sha256:{}", sha256_hex(&used))
@@ -170,13 +150,7 @@ fn the_size_cap_evicts_least_recently_used_modules_first() {
     }
     std::fs::write(&index_path, index.to_string()).unwrap();
     let cap = (mods[0].len() * 3 / 2).to_string();
-    let o = fetcher()
-        .env("WASM_CACHE_MAX_BYTES", &cap)
-        .arg("purge")
-        .arg("--cache-dir")
-        .arg(&d.cache)
-        .output()
-        .unwrap();
+    let o = purge(&d.cache, &[("WASM_CACHE_MAX_BYTES", &cap)]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     let lines: Vec<String> = String::from_utf8_lossy(&o.stdout)
         .lines()
@@ -190,13 +164,7 @@ fn the_size_cap_evicts_least_recently_used_modules_first() {
         ]
     );
     assert!(module_file(&d.cache, &mods[1]).is_file());
-    let o = fetcher()
-        .env("WASM_CACHE_MAX_BYTES", "lots")
-        .arg("purge")
-        .arg("--cache-dir")
-        .arg(&d.cache)
-        .output()
-        .unwrap();
+    let o = purge(&d.cache, &[("WASM_CACHE_MAX_BYTES", "lots")]);
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("WASM_CACHE_MAX_BYTES"),
@@ -219,13 +187,7 @@ fn metrics_count_a_known_sequence_of_pulls_and_readyz_names_what_is_missing() {
     let url = server.url("/good.wasm");
     // a: a fetch; then b: the same module, from the cache.
     write_plugin(&d.plugins.join("a.yaml"), &wasm_plugin("a", &url, ""));
-    let serve = Serve::start(
-        &d.plugins,
-        &d.ecds,
-        &d.cache,
-        &[],
-        &["--verify-interval", "1h"],
-    );
+    let serve = d.serve(&[], &["--verify-interval", "1h"]);
     serve.wait_ready();
     write_plugin(&d.plugins.join("b.yaml"), &wasm_plugin("b", &url, ""));
     // c: not a module; d: a pin the bytes do not match. Both get their fallback.
@@ -281,16 +243,16 @@ fn metrics_count_a_known_sequence_of_pulls_and_readyz_names_what_is_missing() {
     );
     // The fallbacks are written (Envoy runs them); the file that is no WasmPlugin is not ready.
     assert!(d.ecds.join("test.c.yaml").is_file() && d.ecds.join("test.d.yaml").is_file());
-    let ready = get(&serve.addr, "/readyz").unwrap();
-    assert_eq!(ready.status, 503);
-    assert!(ready.body.contains("e.yaml"), "{}", ready.body);
+    let (status, why) = get(&serve.addr, "/readyz").unwrap();
+    assert_eq!(status, 503);
+    assert!(why.contains("e.yaml"), "{why}");
     std::fs::remove_file(d.plugins.join("e.yaml")).unwrap();
     wait_for(
         "ready without the bad file",
         Duration::from_secs(10),
         || serve.ready(),
     );
-    assert_eq!(get(&serve.addr, "/healthz").unwrap().status, 200);
+    assert_eq!(get(&serve.addr, "/healthz").unwrap().0, 200);
 }
 
 #[test]
@@ -302,13 +264,7 @@ fn sighup_brings_back_a_deleted_or_damaged_module_file() {
         &d.plugins.join("p.yaml"),
         &wasm_plugin("p", &server.url("/m.wasm"), ""),
     );
-    let serve = Serve::start(
-        &d.plugins,
-        &d.ecds,
-        &d.cache,
-        &[],
-        &["--verify-interval", "1h"],
-    );
+    let serve = d.serve(&[], &["--verify-interval", "1h"]);
     serve.wait_ready();
     let file = module_file(&d.cache, &m);
     std::fs::remove_file(&file).unwrap();
@@ -352,7 +308,7 @@ fn kill_9_mid_pull_leaves_a_cache_the_next_start_uses_as_is_and_sigterm_leaves_w
         &d.plugins.join("b.yaml"),
         &wasm_plugin("b", &server.url("/slow.wasm"), ""),
     );
-    let mut serve = Serve::start(&d.plugins, &d.ecds, &d.cache, &[], &[]);
+    let mut serve = d.serve(&[], &[]);
     wait_for(
         "a written, b being downloaded",
         Duration::from_secs(10),
@@ -365,7 +321,7 @@ fn kill_9_mid_pull_leaves_a_cache_the_next_start_uses_as_is_and_sigterm_leaves_w
     drop(serve);
     assert!(!d.ecds.join("test.b.yaml").exists());
 
-    let serve = Serve::start(&d.plugins, &d.ecds, &d.cache, &[], &[]);
+    let serve = d.serve(&[], &[]);
     serve.wait_ready();
     assert_eq!(
         server.hits("/fast.wasm"),

@@ -5,6 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::oci_registry::Registry;
+use crate::real_envoy::Envoy;
 use crate::serve_support::*;
 use crate::support::{fetcher, stderr, Behaviour, Server};
 
@@ -35,20 +36,10 @@ pub fn add_header_guest(dir: &Path) -> std::path::PathBuf {
     path
 }
 
-fn alive(pid: u32) -> bool {
-    unsafe { libc::kill(pid as i32, 0) == 0 }
-}
-
 #[test]
 fn envoy_follows_plugin_config_then_module_changes_without_restart_or_dropped_requests() {
-    let dir = tempfile::tempdir().unwrap();
-    let (plugins, ecds, cache) = (
-        dir.path().join("plugins"),
-        dir.path().join("ecds"),
-        dir.path().join("cache"),
-    );
-    std::fs::create_dir_all(&plugins).unwrap();
-    std::fs::create_dir_all(&ecds).unwrap();
+    let d = dirs();
+    let (dir, plugins, ecds) = (&d.tmp, &d.plugins, &d.ecds);
     let reg = Registry::start(false);
     push(
         dir.path(),
@@ -66,15 +57,16 @@ fn envoy_follows_plugin_config_then_module_changes_without_restart_or_dropped_re
     let text = wasm_plugin("hot", &v1, &header_role("one"));
     let file = plugins.join("hot.yaml");
     write_plugin(&file, &text);
-    let serve = Serve::start(&plugins, &ecds, &cache, &[], &[]);
+    let serve = d.serve(&[], &[]);
     serve.wait_ready();
     assert!(ecds.join("test.hot.yaml").is_file(), "{}", serve.log());
 
-    let envoy = Envoy::start(dir.path(), &ecds, &[&text], upstream.host());
+    let mut envoy = Envoy::start(&ecds_bootstrap(dir.path(), ecds, &[&text], upstream.host()));
+    let addr = format!("127.0.0.1:{}", envoy.port("main"));
     let served_by = || {
-        get(&envoy.addr, "/")
+        http_get(&addr, "/")
             .ok()
-            .and_then(|a| a.header("x-served-by").map(String::from))
+            .and_then(|(_, r)| header(&r, "x-served-by").map(String::from))
     };
     wait_for(
         "envoy serves the filter's header",
@@ -92,7 +84,7 @@ fn envoy_follows_plugin_config_then_module_changes_without_restart_or_dropped_re
 
     // A request in flight while the module changes (a new tag, another module).
     let slow = {
-        let addr = envoy.addr.clone();
+        let addr = addr.clone();
         std::thread::spawn(move || get(&addr, "/slow"))
     };
     wait_for(
@@ -109,20 +101,20 @@ fn envoy_follows_plugin_config_then_module_changes_without_restart_or_dropped_re
     write_plugin(&file, &wasm_plugin("hot", &v2, &header_role("two")));
     wait_for("envoy runs the new module", Duration::from_secs(10), || {
         let before = upstream.seen().len();
-        let answer = get(&envoy.addr, "/");
+        let answer = http_get(&addr, "/");
         let seen = upstream.seen();
-        answer.is_ok_and(|a| a.status == 200 && a.header("x-served-by").is_none())
+        answer.is_ok_and(|(status, r)| status == 200 && header(&r, "x-served-by").is_none())
             && seen[before..]
                 .iter()
                 .any(|s| s.header("x-wat") == Some("1"))
     });
     let slow = slow.join().unwrap().unwrap();
     assert_eq!(
-        (slow.status, slow.body.as_str()),
+        (slow.0, slow.1.as_str()),
         (200, "slow"),
         "the request in flight was dropped"
     );
     // Hot restart is off: the same process still running is the same Envoy, never restarted.
-    assert!(alive(envoy.pid()), "envoy exited: {}", envoy.log());
+    assert!(envoy.running(), "envoy exited: {}", envoy.log());
     assert!(serve.stop().success());
 }

@@ -1,9 +1,8 @@
 //! Running `wasm-fetcher serve` and real Envoy in tests: start, wait for, ask, stop.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::support::fetcher;
@@ -20,49 +19,48 @@ pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
     }
 }
 
-/// An answer to a plain HTTP/1.1 request.
-#[derive(Debug)]
-pub struct Answer {
-    pub status: u16,
-    pub headers: Vec<(String, String)>,
-    pub body: String,
+pub use crate::real_envoy::{body, http_get};
+
+/// The value of header `name` (lower case) in a whole HTTP/1.1 response.
+pub fn header<'a>(response: &'a str, name: &str) -> Option<&'a str> {
+    let head = response.split("\r\n\r\n").next()?;
+    head.lines().skip(1).find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
 }
 
-impl Answer {
-    pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, v)| v.as_str())
+/// GET `path` on `addr` (`host:port`): status and body.
+pub fn get(addr: &str, path: &str) -> Result<(u16, String), String> {
+    http_get(addr, path).map(|(status, text)| (status, body(&text)))
+}
+
+/// A directory for plugins, one for ECDS files, a cache dir, in a temp dir.
+pub struct Dirs {
+    pub tmp: tempfile::TempDir,
+    pub plugins: PathBuf,
+    pub ecds: PathBuf,
+    pub cache: PathBuf,
+}
+
+impl Dirs {
+    /// `serve` on these directories.
+    pub fn serve(&self, env: &[(&str, &str)], args: &[&str]) -> Serve {
+        Serve::start(&self.plugins, &self.ecds, &self.cache, env, args)
     }
 }
 
-/// `GET path` on `addr` (`host:port`), one request per connection, within 30 s.
-pub fn get(addr: &str, path: &str) -> std::io::Result<Answer> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(Duration::from_secs(30)))?;
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n"
-    )?;
-    let mut text = String::new();
-    s.read_to_string(&mut text)?;
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let mut lines = head.lines();
-    let status = lines
-        .next()
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|c| c.parse().ok())
-        .ok_or_else(|| std::io::Error::other(format!("not HTTP: {text:?}")))?;
-    let headers = lines
-        .filter_map(|l| l.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    Ok(Answer {
-        status,
-        headers,
-        body: body.to_string(),
-    })
+pub fn dirs() -> Dirs {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = Dirs {
+        plugins: tmp.path().join("plugins"),
+        ecds: tmp.path().join("ecds"),
+        cache: tmp.path().join("cache"),
+        tmp,
+    };
+    std::fs::create_dir_all(&d.plugins).unwrap();
+    std::fs::create_dir_all(&d.ecds).unwrap();
+    d
 }
 
 /// A running `wasm-fetcher serve`, killed when dropped.
@@ -136,7 +134,7 @@ impl Serve {
     }
 
     pub fn ready(&self) -> bool {
-        get(&self.addr, "/readyz").is_ok_and(|a| a.status == 200)
+        get(&self.addr, "/readyz").is_ok_and(|(status, _)| status == 200)
     }
 
     pub fn wait_ready(&self) {
@@ -145,7 +143,7 @@ impl Serve {
 
     /// The value of one sample line of /metrics (`name{labels}` exactly as written).
     pub fn metric(&self, sample: &str) -> u64 {
-        let text = get(&self.addr, "/metrics").unwrap().body;
+        let (_, text) = get(&self.addr, "/metrics").unwrap();
         text.lines()
             .find_map(|l| l.strip_prefix(sample)?.strip_prefix(' ')?.parse().ok())
             .unwrap_or_else(|| panic!("{sample} not in\n{text}"))
@@ -202,121 +200,52 @@ pub fn write_plugin(path: &Path, text: &str) {
     std::fs::rename(&tmp, path).unwrap();
 }
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-pub fn envoy_bin() -> PathBuf {
-    let p = std::env::var_os("ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/envoy"));
-    assert!(
-        p.exists(),
-        "envoy not found at {}: run `make envoy`",
-        p.display()
-    );
-    p
-}
-
-/// Real Envoy with one HTTP listener whose filters are the ECDS entries of `plugin_texts`
-/// (through the fetcher's own renderer) and the router to `upstream` (`host:port`).
-pub struct Envoy {
-    child: Child,
-    pub addr: String,
-    log: PathBuf,
-}
-
-impl Envoy {
-    pub fn start(dir: &Path, ecds: &Path, plugin_texts: &[&str], upstream: &str) -> Self {
-        use wasm_fetcher::render::filter_entry;
-        use wasm_fetcher::wasmplugin::WasmPlugin;
-        let mut filters: Vec<serde_json::Value> = plugin_texts
-            .iter()
-            .flat_map(|t| WasmPlugin::parse_all(t).unwrap())
-            .map(|p| filter_entry(&p, ecds))
-            .collect();
-        filters.push(serde_json::json!({
-            "name": "envoy.filters.http.router",
-            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
-        }));
-        let (host, port) = upstream.split_once(':').unwrap();
-        let listen = free_port();
-        let bootstrap = serde_json::json!({
-            "node": {"id": "sidecar", "cluster": "sidecar"},
-            "static_resources": {
-                "listeners": [{
-                    "name": "main",
-                    "address": {"socket_address": {"address": "127.0.0.1", "port_value": listen}},
-                    "filter_chains": [{"filters": [{
-                        "name": "envoy.filters.network.http_connection_manager",
-                        "typed_config": {
-                            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                            "stat_prefix": "main",
-                            "route_config": {"virtual_hosts": [{
-                                "name": "all", "domains": ["*"],
-                                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend", "timeout": "30s"}}]
-                            }]},
-                            "http_filters": filters,
-                        }
-                    }]}]
-                }],
-                "clusters": [{
-                    "name": "backend",
-                    "connect_timeout": "5s",
-                    "type": "STATIC",
-                    "load_assignment": {"cluster_name": "backend", "endpoints": [{"lb_endpoints": [{
-                        "endpoint": {"address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}
-                    }]}]}
-                }]
-            }
-        });
-        let file = dir.join(format!("envoy-{listen}.json"));
-        std::fs::write(&file, bootstrap.to_string()).unwrap();
-        let log = dir.join(format!("envoy-{listen}.log"));
-        let child = Command::new(envoy_bin())
-            .arg("-c")
-            .arg(&file)
-            .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])
-            .arg("--log-path")
-            .arg(&log)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let envoy = Self {
-            child,
-            addr: format!("127.0.0.1:{listen}"),
-            log,
-        };
-        let start = Instant::now();
-        while TcpStream::connect(&envoy.addr).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "envoy did not listen within 60 s: {}",
-                envoy.log()
-            );
-            std::thread::sleep(Duration::from_millis(25));
+/// An Envoy bootstrap (written into `dir`) with one HTTP listener, `main`, whose filters are
+/// the ECDS entries of `plugin_texts` (through the fetcher's own renderer) and the router to
+/// `upstream` (`host:port`).
+pub fn ecds_bootstrap(dir: &Path, ecds: &Path, plugin_texts: &[&str], upstream: &str) -> PathBuf {
+    use wasm_fetcher::render::filter_entry;
+    use wasm_fetcher::wasmplugin::WasmPlugin;
+    let mut filters: Vec<serde_json::Value> = plugin_texts
+        .iter()
+        .flat_map(|t| WasmPlugin::parse_all(t).unwrap())
+        .map(|p| filter_entry(&p, ecds))
+        .collect();
+    filters.push(serde_json::json!({
+        "name": "envoy.filters.http.router",
+        "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
+    }));
+    let (host, port) = upstream.split_once(':').unwrap();
+    let bootstrap = serde_json::json!({
+        "node": {"id": "sidecar", "cluster": "sidecar"},
+        "static_resources": {
+            "listeners": [{
+                "name": "main",
+                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
+                "filter_chains": [{"filters": [{
+                    "name": "envoy.filters.network.http_connection_manager",
+                    "typed_config": {
+                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+                        "stat_prefix": "main",
+                        "route_config": {"virtual_hosts": [{
+                            "name": "all", "domains": ["*"],
+                            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend", "timeout": "30s"}}]
+                        }]},
+                        "http_filters": filters,
+                    }
+                }]}]
+            }],
+            "clusters": [{
+                "name": "backend",
+                "connect_timeout": "5s",
+                "type": "STATIC",
+                "load_assignment": {"cluster_name": "backend", "endpoints": [{"lb_endpoints": [{
+                    "endpoint": {"address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}
+                }]}]}
+            }]
         }
-        envoy
-    }
-
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    });
+    let file = dir.join("bootstrap.json");
+    std::fs::write(&file, bootstrap.to_string()).unwrap();
+    file
 }
