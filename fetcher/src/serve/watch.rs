@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-/// Larger than any WasmPlugin (its pluginConfig included); a bigger file is refused unread.
-pub const MAX_PLUGIN_FILE: u64 = 1 << 20;
+/// A plugin file, read whole: Kubernetes caps an object at about 1.5 MiB and a file may hold
+/// several (the limit `render` and `prefetch` apply to their inputs too).
+pub const MAX_PLUGIN_FILE: u64 = 16 << 20;
 
 /// One plugin file's content as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]

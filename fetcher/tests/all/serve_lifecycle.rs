@@ -360,3 +360,65 @@ fn kill_9_mid_pull_leaves_a_cache_the_next_start_uses_as_is_and_sigterm_leaves_w
         assert!(doc["resources"][0]["name"].is_string(), "{name}: {text}");
     }
 }
+
+#[test]
+fn failed_pulls_are_retried_with_backoff_until_the_deadline_then_the_fallback_is_written() {
+    let d = dirs();
+    let m = module("eventually");
+    let server = Server::start(vec![
+        ("/flaky.wasm", Behaviour::FailThenOk(2, m.clone())),
+        ("/down.wasm", Behaviour::Status(503)),
+    ]);
+    write_plugin(
+        &d.plugins.join("a.yaml"),
+        &wasm_plugin("a", &server.url("/flaky.wasm"), ""),
+    );
+    write_plugin(
+        &d.plugins.join("b.yaml"),
+        &wasm_plugin(
+            "b",
+            &server.url("/down.wasm"),
+            "  failStrategy: FAIL_OPEN\n",
+        ),
+    );
+    // One HTTP attempt per pull: every retry here is serve's own.
+    let started = Instant::now();
+    let serve = d.serve(
+        &[("WASM_HTTP_REQUEST_MAX_RETRIES", "1")],
+        &["--pull-timeout", "3s", "--verify-interval", "1h"],
+    );
+    serve.wait_ready();
+    assert_eq!(
+        ecds_module(&d.ecds, "a"),
+        Some(module_file(&d.cache, &m).display().to_string()),
+        "{}",
+        serve.log()
+    );
+    assert_eq!(server.hits("/flaky.wasm"), 3);
+    // b: retried (pauses of 250 ms, 500 ms, 1 s) until the next pause would pass its 3 s
+    // deadline, then the fail-open substitute.
+    let b = std::fs::read_to_string(d.ecds.join("test.b.yaml")).unwrap();
+    assert!(
+        b.contains("envoy.extensions.filters.http.rbac.v3.RBAC"),
+        "{b}"
+    );
+    assert!(b.contains("wasm-default-allow"), "{b}");
+    let elapsed = started.elapsed();
+    assert!(
+        elapsed >= Duration::from_millis(1700) && elapsed < Duration::from_secs(10),
+        "{elapsed:?}"
+    );
+    let tries = server.hits("/down.wasm");
+    assert!(
+        (3..=6).contains(&tries),
+        "{tries} attempts in 3 s of backoff"
+    );
+    assert_eq!(
+        serve.metric("wasm_remote_fetch_count{result=\"download_failure\"}"),
+        2 + u64::from(tries)
+    );
+    assert_eq!(
+        serve.metric("wasm_remote_fetch_count{result=\"success\"}"),
+        1
+    );
+}
