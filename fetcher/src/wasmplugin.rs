@@ -148,31 +148,25 @@ impl WasmPlugin {
         let top = doc
             .as_object()
             .ok_or_else(|| invalid("(document)", "must be of type object"))?;
-        match top.get("apiVersion") {
-            Some(Value::String(v)) if v == API_VERSION => {}
-            Some(Value::String(v)) => {
-                return Err(invalid(
-                    "apiVersion",
-                    format!(
-                        "Unsupported value: {:?}: supported values: {API_VERSION:?}",
-                        crate::error::shown(v)
-                    ),
-                ))
+        for (field, wanted) in [("apiVersion", API_VERSION), ("kind", KIND)] {
+            match top.get(field) {
+                Some(Value::String(v)) if v == wanted => {}
+                Some(Value::String(v)) => {
+                    return Err(invalid(
+                        field,
+                        format!(
+                            "Unsupported value: {:?}: supported values: {wanted:?}{}",
+                            crate::error::shown(v),
+                            if field == "kind" {
+                                " (TrafficExtension is not read)"
+                            } else {
+                                ""
+                            }
+                        ),
+                    ))
+                }
+                _ => return Err(invalid(field, "Required value")),
             }
-            _ => return Err(invalid("apiVersion", "Required value")),
-        }
-        match top.get("kind") {
-            Some(Value::String(k)) if k == KIND => {}
-            Some(Value::String(k)) => {
-                return Err(invalid(
-                    "kind",
-                    format!(
-                        "Unsupported value: {:?}: supported values: {KIND:?} (TrafficExtension is not read)",
-                        crate::error::shown(k)
-                    ),
-                ))
-            }
-            _ => return Err(invalid("kind", "Required value")),
         }
         let metadata = object(top.get("metadata"), "metadata")?
             .ok_or_else(|| invalid("metadata", "Required value"))?;

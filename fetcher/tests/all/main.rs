@@ -3,6 +3,7 @@
 
 mod cache_integrity;
 mod deadline;
+mod deploy;
 mod hostile_registry;
 mod library;
 mod net_guard;

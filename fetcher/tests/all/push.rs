@@ -379,18 +379,6 @@ fn harness_bin() -> PathBuf {
     p
 }
 
-fn envoy_bin() -> PathBuf {
-    let p = std::env::var_os("ENVOY_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../.venv/bin/envoy"));
-    assert!(
-        p.exists(),
-        "envoy not found at {}: run `make envoy`",
-        p.display()
-    );
-    p
-}
-
 #[test]
 fn a_pushed_filter_pulled_back_by_digest_runs_in_real_envoy() {
     let reg = Registry::start(false);
@@ -425,7 +413,7 @@ fn a_pushed_filter_pulled_back_by_digest_runs_in_real_envoy() {
     let (o, _) = run_within(
         Command::new(harness_bin())
             .current_dir(&workspace)
-            .env("ENVOY_BIN", envoy_bin())
+            .env("ENVOY_BIN", crate::real_envoy::envoy_bin())
             .args(["run", "--envoy", "--bootstrap"])
             .arg(&bootstrap)
             .arg("testdata/scenarios/demo.yaml"),

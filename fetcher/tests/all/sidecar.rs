@@ -376,15 +376,11 @@ fn malformed_input_is_refused_by_field_and_nothing_is_written() {
     .unwrap();
     let target = dir.path().join("out.yaml");
     std::fs::write(&target, "old\n").unwrap();
-    let o = run(
-        &cache,
-        &[
-            "convert",
-            input.to_str().unwrap(),
-            "-o",
-            target.to_str().unwrap(),
-        ],
-    );
+    let convert_to_target = || {
+        let (i, t) = (input.to_str().unwrap(), target.to_str().unwrap());
+        run(&cache, &["convert", i, "-o", t])
+    };
+    let o = convert_to_target();
     assert_eq!(o.status.code(), Some(1));
     assert!(
         stderr(&o).contains("config.vm_config.code.remote.sha256: \"xyz\" is not a sha256"),
@@ -392,27 +388,11 @@ fn malformed_input_is_refused_by_field_and_nothing_is_written() {
         stderr(&o)
     );
     std::fs::write(&input, "static_resources: {listeners: []}\n").unwrap();
-    let o = run(
-        &cache,
-        &[
-            "convert",
-            input.to_str().unwrap(),
-            "-o",
-            target.to_str().unwrap(),
-        ],
-    );
+    let o = convert_to_target();
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("no Wasm filter"), "{}", stderr(&o));
     std::fs::write(&input, "a: [b\n").unwrap();
-    let o = run(
-        &cache,
-        &[
-            "convert",
-            input.to_str().unwrap(),
-            "-o",
-            target.to_str().unwrap(),
-        ],
-    );
+    let o = convert_to_target();
     assert!(
         stderr(&o).contains("not valid YAML or JSON"),
         "{}",
