@@ -65,9 +65,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     options.verify_every = args.verify_interval;
     options.backoff.deadline = args.pull_timeout;
     options.metrics_prefix = args.metrics_prefix.clone();
-    // One thread: the work is waiting on files and sockets; hashing and index writes go to
-    // blocking threads made on demand.
+    // One thread: the work is waiting on files and sockets. Hashing and index writes go to a
+    // few blocking threads (each would keep its own malloc arena: 50 plugins pulled at once
+    // must not leave 50 of them resident).
     let runtime = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(4)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
