@@ -183,4 +183,34 @@ mod tests {
         std::fs::remove_file(&a).unwrap();
         assert_eq!(w.poll().unwrap(), vec![Change::Removed(a)]);
     }
+
+    /// A Kubernetes ConfigMap volume: `p.yaml -> ..data/p.yaml`, `..data -> ..<timestamp>`;
+    /// an update makes a new timestamped directory and swaps the `..data` link.
+    #[test]
+    fn sees_a_configmap_update_through_its_symlinks() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("..2026_1")).unwrap();
+        std::fs::write(d.join("..2026_1/p.yaml"), "one").unwrap();
+        symlink("..2026_1", d.join("..data")).unwrap();
+        symlink("..data/p.yaml", d.join("p.yaml")).unwrap();
+        let mut w = Watcher::new(d);
+        let first = w.poll().unwrap();
+        assert!(
+            matches!(&first[..], [Change::Updated(p, Content::Text { text, .. })] if p.ends_with("p.yaml") && text == "one"),
+            "{first:?}"
+        );
+        std::fs::create_dir(d.join("..2026_2")).unwrap();
+        std::fs::write(d.join("..2026_2/p.yaml"), "two").unwrap();
+        symlink("..2026_2", d.join("..data_tmp")).unwrap();
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+        std::fs::remove_dir_all(d.join("..2026_1")).unwrap();
+        let second = w.poll().unwrap();
+        assert!(
+            matches!(&second[..], [Change::Updated(_, Content::Text { text, .. })] if text == "two"),
+            "{second:?}"
+        );
+        assert_eq!(w.poll().unwrap(), vec![]);
+    }
 }
