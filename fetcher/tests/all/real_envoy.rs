@@ -94,9 +94,22 @@ impl Envoy {
     /// Starts Envoy on the bootstrap at `path` (its admin is put on port 0) and waits until
     /// every listener is bound.
     pub fn start(path: &Path) -> Self {
+        Self::start_in(path, Path::new("."))
+    }
+
+    /// [`Envoy::start`] with `cwd` as Envoy's working directory (relative paths in the
+    /// bootstrap and its ECDS files resolve against it). Every listener is moved to port 0.
+    pub fn start_in(path: &Path, cwd: &Path) -> Self {
         let mut doc: serde_json::Value =
             serde_norway::from_slice(&std::fs::read(path).unwrap()).unwrap();
         doc["admin"] = serde_json::json!({"address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}}});
+        for l in doc["static_resources"]["listeners"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            l["address"]["socket_address"]["port_value"] = 0.into();
+        }
         let dir = path.parent().unwrap();
         let config = dir.join("envoy-run.json");
         std::fs::write(&config, serde_json::to_vec(&doc).unwrap()).unwrap();
@@ -107,6 +120,7 @@ impl Envoy {
         let log_path = dir.join("envoy.log");
         let log = std::fs::File::create(&log_path).unwrap();
         let child = Command::new(envoy_bin())
+            .current_dir(cwd)
             .arg("-c")
             .arg(&config)
             .args(["--disable-hot-restart", "--concurrency", "1", "-l", "info"])

@@ -574,3 +574,104 @@ fn prefetch_then_never_renders_offline() {
         stderr(&o)
     );
 }
+
+/// The shipped ECDS bootstrap runs as shipped, from the repository root, on the shipped ECDS
+/// files and the module the build makes: the header role answers through it.
+#[test]
+fn the_shipped_ecds_bootstrap_runs_the_filter_in_real_envoy() {
+    filter_wasm();
+    let dir = tempfile::tempdir().unwrap();
+    let boot = dir.path().join("bootstrap-ecds.yaml");
+    std::fs::copy(workspace().join("envoy-config/bootstrap-ecds.yaml"), &boot).unwrap();
+    let envoy = Envoy::start_in(&boot, &workspace());
+    // No backend listens: the router's 503 goes back through the header role.
+    let (status, text) = envoy.get("headers").unwrap();
+    assert_eq!(status, 503, "{text}");
+    assert!(
+        text.contains("x-served-by: wasm-filter"),
+        "{text}\n{}",
+        envoy.log()
+    );
+}
+
+/// Istio's agent variables in a converted ECDS resource: the pull secret's Docker config
+/// reaches a registry that asks for credentials, and none of the variables reaches Envoy; an
+/// empty secret (istiod could not read it) is a failed fetch, so the fallback.
+#[test]
+fn convert_uses_the_pull_secret_istiod_sends_and_strips_it() {
+    let reg = Registry::start(true);
+    let auth = oci_client::secrets::RegistryAuth::Basic("user".into(), "pass".into());
+    let digest = reg.push(
+        "private/f:1",
+        vec![(
+            "application/vnd.module.wasm.content.layer.v1+wasm",
+            module("private"),
+        )],
+        "application/vnd.module.wasm.config.v1+json",
+        &auth,
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    let resource = |secret: &str| {
+        serde_json::json!({"resources": [{
+            "@type": "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig",
+            "name": "extensions.istio.io/wasmplugin/edge.private",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                "config": {"vm_config": {
+                    "environment_variables": {"key_values": {
+                        "ISTIO_META_WASM_IMAGE_PULL_SECRET": secret,
+                        "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION": "7",
+                    }},
+                    "code": {"remote": {
+                        "http_uri": {"uri": format!("oci://{}/private/f:1", reg.host), "timeout": "20s"},
+                        "sha256": digest.trim_start_matches("sha256:"),
+                    }},
+                }},
+            },
+        }]})
+        .to_string()
+    };
+    let input = dir.path().join("in.json");
+    let docker_config = format!(
+        r#"{{"auths":{{"{}":{{"auth":"dXNlcjpwYXNz"}}}}}}"#,
+        reg.host
+    );
+    std::fs::write(&input, resource(&docker_config)).unwrap();
+    let o = fetcher()
+        .env("HOME", dir.path())
+        .env_remove("DOCKER_CONFIG")
+        .args([
+            "convert",
+            input.to_str().unwrap(),
+            "--cache-dir",
+            cache.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(stderr(&o), "", "fetched with the secret's credentials");
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let vm = &out["resources"][0]["typed_config"]["config"]["vm_config"];
+    let path = vm["code"]["local"]["filename"].as_str().unwrap();
+    assert_eq!(std::fs::read(path).unwrap(), module("private"));
+    assert!(vm.get("environment_variables").is_none(), "{vm}");
+
+    std::fs::write(&input, resource("")).unwrap();
+    let o = fetcher()
+        .env("HOME", dir.path())
+        .args([
+            "convert",
+            input.to_str().unwrap(),
+            "--cache-dir",
+            dir.path().join("other").to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("missing image pulling secret") && stderr(&o).contains("deny-all"),
+        "{}",
+        stderr(&o)
+    );
+}
