@@ -23,6 +23,7 @@ pub mod error;
 pub mod fallback;
 pub mod guard;
 pub mod index;
+pub mod lifecycle;
 pub mod net;
 pub mod pin;
 pub mod policy;
@@ -32,6 +33,7 @@ pub mod reference;
 pub mod regular_file;
 pub mod render;
 pub mod rewrite;
+pub mod serve;
 pub mod settings;
 pub mod source;
 pub mod tls;
@@ -380,27 +382,14 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
         .collect())
 }
 
-/// Removes modules unused for longer than `WASM_MODULE_EXPIRY`, with their index entries, and
-/// what killed processes left behind: temp files, and lock files no one holds. Returns the
-/// removed modules' digests.
+/// Removes modules unused for longer than `WASM_MODULE_EXPIRY` and, with
+/// `WASM_CACHE_MAX_BYTES`, the least recently used until the cache fits, sparing what a running
+/// `serve` uses ([`lifecycle::purge`]); then what killed processes left behind: temp files, and
+/// lock files no one holds. Returns the removed modules' digests.
 pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<Sha256>, FetchError> {
-    let now = index::now();
-    let expiry = settings.module_expiry.as_secs();
-    let removed = IndexFile::new(cache).update(|idx| {
-        let expired: Vec<Sha256> = idx
-            .modules
-            .iter()
-            .filter(|(_, m)| now.saturating_sub(m.last_used) >= expiry)
-            .map(|(sha, _)| *sha)
-            .collect();
-        for sha in &expired {
-            idx.modules.remove(sha);
-            let _ = std::fs::remove_file(cache.module_path(sha));
-        }
-        idx.sources.retain(|_, s| !expired.contains(&s.sha256));
-        expired
-    })?;
-    cache.remove_stale_temp_files(settings.purge_interval);
-    cache.remove_unused_locks();
-    Ok(removed)
+    let purged = lifecycle::purge(cache, settings, &Default::default())?;
+    Ok(purged
+        .removed()
+        .filter_map(|hex| Sha256::parse(hex).ok())
+        .collect())
 }

@@ -37,6 +37,9 @@ enum Command {
     Prefetch(cli::sidecar::PrefetchArgs),
     /// Envoy Wasm config naming remote modules -> the same config naming cached local files.
     Convert(cli::sidecar::ConvertArgs),
+    /// Keep Envoy ECDS files in step with a directory of Istio WasmPlugin files, pulling each
+    /// module by its pull policy; /metrics, /healthz, /readyz on --metrics-addr.
+    Serve(cli::serve::ServeArgs),
     /// Point every Wasm plugin of an Envoy bootstrap at a local module; writes YAML.
     Rewrite(cli::rewrite::RewriteArgs),
 }
@@ -58,6 +61,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => {
             cli::sidecar::convert(args).map_err(|e| cli::Failure::new("convert", e))
         }
+        Command::Serve(args) => cli::serve::run(args).map_err(|e| cli::Failure::new("serve", e)),
     };
     match outcome {
         Ok(()) => ExitCode::SUCCESS,

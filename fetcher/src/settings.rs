@@ -31,6 +31,9 @@ pub struct Settings {
     /// `--allow-foreign-layers`: fetch an image layer from the `urls` its descriptor lists
     /// (through the same guard) before asking the registry. Off: those URLs are never used.
     pub allow_foreign_layers: bool,
+    /// `WASM_CACHE_MAX_BYTES`: a purge evicts the least recently used modules no current
+    /// config names until the cache's modules fit (unset: no cap).
+    pub cache_max_bytes: Option<u64>,
 }
 
 impl Settings {
@@ -87,6 +90,7 @@ impl Default for Settings {
             extra_roots: Vec::new(),
             blocked_cidrs: Vec::new(),
             allow_foreign_layers: false,
+            cache_max_bytes: None,
         }
     }
 }
@@ -144,6 +148,15 @@ impl Settings {
                     value: v.clone(),
                     reason: "expected a positive number of bytes".into(),
                 })?;
+        }
+        if let Some(v) = var("WASM_CACHE_MAX_BYTES") {
+            s.cache_max_bytes = Some(v.trim().parse::<u64>().ok().filter(|n| *n > 0).ok_or_else(
+                || FetchError::Setting {
+                    name: "WASM_CACHE_MAX_BYTES",
+                    value: v.clone(),
+                    reason: "expected a positive number of bytes (unset it for no cap)".into(),
+                },
+            )?);
         }
         if let Some(v) = var("BLOCKED_CIDRS_IN_WASM_FETCH") {
             s.blocked_cidrs =

@@ -5,6 +5,7 @@ pub mod cache;
 pub mod pull;
 pub mod push;
 pub mod rewrite;
+pub mod serve;
 pub mod sidecar;
 
 use std::future::Future;

@@ -147,6 +147,12 @@ impl Envoy {
         std::fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// Whether the process still runs: with hot restart off, the same process is the same
+    /// Envoy, never restarted.
+    pub fn running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
     fn admin(&self, path: &str) -> Option<String> {
         let address = std::fs::read_to_string(&self.admin_path).ok()?;
         let (_, text) = http_get(address.trim(), path).ok()?;

@@ -1,0 +1,102 @@
+//! `wasm-fetcher serve`'s flags and process glue: signals to [`Control`], the runtime,
+//! the metrics listener.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use wasm_fetcher::serve::{self, Control};
+use wasm_fetcher::settings::parse_timeout;
+use wasm_fetcher::{Cache, PullPolicy, Settings};
+
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// Directory of Istio WasmPlugin files (*.yaml, *.yml, *.json; hidden files ignored).
+    #[arg(long)]
+    pub plugins: PathBuf,
+    /// Directory Envoy watches for ECDS files (path_config_source + watched_directory): one
+    /// `<namespace>.<name>.yaml` per plugin, each replaced by a rename.
+    #[arg(long)]
+    pub ecds_dir: PathBuf,
+    /// Cache directory [default: $WASM_CACHE_DIR, else ~/.cache/wasm-fetcher].
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Where /metrics, /healthz and /readyz answer (loopback unless you say otherwise; port 0
+    /// picks a free one, printed at start).
+    #[arg(long, default_value = "127.0.0.1:9464")]
+    pub metrics_addr: SocketAddr,
+    /// Put before every metric name: `istio_agent_` gives Istio's agent's spelling.
+    #[arg(long, default_value = "")]
+    pub metrics_prefix: String,
+    /// Overrides every plugin's imagePullPolicy (Never: an offline node serving a warmed cache).
+    #[arg(long, value_enum)]
+    pub pull_policy: Option<PullPolicy>,
+    /// Where Kubernetes pull secrets are mounted: imagePullSecret NAME reads
+    /// DIR/NAME/.dockerconfigjson.
+    #[arg(long)]
+    pub pull_secrets: Option<PathBuf>,
+    /// How often the plugins directory is checked, Go duration syntax.
+    #[arg(long, default_value = "200ms", value_parser = parse_timeout)]
+    pub poll_interval: Duration,
+    /// How often the modules in use are checked on disk (SIGHUP checks at once).
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
+    pub verify_interval: Duration,
+    /// Bound on one plugin's pull, retries with backoff included; then its fallback is written.
+    #[arg(long, default_value = "60s", value_parser = parse_timeout)]
+    pub pull_timeout: Duration,
+    /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file.
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Runs `serve` until SIGTERM or SIGINT.
+pub fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let mut settings = Settings::from_env()?;
+    if let Some(ca) = &args.ca_file {
+        settings.add_ca_file(ca)?;
+    }
+    let cache = Cache::open(&args.cache_dir.clone().unwrap_or_else(Cache::default_dir))?;
+    let mut options = serve::Options::new(&args.plugins, &args.ecds_dir, cache, settings);
+    options.render.pull_policy = args.pull_policy;
+    options.render.pull_secrets = args.pull_secrets.clone();
+    options.poll = args.poll_interval;
+    options.verify_every = args.verify_interval;
+    options.backoff.deadline = args.pull_timeout;
+    options.metrics_prefix = args.metrics_prefix.clone();
+    // One thread: the work is waiting on files and sockets. Hashing and index writes go to a
+    // few blocking threads (each would keep its own malloc arena: 50 plugins pulled at once
+    // must not leave 50 of them resident).
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .max_blocking_threads(4)
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")?;
+    runtime.block_on(async {
+        let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+            .await
+            .with_context(|| format!("cannot listen on {} (--metrics-addr)", args.metrics_addr))?;
+        let local = listener.local_addr()?;
+        println!("serving /metrics, /healthz and /readyz on http://{local}");
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hup = signal(SignalKind::hangup()).context("cannot handle SIGHUP")?;
+        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        tokio::spawn(async move {
+            loop {
+                let c = tokio::select! {
+                    _ = hup.recv() => Control::Reverify,
+                    _ = term.recv() => Control::Stop,
+                    _ = int.recv() => Control::Stop,
+                };
+                if tx.send(c).await.is_err() || c == Control::Stop {
+                    return;
+                }
+            }
+        });
+        serve::run(options, Some(listener), rx).await?;
+        anyhow::Ok(())
+    })
+}

@@ -1,0 +1,302 @@
+//! What leaves the cache, and what never does. A module a current config names is never
+//! removed (Istio's agent purges modules Envoy still loads: istio#42154, #53891); the rest go
+//! when unused for `WASM_MODULE_EXPIRY`, and, with `WASM_CACHE_MAX_BYTES` set, the least
+//! recently used go first until the cache fits.
+//!
+//! Recency is the index's `last_used`, not an in-memory `lru::LruCache`: the order has to
+//! survive restarts and count the pulls of every process sharing the cache (`wasm-fetcher
+//! pull`, an init container, another `serve`), which only the index sees. Ties are broken by
+//! pull time, then digest, so the order is total and a test can state it.
+//!
+//! A long-running process says which modules it uses through a lease: `<cache>/in-use/<holder>
+//! .json`, valid while that process holds the lock on `<holder>.lock`. Any purge, the CLI's
+//! included, spares what a live lease names; a lease whose holder died is dropped.
+
+use std::collections::BTreeSet;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use crate::cache::{io_error, Cache};
+use crate::error::FetchError;
+use crate::index::{self, IndexFile};
+use crate::settings::Settings;
+use crate::verify::Sha256;
+
+/// What a purge did, each list holding module digests (hex).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Purged {
+    /// Unused for `WASM_MODULE_EXPIRY`.
+    pub expired: Vec<String>,
+    /// Removed for `WASM_CACHE_MAX_BYTES`, least recently used first.
+    pub evicted: Vec<String>,
+    /// Expired or over the cap, but named by a current config, so kept.
+    pub spared: Vec<String>,
+}
+
+impl Purged {
+    pub fn removed(&self) -> impl Iterator<Item = &String> {
+        self.expired.iter().chain(&self.evicted)
+    }
+}
+
+/// Removes expired modules, then (with a cap) the least recently used until the cache fits,
+/// never one in `in_use` or in a live lease; then what killed processes left behind (temp
+/// files, unheld locks).
+pub fn purge(
+    cache: &Cache,
+    settings: &Settings,
+    in_use: &BTreeSet<String>,
+) -> Result<Purged, FetchError> {
+    let mut keep = leased(cache);
+    keep.extend(in_use.iter().cloned());
+    let now = index::now();
+    let expiry = settings.module_expiry.as_secs();
+    let purged = IndexFile::new(cache).update(|idx| {
+        let mut out = Purged::default();
+        for (sha, m) in &idx.modules {
+            if now.saturating_sub(m.last_used) >= expiry {
+                let hex = sha.hex();
+                if keep.contains(&hex) {
+                    out.spared.push(hex);
+                } else {
+                    out.expired.push(hex);
+                }
+            }
+        }
+        if let Some(cap) = settings.cache_max_bytes {
+            let size_of = |sha: &Sha256, recorded: u64| {
+                if recorded > 0 {
+                    return recorded;
+                }
+                std::fs::metadata(cache.module_path(sha)).map_or(0, |m| m.len())
+            };
+            let mut left: Vec<_> = idx
+                .modules
+                .iter()
+                .filter(|(sha, _)| !out.expired.contains(&sha.hex()))
+                .map(|(sha, m)| (m.last_used, m.pulled_at, sha.hex(), size_of(sha, m.size)))
+                .collect();
+            let mut total: u64 = left.iter().map(|(.., size)| size).sum();
+            left.sort();
+            for (_, _, sha, size) in left {
+                if total <= cap {
+                    break;
+                }
+                if keep.contains(&sha) {
+                    if !out.spared.contains(&sha) {
+                        out.spared.push(sha);
+                    }
+                    continue;
+                }
+                total = total.saturating_sub(size);
+                out.evicted.push(sha);
+            }
+            if total > cap {
+                tracing::warn!(
+                    total,
+                    cap,
+                    "the modules in use alone exceed WASM_CACHE_MAX_BYTES; they are kept"
+                );
+            }
+        }
+        let gone: Vec<String> = out.removed().cloned().collect();
+        for sha in gone.iter().filter_map(|hex| Sha256::parse(hex).ok()) {
+            idx.modules.remove(&sha);
+            let _ = std::fs::remove_file(cache.module_path(&sha));
+        }
+        idx.sources.retain(|_, s| !gone.contains(&s.sha256.hex()));
+        out
+    })?;
+    cache.remove_stale_temp_files(settings.purge_interval);
+    cache.remove_unused_locks();
+    Ok(purged)
+}
+
+/// A process's claim on the modules it uses (see the module docs). Dropping it (or the
+/// process dying) ends the claim.
+#[derive(Debug)]
+pub struct Lease {
+    _lock: File,
+    list: PathBuf,
+    cache: Cache,
+}
+
+fn leases_dir(cache: &Cache) -> PathBuf {
+    cache.root().join("in-use")
+}
+
+impl Lease {
+    /// Takes the lease named `holder` (a file-name-safe word). Refused while another live
+    /// process holds it: two processes writing one set of configs would undo each other.
+    pub fn take(cache: &Cache, holder: &str) -> Result<Self, FetchError> {
+        let dir = leases_dir(cache);
+        std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+        let lock_path = dir.join(format!("{holder}.lock"));
+        let lock = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| io_error(&lock_path, e))?;
+        match lock.try_lock() {
+            Ok(()) => {}
+            Err(std::fs::TryLockError::WouldBlock) => {
+                return Err(FetchError::Cache {
+                    path: lock_path,
+                    message: "another running wasm-fetcher holds this lease (is a second `serve` writing the same ECDS directory?)".into(),
+                })
+            }
+            Err(std::fs::TryLockError::Error(e)) => return Err(io_error(&lock_path, e)),
+        }
+        Ok(Self {
+            _lock: lock,
+            list: dir.join(format!("{holder}.json")),
+            cache: cache.clone(),
+        })
+    }
+
+    /// Replaces the set of modules (hex digests) this lease keeps, atomically.
+    pub fn set(&self, modules: &BTreeSet<String>) -> Result<(), FetchError> {
+        let dir = self.cache.root().join("tmp");
+        let mut tmp = tempfile::Builder::new()
+            .prefix("lease-")
+            .tempfile_in(&dir)
+            .map_err(|e| io_error(&dir, e))?;
+        let bytes = serde_json::to_vec(modules).map_err(|e| FetchError::Cache {
+            path: self.list.clone(),
+            message: e.to_string(),
+        })?;
+        std::io::Write::write_all(&mut tmp, &bytes).map_err(|e| io_error(&self.list, e))?;
+        tmp.persist(&self.list)
+            .map_err(|e| io_error(&self.list, e.error))?;
+        Ok(())
+    }
+}
+
+/// Far more than any lease (a digest is 67 bytes in it).
+const MAX_LEASE_BYTES: u64 = 16 << 20;
+
+/// The modules named by live leases. A lease whose holder is gone is removed.
+pub fn leased(cache: &Cache) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
+    for e in std::fs::read_dir(leases_dir(cache))
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let list = e.path();
+        if list.extension().is_none_or(|x| x != "json") {
+            continue;
+        }
+        if !held(&list.with_extension("lock")) {
+            let _ = std::fs::remove_file(&list);
+            let _ = std::fs::remove_file(list.with_extension("lock"));
+            continue;
+        }
+        match read_lease(&list) {
+            Ok(shas) => out.extend(shas),
+            Err(problem) => {
+                tracing::warn!(path = %list.display(), %problem, "unreadable lease ignored")
+            }
+        }
+    }
+    out
+}
+
+fn read_lease(path: &Path) -> Result<BTreeSet<String>, String> {
+    let bytes = crate::regular_file::read(path, MAX_LEASE_BYTES).map_err(|e| e.to_string())?;
+    serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+}
+
+/// Whether some process holds the lock at `path` (one that cannot be opened counts as held:
+/// a lease is never dropped on a doubt).
+fn held(path: &Path) -> bool {
+    let Ok(f) = File::options().write(true).open(path) else {
+        return !matches!(std::fs::metadata(path), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+    };
+    matches!(f.try_lock(), Err(std::fs::TryLockError::WouldBlock))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::index::ModuleEntry;
+
+    fn cache_with(modules: &[(u8, u64, u64)]) -> (tempfile::TempDir, Cache, Vec<String>) {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let mut shas = Vec::new();
+        IndexFile::new(&cache)
+            .update(|idx| {
+                for &(n, last_used, size) in modules {
+                    let sha = Sha256([n; 32]);
+                    std::fs::write(cache.module_path(&sha), vec![0u8; size as usize]).unwrap();
+                    idx.modules.insert(
+                        sha,
+                        ModuleEntry {
+                            source: format!("file:///m{n}"),
+                            manifest_digest: None,
+                            index_digest: None,
+                            size,
+                            modified_ns: None,
+                            pulled_at: 1,
+                            last_used,
+                        },
+                    );
+                    shas.push(sha.hex());
+                }
+            })
+            .unwrap();
+        (dir, cache, shas)
+    }
+
+    #[test]
+    fn in_use_modules_are_never_purged() {
+        let (_d, cache, shas) = cache_with(&[(1, 10, 100), (2, 10, 100)]);
+        let in_use = BTreeSet::from([shas[0].clone()]);
+        let purged = purge(&cache, &Settings::default(), &in_use).unwrap();
+        assert_eq!(purged.expired, vec![shas[1].clone()]);
+        assert_eq!(purged.spared, vec![shas[0].clone()]);
+        assert!(cache.lookup(&Sha256::parse(&shas[0]).unwrap()).is_some());
+        assert!(cache.lookup(&Sha256::parse(&shas[1]).unwrap()).is_none());
+    }
+
+    #[test]
+    fn a_live_lease_spares_its_modules_and_a_dead_one_is_dropped() {
+        let (_d, cache, shas) = cache_with(&[(1, 10, 100), (2, 10, 100)]);
+        let lease = Lease::take(&cache, "serve").unwrap();
+        lease.set(&BTreeSet::from([shas[1].clone()])).unwrap();
+        assert!(
+            Lease::take(&cache, "serve").is_err(),
+            "a second holder is refused"
+        );
+        let purged = purge(&cache, &Settings::default(), &BTreeSet::new()).unwrap();
+        assert_eq!(purged.expired, vec![shas[0].clone()]);
+        assert_eq!(purged.spared, vec![shas[1].clone()]);
+        drop(lease);
+        assert!(leased(&cache).is_empty());
+        assert!(!leases_dir(&cache).join("serve.json").exists());
+    }
+
+    #[test]
+    fn the_cap_evicts_least_recently_used_first_and_spares_in_use() {
+        let now = index::now();
+        // Oldest first: 3 (in use), 1, 4, 2.
+        let (_d, cache, shas) = cache_with(&[
+            (1, now - 30, 100),
+            (2, now - 10, 100),
+            (3, now - 40, 100),
+            (4, now - 20, 100),
+        ]);
+        let settings = Settings {
+            cache_max_bytes: Some(250),
+            ..Settings::default()
+        };
+        let in_use = BTreeSet::from([shas[2].clone()]);
+        let purged = purge(&cache, &settings, &in_use).unwrap();
+        assert!(purged.expired.is_empty());
+        assert_eq!(purged.evicted, vec![shas[0].clone(), shas[3].clone()]);
+        assert!(cache.lookup(&Sha256::parse(&shas[1]).unwrap()).is_some());
+        assert_eq!(purged.spared, vec![shas[2].clone()]);
+    }
+}

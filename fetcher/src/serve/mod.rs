@@ -1,0 +1,507 @@
+//! `wasm-fetcher serve`: keeps a directory of Envoy ECDS files in step with a directory of
+//! Istio `WasmPlugin` resources, for any Envoy that watches the ECDS directory
+//! (`path_config_source` with `watched_directory`).
+//!
+//! A plugin file's content is its version. Each change gets a generation number; the pull it
+//! starts may take long, and its result is written only if no newer generation of that file
+//! was seen meanwhile, so a slow pull of an old version never overwrites a new one. Every
+//! file is written by a rename inside the ECDS directory: Envoy sees the old file or the new,
+//! never a part, and a stop (SIGTERM) between two writes leaves both files whole.
+//!
+//! The modules the written files name are held in a lease (`crate::lifecycle`), so no purge,
+//! this process's or the CLI's, removes a module Envoy loads.
+
+pub mod http;
+pub mod metrics;
+pub mod retry;
+pub mod watch;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::error::FetchError;
+use crate::lifecycle::{self, Lease};
+use crate::render::{self, EcdsResource, Outcome};
+use crate::wasmplugin::WasmPlugin;
+use crate::{Cache, Settings};
+use metrics::{ConversionResult, Metrics};
+use watch::{Change, Content, Watcher};
+
+/// How `serve` runs; the CLI fills it from flags and the environment.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub plugins: PathBuf,
+    pub ecds_dir: PathBuf,
+    pub cache: Cache,
+    pub settings: Settings,
+    pub render: render::Options,
+    /// How often the plugins directory is checked.
+    pub poll: Duration,
+    /// How often the modules in use are checked on disk (a SIGHUP checks at once, re-hashing).
+    pub verify_every: Duration,
+    pub backoff: retry::Backoff,
+    /// Put before every metric name (`istio_agent_` for Istio's spelling).
+    pub metrics_prefix: String,
+}
+
+impl Options {
+    pub fn new(plugins: &Path, ecds_dir: &Path, cache: Cache, settings: Settings) -> Self {
+        Self {
+            plugins: plugins.to_path_buf(),
+            ecds_dir: ecds_dir.to_path_buf(),
+            cache,
+            settings,
+            render: render::Options::default(),
+            poll: Duration::from_millis(200),
+            verify_every: Duration::from_secs(60),
+            backoff: retry::Backoff::default(),
+            metrics_prefix: String::new(),
+        }
+    }
+}
+
+/// What the process's signals ask of a running `serve`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Control {
+    /// SIGHUP: re-hash every module in use now, fetch back what is missing or damaged, and
+    /// retry plugins that run on their fallback.
+    Reverify,
+    /// SIGTERM / SIGINT: stop; every file written is whole.
+    Stop,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("cannot read the plugins directory {}: {source}; give an existing directory of WasmPlugin files (--plugins)", path.display())]
+    Plugins {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("the ECDS directory {} is not a writable directory ({reason}); create it, on the same volume Envoy reads (--ecds-dir)", path.display())]
+    EcdsDir { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Fetch(#[from] FetchError),
+}
+
+/// One plugin file and what is on disk for it.
+#[derive(Debug)]
+struct Source {
+    generation: u64,
+    content: Content,
+    /// The ECDS files written for it, by file name; `None` until the first conversion.
+    applied: Option<BTreeMap<String, EcdsResource>>,
+    /// Why its newest version is not what is served, if it is not.
+    problem: Option<String>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    next_generation: u64,
+    sources: BTreeMap<PathBuf, Source>,
+    /// True once the directory was read once.
+    scanned: bool,
+}
+
+struct Shared {
+    options: Options,
+    metrics: Metrics,
+    state: Mutex<State>,
+    lease: Lease,
+    /// Held (shared) by a conversion from its pull until its files and lease are written,
+    /// (exclusive) by a purge: a module just pulled is in the lease before a purge looks.
+    purge_gate: tokio::sync::RwLock<()>,
+}
+
+impl Shared {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The digests of the modules the written files name.
+    fn in_use(state: &State) -> BTreeSet<String> {
+        state
+            .sources
+            .values()
+            .flat_map(|s| s.applied.iter().flat_map(|a| a.values()))
+            .filter_map(|r| match &r.outcome {
+                Outcome::Module { sha256, .. } => Some(sha256.clone()),
+                Outcome::Fallback { .. } => None,
+            })
+            .collect()
+    }
+
+    fn refresh_cache_entries(&self) {
+        if let Ok(idx) = crate::index::IndexFile::new(&self.options.cache).load() {
+            self.metrics.set_cache_entries(idx.modules.len());
+        }
+    }
+}
+
+impl http::Endpoints for Shared {
+    fn metrics(&self) -> String {
+        self.metrics.render()
+    }
+
+    fn ready(&self) -> Result<(), String> {
+        let state = self.state();
+        if !state.scanned {
+            return Err("the plugins directory has not been read yet".into());
+        }
+        let waiting: Vec<String> = state
+            .sources
+            .iter()
+            .filter(|(_, s)| s.applied.is_none())
+            .map(|(path, s)| {
+                let name = path.file_name().unwrap_or_default().to_string_lossy();
+                match &s.problem {
+                    Some(p) => format!("{name}: {p}"),
+                    None => format!("{name}: pulling"),
+                }
+            })
+            .collect();
+        if waiting.is_empty() {
+            Ok(())
+        } else {
+            Err(waiting.join("; "))
+        }
+    }
+}
+
+/// The name of the lease a `serve` writing `ecds_dir` holds: one writer per directory.
+fn lease_holder(ecds_dir: &Path) -> String {
+    use sha2::Digest;
+    let dir = std::fs::canonicalize(ecds_dir).unwrap_or_else(|_| ecds_dir.to_path_buf());
+    let digest = hex::encode(sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes()));
+    format!("serve-{}", &digest[..32])
+}
+
+fn check_ecds_dir(dir: &Path) -> Result<(), ServeError> {
+    let bad = |reason: String| ServeError::EcdsDir {
+        path: dir.to_path_buf(),
+        reason,
+    };
+    let meta = std::fs::metadata(dir).map_err(|e| bad(e.to_string()))?;
+    if !meta.is_dir() {
+        return Err(bad("not a directory".into()));
+    }
+    tempfile::Builder::new()
+        .prefix(".wasm-fetcher-probe-")
+        .tempfile_in(dir)
+        .map(drop)
+        .map_err(|e| bad(e.to_string()))
+}
+
+/// Runs until `control` says stop (or is closed). `listener`, if any, answers `/metrics`,
+/// `/healthz` and `/readyz`.
+pub async fn run(
+    options: Options,
+    listener: Option<tokio::net::TcpListener>,
+    mut control: mpsc::Receiver<Control>,
+) -> Result<(), ServeError> {
+    check_ecds_dir(&options.ecds_dir)?;
+    let mut watcher = Watcher::new(&options.plugins);
+    let lease = Lease::take(&options.cache, &lease_holder(&options.ecds_dir))?;
+    let shared = Arc::new(Shared {
+        metrics: Metrics::new(&options.metrics_prefix),
+        options,
+        state: Mutex::default(),
+        lease,
+        purge_gate: tokio::sync::RwLock::new(()),
+    });
+    shared.refresh_cache_entries();
+    let endpoint = listener.map(|l| tokio::spawn(http::serve(l, shared.clone())));
+    let mut tasks = JoinSet::new();
+    let mut running: BTreeMap<PathBuf, tokio::task::AbortHandle> = BTreeMap::new();
+    let opts = &shared.options;
+    let mut poll = tokio::time::interval(opts.poll);
+    let mut verify = tokio::time::interval(opts.verify_every);
+    let mut purge = tokio::time::interval(opts.settings.purge_interval);
+    for t in [&mut poll, &mut verify, &mut purge] {
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
+    // The first ticks fire at once: verify and purge wait for their period.
+    verify.tick().await;
+    purge.tick().await;
+    let outcome = loop {
+        let again: Vec<PathBuf> = tokio::select! {
+            _ = poll.tick() => {
+                let changes = match watcher.poll() {
+                    Ok(c) => c,
+                    Err(source) if !shared.state().scanned => {
+                        break Err(ServeError::Plugins { path: opts.plugins.clone(), source });
+                    }
+                    Err(e) => {
+                        tracing::warn!(dir = %opts.plugins.display(), error = %e, "cannot read the plugins directory; keeping what is served");
+                        Vec::new()
+                    }
+                };
+                let mut updated = Vec::new();
+                for change in changes {
+                    match change {
+                        Change::Updated(path, content) => {
+                            let mut state = shared.state();
+                            match state.sources.get_mut(&path) {
+                                Some(s) => s.content = content,
+                                None => {
+                                    state.sources.insert(path.clone(), Source {
+                                        generation: 0,
+                                        content,
+                                        applied: None,
+                                        problem: None,
+                                    });
+                                }
+                            }
+                            updated.push(path);
+                        }
+                        Change::Removed(path) => {
+                            if let Some(h) = running.remove(&path) {
+                                h.abort();
+                            }
+                            remove_source(&shared, &path);
+                        }
+                    }
+                }
+                shared.state().scanned = true;
+                updated
+            }
+            _ = verify.tick() => needing_refresh(&shared, false),
+            _ = purge.tick() => {
+                let shared = shared.clone();
+                tasks.spawn(async move { purge_now(&shared).await });
+                Vec::new()
+            }
+            c = control.recv() => match c {
+                Some(Control::Reverify) => needing_refresh(&shared, true),
+                Some(Control::Stop) | None => break Ok(()),
+            },
+        };
+        for path in again {
+            let generation = {
+                let mut state = shared.state();
+                state.next_generation += 1;
+                let generation = state.next_generation;
+                let Some(source) = state.sources.get_mut(&path) else {
+                    continue;
+                };
+                source.generation = generation;
+                generation
+            };
+            if let Some(h) = running.remove(&path) {
+                h.abort();
+            }
+            let shared = shared.clone();
+            let key = path.clone();
+            let handle = tasks.spawn(async move { convert(&shared, &path, generation).await });
+            running.insert(key, handle);
+        }
+        while tasks.try_join_next().is_some() {}
+        running.retain(|_, h| !h.is_finished());
+    };
+    // Each pull is dropped at an await: its temp file goes with it, and no ECDS file is being
+    // written then (writes happen whole, between awaits).
+    tasks.shutdown().await;
+    if let Some(e) = endpoint {
+        e.abort();
+    }
+    outcome
+}
+
+/// Sources whose modules are gone or damaged on disk, or which run on a fallback: they are
+/// converted again. `rehash` checks every byte (SIGHUP); otherwise size and mtime against the
+/// index.
+fn needing_refresh(shared: &Shared, rehash: bool) -> Vec<PathBuf> {
+    let cache = &shared.options.cache;
+    let idx = crate::index::IndexFile::new(cache)
+        .load()
+        .unwrap_or_default();
+    let state = shared.state();
+    state
+        .sources
+        .iter()
+        .filter(|(_, s)| {
+            s.applied.as_ref().is_some_and(|files| {
+                files.values().any(|r| match &r.outcome {
+                    Outcome::Fallback { .. } => true,
+                    Outcome::Module { sha256, .. } => {
+                        let Ok(sha) = crate::Sha256::parse(sha256) else {
+                            return true;
+                        };
+                        let verify = if rehash {
+                            crate::cache::Verify::Hash
+                        } else {
+                            crate::cache::Verify::Stamp(
+                                idx.modules.get(&sha).map(crate::index::ModuleEntry::stamp),
+                            )
+                        };
+                        cache.lookup_intact(&sha, verify).is_none()
+                    }
+                })
+            })
+        })
+        .map(|(p, _)| p.clone())
+        .collect()
+}
+
+async fn purge_now(shared: &Arc<Shared>) {
+    let _gate = shared.purge_gate.write().await;
+    let in_use = Shared::in_use(&shared.state());
+    let (cache, settings) = (
+        shared.options.cache.clone(),
+        shared.options.settings.clone(),
+    );
+    let purged =
+        tokio::task::spawn_blocking(move || lifecycle::purge(&cache, &settings, &in_use)).await;
+    match purged {
+        Ok(Ok(p)) => {
+            for sha in &p.expired {
+                tracing::info!(%sha, "purged: unused for WASM_MODULE_EXPIRY");
+            }
+            for sha in &p.evicted {
+                tracing::info!(%sha, "evicted: over WASM_CACHE_MAX_BYTES");
+            }
+        }
+        Ok(Err(e)) => tracing::warn!(error = %e, "purge failed"),
+        Err(e) => tracing::warn!(error = %e, "purge did not finish"),
+    }
+    shared.refresh_cache_entries();
+}
+
+/// Pulls and renders every plugin of one file's content, then writes the files if this is
+/// still the newest generation of that file.
+async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
+    let _gate = shared.purge_gate.read().await;
+    let Some(content) = shared.state().sources.get(path).map(|s| s.content.clone()) else {
+        return;
+    };
+    let opts = &shared.options;
+    let plugins = match &content {
+        Content::Unreadable(reason) => Err(reason.clone()),
+        Content::Text { text, .. } => WasmPlugin::parse_all(text)
+            .map_err(|e| format!("{}: {}", path.display(), crate::error::chain(&e))),
+    };
+    let plugins = match plugins {
+        Ok(p) => p,
+        Err(problem) => {
+            shared
+                .metrics
+                .conversion(ConversionResult::UnmarshalFailure);
+            tracing::error!(%problem, "WasmPlugin refused; the files written for its last good version stay");
+            if let Some(s) = shared.state().sources.get_mut(path) {
+                if s.generation == generation {
+                    s.problem = Some(problem);
+                }
+            }
+            return;
+        }
+    };
+    let mut resources = Vec::with_capacity(plugins.len());
+    for plugin in &plugins {
+        let request = render::plan(plugin, &opts.render);
+        let pulled = retry::pull(
+            &request,
+            &opts.cache,
+            &opts.settings,
+            opts.backoff,
+            &shared.metrics,
+        )
+        .await;
+        if let Err(e) = &pulled {
+            tracing::error!(plugin = %plugin.qualified_name(), error = %crate::error::chain(e), "module not available; writing the plugin's fallback");
+        }
+        resources.push(render::resource(plugin, pulled.as_ref()));
+    }
+    apply(shared, path, generation, resources);
+    shared.refresh_cache_entries();
+}
+
+/// Writes `resources` for the file at `path`, unless a newer generation of it was seen.
+fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResource>) {
+    let dir = &shared.options.ecds_dir;
+    let mut state = shared.state();
+    let current = state
+        .sources
+        .get(path)
+        .is_some_and(|s| s.generation == generation);
+    if !current {
+        tracing::debug!(path = %path.display(), generation, "a newer version arrived; result dropped");
+        return;
+    }
+    // Another file's plugin already owns this ECDS file name: the first one keeps it.
+    let taken: BTreeSet<String> = state
+        .sources
+        .iter()
+        .filter(|(p, _)| p.as_path() != path)
+        .flat_map(|(_, s)| s.applied.iter().flat_map(|a| a.keys().cloned()))
+        .collect();
+    let Some(source) = state.sources.get_mut(path) else {
+        return;
+    };
+    let previous = source.applied.take().unwrap_or_default();
+    let mut written = BTreeMap::new();
+    let mut problems = Vec::new();
+    for r in resources {
+        if taken.contains(&r.file_name) {
+            shared.metrics.conversion(ConversionResult::MarshalFailure);
+            problems.push(format!(
+                "{} is written for another file's WasmPlugin of the same namespace and name",
+                r.file_name
+            ));
+            continue;
+        }
+        let unchanged = previous.get(&r.file_name) == Some(&r) && dir.join(&r.file_name).is_file();
+        let result = if unchanged {
+            Ok(())
+        } else {
+            r.write_atomically(dir).map(drop)
+        };
+        match result {
+            Ok(()) => {
+                shared.metrics.conversion(match r.outcome {
+                    Outcome::Module { .. } => ConversionResult::Success,
+                    Outcome::Fallback { .. } => ConversionResult::FetchFailure,
+                });
+                if let Outcome::Fallback { error, .. } = &r.outcome {
+                    problems.push(format!("{}: on its fallback ({error})", r.name));
+                }
+                written.insert(r.file_name.clone(), r);
+            }
+            Err(e) => {
+                shared.metrics.conversion(ConversionResult::MarshalFailure);
+                problems.push(e.to_string());
+                // What was there stays there, and stays counted.
+                if let Some(old) = previous.get(&r.file_name) {
+                    written.insert(r.file_name.clone(), old.clone());
+                }
+            }
+        }
+    }
+    for name in previous.keys().filter(|n| !written.contains_key(*n)) {
+        let _ = std::fs::remove_file(dir.join(name));
+    }
+    source.applied = Some(written);
+    source.problem = (!problems.is_empty()).then(|| problems.join("; "));
+    let in_use = Shared::in_use(&state);
+    if let Err(e) = shared.lease.set(&in_use) {
+        tracing::warn!(error = %e, "cannot record the modules in use; a purge might remove one");
+    }
+}
+
+/// A plugin file is gone: so are its ECDS files.
+fn remove_source(shared: &Shared, path: &Path) {
+    let mut state = shared.state();
+    let Some(source) = state.sources.remove(path) else {
+        return;
+    };
+    for name in source.applied.iter().flat_map(|a| a.keys()) {
+        let _ = std::fs::remove_file(shared.options.ecds_dir.join(name));
+    }
+    let in_use = Shared::in_use(&state);
+    if let Err(e) = shared.lease.set(&in_use) {
+        tracing::warn!(error = %e, "cannot record the modules in use");
+    }
+}
