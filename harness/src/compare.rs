@@ -10,12 +10,12 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::expect::{self, LogExpect, WrittenLog};
 use crate::http::{CallRecord, Exchange};
 use crate::proxy::TcpOutcome;
 use crate::real_envoy::RealEnvoy;
 use crate::report::{ClockAdvance, Startup, StepOutcome, StepReport, Verdict};
 use crate::run::{startup_verdict, HarnessRun, RunOptions};
+use crate::scenario::expect::{self, LogExpect, WrittenLog};
 use crate::scenario::{AdvanceStep, ConnectionCase, RequestCase, Scenario, Step};
 
 /// Headers whose values legitimately differ between two runs (clock, ids, timing); only

@@ -48,8 +48,6 @@ pub mod builder;
 #[doc(hidden)]
 pub mod compiled_cache;
 #[doc(hidden)]
-pub mod expect;
-#[doc(hidden)]
 pub mod host;
 #[doc(hidden)]
 pub mod http1;

@@ -3,12 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::expect::{self, WrittenLog};
 use crate::http::{CannedGrpcCall, CannedHttpCall};
 use crate::proxy::{Proxy, ProxyOptions};
 use crate::report::{
     report_line, ClockAdvance, ScenarioReport, Startup, StepOutcome, StepReport, Verdict,
 };
+use crate::scenario::expect::{self, WrittenLog};
 use crate::scenario::{Scenario, Step};
 
 /// What a caller may change about a scenario without editing it.

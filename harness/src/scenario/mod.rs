@@ -45,12 +45,13 @@ use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 
 mod callouts;
+pub mod expect;
 
 pub use callouts::{GrpcCallSpec, HttpCallSpec};
 
-use crate::expect::{ConnectionExpect, Expect, LogExpect};
 use crate::host::HeaderMap;
 use crate::http::{Request, UpstreamReply};
+use expect::{ConnectionExpect, Expect, LogExpect};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ScenarioError {
@@ -514,8 +515,8 @@ impl UpstreamSpec {
 
 #[cfg(test)]
 mod tests {
+    use super::expect::LogThread;
     use super::*;
-    use crate::expect::LogThread;
 
     #[test]
     fn durations_need_a_unit() {

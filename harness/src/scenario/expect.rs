@@ -7,10 +7,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::Headers;
 use crate::host::{HeaderMap, LogRecord};
 use crate::http::{self, CallRecord, Exchange, LocalReplySource};
 use crate::proxy::{Proxy, TcpOutcome};
-use crate::scenario::Headers;
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
