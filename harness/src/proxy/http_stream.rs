@@ -35,7 +35,7 @@ pub(super) struct HttpStream<'a> {
 }
 
 /// How a callback's result (after the failure policy) tells the chain to go on.
-enum Step {
+enum ChainAfter {
     Continue,
     /// The filter paused (headers: a stall unless resumed; body: keep buffering), and why
     /// that would stall the stream.
@@ -138,11 +138,11 @@ impl<'a> HttpStream<'a> {
         &self.hcm.filters[i]
     }
 
-    fn fail_stream(&self, i: usize) -> Step {
+    fn fail_stream(&self, i: usize) -> ChainAfter {
         let plugin = self.plugin(i);
         match plugin.failure_policy {
-            FailurePolicy::FailOpen => Step::Continue,
-            _ => Step::Stop(StopReason::LocalReply(
+            FailurePolicy::FailOpen => ChainAfter::Continue,
+            _ => ChainAfter::Stop(StopReason::LocalReply(
                 LocalReplySource::FailurePolicy {
                     plugin: plugin.name.clone(),
                 },
@@ -186,7 +186,7 @@ impl<'a> HttpStream<'a> {
         i: usize,
         phase: &str,
         call: &mut dyn FnMut(&mut Vm, u32) -> Option<i32>,
-    ) -> Step {
+    ) -> ChainAfter {
         let Some((vm, ctx)) = self.contexts[i] else {
             return self.fail_stream(i);
         };
@@ -204,13 +204,13 @@ impl<'a> HttpStream<'a> {
             .http_state(ctx)
             .expect("stream context exists while the stream runs");
         if std::mem::take(&mut s.reset) {
-            return Step::Stop(StopReason::Halt(Halt::Reset(format!(
+            return ChainAfter::Stop(StopReason::Halt(Halt::Reset(format!(
                 "plugin {name:?} closed the stream in {phase} (proxy_close_stream): Envoy resets it and the client gets no response"
             ))));
         }
         if let Some(reply) = s.local_reply.take() {
             s.stop_forced = false;
-            return Step::Stop(StopReason::LocalReply(
+            return ChainAfter::Stop(StopReason::LocalReply(
                 LocalReplySource::Plugin {
                     plugin: name.clone(),
                     details: reply.details.clone(),
@@ -222,9 +222,9 @@ impl<'a> HttpStream<'a> {
             std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
         match result {
             // 0 Continue; 2 ContinueAndEndStream, which Envoy's converter treats as Continue.
-            None | Some(0) | Some(2) => Step::Continue,
-            Some(_) if resumed => Step::Continue,
-            Some(code) => Step::Paused(format!(
+            None | Some(0) | Some(2) => ChainAfter::Continue,
+            Some(_) if resumed => ChainAfter::Continue,
+            Some(code) => ChainAfter::Paused(format!(
                 "plugin {name:?} paused the stream in {phase} (returned {code}) and nothing resumed it; Envoy would hold the request until a timeout"
             )),
         }

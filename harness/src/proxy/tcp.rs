@@ -35,7 +35,7 @@ enum Way {
 }
 
 /// How a callback's result tells the connection to go on.
-enum Step {
+enum FlowAfter {
     Continue,
     Hold,
     Close(String),
@@ -124,11 +124,11 @@ impl<'a> TcpConnection<'a> {
     }
 
     /// The failure policy for filter `i`, whose VM failed or never started.
-    fn failed(&self, i: usize) -> Step {
+    fn failed(&self, i: usize) -> FlowAfter {
         let plugin = &self.plugins[i];
         match plugin.failure_policy {
-            FailurePolicy::FailOpen => Step::Continue,
-            _ => Step::Close(format!(
+            FailurePolicy::FailOpen => FlowAfter::Continue,
+            _ => FlowAfter::Close(format!(
                 "failure policy: plugin {:?} failed, and its filter closes the connection (fail closed)",
                 plugin.name
             )),
@@ -138,13 +138,13 @@ impl<'a> TcpConnection<'a> {
     fn open(&mut self, connection: host::Connection) {
         for i in 0..self.plugins.len() {
             let Some(slot) = self.slots[i] else {
-                if let Step::Close(why) = self.failed(i) {
+                if let FlowAfter::Close(why) = self.failed(i) {
                     return self.close(why);
                 }
                 continue;
             };
             if self.vm(slot.vm).failed.is_some() {
-                if let Step::Close(why) = self.failed(i) {
+                if let FlowAfter::Close(why) = self.failed(i) {
                     return self.close(why);
                 }
                 continue;
@@ -155,7 +155,7 @@ impl<'a> TcpConnection<'a> {
             self.contexts[i] = Some((slot.vm, ctx));
             self.deliver_posted();
             if self.vm(slot.vm).failed.is_some() {
-                if let Step::Close(why) = self.failed(i) {
+                if let FlowAfter::Close(why) = self.failed(i) {
                     return self.close(why);
                 }
             }
@@ -164,7 +164,7 @@ impl<'a> TcpConnection<'a> {
 
     /// Runs one data callback on filter `i` with `data` as its buffer; returns the step and
     /// the buffer as the filter left it.
-    fn callback(&mut self, i: usize, way: Way, data: Vec<u8>, end: bool) -> (Step, Vec<u8>) {
+    fn callback(&mut self, i: usize, way: Way, data: Vec<u8>, end: bool) -> (FlowAfter, Vec<u8>) {
         let Some((v, ctx)) = self.contexts[i] else {
             return (self.failed(i), data);
         };
@@ -192,7 +192,7 @@ impl<'a> TcpConnection<'a> {
         let name = self.plugins[i].name.clone();
         let failed = self.vm(v).failed.is_some();
         let Some(s) = self.vm(v).tcp_state(ctx) else {
-            return (Step::Continue, Vec::new());
+            return (FlowAfter::Continue, Vec::new());
         };
         let data = std::mem::take(match way {
             Way::Downstream => &mut s.downstream_data,
@@ -203,7 +203,7 @@ impl<'a> TcpConnection<'a> {
         }
         if std::mem::take(&mut s.close) {
             return (
-                Step::Close(format!(
+                FlowAfter::Close(format!(
                     "plugin {name:?} closed the connection (proxy_close_stream)"
                 )),
                 data,
@@ -211,9 +211,9 @@ impl<'a> TcpConnection<'a> {
         }
         let resumed = std::mem::take(&mut s.continue_downstream);
         let step = match result {
-            None | Some(0) => Step::Continue,
-            Some(_) if resumed => Step::Continue,
-            Some(_) => Step::Hold,
+            None | Some(0) => FlowAfter::Continue,
+            Some(_) if resumed => FlowAfter::Continue,
+            Some(_) => FlowAfter::Hold,
         };
         (step, data)
     }
@@ -232,12 +232,12 @@ impl<'a> TcpConnection<'a> {
             buffer.append(&mut data);
             let (step, out) = self.callback(i, way, buffer, end);
             match step {
-                Step::Continue => data = out,
-                Step::Hold => {
+                FlowAfter::Continue => data = out,
+                FlowAfter::Hold => {
                     self.held[side][i] = out;
                     return;
                 }
-                Step::Close(why) => return self.close(why),
+                FlowAfter::Close(why) => return self.close(why),
             }
         }
         match way {

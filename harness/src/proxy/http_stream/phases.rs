@@ -2,7 +2,7 @@
 //! then trailers, in one direction's order. Each filter's stream state holds the part while
 //! its callback runs, so the guest's hostcalls read and edit it there.
 
-use super::{Dir, Halt, HttpStream, Order, Part, Step, StopReason, Stopped};
+use super::{ChainAfter, Dir, Halt, HttpStream, Order, Part, StopReason, Stopped};
 use crate::host;
 use crate::http::HeaderMap;
 
@@ -43,11 +43,11 @@ impl HttpStream<'_> {
                 })
                 .unwrap_or_default();
             match step {
-                Step::Continue => {}
-                Step::Paused(why) => {
+                ChainAfter::Continue => {}
+                ChainAfter::Paused(why) => {
                     return (headers, Err((i, StopReason::Halt(Halt::Stalled(why)))))
                 }
-                Step::Stop(r) => return (headers, Err((i, r))),
+                ChainAfter::Stop(r) => return (headers, Err((i, r))),
             }
         }
         (headers, Ok(()))
@@ -117,9 +117,9 @@ impl HttpStream<'_> {
                 .unwrap_or_default();
             *t = back;
             match step {
-                Step::Continue => {}
-                Step::Paused(why) => return Err((i, StopReason::Halt(Halt::Stalled(why)))),
-                Step::Stop(r) => return Err((i, r)),
+                ChainAfter::Continue => {}
+                ChainAfter::Paused(why) => return Err((i, StopReason::Halt(Halt::Stalled(why)))),
+                ChainAfter::Stop(r) => return Err((i, r)),
             }
             if !buffered.is_empty() {
                 self.pass_chunk(dir, order, pos + 1, buffered, false, &mut held, &mut out)?;
@@ -166,15 +166,15 @@ impl HttpStream<'_> {
                 })
                 .unwrap_or_default();
             match step {
-                Step::Continue => data = body,
-                Step::Paused(why) if end_of_stream => {
+                ChainAfter::Continue => data = body,
+                ChainAfter::Paused(why) if end_of_stream => {
                     return Err((i, StopReason::Halt(Halt::Stalled(why))));
                 }
-                Step::Paused(_) => {
+                ChainAfter::Paused(_) => {
                     *slot = Some(body);
                     return Ok(());
                 }
-                Step::Stop(r) => return Err((i, r)),
+                ChainAfter::Stop(r) => return Err((i, r)),
             }
         }
         out.append(&mut data);
