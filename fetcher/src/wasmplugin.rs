@@ -17,6 +17,10 @@ use crate::verify::Sha256;
 pub const API_VERSION: &str = "extensions.istio.io/v1alpha1";
 pub const KIND: &str = "WasmPlugin";
 
+/// The most a file of WasmPlugin resources may hold: Kubernetes caps an object at about 1.5 MiB
+/// and a file may hold several. `render`, `prefetch` and `serve` read their inputs within it.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
 /// One `WasmPlugin`, validated; enum fields resolved to their meaning.
 #[derive(Debug, Clone, PartialEq)]
 pub struct WasmPlugin {

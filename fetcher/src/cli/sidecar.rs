@@ -11,9 +11,6 @@ use wasm_fetcher::render::{self, Outcome};
 use wasm_fetcher::wasmplugin::WasmPlugin;
 use wasm_fetcher::{convert, regular_file, settings, Cache, PullPolicy, Settings};
 
-/// A WasmPlugin file: Kubernetes caps an object at about 1.5 MiB; a file may hold several.
-const WASMPLUGIN_FILE_LIMIT: u64 = 16 << 20;
-
 #[derive(Args, Debug)]
 pub struct Fetching {
     /// Cache directory [default: $WASM_CACHE_DIR, else ~/.cache/wasm-fetcher].
@@ -102,7 +99,11 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 fn read_plugins(files: &[PathBuf]) -> anyhow::Result<Vec<WasmPlugin>> {
     let mut all: Vec<WasmPlugin> = Vec::new();
     for path in files {
-        let bytes = regular_file::read_input(path, "WasmPlugin file", WASMPLUGIN_FILE_LIMIT)?;
+        let bytes = regular_file::read_input(
+            path,
+            "WasmPlugin file",
+            wasm_fetcher::wasmplugin::MAX_FILE_BYTES,
+        )?;
         let text = String::from_utf8(bytes)
             .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
         let plugins = WasmPlugin::parse_all(&text).with_context(|| path.display().to_string())?;

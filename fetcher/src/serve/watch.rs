@@ -9,10 +9,6 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
-/// A plugin file, read whole: Kubernetes caps an object at about 1.5 MiB and a file may hold
-/// several (the limit `render` and `prefetch` apply to their inputs too).
-pub const MAX_PLUGIN_FILE: u64 = 16 << 20;
-
 /// One plugin file's content as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Content {
@@ -137,7 +133,7 @@ impl Watcher {
 
 /// The file's content, read with a limit checked before allocating.
 pub fn read(path: &Path) -> Content {
-    match crate::regular_file::read(path, MAX_PLUGIN_FILE) {
+    match crate::regular_file::read(path, crate::wasmplugin::MAX_FILE_BYTES) {
         Ok(bytes) => {
             let version = hex::encode(Sha256::digest(&bytes));
             match String::from_utf8(bytes) {
