@@ -2,13 +2,12 @@
 //! cluster is known: each answers with the reply queued for it (or a callout's canned
 //! answer) and records what it saw, or hands its connection over raw for a TCP proxy.
 
-use std::io::{BufReader, Write};
+use std::io::BufReader;
 use std::net::{TcpListener, TcpStream};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use super::{io, EnvoyError, MAX_BODY_BYTES};
-use crate::host::HeaderMap;
 use crate::http::{CannedHttpCall, HttpCallAnswer, SeenRequest, UpstreamReply};
 use crate::http1;
 
@@ -66,35 +65,16 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
     });
     let mut writer = conn;
     loop {
-        let Ok(Some(http1::Message { head, body })) =
-            http1::read_message(&mut reader, true, http1::Limits::new(MAX_BODY_BYTES))
+        let Ok(Some((headers, body))) =
+            http1::read_request(&mut reader, http1::Limits::new(MAX_BODY_BYTES))
         else {
             return;
         };
-        let mut headers_buf = [httparse::EMPTY_HEADER; 128];
-        let mut req = httparse::Request::new(&mut headers_buf);
-        if !matches!(req.parse(&head), Ok(httparse::Status::Complete(_))) {
-            return;
-        }
-        let mut headers: HeaderMap = vec![
-            (
-                ":method".into(),
-                req.method.unwrap_or_default().as_bytes().to_vec(),
-            ),
-            (
-                ":path".into(),
-                req.path.unwrap_or_default().as_bytes().to_vec(),
-            ),
-        ];
-        for h in req.headers.iter() {
-            let name = h.name.to_ascii_lowercase();
-            if name == "host" {
-                headers.insert(0, (":authority".into(), h.value.to_vec()));
-            } else {
-                headers.push((name, h.value.to_vec()));
-            }
-        }
-        let path = String::from_utf8_lossy(req.path.unwrap_or_default().as_bytes()).into_owned();
+        let path = headers
+            .iter()
+            .find(|(name, _)| name == ":path")
+            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default();
         let answer = {
             let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
             s.seen.push(SeenRequest {
@@ -118,17 +98,7 @@ fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) 
             // it into a 503; nothing on the wire makes Envoy report a callout reset.)
             HttpCallAnswer::Disconnect | HttpCallAnswer::Reset => return,
         };
-        let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
-        for (k, v) in &reply.headers {
-            out.extend_from_slice(k.as_bytes());
-            out.extend_from_slice(b": ");
-            out.extend_from_slice(v);
-            out.extend_from_slice(b"\r\n");
-        }
-        let body = reply.chunks().concat();
-        out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
-        out.extend_from_slice(&body);
-        if writer.write_all(&out).is_err() {
+        if http1::write_response(&mut writer, &reply).is_err() {
             return;
         }
     }

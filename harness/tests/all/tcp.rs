@@ -31,19 +31,9 @@ fn the_tcp_scenario_passes_in_the_harness_and_through_real_envoy() {
 
     let dir = tempfile::tempdir().unwrap();
     let b = tcp_bootstrap(dir.path());
-    let o = std::process::Command::new(envoy())
-        .args([
-            "--mode",
-            "validate",
-            "--disable-hot-restart",
-            "-l",
-            "error",
-            "-c",
-        ])
-        .arg(&b)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "envoy --mode validate: {}", text(&o));
+    if let Err(e) = wasm_harness::real_envoy::validate(&envoy(), &b) {
+        panic!("envoy --mode validate: {e}");
+    }
 
     let scenario = std::fs::read_to_string(root().join("testdata/scenarios/tcp-bytes.yaml"))
         .unwrap()
