@@ -154,3 +154,22 @@ impl Drop for Bar {
         }
     }
 }
+
+/// An Envoy configuration file (`what` names it in the read error): a regular file within the
+/// bootstrap limit, UTF-8, YAML or JSON. The text comes back too, for callers that answer in
+/// the input's format. Each failure names the file once.
+pub fn read_document(
+    path: &std::path::Path,
+    what: &'static str,
+) -> anyhow::Result<(String, serde_json::Value)> {
+    use wasm_fetcher::regular_file;
+    let bytes = regular_file::read_input(path, what, regular_file::BOOTSTRAP_LIMIT)?;
+    let named = || path.display().to_string();
+    let text = String::from_utf8(bytes)
+        .context("not UTF-8 text")
+        .with_context(named)?;
+    let doc = serde_norway::from_str(&text)
+        .context("not valid YAML or JSON")
+        .with_context(named)?;
+    Ok((text, doc))
+}

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use wasm_fetcher::{regular_file, rewrite};
+use wasm_fetcher::rewrite;
 
 use super::Failure;
 
@@ -24,15 +24,8 @@ pub fn run(args: RewriteArgs) -> Result<(), Failure> {
 
 fn rewrite_file(args: &RewriteArgs) -> anyhow::Result<()> {
     let path = &args.bootstrap;
-    // Each failure names the file once: the read error itself, the others by context.
-    let bytes = regular_file::read_input(path, "bootstrap", regular_file::BOOTSTRAP_LIMIT)?;
+    let (_, mut doc) = super::read_document(path, "bootstrap")?;
     let named = || path.display().to_string();
-    let text = String::from_utf8(bytes)
-        .context("not UTF-8 text")
-        .with_context(named)?;
-    let mut doc: serde_json::Value = serde_norway::from_str(&text)
-        .context("not valid YAML or JSON")
-        .with_context(named)?;
     rewrite::point_wasm_code_at(&mut doc, &args.module).with_context(named)?;
     let yaml = serde_norway::to_string(&doc)?;
     match &args.output {

@@ -214,13 +214,7 @@ fn looks_like_json(text: &str) -> bool {
 pub fn convert(args: ConvertArgs) -> anyhow::Result<()> {
     let path = &args.input;
     let named = || path.display().to_string();
-    let bytes = regular_file::read_input(path, "input", regular_file::BOOTSTRAP_LIMIT)?;
-    let text = String::from_utf8(bytes)
-        .context("not UTF-8 text")
-        .with_context(named)?;
-    let mut doc: serde_json::Value = serde_norway::from_str(&text)
-        .context("not valid YAML or JSON")
-        .with_context(named)?;
+    let (text, mut doc) = super::read_document(path, "input")?;
     // Checked before the cache is opened or anything fetched.
     convert::sites(&doc).with_context(named)?;
     let (cache, settings) = args.fetching.open()?;
