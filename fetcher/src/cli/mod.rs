@@ -168,7 +168,7 @@ pub fn read_document(
     let text = String::from_utf8(bytes)
         .context("not UTF-8 text")
         .with_context(named)?;
-    let doc = serde_norway::from_str(&text)
+    let doc = wasm_common::yaml::from_str(&text)
         .context("not valid YAML or JSON")
         .with_context(named)?;
     Ok((text, doc))

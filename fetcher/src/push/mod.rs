@@ -231,8 +231,9 @@ pub fn read_plugin_config(path: &std::path::Path) -> Result<serde_json::Value, F
         path: path.to_path_buf(),
         reason,
     };
+    let text = String::from_utf8(bytes).map_err(|_| bad("not UTF-8 text".into()))?;
     let value: serde_json::Value =
-        serde_norway::from_slice(&bytes).map_err(|e| bad(format!("not JSON or YAML: {e}")))?;
+        wasm_common::yaml::from_str(&text).map_err(|e| bad(format!("not JSON or YAML: {e}")))?;
     if !value.is_object() {
         return Err(bad(
             "expected an object (the plugin configuration, such as {\"role\": ...})".into(),

@@ -129,11 +129,10 @@ impl WasmPlugin {
     /// `---`. Empty documents are skipped; any other refused document refuses the whole text,
     /// so nothing is rendered from half a file.
     pub fn parse_all(text: &str) -> Result<Vec<WasmPlugin>, DocumentError> {
-        use serde::Deserialize;
+        let docs: Vec<Value> = wasm_common::yaml::from_str_all(text)
+            .map_err(|e| DocumentError::Syntax(crate::error::shown(&e.to_string())))?;
         let mut out = Vec::new();
-        for (i, doc) in serde_norway::Deserializer::from_str(text).enumerate() {
-            let value = Value::deserialize(doc)
-                .map_err(|e| DocumentError::Syntax(crate::error::shown(&e.to_string())))?;
+        for (i, value) in docs.into_iter().enumerate() {
             if value.is_null() {
                 continue;
             }
@@ -397,6 +396,16 @@ spec:
         assert_eq!(all.len(), 2);
         assert_eq!(all[1].name, "b");
         assert_eq!(WasmPlugin::parse_all("---\n"), Err(DocumentError::Empty));
+    }
+
+    #[test]
+    fn aliases_expanding_past_the_file_are_refused_before_any_resource_is_read() {
+        let anchor = format!("x: &a [{}]\n", vec!["0"; 2_000].join(","));
+        let text = format!("{GOOD}\n---\n{anchor}y: [{}]\n", vec!["*a"; 500].join(","));
+        match WasmPlugin::parse_all(&text) {
+            Err(DocumentError::Syntax(e)) => assert!(e.contains("aliases expand"), "{e}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     /// Each refusal names the field as Istio's validation does.

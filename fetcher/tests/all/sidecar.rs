@@ -398,6 +398,20 @@ fn malformed_input_is_refused_by_field_and_nothing_is_written() {
         "{}",
         stderr(&o)
     );
+    // A few KiB of anchors standing for millions of values is refused before it is built.
+    let bomb = format!(
+        "a: &a [{}]\nb: [{}]\n",
+        vec!["0"; 10_000].join(","),
+        vec!["*a"; 2_000].join(",")
+    );
+    std::fs::write(&input, bomb).unwrap();
+    let o = convert_to_target();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(
+        stderr(&o).contains("aliases expand to more than"),
+        "{}",
+        stderr(&o)
+    );
 
     assert_eq!(
         std::fs::read_to_string(&target).unwrap(),
