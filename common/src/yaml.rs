@@ -9,7 +9,6 @@
 use std::fmt;
 
 use serde::de::{self, DeserializeOwned, DeserializeSeed, IgnoredAny, VariantAccess, Visitor};
-use serde::Deserialize;
 
 /// Why a document was not read.
 #[derive(Debug, thiserror::Error)]
