@@ -220,7 +220,11 @@ impl IndexFile {
                 Err(e) => format!("not a valid index ({e})"),
             },
             Err(ReadError::Missing) => return Ok(self.rebuild(false)),
-            Err(e @ (ReadError::NotRegular(_) | ReadError::TooLarge { .. })) => e.to_string(),
+            Err(
+                e @ (ReadError::NotRegular(_)
+                | ReadError::TooLarge { .. }
+                | ReadError::NotText { .. }),
+            ) => e.to_string(),
             Err(ReadError::Io(e)) => return Err(crate::cache::io_error(&self.path, e)),
         };
         tracing::warn!(path = %self.path.display(), %problem, "cache index rebuilt from the module files");

@@ -1,117 +1,25 @@
-//! Reading a small local input (`--pull-secret`, `--ca-file`, a bootstrap to rewrite, the
-//! cache index) whole. Only a regular file is read, and only up to a limit checked before any
-//! allocation: a path naming `/dev/zero`, a FIFO with no writer or a directory gets an error
-//! naming what it is, instead of an endless read, a hang or an allocation of its size.
+//! The fetcher's side inputs (`--pull-secret`, `--ca-file`, a bootstrap to rewrite, the cache
+//! index) are read with [`wasm_common::regular_file`]; this adds the limits and the error that
+//! names the input.
 
-use std::io::Read;
 use std::path::Path;
+
+pub use wasm_common::regular_file::{read, ReadError};
 
 use crate::error::FetchError;
 
-/// Why a file could not be read; turned into a [`FetchError::Read`] naming the input.
-#[derive(Debug, thiserror::Error)]
-pub enum ReadError {
-    #[error("no such file")]
-    Missing,
-    #[error("not a regular file ({0}); give the path of a file")]
-    NotRegular(&'static str),
-    #[error("larger than the limit of {limit} bytes")]
-    TooLarge { limit: u64 },
-    #[error("{0}")]
-    Io(std::io::Error),
-}
-
-impl ReadError {
-    /// The library error for input `what` (a flag name or a description) at `path`.
-    pub fn into_fetch_error(self, what: &'static str, path: &Path) -> FetchError {
-        FetchError::Read {
-            what,
-            path: path.to_path_buf(),
-            reason: self.to_string(),
-        }
+/// The library error for input `what` (a flag name or a description) at `path`.
+pub fn named(e: ReadError, what: &'static str, path: &Path) -> FetchError {
+    FetchError::Read {
+        what,
+        path: path.to_path_buf(),
+        reason: e.to_string(),
     }
-}
-
-impl From<std::io::Error> for ReadError {
-    fn from(e: std::io::Error) -> Self {
-        match e.kind() {
-            std::io::ErrorKind::NotFound => Self::Missing,
-            std::io::ErrorKind::IsADirectory => Self::NotRegular("a directory"),
-            _ => Self::Io(e),
-        }
-    }
-}
-
-/// What a file that is not regular is, in words.
-pub fn kind_of(meta: &std::fs::Metadata) -> &'static str {
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::FileTypeExt;
-        let t = meta.file_type();
-        if t.is_fifo() {
-            return "a FIFO";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
-    }
-    if meta.is_dir() {
-        "a directory"
-    } else {
-        "not a file"
-    }
-}
-
-/// Opens `path` for reading if it is a regular file. The open does not block (a FIFO with no
-/// writer would never open) and the type is checked on the opened file, so a path swapped
-/// after a check cannot slip through.
-pub fn open(path: &Path) -> Result<std::fs::File, ReadError> {
-    let mut options = std::fs::File::options();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
-    }
-    let file = options.open(path).map_err(|e| {
-        // A socket cannot be opened at all: name it rather than the errno.
-        match std::fs::metadata(path) {
-            Ok(meta) if !meta.is_file() => ReadError::NotRegular(kind_of(&meta)),
-            _ => ReadError::from(e),
-        }
-    })?;
-    let meta = file.metadata()?;
-    if !meta.is_file() {
-        return Err(ReadError::NotRegular(kind_of(&meta)));
-    }
-    Ok(file)
-}
-
-/// The whole content of the regular file at `path`, if it has at most `limit` bytes.
-pub fn read(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
-    let file = open(path)?;
-    let size = file.metadata()?.len();
-    if size > limit {
-        return Err(ReadError::TooLarge { limit });
-    }
-    let mut bytes = Vec::with_capacity(size as usize);
-    // The file may grow between the stat and the read: never past the limit.
-    file.take(limit + 1).read_to_end(&mut bytes)?;
-    if bytes.len() as u64 > limit {
-        return Err(ReadError::TooLarge { limit });
-    }
-    Ok(bytes)
 }
 
 /// [`read`], with the error naming the input.
 pub fn read_input(path: &Path, what: &'static str, limit: u64) -> Result<Vec<u8>, FetchError> {
-    read(path, limit).map_err(|e| e.into_fetch_error(what, path))
+    read(path, limit).map_err(|e| named(e, what, path))
 }
 
 /// `read_input`'s limit for a Docker config JSON: Kubernetes caps a Secret at 1 MiB.
@@ -120,32 +28,3 @@ pub const PULL_SECRET_LIMIT: u64 = 1 << 20;
 pub const CA_FILE_LIMIT: u64 = 4 << 20;
 /// An Envoy bootstrap to rewrite.
 pub const BOOTSTRAP_LIMIT: u64 = 64 << 20;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_a_regular_file_up_to_the_limit() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("f");
-        std::fs::write(&p, b"12345").unwrap();
-        assert_eq!(read(&p, 5).unwrap(), b"12345");
-        assert!(matches!(read(&p, 4), Err(ReadError::TooLarge { limit: 4 })));
-        assert!(matches!(
-            read(&dir.path().join("none"), 5),
-            Err(ReadError::Missing)
-        ));
-    }
-
-    #[test]
-    fn refuses_what_is_not_a_regular_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let e = read(dir.path(), 1 << 20).unwrap_err().to_string();
-        assert!(e.contains("not a regular file (a directory)"), "{e}");
-        let e = read(Path::new("/dev/zero"), 1 << 20)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("a character device"), "{e}");
-    }
-}

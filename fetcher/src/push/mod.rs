@@ -178,7 +178,7 @@ fn read_module(path: &std::path::Path, limit: u64) -> Result<Vec<u8>, FetchError
                 "larger than {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES), which pullers refuse"
             ),
         },
-        other => other.into_fetch_error("module", path),
+        other => crate::regular_file::named(other, "module", path),
     })
 }
 

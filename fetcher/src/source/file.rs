@@ -14,7 +14,7 @@ pub async fn fetch(url: &url::Url, staging: &mut Staging) -> Result<(), FetchErr
     })?;
     let unreadable = |e: ReadError| match e {
         ReadError::Missing => FetchError::NoSuchFile { path: path.clone() },
-        e => e.into_fetch_error("file", &path),
+        e => crate::regular_file::named(e, "file", &path),
     };
     let mut file = tokio::fs::File::open(&path)
         .await
