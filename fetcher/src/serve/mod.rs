@@ -15,6 +15,7 @@ pub mod http;
 pub mod metrics;
 pub mod retry;
 pub mod watch;
+mod written;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -105,6 +106,60 @@ struct State {
     sources: BTreeMap<PathBuf, Source>,
     /// True once the directory was read once.
     scanned: bool,
+    /// ECDS files an earlier run recorded writing that no source has claimed since; once every
+    /// source is served, those left are files of plugins deleted meanwhile, and are removed.
+    leftover: BTreeSet<String>,
+    /// What the record in the ECDS directory says.
+    recorded: BTreeSet<String>,
+}
+
+impl State {
+    /// The ECDS files `serve` answers for: those written for a source, and the leftovers
+    /// still waiting to be claimed or removed.
+    fn written(&self) -> BTreeSet<String> {
+        self.sources
+            .values()
+            .flat_map(|s| s.applied.iter().flat_map(|a| a.keys().cloned()))
+            .chain(self.leftover.iter().cloned())
+            .collect()
+    }
+
+    /// Brings the record in `dir` in line with what is written, if it is not.
+    fn record(&mut self, dir: &Path) {
+        let written = self.written();
+        if written != self.recorded {
+            written::store(dir, &written);
+            self.recorded = written;
+        }
+    }
+
+    /// Once the directory was read and every source is served, removes the leftovers no
+    /// source claimed: the files of plugins deleted while `serve` was down.
+    fn sweep_leftovers(&mut self, dir: &Path) {
+        let settled = self.scanned && self.sources.values().all(|s| s.applied.is_some());
+        if self.leftover.is_empty() || !settled {
+            return;
+        }
+        let claimed: BTreeSet<String> = self
+            .sources
+            .values()
+            .flat_map(|s| s.applied.iter().flat_map(|a| a.keys().cloned()))
+            .collect();
+        for name in std::mem::take(&mut self.leftover) {
+            if !claimed.contains(&name) {
+                match std::fs::remove_file(dir.join(&name)) {
+                    Ok(()) => {
+                        tracing::info!(file = %name, "removed the ECDS file of a plugin deleted while serve was down")
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        tracing::warn!(file = %name, error = %e, "cannot remove the ECDS file of a deleted plugin")
+                    }
+                }
+            }
+        }
+        self.record(dir);
+    }
 }
 
 struct Shared {
@@ -214,6 +269,11 @@ pub async fn run(
         purge_gate: tokio::sync::RwLock::new(()),
     });
     shared.refresh_cache_entries();
+    {
+        let mut state = shared.state();
+        state.leftover = written::load(&shared.options.ecds_dir);
+        state.recorded = state.leftover.clone();
+    }
     let endpoint = listener.map(|l| tokio::spawn(http::serve(l, shared.clone())));
     let mut tasks = JoinSet::new();
     let mut running: BTreeMap<PathBuf, tokio::task::AbortHandle> = BTreeMap::new();
@@ -301,6 +361,7 @@ pub async fn run(
         }
         while tasks.try_join_next().is_some() {}
         running.retain(|_, h| !h.is_finished());
+        shared.state().sweep_leftovers(&opts.ecds_dir);
     };
     // Each pull is dropped at an await: its temp file goes with it, and no ECDS file is being
     // written then (writes happen whole, between awaits).
@@ -485,6 +546,7 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
     }
     source.applied = Some(written);
     source.problem = (!problems.is_empty()).then(|| problems.join("; "));
+    state.record(dir);
     let in_use = Shared::in_use(&state);
     if let Err(e) = shared.lease.set(&in_use) {
         tracing::warn!(error = %e, "cannot record the modules in use; a purge might remove one");
@@ -500,6 +562,7 @@ fn remove_source(shared: &Shared, path: &Path) {
     for name in source.applied.iter().flat_map(|a| a.keys()) {
         let _ = std::fs::remove_file(shared.options.ecds_dir.join(name));
     }
+    state.record(&shared.options.ecds_dir);
     let in_use = Shared::in_use(&state);
     if let Err(e) = shared.lease.set(&in_use) {
         tracing::warn!(error = %e, "cannot record the modules in use");

@@ -354,6 +354,9 @@ fn kill_9_mid_pull_leaves_a_cache_the_next_start_uses_as_is_and_sigterm_leaves_w
     );
     for e in std::fs::read_dir(&d.ecds).unwrap().flatten() {
         let name = e.file_name().to_string_lossy().into_owned();
+        if name == ".wasm-fetcher-written" {
+            continue; // the record of what serve wrote, itself written whole
+        }
         assert!(!name.starts_with('.'), "temp file left: {name}");
         let text = std::fs::read_to_string(e.path()).unwrap();
         let doc: serde_json::Value = serde_norway::from_str(&text).unwrap();
@@ -420,5 +423,43 @@ fn failed_pulls_are_retried_with_backoff_until_the_deadline_then_the_fallback_is
     assert_eq!(
         serve.metric("wasm_remote_fetch_count{result=\"success\"}"),
         1
+    );
+}
+
+#[test]
+fn a_plugin_deleted_while_serve_is_down_loses_its_ecds_file_at_the_next_start() {
+    let d = dirs();
+    let server = Server::start(vec![
+        ("/a.wasm", Behaviour::Ok(module("a"))),
+        ("/b.wasm", Behaviour::Ok(module("b"))),
+    ]);
+    for name in ["a", "b"] {
+        write_plugin(
+            &d.plugins.join(format!("{name}.yaml")),
+            &wasm_plugin(name, &server.url(&format!("/{name}.wasm")), ""),
+        );
+    }
+    // A file someone else keeps in the directory Envoy watches.
+    let theirs = d.ecds.join("theirs.other.yaml");
+    std::fs::write(&theirs, "resources: []\n").unwrap();
+    let serve = d.serve(&[], &[]);
+    serve.wait_ready();
+    assert!(ecds_module(&d.ecds, "a").is_some() && ecds_module(&d.ecds, "b").is_some());
+    assert!(serve.stop().success());
+
+    std::fs::remove_file(d.plugins.join("b.yaml")).unwrap();
+    let serve = d.serve(&[], &[]);
+    serve.wait_ready();
+    wait_for("b's ECDS file is removed", Duration::from_secs(10), || {
+        !d.ecds.join("test.b.yaml").exists()
+    });
+    assert!(ecds_module(&d.ecds, "a").is_some(), "{}", serve.log());
+    assert!(theirs.is_file(), "a file serve did not write stays");
+    assert!(
+        serve
+            .log()
+            .contains("removed the ECDS file of a plugin deleted while serve was down"),
+        "{}",
+        serve.log()
     );
 }
