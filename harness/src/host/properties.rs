@@ -3,8 +3,9 @@
 //! attributes), serialized as Envoy does (strings raw, integers and doubles 8 bytes
 //! little-endian, booleans 1 byte, maps in the pairs format). Anything unknown is `NotFound`,
 //! as in Envoy. Addresses: the client is 127.0.0.1 with a port per connection, the
-//! destination is the listener's address and port. Not modelled: upstream.*, metadata,
-//! filter_state.
+//! destination is the listener's address and port; `filter_state.<key>` reads what
+//! `set_envoy_filter_state` stored (see [`super::filter_state`]). Not modelled: upstream.*,
+//! metadata, the whole `filter_state` map.
 
 use wasmtime::{Caller, Linker};
 
@@ -39,6 +40,7 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
     if let Some(c) = state.connection() {
         let (address, port) = c.destination.as_ref();
         match path {
+            ["filter_state", key] => return c.with_filter_state(|fs| fs.read(key)),
             ["source", "address"] => {
                 return Some(format!("127.0.0.1:{}", c.source_port).into_bytes())
             }
