@@ -132,6 +132,7 @@ impl Proxy {
                 .map_err(|e| StartError::Runtime(format!("{e:#}")))?;
         let shared = Arc::new(Shared::default());
         let _ = shared.node.set(bootstrap.node.clone());
+        let _ = shared.bootstrap.set(Arc::new(bootstrap.clone()));
         let factory = VmFactory::new(runtime, &bootstrap)?;
         let destinations = bootstrap
             .listeners

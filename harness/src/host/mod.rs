@@ -53,6 +53,8 @@ pub struct Shared {
     pub stats: metrics::Stats,
     /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
     pub node: std::sync::OnceLock<serde_json::Value>,
+    /// The bootstrap, for the route and cluster a stream's `xds.*` properties name.
+    pub bootstrap: std::sync::OnceLock<Arc<crate::bootstrap::Bootstrap>>,
     /// Numbers VM instances (from 1) so queue notifications find the one that registered.
     next_instance: AtomicU64,
 }
