@@ -185,8 +185,8 @@ fn envoy_request(
     compared.envoy = StepOutcome::Request(ex);
 }
 
-/// A connection through Envoy: only the bytes are checked and compared, since who closed is
-/// the harness's reading and Envoy's log is not split per connection.
+/// A connection through Envoy: the cluster it reached and the bytes are checked and compared,
+/// since who closed is the harness's reading and Envoy's log is not split per connection.
 fn envoy_connection(real: &mut RealEnvoy, c: &ConnectionCase, compared: &mut ComparedStep) {
     let out = match real.connect(c.listener.as_deref(), &c.events()) {
         Ok(out) => out,
@@ -321,8 +321,14 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
     out
 }
 
-/// The bytes each side of a connection received.
+/// The cluster a connection reached and the bytes each side of it received.
 fn compare_connections(harness: &TcpOutcome, envoy: &TcpOutcome, out: &mut Vec<String>) {
+    if harness.cluster != envoy.cluster {
+        out.push(format!(
+            "upstream cluster: harness {:?}, envoy {:?}",
+            harness.cluster, envoy.cluster
+        ));
+    }
     for (what, h, e) in [
         (
             "upstream received",

@@ -318,7 +318,7 @@ pub enum TcpEvent {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct TcpOutcome {
     pub worker: usize,
-    /// The `tcp_proxy` cluster.
+    /// The cluster `tcp_proxy` connected to (empty when it connected to none).
     pub cluster: String,
     /// Every byte the upstream received.
     #[serde(serialize_with = "bytes_as_text")]

@@ -132,6 +132,7 @@ impl Proxy {
                 .map_err(|e| StartError::Runtime(format!("{e:#}")))?;
         let shared = Arc::new(Shared::default());
         let _ = shared.node.set(bootstrap.node.clone());
+        let _ = shared.bootstrap.set(Arc::new(bootstrap.clone()));
         let factory = VmFactory::new(runtime, &bootstrap)?;
         let destinations = bootstrap
             .listeners
@@ -222,14 +223,15 @@ impl Proxy {
         threads::reload_failed_vms(&mut self.threads, w, &self.factory, &self.bootstrap);
         let connection = new_connection(&mut self.connections, &self.destinations[listener]);
         let plugins = self.bootstrap.listeners[listener].plugins();
-        let cluster_exists = self.bootstrap.cluster(&cluster).is_some();
-        Ok(
-            tcp::TcpConnection::new(&mut self.threads, w, listener, plugins, cluster).run(
-                connection,
-                cluster_exists,
-                events,
-            ),
+        Ok(tcp::TcpConnection::new(
+            &mut self.threads,
+            w,
+            listener,
+            plugins,
+            cluster,
+            &self.bootstrap.clusters,
         )
+        .run(connection, events))
     }
 
     /// Advances the virtual clock by `by`, firing the ticks that fall due (see
@@ -439,9 +441,9 @@ impl Proxy {
 /// TCP), from 127.0.0.1 and a port of its own, to the listener at `destination`.
 fn new_connection(connections: &mut u64, destination: &Arc<(String, u16)>) -> host::Connection {
     *connections += 1;
-    host::Connection {
-        id: *connections,
-        source_port: 40000 + (*connections % 20000) as u16,
-        destination: destination.clone(),
-    }
+    host::Connection::new(
+        *connections,
+        40000 + (*connections % 20000) as u16,
+        destination.clone(),
+    )
 }

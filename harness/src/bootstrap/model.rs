@@ -134,6 +134,16 @@ pub struct VirtualHost {
 pub struct Route {
     pub matcher: RouteMatch,
     pub action: RouteAction,
+    /// Its `name` and `metadata`, for the `xds.route_name` / `xds.route_metadata` properties.
+    pub xds: XdsInfo,
+}
+
+/// A resource's `name` and `metadata` (`envoy.config.core.v3.Metadata` as JSON, `Null` when
+/// absent), which the `xds.*` properties read.
+#[derive(Debug, Clone, Default)]
+pub struct XdsInfo {
+    pub name: String,
+    pub metadata: Value,
 }
 
 #[derive(Debug, Clone)]
@@ -152,6 +162,8 @@ pub enum RouteAction {
 pub struct Cluster {
     pub name: String,
     pub endpoints: Vec<(String, u16)>,
+    /// `metadata`, for the `xds.cluster_metadata` property (`Null` when absent).
+    pub metadata: Value,
 }
 
 /// Where the failed-VM policy sends traffic (`fail_open` / `failure_policy`).

@@ -311,7 +311,15 @@ fn parse_route(at: &str, r: &Value) -> Result<Route, BootstrapError> {
     } else {
         return Err(invalid(at, "a route needs route or direct_response"));
     };
-    Ok(Route { matcher, action })
+    let xds = XdsInfo {
+        name: str_field(r, "name").unwrap_or_default(),
+        metadata: r.get("metadata").cloned().unwrap_or_default(),
+    };
+    Ok(Route {
+        matcher,
+        action,
+        xds,
+    })
 }
 
 /// An Envoy `DataSource` used inline (`inline_string` / `inline_bytes`).
@@ -347,7 +355,12 @@ fn parse_cluster(at: &str, c: &Value) -> Result<Cluster, BootstrapError> {
             ));
         }
     }
-    Ok(Cluster { name, endpoints })
+    let metadata = c.get("metadata").cloned().unwrap_or_default();
+    Ok(Cluster {
+        name,
+        endpoints,
+        metadata,
+    })
 }
 
 fn parse_plugin(at: &str, config: &Value) -> Result<WasmPlugin, BootstrapError> {

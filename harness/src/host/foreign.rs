@@ -1,24 +1,25 @@
 //! `proxy_call_foreign_function` and the functions Envoy registers for it (its `foreign.cc`).
 //!
 //! Emulated: `compress` / `uncompress` (zlib format; the compressed bytes may differ from
-//! Envoy's zlib build, what decompresses from them does not) and `clear_route_cache` (the
-//! harness routes after the filters anyway). Envoy's others (`declare_property`,
-//! `set_envoy_filter_state`, `sign`, `verify_signature`, `expr_create` / `expr_evaluate` /
-//! `expr_delete`) need Envoy's protobufs, crypto or CEL: they answer `NotFound`, as an unknown
-//! name does, and the log says the harness lacks them. Any other name is `NotFound`, as in
-//! Envoy.
+//! Envoy's zlib build, what decompresses from them does not), `clear_route_cache` (the
+//! harness routes after the filters anyway) and `set_envoy_filter_state` (into the
+//! connection's [`super::filter_state`], which `tcp_proxy` and the `filter_state` property
+//! read). Envoy's others (`declare_property`, `sign`, `verify_signature`, `expr_create` /
+//! `expr_evaluate` / `expr_delete`) need Envoy's protobufs, crypto or CEL: they answer
+//! `NotFound`, as an unknown name does, and the log says the harness lacks them. Any other
+//! name is `NotFound`, as in Envoy.
 
 use std::io::{Read, Write};
 
 use wasmtime::{Caller, Linker};
 
+use super::filter_state::{FilterState, Refusal, MAX_FILTER_STATE_BYTES};
 use super::{finish, logging, memory, HostError, HostState};
 use crate::abi::{LogLevel, Status};
 
 /// Registered in Envoy, not emulated here.
 const ENVOY_ONLY: &[&str] = &[
     "declare_property",
-    "set_envoy_filter_state",
     "sign",
     "verify_signature",
     "expr_create",
@@ -93,6 +94,7 @@ fn proxy_call_foreign_function(
             );
         }
         let outcome = match name.as_str() {
+            "set_envoy_filter_state" => set_envoy_filter_state(caller.data(), &args).map(|()| None),
             "uncompress" => uncompress(&args).map(Some).map_err(|e| {
                 if e == Inflate::TooLarge {
                     logging::record(
@@ -123,6 +125,82 @@ fn proxy_call_foreign_function(
     })())
 }
 
+/// `SetEnvoyFilterStateArguments` (`path` = 1, `value` = 2, `span` = 3) from protobuf wire
+/// bytes; `None` where Envoy's `ParseFromString` fails. Unknown fields are skipped, as
+/// protobuf does; the life span does not change what the harness stores.
+fn filter_state_arguments(mut bytes: &[u8]) -> Option<(String, Vec<u8>)> {
+    fn varint(bytes: &mut &[u8]) -> Option<u64> {
+        let mut v = 0u64;
+        for shift in (0..64).step_by(7) {
+            let (b, rest) = bytes.split_first()?;
+            *bytes = rest;
+            v |= u64::from(b & 0x7f) << shift;
+            if b & 0x80 == 0 {
+                return Some(v);
+            }
+        }
+        None
+    }
+    let (mut path, mut value) = (String::new(), Vec::new());
+    while !bytes.is_empty() {
+        let tag = varint(&mut bytes)?;
+        match tag & 7 {
+            0 => {
+                varint(&mut bytes)?;
+            }
+            1 | 5 => {
+                let n = if tag & 7 == 1 { 8 } else { 4 };
+                bytes = bytes.get(n..)?;
+            }
+            2 => {
+                let n = usize::try_from(varint(&mut bytes)?).ok()?;
+                let field = bytes.get(..n)?;
+                bytes = &bytes[n..];
+                // proto3 strings must be UTF-8 for the parse to succeed.
+                match tag >> 3 {
+                    1 => path = String::from_utf8(field.to_vec()).ok()?,
+                    2 => value = String::from_utf8(field.to_vec()).ok()?.into_bytes(),
+                    _ => {}
+                }
+            }
+            _ => return None,
+        }
+        if tag >> 3 == 0 {
+            return None;
+        }
+    }
+    Some((path, value))
+}
+
+/// Envoy's `setEnvoyFilterState`: the key's factory (`NotFound` without one), its parse of
+/// the value (`BadArgument`), then the stream (`NotFound` for a root context), then the object
+/// stored in the connection's filter state.
+fn set_envoy_filter_state(state: &HostState, args: &[u8]) -> Result<(), Status> {
+    let (key, value) = filter_state_arguments(args).ok_or(Status::BadArgument)?;
+    let outcome = match state.connection() {
+        Some(c) => c.with_filter_state(|fs| fs.set(&key, &value)),
+        None => FilterState::default()
+            .set(&key, &value)
+            .and(Err(Refusal::UnknownKey)),
+    };
+    outcome.map_err(|refusal| {
+        match &refusal {
+            Refusal::NotEmulated => logging::record(
+                state,
+                LogLevel::Warn,
+                format!("wasm-harness: set_envoy_filter_state: the values Envoy's factory for {key:?} accepts are not emulated by the harness; answered BadArgument"),
+            ),
+            Refusal::TooLarge => logging::record(
+                state,
+                LogLevel::Critical,
+                format!("set_envoy_filter_state: the filter state would pass the harness's limit of {MAX_FILTER_STATE_BYTES} bytes: refused (BadArgument)"),
+            ),
+            Refusal::UnknownKey | Refusal::BadValue => {}
+        }
+        refusal.status()
+    })
+}
+
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         "env",
@@ -149,6 +227,25 @@ mod tests {
         assert_eq!(run("clear_route_cache", b""), Ok(None));
         assert_eq!(run("no_such_function", b""), Err(Status::NotFound));
         assert_eq!(run("declare_property", b""), Err(Status::NotFound));
+    }
+
+    #[test]
+    fn filter_state_arguments_are_read_from_protobuf_wire_bytes() {
+        // path "a.b", value "v", span 2, and an unknown fixed32 field 9.
+        let bytes = [
+            0x0a, 3, b'a', b'.', b'b', 0x12, 1, b'v', 0x18, 2, 0x4d, 1, 2, 3, 4,
+        ];
+        assert_eq!(
+            filter_state_arguments(&bytes),
+            Some(("a.b".to_string(), b"v".to_vec()))
+        );
+        assert_eq!(filter_state_arguments(&[0xff, 0xff, 0xff]), None);
+        assert_eq!(filter_state_arguments(&[0x0a, 5, b'a']), None, "truncated");
+        assert_eq!(filter_state_arguments(&[0x0a, 1, 0xff]), None, "not UTF-8");
+        assert_eq!(
+            filter_state_arguments(&[]),
+            Some((String::new(), Vec::new()))
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@
 
 pub mod buffers;
 pub mod callouts;
+pub mod filter_state;
 pub mod foreign;
 pub mod headers;
 pub mod held;
@@ -52,6 +53,8 @@ pub struct Shared {
     pub stats: metrics::Stats,
     /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
     pub node: std::sync::OnceLock<serde_json::Value>,
+    /// The bootstrap, for the route and cluster a stream's `xds.*` properties name.
+    pub bootstrap: std::sync::OnceLock<Arc<crate::bootstrap::Bootstrap>>,
     /// Numbers VM instances (from 1) so queue notifications find the one that registered.
     next_instance: AtomicU64,
 }
@@ -125,17 +128,37 @@ pub struct Connection {
     pub source_port: u16,
     /// The listener's address and port.
     pub destination: Arc<(String, u16)>,
+    /// Filter state set by `set_envoy_filter_state`, shared by every filter of the connection
+    /// (of the request, for HTTP: the harness opens one connection per request).
+    pub filter_state: Arc<Mutex<filter_state::FilterState>>,
+}
+
+impl Connection {
+    /// A new connection with an empty filter state.
+    pub fn new(id: u64, source_port: u16, destination: Arc<(String, u16)>) -> Self {
+        Self {
+            id,
+            source_port,
+            destination,
+            filter_state: Default::default(),
+        }
+    }
+
+    /// Runs `f` on the connection's filter state.
+    pub fn with_filter_state<T>(&self, f: impl FnOnce(&mut filter_state::FilterState) -> T) -> T {
+        f(&mut self.filter_state.lock().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 impl Default for Connection {
-    /// No connection yet; shares one empty destination so a default costs no allocation
-    /// (stream states are built per request).
+    /// No connection yet; shares one empty destination (stream states are built per request).
     fn default() -> Self {
         static NOWHERE: std::sync::OnceLock<Arc<(String, u16)>> = std::sync::OnceLock::new();
         Self {
             id: 0,
             source_port: 0,
             destination: NOWHERE.get_or_init(|| Arc::new((String::new(), 0))).clone(),
+            filter_state: Default::default(),
         }
     }
 }

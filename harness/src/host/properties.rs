@@ -3,10 +3,14 @@
 //! attributes), serialized as Envoy does (strings raw, integers and doubles 8 bytes
 //! little-endian, booleans 1 byte, maps in the pairs format). Anything unknown is `NotFound`,
 //! as in Envoy. Addresses: the client is 127.0.0.1 with a port per connection, the
-//! destination is the listener's address and port. Not modelled: upstream.*, metadata,
-//! filter_state.
+//! destination is the listener's address and port; `filter_state.<key>` reads what
+//! `set_envoy_filter_state` stored (see [`super::filter_state`]); `xds.*` the route, virtual
+//! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, always
+//! empty here. Not modelled: `upstream.*`, `upstream_filter_state`.
 
 use wasmtime::{Caller, Linker};
+
+mod xds;
 
 use super::{finish, headers, memory, HeaderMap, HostState};
 use crate::abi::Status;
@@ -39,6 +43,7 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
     if let Some(c) = state.connection() {
         let (address, port) = c.destination.as_ref();
         match path {
+            ["filter_state", key] => return c.with_filter_state(|fs| fs.read(key)),
             ["source", "address"] => {
                 return Some(format!("127.0.0.1:{}", c.source_port).into_bytes())
             }
@@ -52,6 +57,15 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         }
     }
     let s = state.http_stream_ref()?;
+    match path {
+        ["xds", rest @ ..] => return xds::lookup(state, s, rest),
+        // Only Wasm filters and the router run here, and neither sets dynamic metadata: it
+        // is empty, as Envoy serializes an empty `Metadata` (no bytes, an empty map).
+        ["metadata"] => return Some(Vec::new()),
+        ["metadata", "filter_metadata"] => return json_value(&serde_json::json!({})),
+        ["metadata", ..] => return None,
+        _ => {}
+    }
     let key = path.join("\0");
     if let Some(v) = s.properties.get(&key) {
         return Some(v.clone());
@@ -109,9 +123,12 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
 }
 
 /// A JSON value (protobuf Struct semantics) as Envoy serializes the CEL value it becomes.
-fn json_value(v: &serde_json::Value) -> Option<Vec<u8>> {
+pub(super) fn json_value(v: &serde_json::Value) -> Option<Vec<u8>> {
     use serde_json::Value;
     Some(match v {
+        // The pairs format of no pairs: a zero count (Envoy writes it; `encode_pairs` does not).
+        Value::Object(m) if m.is_empty() => vec![0; 4],
+        Value::Array(a) if a.is_empty() => vec![0; 4],
         Value::String(s) => s.clone().into_bytes(),
         Value::Number(n) => n.as_f64()?.to_le_bytes().to_vec(),
         Value::Bool(b) => vec![*b as u8],
@@ -142,6 +159,10 @@ fn proxy_get_property(
             return Err(Status::SerializationFailure.into());
         }
         let path: Vec<&str> = raw.split('\0').collect();
+        if path == ["filter_state"] && caller.data().connection().is_some() {
+            // Envoy's filter state map cannot list its keys, so it does not serialize.
+            return Err(Status::SerializationFailure.into());
+        }
         let value = lookup(caller.data(), &path).ok_or(Status::NotFound)?;
         memory::copy_out(&mut caller, &value, ret_ptr, ret_size)
     })())

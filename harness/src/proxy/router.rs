@@ -365,6 +365,7 @@ mod tests {
         Route {
             matcher,
             action: RouteAction::Cluster(cluster.into()),
+            xds: Default::default(),
         }
     }
 
@@ -382,6 +383,7 @@ mod tests {
                                 status: 200,
                                 body: b"hi".to_vec(),
                             },
+                            xds: Default::default(),
                         },
                         to_cluster(RouteMatch::Prefix("/".into()), "backend"),
                     ],

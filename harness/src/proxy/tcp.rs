@@ -3,8 +3,11 @@
 //! `onEvent` / `onCloseTCP`):
 //!
 //! - on accept, each filter in order: `proxy_on_context_create(ctx, root)`, then
-//!   `proxy_on_new_connection(ctx)` (its result is not acted on: the harness connects the
-//!   upstream at once);
+//!   `proxy_on_new_connection(ctx)`; then `tcp_proxy` picks its cluster (the filter state
+//!   `envoy.tcp_proxy.cluster` when a filter set it, through `set_envoy_filter_state`, else
+//!   its configured one) and connects. A filter that does not continue there leaves
+//!   `tcp_proxy` unconnected, and reading stays disabled as `tcp_proxy` left it: no data
+//!   reaches any filter, and the connection ends when the client closes (seen in Envoy 1.40);
 //! - client bytes: `proxy_on_downstream_data(ctx, size, end)` filter by filter, buffer type 2.
 //!   `Continue` passes the buffer on; any other result keeps it in that filter, and the next
 //!   bytes are added to it (`size` is all of it) until it continues or
@@ -22,8 +25,9 @@
 //! plugin's failure policy: fail-closed closes the connection, fail-open passes bytes through.
 
 use super::threads::{PluginSlot, Threads};
-use crate::bootstrap::{FailurePolicy, WasmPlugin};
+use crate::bootstrap::{Cluster, FailurePolicy, WasmPlugin};
 use crate::host;
+use crate::host::filter_state::TCP_PROXY_CLUSTER;
 use crate::http::{TcpEvent, TcpOutcome};
 use crate::vm::Vm;
 
@@ -54,17 +58,27 @@ pub(super) struct TcpConnection<'a> {
     held: [Vec<Vec<u8>>; 2],
     outcome: TcpOutcome,
     closed: bool,
+    /// `tcp_proxy`'s configured cluster, and the bootstrap's clusters it may be steered to.
+    cluster: String,
+    clusters: &'a [Cluster],
+    /// Whether `tcp_proxy` connected upstream (every filter continued on the new connection).
+    connected: bool,
+    /// Set when a filter did not continue on the new connection: the filters after it and
+    /// `tcp_proxy` are never initialized.
+    paused: bool,
 }
 
 impl<'a> TcpConnection<'a> {
     /// A connection to `listener` on worker `w`, through `plugins` (the listener's network
-    /// filters) to the `tcp_proxy`'s `cluster`.
+    /// filters) to the `tcp_proxy` whose configured cluster is `cluster`, one of `clusters`
+    /// unless the bootstrap names a missing one.
     pub(super) fn new(
         threads: &'a mut Threads,
         w: usize,
         listener: usize,
         plugins: &'a [WasmPlugin],
         cluster: String,
+        clusters: &'a [Cluster],
     ) -> Self {
         let n = plugins.len();
         Self {
@@ -76,30 +90,31 @@ impl<'a> TcpConnection<'a> {
             held: [vec![Vec::new(); n], vec![Vec::new(); n]],
             outcome: TcpOutcome {
                 worker: w,
-                cluster,
                 ..TcpOutcome::default()
             },
             closed: false,
+            cluster,
+            clusters,
+            connected: false,
+            paused: false,
         }
     }
 
     /// Accepts the connection, plays `events`, closes it as the client if they did not, and
     /// says what each side got.
-    pub(super) fn run(
-        mut self,
-        connection: host::Connection,
-        cluster_exists: bool,
-        events: &[TcpEvent],
-    ) -> TcpOutcome {
-        if !cluster_exists {
-            // Envoy's tcp_proxy closes a connection whose cluster does not exist.
-            self.outcome.closed_by = format!("no cluster {:?} (tcp_proxy)", self.outcome.cluster);
-            return self.outcome;
+    pub(super) fn run(mut self, connection: host::Connection, events: &[TcpEvent]) -> TcpOutcome {
+        self.open(connection.clone());
+        if !self.closed {
+            self.connect_upstream(&connection);
         }
-        self.open(connection);
         for event in events {
             if self.closed {
                 break;
+            }
+            if !self.connected {
+                // Reading is disabled and there is no upstream: only the client's close is
+                // seen, when it closes its socket.
+                continue;
             }
             match event {
                 TcpEvent::Downstream(data) => self.data(Way::Downstream, data.clone(), false),
@@ -108,11 +123,37 @@ impl<'a> TcpConnection<'a> {
                 TcpEvent::CloseUpstream => self.close_by(Way::Upstream),
             }
         }
+        if !self.closed && !self.connected {
+            self.close_as(
+                "client (tcp_proxy never connected: a plugin did not continue on the new connection)"
+                    .into(),
+                2,
+            );
+        }
         if !self.closed {
             self.close_by(Way::Downstream);
             self.outcome.closed_by = "still open (the harness closed it as the client)".into();
         }
         self.outcome
+    }
+
+    /// `tcp_proxy`'s `onNewConnection`, once every filter continued: the cluster from the
+    /// filter state `envoy.tcp_proxy.cluster`, else the configured one; Envoy closes the
+    /// connection when no such cluster exists.
+    fn connect_upstream(&mut self, connection: &host::Connection) {
+        if self.paused {
+            return;
+        }
+        let steered = connection.with_filter_state(|fs| {
+            fs.value(TCP_PROXY_CLUSTER)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+        });
+        let cluster = steered.unwrap_or_else(|| self.cluster.clone());
+        if !self.clusters.iter().any(|c| c.name == cluster) {
+            return self.close(format!("no cluster {cluster:?} (tcp_proxy)"));
+        }
+        self.outcome.cluster = cluster;
+        self.connected = true;
     }
 
     fn vm(&mut self, v: usize) -> &mut Vm {
@@ -149,7 +190,7 @@ impl<'a> TcpConnection<'a> {
                 }
                 continue;
             }
-            let (ctx, _) = self
+            let (ctx, result) = self
                 .vm(slot.vm)
                 .create_tcp_context(slot.root, connection.clone());
             self.contexts[i] = Some((slot.vm, ctx));
@@ -158,6 +199,11 @@ impl<'a> TcpConnection<'a> {
                 if let FlowAfter::Close(why) = self.failed(i) {
                     return self.close(why);
                 }
+                continue;
+            }
+            if result.is_some_and(|r| r != 0) {
+                self.paused = true;
+                return;
             }
         }
     }

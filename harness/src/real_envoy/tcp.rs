@@ -8,11 +8,17 @@ use super::RealEnvoy;
 use crate::proxy::{TcpEvent, TcpOutcome};
 use crate::traffic::TrafficError;
 
+/// How long `tcp_proxy` may take to connect upstream after the client connected, before the
+/// connection counts as reaching no cluster.
+const UPSTREAM_WAIT: Duration = Duration::from_secs(5);
+
 impl RealEnvoy {
     /// Opens a connection to a TCP listener and plays `events` with real sockets: the client
-    /// side here, the upstream side on the `tcp_proxy` cluster's loopback upstream. After
-    /// each send it reads what arrives on the other side until it goes quiet; a close is a
-    /// half-close (`shutdown(Write)`) answered by the other side's.
+    /// side here, the upstream side on the loopback upstream of whichever cluster `tcp_proxy`
+    /// connected to (each cluster has its own, so the outcome names the cluster reached).
+    /// After each send it reads what arrives on the other side until it goes quiet; a close is
+    /// a half-close (`shutdown(Write)`) answered by the other side's. When no upstream
+    /// connects, upstream events are skipped and the cluster is empty.
     pub fn connect(
         &mut self,
         listener: Option<&str>,
@@ -23,18 +29,21 @@ impl RealEnvoy {
             .listeners
             .get(&name)
             .ok_or_else(|| TrafficError::NoListener { name: name.clone() })?;
-        let (tx, rx) = std::sync::mpsc::channel();
-        for s in self.upstreams.values() {
-            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = Some(tx.clone());
+        let mut taps = Vec::new();
+        for (cluster, s) in &self.upstreams {
+            let (tx, rx) = std::sync::mpsc::channel();
+            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = Some(tx);
+            taps.push((cluster.clone(), rx));
         }
         let result = (|| {
             let mut client = TcpStream::connect(("127.0.0.1", port))
                 .map_err(TrafficError::socket("cannot connect to envoy"))?;
-            let wait = Duration::from_secs(10);
-            let mut upstream = rx
-                .recv_timeout(wait)
-                .map_err(|_| TrafficError::EnvoyNoUpstream(wait))?;
             let mut out = TcpOutcome::default();
+            let Some((cluster, mut upstream)) = accept_upstream(&taps, UPSTREAM_WAIT) else {
+                play_without_upstream(&mut client, events, &mut out)?;
+                return Ok(out);
+            };
+            out.cluster = cluster;
             let mut closed = false;
             for event in events {
                 match event {
@@ -75,6 +84,54 @@ impl RealEnvoy {
         }
         result
     }
+}
+
+/// The first connection any cluster's upstream accepts within `wait`, with its cluster.
+fn accept_upstream(
+    taps: &[(String, std::sync::mpsc::Receiver<TcpStream>)],
+    wait: Duration,
+) -> Option<(String, TcpStream)> {
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        for (cluster, rx) in taps {
+            if let Ok(conn) = rx.try_recv() {
+                return Some((cluster.clone(), conn));
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A connection `tcp_proxy` did not connect upstream: the client's bytes are sent (nothing
+/// receives them), what Envoy writes back is read, and the client closes at its `close` or
+/// after the last event.
+fn play_without_upstream(
+    client: &mut TcpStream,
+    events: &[TcpEvent],
+    out: &mut TcpOutcome,
+) -> Result<(), TrafficError> {
+    for event in events {
+        match event {
+            TcpEvent::Downstream(d) => {
+                if client.write_all(d).is_err() {
+                    break;
+                }
+                out.downstream_received.extend(quiet_read(client));
+            }
+            TcpEvent::Upstream(_) => {}
+            TcpEvent::CloseDownstream | TcpEvent::CloseUpstream => break,
+        }
+    }
+    let _ = client.shutdown(Shutdown::Write);
+    let _ = client.set_read_timeout(Some(Duration::from_secs(1)));
+    let mut rest = Vec::new();
+    let _ = std::io::Read::read_to_end(client, &mut rest);
+    out.downstream_received.extend(rest);
+    out.closed_by = "client (no upstream connected)".into();
+    Ok(())
 }
 
 /// Reads until the peer has been quiet for a moment or closed.

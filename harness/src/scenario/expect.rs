@@ -25,6 +25,10 @@ pub struct ConnectionExpect {
     /// `failure policy`).
     #[serde(default)]
     pub closed_by: Option<String>,
+    /// The cluster `tcp_proxy` connected to (`""`: none), as a plugin steered it through
+    /// `set_envoy_filter_state` or as configured.
+    #[serde(default)]
+    pub upstream_cluster: Option<String>,
     #[serde(default)]
     pub logs: Vec<String>,
     #[serde(default)]
@@ -342,8 +346,9 @@ pub fn check_connection(
     failures
 }
 
-/// Checks what each side of a connection received: what a client and an upstream observe,
-/// so the part of a connection's expectations real Envoy is held to as well.
+/// Checks what each side of a connection received and which cluster's upstream it reached:
+/// what a client and the upstreams observe, so the part of a connection's expectations real
+/// Envoy is held to as well.
 pub fn check_connection_bytes(
     expect: &ConnectionExpect,
     outcome: &TcpOutcome,
@@ -365,6 +370,14 @@ pub fn check_connection_bytes(
             if got != want.as_bytes() {
                 failures.push(format!("{what}: expected {want:?}, saw {:?}", show(got)));
             }
+        }
+    }
+    if let Some(want) = &expect.upstream_cluster {
+        if *want != outcome.cluster {
+            failures.push(format!(
+                "upstream cluster: expected {want:?}, saw {:?}",
+                outcome.cluster
+            ));
         }
     }
 }

@@ -11,6 +11,7 @@ mod cli;
 mod envoy;
 mod guests;
 mod hostile;
+mod metadata;
 mod precompiled;
 mod services;
 mod shutdown;

@@ -151,3 +151,106 @@ fn tcp_and_http_listeners_refuse_the_other_kind_of_traffic_by_name() {
     assert!(matches!(e, TrafficError::HttpListener { .. }), "{e}");
     assert!(e.to_string().contains("is an HTTP listener"), "{e}");
 }
+
+/// `testdata/scenarios/tcp-route.yaml` with its module assembled for real Envoy.
+fn route_scenario(dir: &std::path::Path) -> std::path::PathBuf {
+    let wasm = assembled(dir, "tcp-route.wat");
+    let text = std::fs::read_to_string(root().join("testdata/scenarios/tcp-route.bootstrap.yaml"))
+        .unwrap()
+        .replace("testdata/guests/tcp-route.wat", wasm.to_str().unwrap());
+    let b = dir.join("tcp-route.bootstrap.yaml");
+    std::fs::write(&b, text).unwrap();
+    wasm_harness::real_envoy::validate(&envoy(), &b).unwrap();
+    let s = dir.join("tcp-route.yaml");
+    std::fs::write(
+        &s,
+        std::fs::read_to_string(root().join("testdata/scenarios/tcp-route.yaml")).unwrap(),
+    )
+    .unwrap();
+    s
+}
+
+/// set_envoy_filter_state steers tcp_proxy in the harness as in Envoy: each connection reaches
+/// the same cluster (each has its own loopback upstream in Envoy), with the same bytes.
+#[test]
+fn set_envoy_filter_state_steers_tcp_proxy_to_the_same_cluster_as_in_envoy() {
+    let o = harness(&["run", "testdata/scenarios/tcp-route.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    let dir = tempfile::tempdir().unwrap();
+    let report = differential(&route_scenario(dir.path()));
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 3, "{report}");
+}
+
+/// The statuses Envoy answers: NotFound without a stream (a root context) and for a key with
+/// no factory, BadArgument for arguments that are not the protobuf or a value the factory
+/// refuses; and what reading `filter_state.<key>` back gives.
+#[test]
+fn set_envoy_filter_state_answers_envoys_statuses_and_reads_back_as_envoy_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = route_scenario(dir.path());
+    let b = dir.path().join("tcp-route.bootstrap.yaml");
+    let probes: Vec<TcpEvent> = [
+        "?envoy.string=hi",
+        "?no.such.key=1",
+        "?envoy.tcp_proxy.cluster=alpha",
+        "?envoy.ratelimit.hits_addend=-1",
+        "?envoy.ratelimit.hits_addend=10",
+        "?envoy.network.ip=127.0.0.1",
+        "?envoy.tcp_proxy.disable_tunneling=yes",
+        "?envoy.network.transport_socket.original_dst_address=[::1]:80",
+        "?envoy.bool=maybe",
+    ]
+    .iter()
+    .map(|p| TcpEvent::Downstream(p.as_bytes().to_vec()))
+    .collect();
+    let lines = |all: Vec<String>| -> Vec<String> {
+        all.into_iter()
+            .filter_map(|l| {
+                l.rsplit_once("tcp-route-config: ")
+                    .map(|(_, m)| m.to_string())
+            })
+            .collect()
+    };
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    let before = proxy.log_len();
+    let h = proxy.connect(Some("by-config"), None, &probes).unwrap();
+    let harness_lines = lines(
+        proxy.logs()[before..]
+            .iter()
+            .map(|r| r.to_string())
+            .collect(),
+    );
+
+    let mut real = RealEnvoy::start(&envoy(), &b, 1).unwrap();
+    let e = real.connect(Some("by-config"), &probes).unwrap();
+    let start = Instant::now();
+    let mut envoy_lines = lines(real.wasm_logs());
+    while envoy_lines.len() < harness_lines.len() + 1 && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+        envoy_lines = lines(real.wasm_logs());
+    }
+    assert_eq!((h.cluster.as_str(), e.cluster.as_str()), ("beta", "beta"));
+    // Envoy's lines include start-up's ("root set ...") for the canary and the worker.
+    let root: Vec<&String> = envoy_lines
+        .iter()
+        .filter(|l| l.starts_with("root set"))
+        .collect();
+    assert!(
+        root.iter()
+            .all(|l| *l == "root set status=1 garbage status=2"),
+        "{root:?}"
+    );
+    let envoy_stream: Vec<String> = envoy_lines
+        .iter()
+        .filter(|l| !l.starts_with("root set"))
+        .cloned()
+        .collect();
+    assert_eq!(harness_lines, envoy_stream);
+    assert!(
+        harness_lines.contains(&"get envoy.network.ip status=0 value=127.0.0.1:0".to_string()),
+        "{harness_lines:?}"
+    );
+    drop(s);
+}

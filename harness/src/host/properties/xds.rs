@@ -1,0 +1,115 @@
+//! The `xds.*` properties of an HTTP stream: the route, virtual host and cluster the request
+//! takes (chosen from its current headers, as Envoy chose them when the headers arrived), read
+//! from the bootstrap as Envoy 1.40 serializes them (checked against it,
+//! `harness/tests/all/metadata.rs`). `xds.node.*` is answered by the caller.
+//!
+//! Metadata is readable below `filter_metadata` (`xds.route_metadata.filter_metadata.NS.KEY`,
+//! Struct values as for the node's metadata); the whole `Metadata` message, its
+//! `typed_filter_metadata`, and the `xds` attributes the harness does not model answer
+//! `NotFound` with a log line naming them.
+
+use serde_json::Value;
+
+use super::json_value;
+use crate::abi::LogLevel;
+use crate::bootstrap::{Bootstrap, Listener, Route, RouteAction};
+use crate::host::{headers, logging, HostState, HttpStreamState};
+
+/// `xds` attributes Envoy 1.40 has that the harness does not answer.
+const NOT_EMULATED: &[&str] = &[
+    "virtual_host_metadata",
+    "listener_metadata",
+    "listener_direction",
+    "upstream_host_metadata",
+    "filter_chain_name",
+];
+
+/// The listener a stream arrived on: the one bound to its destination.
+fn listener<'b>(bootstrap: &'b Bootstrap, s: &HttpStreamState) -> Option<&'b Listener> {
+    let (address, port) = s.connection.destination.as_ref();
+    bootstrap
+        .listeners
+        .iter()
+        .find(|l| l.port == *port && l.address == *address)
+}
+
+/// The stream's virtual host name and route, from its request headers.
+fn route<'b>(bootstrap: &'b Bootstrap, s: &HttpStreamState) -> Option<(&'b str, &'b Route)> {
+    let routes = &listener(bootstrap, s)?.http()?.routes;
+    let req = s
+        .request_headers
+        .as_ref()
+        .or(s.request_snapshot.as_deref())?;
+    let text = |k: &str| {
+        headers::get(req, k)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .unwrap_or_default()
+    };
+    let (authority, path) = (text(":authority"), text(":path"));
+    let vh = crate::proxy::select_virtual_host(routes, &authority)?;
+    let route = crate::proxy::select_route(routes, &authority, &path)?;
+    Some((vh.name.as_str(), route))
+}
+
+/// `Metadata` below its message: `filter_metadata` and the keys under it.
+fn metadata(state: &HostState, what: &str, metadata: &Value, rest: &[&str]) -> Option<Vec<u8>> {
+    match rest {
+        ["filter_metadata", keys @ ..] => {
+            let all = metadata
+                .get("filter_metadata")
+                .cloned()
+                .unwrap_or_else(|| serde_json::json!({}));
+            let mut v = &all;
+            for key in keys {
+                v = v.get(key)?;
+            }
+            json_value(v)
+        }
+        _ => {
+            let part = if rest.is_empty() {
+                "the whole Metadata message".to_string()
+            } else {
+                format!("{:?}", rest.join("."))
+            };
+            not_emulated(state, &format!("xds.{what} ({part})"));
+            None
+        }
+    }
+}
+
+fn not_emulated(state: &HostState, property: &str) {
+    logging::record(
+        state,
+        LogLevel::Warn,
+        format!("wasm-harness: property {property} exists in Envoy but is not emulated by the harness; answered NotFound"),
+    );
+}
+
+/// `xds.<rest>` for the stream `s`.
+pub(super) fn lookup(state: &HostState, s: &HttpStreamState, rest: &[&str]) -> Option<Vec<u8>> {
+    let bootstrap = state.shared.bootstrap.get()?;
+    let cluster = || {
+        let (_, r) = route(bootstrap, s)?;
+        match &r.action {
+            RouteAction::Cluster(name) => bootstrap.cluster(name),
+            RouteAction::Direct { .. } => None,
+        }
+    };
+    match rest {
+        ["route_name"] => route(bootstrap, s).map(|(_, r)| r.xds.name.clone().into_bytes()),
+        ["route_metadata", more @ ..] => {
+            let (_, r) = route(bootstrap, s)?;
+            metadata(state, "route_metadata", &r.xds.metadata, more)
+        }
+        ["virtual_host_name"] => route(bootstrap, s).map(|(vh, _)| vh.as_bytes().to_vec()),
+        ["cluster_name"] => cluster().map(|c| c.name.clone().into_bytes()),
+        ["cluster_metadata", more @ ..] => {
+            metadata(state, "cluster_metadata", &cluster()?.metadata, more)
+        }
+        [first, ..] if NOT_EMULATED.contains(first) => {
+            not_emulated(state, &format!("xds.{first}"));
+            None
+        }
+        _ => None,
+    }
+}

@@ -1,0 +1,148 @@
+//! Route, virtual host and cluster properties (`xds.*`) and dynamic metadata (`metadata`):
+//! `testdata/guests/property-probe.wat` reads them in the harness and in real Envoy 1.40, and
+//! both must answer the same statuses and bytes.
+
+use std::time::{Duration, Instant};
+
+use wasm_harness::real_envoy::RealEnvoy;
+use wasm_harness::{Proxy, ProxyOptions, Request, UpstreamReply};
+
+use crate::support::*;
+
+/// The probe's lines ("PATH status=S hex=HEX"), in order; a map's entries (the pairs format,
+/// nested ones too) sorted, since Envoy lists a protobuf map's entries in no fixed order.
+fn probes(lines: impl Iterator<Item = String>) -> Vec<String> {
+    lines
+        .filter_map(|l| l.rsplit_once("probe probe: ").map(|(_, m)| m.to_string()))
+        .map(|l| match l.rsplit_once(" hex=") {
+            Some((head, hex)) if head.contains("filter_metadata") => {
+                let bytes: Option<Vec<u8>> = (0..hex.len() / 2)
+                    .map(|i| u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok())
+                    .collect();
+                match bytes {
+                    Some(b) if hex.len() % 2 == 0 => format!("{head} value={}", normalized(&b)),
+                    _ => l,
+                }
+            }
+            _ => l,
+        })
+        .collect()
+}
+
+/// `bytes` as text, with any map (the pairs format) in it listed in key order.
+fn normalized(bytes: &[u8]) -> String {
+    match pairs(bytes) {
+        Some(mut p) if !p.is_empty() => {
+            p.sort();
+            let entries: Vec<String> = p
+                .iter()
+                .map(|(k, v)| format!("{}: {}", String::from_utf8_lossy(k), normalized(v)))
+                .collect();
+            format!("{{{}}}", entries.join(", "))
+        }
+        _ => format!("{:?}", String::from_utf8_lossy(bytes)),
+    }
+}
+
+/// The pairs format's entries, if `bytes` is exactly one.
+fn pairs(bytes: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
+    let word = |at: usize| -> Option<usize> {
+        Some(u32::from_le_bytes(bytes.get(at..at + 4)?.try_into().ok()?) as usize)
+    };
+    let n = word(0)?;
+    let mut at = 4usize.checked_add(n.checked_mul(8)?)?;
+    let mut out = Vec::new();
+    for i in 0..n {
+        let (k, v) = (word(4 + 8 * i)?, word(8 + 8 * i)?);
+        let key = bytes.get(at..at.checked_add(k)?)?.to_vec();
+        at += k + 1;
+        let value = bytes.get(at..at.checked_add(v)?)?.to_vec();
+        at += v + 1;
+        out.push((key, value));
+    }
+    (at == bytes.len()).then_some(out)
+}
+
+#[test]
+fn route_and_cluster_metadata_and_dynamic_metadata_read_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "property-probe.wat");
+    let text = std::fs::read_to_string(root().join("testdata/scenarios/metadata.bootstrap.yaml"))
+        .unwrap()
+        .replace("testdata/guests/property-probe.wat", wasm.to_str().unwrap());
+    let b = dir.path().join("metadata.bootstrap.yaml");
+    std::fs::write(&b, text).unwrap();
+    wasm_harness::real_envoy::validate(&envoy(), &b).unwrap();
+
+    let mut real = RealEnvoy::start(&envoy(), &b, 1).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    // A routed request, then one the router answers itself (no cluster).
+    for path in ["/items/1", "/"] {
+        let request = Request::get(path);
+        let before = proxy.log_len();
+        proxy
+            .send(None, None, &request, &mut |_| UpstreamReply::new(200))
+            .unwrap();
+        let all: Vec<String> = proxy.logs()[before..]
+            .iter()
+            .map(|r| r.to_string())
+            .collect();
+        let harness_lines = probes(all.iter().cloned());
+
+        let seen = real.wasm_logs().len();
+        real.send(None, &request, &UpstreamReply::new(200)).unwrap();
+        let start = Instant::now();
+        let mut envoy_lines = probes(real.wasm_logs().into_iter().skip(seen));
+        while envoy_lines.len() < harness_lines.len() && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(100));
+            envoy_lines = probes(real.wasm_logs().into_iter().skip(seen));
+        }
+        assert_eq!(harness_lines, envoy_lines, "{path}");
+        if path == "/items/1" {
+            assert!(
+                harness_lines.contains(
+                    &r#"xds/route_metadata/filter_metadata/demo/tier status=0 value="gold""#
+                        .to_string()
+                ),
+                "{harness_lines:?}"
+            );
+            assert!(
+                harness_lines.contains(
+                    &r#"xds/cluster_metadata/filter_metadata/demo/tier status=0 value="silver""#
+                        .to_string()
+                ),
+                "{harness_lines:?}"
+            );
+        }
+    }
+}
+
+/// What the harness does not answer it names in the log, as for foreign functions.
+#[test]
+fn metadata_the_harness_does_not_emulate_is_named_in_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(
+        dir.path(),
+        &guest("property-probe.wat"),
+        Some("xds/route_metadata\nxds/upstream_host_metadata\nxds/cluster_metadata/typed_filter_metadata"),
+        |_| {},
+    );
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    let before = proxy.log_len();
+    proxy
+        .send(None, None, &Request::get("/"), &mut |_| {
+            UpstreamReply::new(200)
+        })
+        .unwrap();
+    let log: Vec<String> = proxy.logs()[before..]
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    for named in [
+        "property xds.route_metadata (the whole Metadata message) exists in Envoy but is not emulated",
+        "property xds.upstream_host_metadata exists in Envoy but is not emulated",
+        "property xds.cluster_metadata (\"typed_filter_metadata\") exists in Envoy but is not emulated",
+    ] {
+        assert!(log.iter().any(|l| l.contains(named)), "{named}: {log:#?}");
+    }
+}
