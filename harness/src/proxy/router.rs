@@ -247,20 +247,26 @@ fn grpc_local_reply(
         ("grpc-status".into(), code.to_string().into_bytes()),
     ];
     if !body.is_empty() {
-        let mut message = Vec::new();
-        for &b in body {
-            if (0x20..0x7f).contains(&b) && b != b'%' {
-                message.push(b);
-            } else {
-                message.extend_from_slice(format!("%{b:02X}").as_bytes());
-            }
-        }
-        headers.push(("grpc-message".into(), message));
+        headers.push(("grpc-message".into(), grpc_message_encode(body)));
     }
     for (k, v) in extra {
         headers::add(&mut headers, k, v.clone());
     }
     Outgoing::new(200, headers, Vec::new())
+}
+
+/// A `grpc-message` value: printable ASCII except `%` as is, every other byte percent-encoded
+/// (the gRPC over HTTP/2 spec's encoding, as Envoy writes it).
+pub(crate) fn grpc_message_encode(text: &[u8]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(text.len());
+    for &b in text {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            message.push(b);
+        } else {
+            message.extend_from_slice(format!("%{b:02X}").as_bytes());
+        }
+    }
+    message
 }
 
 pub(super) fn upstream_response(reply: UpstreamReply) -> Outgoing {

@@ -17,3 +17,4 @@ mod shutdown;
 mod support;
 mod tcp;
 mod timers;
+mod upstreams;
