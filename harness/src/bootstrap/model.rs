@@ -152,6 +152,8 @@ pub enum RouteAction {
 pub struct Cluster {
     pub name: String,
     pub endpoints: Vec<(String, u16)>,
+    /// What Envoy speaks to the endpoints, from the cluster's protocol options.
+    pub protocol: super::UpstreamProtocol,
 }
 
 /// Where the failed-VM policy sends traffic (`fail_open` / `failure_policy`).

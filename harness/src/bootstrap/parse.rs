@@ -347,7 +347,11 @@ fn parse_cluster(at: &str, c: &Value) -> Result<Cluster, BootstrapError> {
             ));
         }
     }
-    Ok(Cluster { name, endpoints })
+    Ok(Cluster {
+        name,
+        endpoints,
+        protocol: super::UpstreamProtocol::of_cluster(c),
+    })
 }
 
 fn parse_plugin(at: &str, config: &Value) -> Result<WasmPlugin, BootstrapError> {

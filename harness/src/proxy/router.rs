@@ -5,7 +5,9 @@
 
 use std::fmt::Write as _;
 
-use crate::bootstrap::{Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, VirtualHost};
+use crate::bootstrap::{
+    Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, UpstreamProtocol, VirtualHost,
+};
 use crate::host::LocalReply;
 use crate::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
 
@@ -269,15 +271,36 @@ pub(crate) fn grpc_message_encode(text: &[u8]) -> Vec<u8> {
     message
 }
 
-pub(super) fn upstream_response(reply: UpstreamReply) -> Outgoing {
+/// The upstream's response as the router hands it to the filters. Its trailers only when the
+/// connection carries them: HTTP/2, or HTTP/1.1 with `enable_trailers` (Envoy's HTTP/1 codec
+/// drops them otherwise, checked against Envoy 1.40).
+pub(super) fn upstream_response(reply: UpstreamReply, protocol: UpstreamProtocol) -> Outgoing {
     let chunks = reply.chunks();
     let len = chunks.iter().map(Vec::len).sum();
     Outgoing {
         status: reply.status,
         headers: routed_headers(reply.status, reply.headers, len),
         chunks,
-        trailers: (!reply.trailers.is_empty()).then_some(reply.trailers),
+        trailers: (!reply.trailers.is_empty() && protocol.passes_trailers())
+            .then_some(reply.trailers),
     }
+}
+
+/// What the route's cluster speaks (HTTP/1.1 for a cluster the bootstrap lacks).
+pub(super) fn upstream_protocol(bootstrap: &Bootstrap, cluster: &str) -> UpstreamProtocol {
+    bootstrap
+        .cluster(cluster)
+        .map_or(UpstreamProtocol::default(), |c| c.protocol)
+}
+
+/// The request trailers the upstream receives: none over HTTP/1.1 without `enable_trailers`.
+pub(super) fn forwarded_trailers(
+    trailers: Option<HeaderMap>,
+    protocol: UpstreamProtocol,
+) -> HeaderMap {
+    trailers
+        .filter(|_| protocol.passes_trailers())
+        .unwrap_or_default()
 }
 
 /// An upstream's response headers as Envoy's router hands them on, to the filter chain or to

@@ -173,7 +173,7 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
     });
     let mut writer = conn;
     loop {
-        let Ok(Some((headers, body))) =
+        let Ok(Some(request)) =
             http1::read_request(&mut reader, http1::Limits::new(MAX_BODY_BYTES))
         else {
             return;
@@ -183,9 +183,9 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
             .unwrap_or_else(|e| e.into_inner())
             .answer(SeenRequest {
                 cluster: cluster.to_string(),
-                headers,
-                body,
-                trailers: Vec::new(),
+                headers: request.headers,
+                body: request.body,
+                trailers: request.trailers,
             });
         let reply = match answer {
             UpstreamAnswer::Reply(r) => r,

@@ -154,3 +154,58 @@ fn headers_in_map_form_reach_the_upstream_in_the_written_order() {
     assert_eq!(order(&harness.headers), written, "{report}");
     assert_eq!(order(&envoy.headers), written, "{report}");
 }
+
+/// Response trailers from the upstream reach the filters only where the connection carries
+/// them: HTTP/2, or HTTP/1.1 with `enable_trailers`; Envoy's HTTP/1 codec drops them
+/// otherwise. `testdata/guests/body-buffer.wat` shows which: it buffers the response body
+/// until `end_of_stream` and wraps it in brackets, and with trailers no body callback sees
+/// `end_of_stream`, so the body leaves unwrapped.
+#[test]
+fn upstream_trailers_reach_the_filters_as_the_clusters_protocol_options_say() {
+    let cases: [(&str, Value, &str); 4] = [
+        ("plain HTTP/1.1", json!(null), "[hello]"),
+        (
+            "HTTP/1.1 with enable_trailers",
+            json!({"explicit_http_config": {"http_protocol_options": {"enable_trailers": true}}}),
+            "hello",
+        ),
+        (
+            "HTTP/1.1 without enable_trailers",
+            json!({"explicit_http_config": {"http_protocol_options": {}}}),
+            "[hello]",
+        ),
+        (
+            "HTTP/2",
+            json!({"explicit_http_config": {"http2_protocol_options": {}}}),
+            "hello",
+        ),
+    ];
+    for (what, options, body) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let wasm = assembled(dir.path(), "body-buffer.wat");
+        let b = bootstrap_variant(dir.path(), &wasm, None, |doc| {
+            if !options.is_null() {
+                let mut options = options.clone();
+                options["@type"] =
+                    "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+                        .into();
+                doc["static_resources"]["clusters"][0]["typed_extension_protocol_options"] =
+                    json!({"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": options});
+            }
+        });
+        let s = scenario(
+            dir.path(),
+            &b,
+            &format!(
+                "  - name: {what}
+    request: {{}}
+    upstream: {{status: 200, body: hello, trailers: {{x-checksum: abc}}}}
+    expect:
+      response: {{status: 200, body: '{body}'}}
+"
+            ),
+        );
+        let report = differential(&s);
+        assert_eq!(report.verdict, Verdict::Passed, "{what}: {report}");
+    }
+}
