@@ -37,18 +37,35 @@ pub(super) fn serve(conn: TcpStream, cluster: &str, state: &Arc<Mutex<UpstreamSt
         else {
             return;
         };
-        // Each stream on its own task; accepting drives the connection for all of them.
-        while let Ok(Some(Ok((request, respond)))) =
-            tokio::time::timeout(IDLE, connection.accept()).await
-        {
+        // Each stream on its own task; accepting drives the connection for all of them. A
+        // stream whose answer is to hang up ends the whole connection, as a crashing upstream
+        // does (Envoy then reports `connection termination`, as over HTTP/1.1).
+        let hang_up = Arc::new(tokio::sync::Notify::new());
+        loop {
+            let next = tokio::select! {
+                next = tokio::time::timeout(IDLE, connection.accept()) => next,
+                () = hang_up.notified() => return,
+            };
+            let Ok(Some(Ok((request, respond)))) = next else {
+                return;
+            };
             let state = state.clone();
             let cluster = cluster.to_string();
+            let hang_up = hang_up.clone();
             tokio::spawn(async move {
                 let Some(seen) = read_request(request, &cluster).await else {
                     return;
                 };
                 let answer = state.lock().unwrap_or_else(|e| e.into_inner()).answer(seen);
-                answer_stream(respond, answer).await;
+                if matches!(answer, UpstreamAnswer::Close) {
+                    hang_up.notify_one();
+                    // Holding the stream open: dropping it now would reset it before the
+                    // connection closes. The runtime drops this task after the connection.
+                    let _held = respond;
+                    std::future::pending::<()>().await;
+                } else {
+                    answer_stream(respond, answer).await;
+                }
             });
         }
     });
@@ -147,7 +164,7 @@ async fn answer_stream(mut respond: SendResponse<Bytes>, answer: UpstreamAnswer)
             respond.send_reset(h2::Reason::REFUSED_STREAM);
             return;
         }
-        // What an upstream that crashes mid-stream does to one HTTP/2 stream.
+        // Handled by the connection (it closes); a stream on its own can only be reset.
         UpstreamAnswer::Close => {
             respond.send_reset(h2::Reason::INTERNAL_ERROR);
             return;

@@ -380,3 +380,20 @@ fn a_callout_to_the_routes_own_cluster_is_told_apart_from_the_routed_request() {
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
     assert_eq!(report.cases.len(), 2, "{report}");
 }
+
+/// The same callouts to an `auth` cluster Envoy speaks HTTP/2 to: real Envoy's loopback
+/// upstream answers over HTTP/2, and a disconnect closes the connection, as over HTTP/1.1.
+#[test]
+fn callouts_to_an_http2_cluster_are_answered_and_compared_the_same_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "auth-callout.wat");
+    let b = auth_bootstrap(dir.path(), &wasm, 9);
+    let mut doc: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(&b).unwrap()).unwrap();
+    doc["static_resources"]["clusters"][1]["http2_protocol_options"] = serde_json::json!({});
+    std::fs::write(&b, serde_norway::to_string(&doc).unwrap()).unwrap();
+    let s = scenario(dir.path(), &b, CANNED);
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 3, "{report}");
+}
