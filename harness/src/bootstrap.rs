@@ -6,10 +6,12 @@
 
 mod model;
 mod parse;
+mod protocol;
 mod shape;
 
 pub use model::*;
 pub(crate) use parse::base64_decode;
+pub use protocol::UpstreamProtocol;
 
 #[cfg(test)]
 mod tests {

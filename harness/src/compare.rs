@@ -151,17 +151,26 @@ fn envoy_request(
     expect.logs.clear();
     expect.log_counts.clear();
     expect.local_reply = None;
-    let calls: Vec<_> = case
-        .http_calls
-        .iter()
-        .chain(&scenario.http_calls)
-        .map(|c| c.to_canned())
-        .collect();
+    let canned = crate::real_envoy::Canned {
+        http: case
+            .http_calls
+            .iter()
+            .chain(&scenario.http_calls)
+            .map(|c| c.to_canned())
+            .collect(),
+        // An entry the harness refused is reported by the harness's run.
+        grpc: case
+            .grpc_calls
+            .iter()
+            .chain(&scenario.grpc_calls)
+            .filter_map(|c| c.to_canned().ok())
+            .collect(),
+    };
     let sent = real.send_with_calls(
         case.listener.as_deref(),
         &case.to_request(),
         &case.upstream_reply(),
-        &calls,
+        &canned,
     );
     let (ex, envoy_calls) = match sent {
         Ok(sent) => sent,
@@ -351,23 +360,39 @@ fn compare_connections(harness: &TcpOutcome, envoy: &TcpOutcome, out: &mut Vec<S
     }
 }
 
-/// HTTP callouts as their upstreams saw them (Envoy's gRPC calls are not observed).
+/// Callouts as their upstreams saw them: HTTP calls whole; gRPC calls by cluster, `:path`,
+/// message and the metadata the guest gave (Envoy's gRPC client adds headers of its own).
 fn compare_calls(harness: &[CallRecord], envoy: &[CallRecord], out: &mut Vec<String>) {
-    let harness: Vec<&CallRecord> = harness.iter().filter(|c| c.kind == "http").collect();
     if harness.len() != envoy.len() {
         out.push(format!(
-            "http callouts: harness made {}, envoy's upstreams saw {}",
+            "callouts: harness made {}, envoy's upstreams saw {}",
             harness.len(),
             envoy.len()
         ));
         return;
     }
     for (n, (h, e)) in harness.iter().zip(envoy).enumerate() {
-        let what = format!("callout {} to {:?}", n + 1, h.cluster);
-        if h.cluster != e.cluster {
-            out.push(format!("{what}: envoy sent it to {:?} instead", e.cluster));
+        let what = format!("callout {} ({} to {:?})", n + 1, h.kind, h.cluster);
+        if h.kind != e.kind || h.cluster != e.cluster {
+            out.push(format!(
+                "{what}: envoy's was {} to {:?} instead",
+                e.kind, e.cluster
+            ));
+            continue;
         }
-        diff_headers(&what, &h.headers, &e.headers, out);
+        if h.kind == "grpc" {
+            for (k, v) in &h.headers {
+                if e.headers.iter().all(|(ek, ev)| ek != k || ev != v) {
+                    out.push(format!(
+                        "{what} {k}: harness {:?}, envoy {:?}",
+                        String::from_utf8_lossy(v),
+                        crate::http::header(&e.headers, k).map(String::from_utf8_lossy)
+                    ));
+                }
+            }
+        } else {
+            diff_headers(&what, &h.headers, &e.headers, out);
+        }
         if h.body != e.body {
             out.push(format!(
                 "{what} body: harness {:?}, envoy {:?}",

@@ -166,8 +166,8 @@ pub struct SeenRequest {
     pub headers: HeaderMap,
     #[serde(serialize_with = "bytes_as_text")]
     pub body: Vec<u8>,
-    /// Request trailers as the router forwards them (an HTTP/1.1 upstream drops them unless
-    /// the cluster enables trailers; not compared with real Envoy).
+    /// Request trailers as the router forwards them: none over HTTP/1.1 unless the cluster
+    /// enables trailers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trailers: HeaderMap,
 }

@@ -64,11 +64,13 @@ impl Http1Error {
     }
 }
 
-/// A message as read: the head's bytes (for `httparse`) and the body, de-chunked.
+/// A message as read: the head's bytes (for `httparse`), the body, de-chunked, and the
+/// trailers a chunked body ended with (lower-cased names, in order).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Message {
     pub head: Vec<u8>,
     pub body: Vec<u8>,
+    pub trailers: HeaderMap,
 }
 
 /// Reads one line (through `\n`) onto `out`, refusing to let `out` pass `limit` bytes.
@@ -196,6 +198,7 @@ pub fn read_message(
         }
     }
     let mut body = Vec::new();
+    let mut trailers = HeaderMap::new();
     match framing(&head, is_request)? {
         Framing::None => {}
         Framing::Length(n) => read_exact_into(reader, &mut body, n, limits.body)?,
@@ -219,15 +222,21 @@ pub fn read_message(
             })?;
             if size == 0 {
                 // Trailers, if any, then the blank line; within the head's limit.
-                let mut trailers = Vec::new();
+                let mut lines = Vec::new();
                 loop {
-                    let before = trailers.len();
-                    if !read_line(reader, &mut trailers, limits.head)? {
+                    let before = lines.len();
+                    if !read_line(reader, &mut lines, limits.head)? {
                         return Err(Http1Error::Closed);
                     }
-                    let l = &trailers[before..];
+                    let l = &lines[before..];
                     if l == b"\r\n" || l == b"\n" {
                         break;
+                    }
+                    if let Some(colon) = l.iter().position(|&b| b == b':') {
+                        trailers.push((
+                            String::from_utf8_lossy(&l[..colon]).to_ascii_lowercase(),
+                            l[colon + 1..].trim_ascii().to_vec(),
+                        ));
                     }
                 }
                 break;
@@ -240,7 +249,11 @@ pub fn read_message(
             }
         },
     }
-    Ok(Some(Message { head, body }))
+    Ok(Some(Message {
+        head,
+        body,
+        trailers,
+    }))
 }
 
 /// A TCP stream whose every read and write waits at most until one deadline.
@@ -339,18 +352,33 @@ fn parse_response(message: Message) -> Result<Response, Http1Error> {
         status,
         headers,
         body: message.body,
-        trailers: Vec::new(),
+        trailers: message.trailers,
     })
 }
 
-/// Reads one request as a server does: its head as a header map (`:authority` from `host`
-/// first, then `:method`, `:path`, then the other headers lower-cased, in order) and its body.
-/// `Ok(None)`: the connection ended cleanly before a request began.
+/// A request as a server reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadRequest {
+    /// `:authority` from `host` first, then `:method`, `:path`, then the other headers
+    /// lower-cased, in order.
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    /// What a chunked body ended with.
+    pub trailers: HeaderMap,
+}
+
+/// Reads one request as a server does. `Ok(None)`: the connection ended cleanly before a
+/// request began.
 pub fn read_request(
     reader: &mut impl BufRead,
     limits: Limits,
-) -> Result<Option<(HeaderMap, Vec<u8>)>, Http1Error> {
-    let Some(Message { head, body }) = read_message(reader, true, limits)? else {
+) -> Result<Option<ReadRequest>, Http1Error> {
+    let Some(Message {
+        head,
+        body,
+        trailers,
+    }) = read_message(reader, true, limits)?
+    else {
         return Ok(None);
     };
     let mut headers_buf = [httparse::EMPTY_HEADER; 128];
@@ -380,22 +408,44 @@ pub fn read_request(
             headers.push((name, h.value.to_vec()));
         }
     }
-    Ok(Some((headers, body)))
+    Ok(Some(ReadRequest {
+        headers,
+        body,
+        trailers,
+    }))
 }
 
 /// Writes `reply` as an HTTP/1.1 response: the status line, its headers as given, and its
-/// body in one piece with a `content-length` (chunk boundaries and trailers do not survive).
+/// body in one piece with a `content-length`; a reply with trailers is sent chunked (one
+/// chunk per body chunk) with them after the last, the only way HTTP/1.1 carries trailers.
 pub fn write_response(writer: &mut impl Write, reply: &UpstreamReply) -> std::io::Result<()> {
     let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
-    for (k, v) in &reply.headers {
+    let line = |out: &mut Vec<u8>, k: &str, v: &[u8]| {
         out.extend_from_slice(k.as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(v);
         out.extend_from_slice(b"\r\n");
+    };
+    for (k, v) in &reply.headers {
+        line(&mut out, k, v);
     }
-    let body = reply.chunks().concat();
-    out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
-    out.extend_from_slice(&body);
+    if reply.trailers.is_empty() {
+        let body = reply.chunks().concat();
+        out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
+        out.extend_from_slice(&body);
+        return writer.write_all(&out);
+    }
+    out.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
+    for chunk in reply.chunks() {
+        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
+        out.extend_from_slice(&chunk);
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"0\r\n");
+    for (k, v) in &reply.trailers {
+        line(&mut out, k, v);
+    }
+    out.extend_from_slice(b"\r\n");
     writer.write_all(&out)
 }
 
@@ -571,9 +621,10 @@ mod tests {
         assert_eq!(response.body, b"made");
 
         let request = b"POST /p?q HTTP/1.1\r\nX-B: 2\r\nHost: up\r\ncontent-length: 2\r\n\r\nhi";
-        let (headers, body) = read_request(&mut std::io::Cursor::new(&request[..]), SMALL)
-            .unwrap()
-            .unwrap();
+        let ReadRequest { headers, body, .. } =
+            read_request(&mut std::io::Cursor::new(&request[..]), SMALL)
+                .unwrap()
+                .unwrap();
         let names: Vec<&str> = headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             names,
@@ -584,5 +635,21 @@ mod tests {
         assert!(read_request(&mut std::io::Cursor::new(&b""[..]), SMALL)
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn trailers_go_out_chunked_and_read_back() {
+        let mut reply = UpstreamReply::new(200).body("hel");
+        reply.body_chunks.push(b"lo".to_vec());
+        reply.trailers.push(("x-checksum".into(), b"abc".to_vec()));
+        let mut wire = Vec::new();
+        write_response(&mut wire, &reply).unwrap();
+        assert!(wire.ends_with(b"3\r\nhel\r\n2\r\nlo\r\n0\r\nx-checksum: abc\r\n\r\n"));
+        let response = parse_response(read(&wire, false, SMALL).unwrap().unwrap()).unwrap();
+        assert_eq!(response.body, b"hello");
+        assert_eq!(
+            response.trailers,
+            [("x-checksum".to_string(), b"abc".to_vec())]
+        );
     }
 }

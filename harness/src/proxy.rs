@@ -34,6 +34,7 @@ pub use callouts::{
 };
 pub use capacity::MAX_WORKERS;
 pub use events::{DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES, MAX_TICKS_PER_ADVANCE};
+pub(crate) use router::grpc_message_encode;
 pub use router::{select_route, select_virtual_host};
 pub use threads::RELOAD_BACKOFF;
 // Also named here, beside `Proxy::connect` that takes and returns them.

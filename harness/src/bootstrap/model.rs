@@ -164,6 +164,8 @@ pub struct Cluster {
     pub endpoints: Vec<(String, u16)>,
     /// `metadata`, for the `xds.cluster_metadata` property (`Null` when absent).
     pub metadata: Value,
+    /// What Envoy speaks to the endpoints, from the cluster's protocol options.
+    pub protocol: super::UpstreamProtocol,
 }
 
 /// Where the failed-VM policy sends traffic (`fail_open` / `failure_policy`).

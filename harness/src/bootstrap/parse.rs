@@ -360,6 +360,7 @@ fn parse_cluster(at: &str, c: &Value) -> Result<Cluster, BootstrapError> {
         name,
         endpoints,
         metadata,
+        protocol: super::UpstreamProtocol::of_cluster(c),
     })
 }
 

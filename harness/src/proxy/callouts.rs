@@ -314,22 +314,38 @@ impl Callouts {
             Some(GrpcCallAnswer::Status { code, message }) => (
                 CallOutcome::GrpcClose {
                     status: *code,
-                    message: message.clone(),
+                    message: grpc_close_message(message),
                 },
                 format!("canned status {code}"),
             ),
             None => (
                 CallOutcome::GrpcClose {
                     status: GRPC_UNAVAILABLE,
-                    message: "no healthy upstream".into(),
+                    message: REFUSED_STREAM.into(),
                 },
                 format!(
-                    "no canned reply for {service}/{method} on {cluster:?} (the harness does not speak gRPC to upstreams): UNAVAILABLE; give the scenario a grpc_calls entry"
+                    "no canned reply for {service}/{method} on {cluster:?} (the harness does not speak gRPC to upstreams): answered as an upstream refusing the stream, UNAVAILABLE; give the scenario a grpc_calls entry"
                 ),
             ),
         }
     }
 }
+
+/// What a unary gRPC call's failure reads as (`proxy_get_status`) when the upstream answered
+/// it trailers-only with `grpc-status` and `grpc-message`, as gRPC servers answer a failure:
+/// Envoy 1.40's gRPC client hands on the `grpc-message` as sent (percent-encoded, not
+/// decoded) followed by the stream's response code details (checked against it).
+fn grpc_close_message(message: &str) -> String {
+    if message.is_empty() {
+        return "via_upstream".into();
+    }
+    let encoded = super::router::grpc_message_encode(message.as_bytes());
+    format!("{}{{via_upstream}}", String::from_utf8_lossy(&encoded))
+}
+
+/// What Envoy's gRPC client reports when the upstream refuses the call's stream (HTTP/2
+/// `REFUSED_STREAM`): the router's reset text, then the response code details.
+const REFUSED_STREAM: &str = "upstream connect error or disconnect/reset before headers. reset reason: remote refused stream reset{upstream_reset_before_response_started{remote_refused_stream_reset}}";
 
 /// What Envoy's router says when the upstream closed the connection without answering.
 const DISCONNECTED: &str =

@@ -389,17 +389,18 @@ impl<'a> HttpStream<'a> {
             Routed::Upstream(cluster) => {
                 let mut body = body;
                 frame(&mut headers, &mut body, "upstream", &mut exchange.notes)?;
+                let protocol = router::upstream_protocol(self.bootstrap, &cluster);
                 let mut seen = SeenRequest {
                     cluster,
                     headers,
                     body,
-                    trailers: trailers.unwrap_or_default(),
+                    trailers: router::forwarded_trailers(trailers, protocol),
                 };
                 let reply = upstream(&seen);
                 // The contexts read the headers until their end; `run` returns them.
                 headers = std::mem::take(&mut seen.headers);
                 exchange.upstream = Some(seen);
-                router::upstream_response(reply)
+                router::upstream_response(reply, protocol)
             }
         };
         self.share_request(headers);

@@ -5,7 +5,9 @@
 
 use std::fmt::Write as _;
 
-use crate::bootstrap::{Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, VirtualHost};
+use crate::bootstrap::{
+    Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, UpstreamProtocol, VirtualHost,
+};
 use crate::host::LocalReply;
 use crate::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
 
@@ -247,15 +249,7 @@ fn grpc_local_reply(
         ("grpc-status".into(), code.to_string().into_bytes()),
     ];
     if !body.is_empty() {
-        let mut message = Vec::new();
-        for &b in body {
-            if (0x20..0x7f).contains(&b) && b != b'%' {
-                message.push(b);
-            } else {
-                message.extend_from_slice(format!("%{b:02X}").as_bytes());
-            }
-        }
-        headers.push(("grpc-message".into(), message));
+        headers.push(("grpc-message".into(), grpc_message_encode(body)));
     }
     for (k, v) in extra {
         headers::add(&mut headers, k, v.clone());
@@ -263,15 +257,50 @@ fn grpc_local_reply(
     Outgoing::new(200, headers, Vec::new())
 }
 
-pub(super) fn upstream_response(reply: UpstreamReply) -> Outgoing {
+/// A `grpc-message` value: printable ASCII except `%` as is, every other byte percent-encoded
+/// (the gRPC over HTTP/2 spec's encoding, as Envoy writes it).
+pub(crate) fn grpc_message_encode(text: &[u8]) -> Vec<u8> {
+    let mut message = Vec::with_capacity(text.len());
+    for &b in text {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            message.push(b);
+        } else {
+            message.extend_from_slice(format!("%{b:02X}").as_bytes());
+        }
+    }
+    message
+}
+
+/// The upstream's response as the router hands it to the filters. Its trailers only when the
+/// connection carries them: HTTP/2, or HTTP/1.1 with `enable_trailers` (Envoy's HTTP/1 codec
+/// drops them otherwise, checked against Envoy 1.40).
+pub(super) fn upstream_response(reply: UpstreamReply, protocol: UpstreamProtocol) -> Outgoing {
     let chunks = reply.chunks();
     let len = chunks.iter().map(Vec::len).sum();
     Outgoing {
         status: reply.status,
         headers: routed_headers(reply.status, reply.headers, len),
         chunks,
-        trailers: (!reply.trailers.is_empty()).then_some(reply.trailers),
+        trailers: (!reply.trailers.is_empty() && protocol.passes_trailers())
+            .then_some(reply.trailers),
     }
+}
+
+/// What the route's cluster speaks (HTTP/1.1 for a cluster the bootstrap lacks).
+pub(super) fn upstream_protocol(bootstrap: &Bootstrap, cluster: &str) -> UpstreamProtocol {
+    bootstrap
+        .cluster(cluster)
+        .map_or(UpstreamProtocol::default(), |c| c.protocol)
+}
+
+/// The request trailers the upstream receives: none over HTTP/1.1 without `enable_trailers`.
+pub(super) fn forwarded_trailers(
+    trailers: Option<HeaderMap>,
+    protocol: UpstreamProtocol,
+) -> HeaderMap {
+    trailers
+        .filter(|_| protocol.passes_trailers())
+        .unwrap_or_default()
 }
 
 /// An upstream's response headers as Envoy's router hands them on, to the filter chain or to

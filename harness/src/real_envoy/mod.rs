@@ -9,6 +9,7 @@
 //! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
 
 mod client;
+mod h2c;
 mod tcp;
 mod upstream;
 
@@ -20,12 +21,14 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::http::{CallRecord, CannedHttpCall, Exchange, Request, UpstreamReply};
+use crate::http::{
+    CallRecord, CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, UpstreamReply,
+};
 use crate::http1;
 use crate::traffic::TrafficError;
 
 use client::{admin_get, bound_listeners, http1_exchange};
-use upstream::{Upstream, UpstreamState};
+use upstream::{from_async_client, is_grpc, Upstream, UpstreamState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyError {
@@ -247,19 +250,20 @@ impl RealEnvoy {
         request: &Request,
         reply: &UpstreamReply,
     ) -> Result<Exchange, TrafficError> {
-        self.send_with_calls(listener, request, reply, &[])
+        self.send_with_calls(listener, request, reply, &Canned::default())
             .map(|(ex, _)| ex)
     }
 
-    /// Sends one request; the clusters named in `calls` answer with those canned replies
-    /// (they are the callouts' upstreams), every other cluster with `reply`. Returns the
-    /// exchange and the requests the callout clusters received, as call records.
+    /// Sends one request; callouts (requests from Envoy's async client, told apart by its
+    /// marks, see [`upstream::from_async_client`]) get the first matching canned answer and
+    /// every other request `reply`. Returns the exchange and the callouts the upstreams
+    /// received, in the order they arrived, as call records.
     pub fn send_with_calls(
         &mut self,
         listener: Option<&str>,
         request: &Request,
         reply: &UpstreamReply,
-        calls: &[CannedHttpCall],
+        canned: &Canned,
     ) -> Result<(Exchange, Vec<CallRecord>), TrafficError> {
         let name = listener.unwrap_or(&self.first_listener);
         let port = *self
@@ -272,7 +276,8 @@ impl RealEnvoy {
             .map(|(k, s)| {
                 let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
                 s.reply = reply.clone();
-                s.calls = calls.to_vec();
+                s.calls = canned.http.clone();
+                s.grpc_calls = canned.grpc.clone();
                 (k.clone(), s.seen.len())
             })
             .collect();
@@ -284,24 +289,19 @@ impl RealEnvoy {
             ),
             Err(e) => return Err(TrafficError::EnvoyRequest(e)),
         };
-        let is_callout = |cluster: &str| calls.iter().any(|c| c.cluster == cluster);
-        let mut upstream = None;
-        let mut records = Vec::new();
+        let mut seen: Vec<(u64, SeenRequest)> = Vec::new();
         for (k, s) in &self.upstreams {
             let s = s.lock().unwrap_or_else(|e| e.into_inner());
-            for seen in &s.seen[before[k]..] {
-                if is_callout(k) {
-                    records.push(CallRecord {
-                        kind: "http",
-                        cluster: k.clone(),
-                        worker: None,
-                        headers: seen.headers.clone(),
-                        body: seen.body.clone(),
-                        answer: "real envoy".into(),
-                    });
-                } else if upstream.is_none() {
-                    upstream = Some(seen.clone());
-                }
+            seen.extend(s.seen[before[k]..].iter().cloned());
+        }
+        seen.sort_by_key(|(n, _)| *n);
+        let mut upstream = None;
+        let mut records = Vec::new();
+        for (_, seen) in seen {
+            if from_async_client(&seen.headers) {
+                records.push(call_record(seen));
+            } else if upstream.is_none() {
+                upstream = Some(seen);
             }
         }
         Ok((
@@ -344,6 +344,59 @@ impl Drop for RealEnvoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// The scenario's canned callout answers for one step, as the upstreams give them.
+#[derive(Debug, Clone, Default)]
+pub struct Canned {
+    pub http: Vec<CannedHttpCall>,
+    pub grpc: Vec<CannedGrpcCall>,
+}
+
+/// Headers Envoy's gRPC client adds to a unary call, which the harness's record of the call
+/// (`:path`, then the guest's initial metadata) does not hold.
+const GRPC_CLIENT_HEADERS: &[&str] = &[
+    ":method",
+    ":scheme",
+    ":authority",
+    "content-type",
+    "te",
+    "grpc-timeout",
+    "x-envoy-internal",
+    "x-envoy-expected-rq-timeout-ms",
+    "x-forwarded-for",
+];
+
+/// A callout as its upstream saw it, in the harness's record shape: an HTTP call's headers
+/// and body; a gRPC call's `:path` and metadata, and its message without the 5-byte frame.
+fn call_record(seen: SeenRequest) -> CallRecord {
+    if is_grpc(&seen.headers) {
+        let headers = seen
+            .headers
+            .into_iter()
+            .filter(|(k, _)| !GRPC_CLIENT_HEADERS.contains(&k.as_str()))
+            .collect();
+        let body = match seen.body.get(5..) {
+            Some(message) if seen.body[0] == 0 => message.to_vec(),
+            _ => seen.body,
+        };
+        return CallRecord {
+            kind: "grpc",
+            cluster: seen.cluster,
+            worker: None,
+            headers,
+            body,
+            answer: "real envoy".into(),
+        };
+    }
+    CallRecord {
+        kind: "http",
+        cluster: seen.cluster,
+        worker: None,
+        headers: seen.headers,
+        body: seen.body,
+        answer: "real envoy".into(),
     }
 }
 

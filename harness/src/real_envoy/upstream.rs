@@ -1,14 +1,23 @@
 //! The loopback upstreams real Envoy's clusters point at, one per cluster so a request's
 //! cluster is known: each answers with the reply queued for it (or a callout's canned
 //! answer) and records what it saw, or hands its connection over raw for a TCP proxy.
+//!
+//! Each speaks HTTP/1.1 and HTTP/2 cleartext with prior knowledge, told apart by the
+//! connection's first bytes, so a cluster Envoy talks HTTP/2 to (`http2_protocol_options`,
+//! `HttpProtocolOptions` with `explicit_http_config.http2_protocol_options` or
+//! `use_downstream_protocol_config`; gRPC services) gets the same upstream as any other.
 
 use std::io::BufReader;
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use super::{io, EnvoyError, MAX_BODY_BYTES};
-use crate::http::{CannedHttpCall, HttpCallAnswer, SeenRequest, UpstreamReply};
+use super::{h2c, io, EnvoyError, MAX_BODY_BYTES};
+use crate::http::{
+    headers, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HeaderMap, HttpCallAnswer,
+    SeenRequest, UpstreamReply,
+};
 use crate::http1;
 
 /// One loopback upstream per cluster: answers each request with the reply queued for it and
@@ -16,11 +25,96 @@ use crate::http1;
 #[derive(Default)]
 pub(super) struct UpstreamState {
     pub(super) reply: UpstreamReply,
-    /// Canned callout answers: a request matching one gets its answer instead of `reply`.
+    /// Canned HTTP callout answers: a callout matching one gets its answer instead of `reply`.
     pub(super) calls: Vec<CannedHttpCall>,
-    pub(super) seen: Vec<SeenRequest>,
+    /// Canned unary gRPC callout answers.
+    pub(super) grpc_calls: Vec<CannedGrpcCall>,
+    /// Every request, numbered in the order the upstreams (all of them) received them.
+    pub(super) seen: Vec<(u64, SeenRequest)>,
     /// While set, accepted connections are handed over raw (a TCP proxy's upstream).
     pub(super) tcp_handoff: Option<std::sync::mpsc::Sender<TcpStream>>,
+}
+
+/// Numbers requests across every upstream, so callouts to several clusters keep their order.
+static ARRIVALS: AtomicU64 = AtomicU64::new(0);
+
+/// What an upstream does with one request.
+pub(super) enum UpstreamAnswer {
+    /// An HTTP response.
+    Reply(UpstreamReply),
+    /// A gRPC response: the reply message with `grpc-status: 0`, or a trailers-only failure.
+    Grpc(GrpcCallAnswer),
+    /// Refuse the stream (HTTP/2 `REFUSED_STREAM`; HTTP/1.1 closes): a gRPC call the scenario
+    /// gives no answer for, which Envoy's gRPC client reports as `UNAVAILABLE`.
+    Refuse,
+    /// Close the connection without answering, as a crashing upstream does.
+    Close,
+}
+
+/// Whether a request came from Envoy's async client (a Wasm `proxy_http_call` or
+/// `proxy_grpc_call`) rather than through the connection manager: the async client marks its
+/// requests `x-envoy-internal: true` (`AsyncStreamImpl::sendHeaders`), and only the
+/// connection manager adds `x-forwarded-proto`, to every request it routes (a routed request
+/// carries `x-envoy-internal` too when `use_remote_address` finds the client internal).
+pub(super) fn from_async_client(headers: &HeaderMap) -> bool {
+    headers::get(headers, "x-envoy-internal") == Some(b"true")
+        && headers::get(headers, "x-forwarded-proto").is_none()
+}
+
+/// Whether a request is a gRPC call (`content-type: application/grpc...`).
+pub(super) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers::get(headers, "content-type").is_some_and(|v| v.starts_with(b"application/grpc"))
+}
+
+impl UpstreamState {
+    /// Records `seen` and chooses its answer: a callout's canned answer (gRPC calls by
+    /// service and method, HTTP calls by path), else the step's upstream reply; a gRPC callout
+    /// without a canned answer is refused.
+    pub(super) fn answer(&mut self, seen: SeenRequest) -> UpstreamAnswer {
+        let answer = if from_async_client(&seen.headers) {
+            self.callout_answer(&seen)
+        } else {
+            UpstreamAnswer::Reply(self.reply.clone())
+        };
+        self.seen
+            .push((ARRIVALS.fetch_add(1, Ordering::Relaxed), seen));
+        answer
+    }
+
+    fn callout_answer(&self, seen: &SeenRequest) -> UpstreamAnswer {
+        let path = headers::get(&seen.headers, ":path").unwrap_or_default();
+        if is_grpc(&seen.headers) {
+            let text = String::from_utf8_lossy(path);
+            let (service, method) = text
+                .trim_start_matches('/')
+                .split_once('/')
+                .unwrap_or_default();
+            return self
+                .grpc_calls
+                .iter()
+                .find(|c| {
+                    c.cluster == seen.cluster
+                        && c.service.as_deref().is_none_or(|s| s == service)
+                        && c.method.as_deref().is_none_or(|m| m == method)
+                })
+                .map_or(UpstreamAnswer::Refuse, |c| {
+                    UpstreamAnswer::Grpc(c.answer.clone())
+                });
+        }
+        let canned = self.calls.iter().find(|c| {
+            c.cluster == seen.cluster
+                && c.path_prefix
+                    .as_deref()
+                    .is_none_or(|p| path.starts_with(p.as_bytes()))
+        });
+        match canned.map(|c| &c.answer) {
+            Some(HttpCallAnswer::Reply(r)) => UpstreamAnswer::Reply(r.clone()),
+            // (Envoy's router turns a close into a 503; nothing on the wire makes Envoy
+            // report a callout reset.)
+            Some(HttpCallAnswer::Disconnect | HttpCallAnswer::Reset) => UpstreamAnswer::Close,
+            None => UpstreamAnswer::Reply(self.reply.clone()),
+        }
+    }
 }
 
 pub(super) struct Upstream {
@@ -50,53 +144,53 @@ impl Upstream {
                 }
                 let state = state.clone();
                 let cluster = cluster.clone();
-                std::thread::spawn(move || serve_upstream(conn, &cluster, &state));
+                std::thread::spawn(move || serve_connection(conn, &cluster, state));
             }
         });
         Ok(Self { port })
     }
 }
 
-fn serve_upstream(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
-    let _ = conn.set_read_timeout(Some(Duration::from_secs(30)));
+/// How long an upstream connection may stay silent before it is closed.
+pub(super) const IDLE: Duration = Duration::from_secs(30);
+
+/// Serves one connection in the protocol its first bytes announce.
+fn serve_connection(conn: TcpStream, cluster: &str, state: Arc<Mutex<UpstreamState>>) {
+    let _ = conn.set_read_timeout(Some(IDLE));
+    let mut first = [0u8; 4];
+    let peeked = conn.peek(&mut first).unwrap_or(0);
+    if peeked == first.len() && &first == h2c::PREFACE_START {
+        h2c::serve(conn, cluster, &state);
+    } else {
+        serve_http1(conn, cluster, &state);
+    }
+}
+
+fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
     let mut reader = BufReader::new(match conn.try_clone() {
         Ok(c) => c,
         Err(_) => return,
     });
     let mut writer = conn;
     loop {
-        let Ok(Some((headers, body))) =
+        let Ok(Some(request)) =
             http1::read_request(&mut reader, http1::Limits::new(MAX_BODY_BYTES))
         else {
             return;
         };
-        let path = headers
-            .iter()
-            .find(|(name, _)| name == ":path")
-            .map(|(_, v)| String::from_utf8_lossy(v).into_owned())
-            .unwrap_or_default();
-        let answer = {
-            let mut s = state.lock().unwrap_or_else(|e| e.into_inner());
-            s.seen.push(SeenRequest {
+        let answer = state
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .answer(SeenRequest {
                 cluster: cluster.to_string(),
-                headers,
-                body,
-                trailers: Vec::new(),
+                headers: request.headers,
+                body: request.body,
+                trailers: request.trailers,
             });
-            s.calls
-                .iter()
-                .find(|c| {
-                    c.cluster == cluster
-                        && c.path_prefix.as_deref().is_none_or(|p| path.starts_with(p))
-                })
-                .map(|c| c.answer.clone())
-                .unwrap_or_else(|| HttpCallAnswer::Reply(s.reply.clone()))
-        };
         let reply = match answer {
-            HttpCallAnswer::Reply(r) => r,
-            // Close without answering: what a crashing upstream does. (Envoy's router turns
-            // it into a 503; nothing on the wire makes Envoy report a callout reset.)
-            HttpCallAnswer::Disconnect | HttpCallAnswer::Reset => return,
+            UpstreamAnswer::Reply(r) => r,
+            // gRPC needs HTTP/2 (trailers): over HTTP/1.1 a gRPC callout is not answered.
+            UpstreamAnswer::Grpc(_) | UpstreamAnswer::Refuse | UpstreamAnswer::Close => return,
         };
         if http1::write_response(&mut writer, &reply).is_err() {
             return;

@@ -109,9 +109,10 @@ impl Step {
 
 impl<'de> Deserialize<'de> for Step {
     /// An item with an `advance` key is an advance, anything else a request; the error names
-    /// the item, since YAML positions are lost on the way.
+    /// the item, since YAML positions are lost on the way. The item is held as a YAML value,
+    /// whose maps keep the written order (a `headers:` map is sent in that order).
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let value = serde_json::Value::deserialize(d)?;
+        let value = serde_norway::Value::deserialize(d)?;
         let name = value
             .get("name")
             .and_then(|n| n.as_str())
@@ -119,7 +120,7 @@ impl<'de> Deserialize<'de> for Step {
         if let Some(by) = value.get("advance") {
             let label = match name {
                 Some(name) => format!("advance step {name:?}"),
-                None => format!("advance: {by}"),
+                None => format!("advance: {}", serde_json::to_string(by).unwrap_or_default()),
             };
             typed::<AdvanceStep>(value)
                 .map(Step::Advance)
@@ -157,7 +158,7 @@ impl<'de> Deserialize<'de> for Step {
 
 /// A step's item as `T`; an error names the field it is about (`request.headers: invalid
 /// type: ...`), which YAML positions cannot, the step having gone through a JSON value.
-fn typed<T: serde::de::DeserializeOwned>(value: serde_json::Value) -> Result<T, String> {
+fn typed<T: serde::de::DeserializeOwned>(value: serde_norway::Value) -> Result<T, String> {
     serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
@@ -555,6 +556,33 @@ mod tests {
             }
             other => panic!("expected an advance, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn headers_in_map_form_keep_the_written_order() {
+        let s = parse(
+            "bootstrap: b.yaml\nrequests:\n  - name: r\n    request: {headers: {x-zebra: 1, x-apple: 2, X-Mango: 3}}\n    upstream: {headers: {z: a, a: z}}\n",
+        )
+        .unwrap();
+        let Step::Request(r) = &s.requests[0] else {
+            panic!("expected a request");
+        };
+        let names: Vec<&str> = r
+            .request
+            .headers
+            .0
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(names, ["x-zebra", "x-apple", "x-mango"]);
+        let names: Vec<&str> = r
+            .upstream
+            .headers
+            .0
+            .iter()
+            .map(|(k, _)| k.as_str())
+            .collect();
+        assert_eq!(names, ["z", "a"]);
     }
 
     #[test]

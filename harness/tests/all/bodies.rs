@@ -21,7 +21,11 @@ const CHUNKED: &str = r#"  - name: a chunked request body is buffered, then rewr
 #[test]
 fn body_chunks_grow_the_buffer_a_pausing_filter_sees() {
     let dir = tempfile::tempdir().unwrap();
-    let b = bootstrap_variant(dir.path(), &guest("body-buffer.wat"), None, |_| {});
+    // Trailers cross an HTTP/1.1 upstream connection only with `enable_trailers`.
+    let b = bootstrap_variant(dir.path(), &guest("body-buffer.wat"), None, |doc| {
+        doc["static_resources"]["clusters"][0]["http_protocol_options"] =
+            serde_json::json!({"enable_trailers": true});
+    });
     let s = scenario(
         dir.path(),
         &b,

@@ -251,7 +251,7 @@ fn a_unary_grpc_call_gets_its_canned_message_or_status() {
     request: {}
     grpc_calls: [{cluster: rl, method: Check, status: 8, status_message: slow down}]
     expect:
-      response: {status: 429, body: slow down}
+      response: {status: 429, body: \"slow down{via_upstream}\"}
       logs: [grpc closed]
   - name: another method is not canned
     request: {}
@@ -334,4 +334,66 @@ requests:
             .all(|c| c["answer"] == "canned reply 200" && c["cluster"] == "auth"),
         "{report:#}"
     );
+}
+
+/// A callout to the cluster the route also uses: real Envoy's upstream sees both requests,
+/// and the comparison tells the callout (marked by Envoy's async client) from the routed
+/// request, so each is compared with its counterpart in the harness.
+#[test]
+fn a_callout_to_the_routes_own_cluster_is_told_apart_from_the_routed_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "auth-callout.wat");
+    let b = bootstrap_variant(dir.path(), &wasm, None, |doc| {
+        let filter = doc
+            .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
+            .unwrap();
+        filter.as_object_mut().unwrap().remove("configuration");
+        filter["root_id"] = "auth".into();
+        add_loopback_cluster(doc, "auth", 9);
+        let route = doc
+            .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/route_config/virtual_hosts/0/routes/1/route")
+            .unwrap();
+        route["cluster"] = "auth".into();
+    });
+    let s = scenario(
+        dir.path(),
+        &b,
+        r#"  - name: the call and the routed request reach the same cluster
+    request: {path: /api/items, headers: {authorization: "Bearer good"}}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 200, headers: {x-user: alice}}}]
+    upstream: {status: 200, body: routed}
+    expect:
+      calls: [{cluster: auth, headers: {":path": /check, authorization: "Bearer good", x-envoy-internal: "true"}}]
+      upstream: {headers: {":path": /api/items, x-user: alice}, absent: [x-envoy-internal]}
+      response: {status: 200, body: routed}
+  - name: a routed request whose path the canned call also matches gets the upstream's reply
+    request: {path: /check/me}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 200, headers: {x-user: bob}}}]
+    upstream: {status: 202, body: routed}
+    expect:
+      calls: [{cluster: auth}]
+      upstream: {headers: {":path": /check/me, x-user: bob}}
+      response: {status: 202, body: routed}
+"#,
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 2, "{report}");
+}
+
+/// The same callouts to an `auth` cluster Envoy speaks HTTP/2 to: real Envoy's loopback
+/// upstream answers over HTTP/2, and a disconnect closes the connection, as over HTTP/1.1.
+#[test]
+fn callouts_to_an_http2_cluster_are_answered_and_compared_the_same_way() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "auth-callout.wat");
+    let b = auth_bootstrap(dir.path(), &wasm, 9);
+    let mut doc: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(&b).unwrap()).unwrap();
+    doc["static_resources"]["clusters"][1]["http2_protocol_options"] = serde_json::json!({});
+    std::fs::write(&b, serde_norway::to_string(&doc).unwrap()).unwrap();
+    let s = scenario(dir.path(), &b, CANNED);
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 3, "{report}");
 }
