@@ -148,11 +148,10 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
         report.verdict = Verdict::Failed;
         return report;
     };
-    report.startup_logs = Some(logs::compare(
+    report.startup_logs = Some(logs::compare_startup(
         &harness.log_records(),
         &envoy_startup,
         &reader,
-        logs::Conditions::Quiet,
     ));
     report.verdict = harness_verdict;
     if !report.envoy_startup_failures.is_empty()

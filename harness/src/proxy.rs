@@ -97,6 +97,16 @@ impl Default for ProxyOptions {
     }
 }
 
+impl ProxyOptions {
+    /// `workers` worker threads, and Envoy's defaults for the rest.
+    pub fn with_workers(workers: usize) -> Self {
+        Self {
+            workers,
+            ..Self::default()
+        }
+    }
+}
+
 /// A root context still waiting to call `proxy_done` after [`Proxy::shutdown`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PendingRoot {

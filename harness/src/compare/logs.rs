@@ -148,6 +148,48 @@ pub fn compare(
     }
 }
 
+/// Compares start-up's lines: which lines the main thread and the workers wrote, not how
+/// often or in which order. Envoy starts each plugin's canary and main-thread instance in
+/// turn and shares one root context among identical plugin configurations; the harness starts
+/// every canary first, and its plugin keys are its own.
+pub fn compare_startup(
+    harness: &[LogRecord],
+    envoy: &[EnvoyRecord],
+    reader: &EnvoyLogReader,
+) -> LogComparison {
+    let distinct = |lines: Vec<Line>| {
+        let mut main = std::collections::BTreeSet::new();
+        let mut workers = std::collections::BTreeSet::new();
+        for (thread, text) in lines {
+            match thread {
+                Thread::Main => main.insert(text),
+                Thread::Worker(_) => workers.insert(text),
+            };
+        }
+        (main, workers)
+    };
+    let (h_main, h_workers) = distinct(harness_lines(harness));
+    let (e_main, e_workers) = distinct(envoy_lines(envoy, reader));
+    let mut out = Vec::new();
+    for (what, h, e) in [
+        ("main thread", &h_main, &e_main),
+        ("workers", &h_workers, &e_workers),
+    ] {
+        let only_harness: Vec<&String> = h.difference(e).collect();
+        let only_envoy: Vec<&String> = e.difference(h).collect();
+        if !only_harness.is_empty() || !only_envoy.is_empty() {
+            out.push(format!(
+                "{what}: only the harness wrote {only_harness:?}, only Envoy wrote {only_envoy:?}"
+            ));
+        }
+    }
+    if out.is_empty() {
+        LogComparison::Same
+    } else {
+        LogComparison::Differs(out)
+    }
+}
+
 /// The main thread's lines in order, and the workers' sequences as a set.
 fn differ(harness: &[Line], envoy: &[Line]) -> Vec<String> {
     let split = |lines: &[Line]| {

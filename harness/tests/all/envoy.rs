@@ -278,14 +278,9 @@ fn real_envoy_ticks_on_the_main_thread_and_each_worker() {
         .collect();
     assert_eq!(threads.len(), 3, "{:#?}", real.wasm_logs());
 
-    let mut proxy = wasm_harness::Proxy::from_bootstrap(
-        &b,
-        &wasm_harness::ProxyOptions {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut proxy =
+        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions::with_workers(2))
+            .unwrap();
     assert_eq!(proxy.advance(std::time::Duration::from_secs(1)), 3);
     let ticked: Vec<Option<usize>> = proxy
         .logs()

@@ -172,14 +172,7 @@ fn a_trap_is_reported_in_the_words_of_envoys_v8() {
             "Uncaught RuntimeError: function signature mismatch",
         ),
     ] {
-        let mut proxy = Proxy::from_bootstrap(
-            &b,
-            &ProxyOptions {
-                workers: 1,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
         let ex = proxy
             .round_trip(&Request::get(path), UpstreamReply::new(200))
             .unwrap();

@@ -21,14 +21,7 @@ fn every_root_gets_on_done_then_on_delete_like_real_envoy_at_exit() {
     let module = assembled(dir.path(), "shutdown.wat");
     let b = bootstrap_variant(dir.path(), &module, Some(""), |_| {});
 
-    let mut proxy = Proxy::from_bootstrap(
-        &b,
-        &ProxyOptions {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(2)).unwrap();
     proxy
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
         .unwrap();
@@ -93,14 +86,7 @@ fn every_root_gets_on_done_then_on_delete_like_real_envoy_at_exit() {
 fn a_root_that_answers_false_lives_until_it_calls_proxy_done() {
     let dir = tempfile::tempdir().unwrap();
     let b = bootstrap_variant(dir.path(), &guest("shutdown.wat"), Some("wait"), |_| {});
-    let mut proxy = Proxy::from_bootstrap(
-        &b,
-        &ProxyOptions {
-            workers: 2,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(2)).unwrap();
     assert_eq!(
         proxy.advance(Duration::from_secs(5)),
         0,

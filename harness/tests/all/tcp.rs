@@ -83,14 +83,7 @@ fn network_callbacks_come_in_envoys_order_with_envoys_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let b = tcp_bootstrap(dir.path());
     for (name, events) in cases {
-        let mut proxy = Proxy::from_bootstrap(
-            &b,
-            &ProxyOptions {
-                workers: 1,
-                ..Default::default()
-            },
-        )
-        .unwrap();
+        let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
         let before = proxy.log_len();
         let h = proxy.connect(None, None, &events).unwrap();
         let harness_lines = messages(proxy.logs()[before..].iter().map(|r| r.to_string()));

@@ -15,14 +15,7 @@ const SECOND: u64 = 1_000_000_000;
 
 fn proxy_with(dir: &std::path::Path, guest_file: &str, config: &str, workers: usize) -> Proxy {
     let b = bootstrap_variant(dir, &guest(guest_file), Some(config), |_| {});
-    Proxy::from_bootstrap(
-        &b,
-        &ProxyOptions {
-            workers,
-            ..Default::default()
-        },
-    )
-    .unwrap()
+    Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(workers)).unwrap()
 }
 
 /// Log lines since `from` that contain `needle`, as (worker, message).
