@@ -118,9 +118,9 @@ impl EnvoyLogReader {
             self.threads.entry(first.tid).or_insert(LogThread::Main);
         }
         for r in &records {
-            if !self.threads.contains_key(&r.tid) {
+            if let std::collections::hash_map::Entry::Vacant(slot) = self.threads.entry(r.tid) {
                 if let Some(w) = worker_number(r.tid) {
-                    self.threads.insert(r.tid, LogThread::Worker(w));
+                    slot.insert(LogThread::Worker(w));
                 }
             }
         }
