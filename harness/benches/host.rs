@@ -144,7 +144,7 @@ fn envoy_round_trip() -> Option<Duration> {
 /// Median time per request, and heap allocations (and reallocations) per request, counting
 /// the bench's own upstream reply.
 fn per_request(label: &str, bootstrap: Bootstrap, adds: &str) -> (Duration, f64) {
-    let mut proxy = Proxy::new(bootstrap, &ProxyOptions { workers: 1 }).unwrap();
+    let mut proxy = Proxy::new(bootstrap, &ProxyOptions::with_workers(1)).unwrap();
     let request = request();
     let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
         status: 200,
@@ -183,7 +183,7 @@ const BIG_BODY: usize = 100 << 20;
 /// what a large body costs the harness, copies included. The exchange it returns holds the
 /// body the upstream saw and the response's, two bodies that are the point of the exchange.
 fn big_bodies() -> f64 {
-    let mut proxy = Proxy::new(bootstrap(None), &ProxyOptions { workers: 1 }).unwrap();
+    let mut proxy = Proxy::new(bootstrap(None), &ProxyOptions::with_workers(1)).unwrap();
     let request = Request {
         body: vec![b'q'; BIG_BODY],
         ..request()

@@ -152,11 +152,13 @@ impl StreamType {
 }
 
 /// `proxy_log_level_t`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Trace,
     Debug,
+    /// Envoy's default log level.
+    #[default]
     Info,
     Warn,
     Error,
@@ -176,6 +178,21 @@ impl LogLevel {
         })
     }
 
+    /// A level as Envoy's `-l` takes it (`warn` or `warning`); `off` is not one, since the
+    /// harness's log expectations need the log.
+    pub fn parse(name: &str) -> Result<Self, String> {
+        Ok(match name.to_ascii_lowercase().as_str() {
+            "trace" => Self::Trace,
+            "debug" => Self::Debug,
+            "info" => Self::Info,
+            "warn" | "warning" => Self::Warn,
+            "error" => Self::Error,
+            "critical" => Self::Critical,
+            "off" => return Err("log level \"off\" is not supported: the harness needs the log to check expectations (use critical)".into()),
+            other => return Err(format!("log level {other:?}: expected one of trace, debug, info, warning (or warn), error, critical, as Envoy's -l takes")),
+        })
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Trace => "trace",
@@ -185,6 +202,26 @@ impl LogLevel {
             Self::Error => "error",
             Self::Critical => "critical",
         }
+    }
+}
+
+impl std::str::FromStr for LogLevel {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Self::parse(s)
+    }
+}
+
+impl std::fmt::Display for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for LogLevel {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(d)?;
+        Self::parse(&name).map_err(serde::de::Error::custom)
     }
 }
 

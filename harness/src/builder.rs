@@ -41,6 +41,7 @@ pub struct ProxyBuilder {
     tcp: bool,
     clusters: Vec<(String, String, u16)>,
     workers: usize,
+    log_level: crate::abi::LogLevel,
 }
 
 impl Proxy {
@@ -61,6 +62,7 @@ impl Proxy {
             tcp: false,
             clusters: Vec::new(),
             workers: ProxyOptions::default().workers,
+            log_level: ProxyOptions::default().log_level,
         }
     }
 }
@@ -144,6 +146,13 @@ impl ProxyBuilder {
     /// Worker threads (Envoy's `--concurrency`, default 2); each has its own VM.
     pub fn workers(mut self, workers: usize) -> Self {
         self.workers = workers;
+        self
+    }
+
+    /// Envoy's log level (`-l`, default `info`): the guest's lines below it are not kept,
+    /// and `proxy_get_log_level` answers it.
+    pub fn log_level(mut self, level: crate::abi::LogLevel) -> Self {
+        self.log_level = level;
         self
     }
 
@@ -243,6 +252,7 @@ impl ProxyBuilder {
             bootstrap,
             &ProxyOptions {
                 workers: self.workers,
+                log_level: self.log_level,
             },
         )
     }

@@ -3,6 +3,8 @@
 //! The scenario is loaded once and both sides run the same [`Step`], so a step's two outcomes
 //! are paired by the step itself.
 
+mod logs;
+
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -12,13 +14,14 @@ use serde::Serialize;
 
 use crate::http::{CallRecord, Exchange};
 use crate::proxy::TcpOutcome;
-use crate::real_envoy::RealEnvoy;
+use crate::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
+use crate::real_envoy::{EnvoyError, RealEnvoy};
 use crate::report::{ClockAdvance, Startup, StepOutcome, StepReport, Verdict};
-use crate::run::{startup_verdict, HarnessRun, RunOptions};
-use crate::scenario::expect::{self, LogExpect, WrittenLog};
+use crate::run::{expects_refusal, startup_verdict, HarnessRun, RunOptions};
+use crate::scenario::expect::{self, WrittenLog};
 use crate::scenario::{AdvanceStep, ConnectionCase, RequestCase, Scenario, Step};
 
-/// Headers whose values legitimately differ between two runs (clock, ids, timing); only
+/// Headers whose values legitimately differ between two runs (clock, ids, conditions); only
 /// their presence is compared.
 const VOLATILE: &[&str] = &["x-request-id", "x-envoy-upstream-service-time"];
 /// Not compared at all: `date` is Envoy's wall clock, which the harness does not add, and an
@@ -27,6 +30,11 @@ const IGNORED: &[&str] = &["date", ":scheme"];
 /// Real Envoy has no virtual clock: an `advance` step waits in real time (so its timers fire
 /// too), at most this long.
 pub const MAX_REAL_WAIT: Duration = Duration::from_secs(10);
+/// How long after a step Envoy's log has it all: Envoy flushes its log file every 50 ms
+/// (`--file-flush-interval-msec`).
+const LOG_SETTLE: Duration = Duration::from_millis(150);
+
+pub use logs::LogComparison;
 
 /// One step, in the harness and in real Envoy.
 #[derive(Debug, Clone, Serialize)]
@@ -39,6 +47,8 @@ pub struct ComparedStep {
     pub envoy_failures: Vec<String>,
     /// Where Envoy and the harness disagree.
     pub differences: Vec<String>,
+    /// The guest's log lines in both, thread by thread, or why they cannot be compared.
+    pub logs: LogComparison,
 }
 
 impl ComparedStep {
@@ -50,6 +60,7 @@ impl ComparedStep {
         self.harness.failures.is_empty()
             && self.envoy_failures.is_empty()
             && self.differences.is_empty()
+            && !self.logs.differs()
     }
 }
 
@@ -61,16 +72,22 @@ pub struct ComparisonReport {
     pub harness: Startup,
     /// Why real Envoy could not start, or why its run was not compared.
     pub envoy_error: Option<String>,
+    /// `expect_start` checked against Envoy's start-up (or its refusal).
+    pub envoy_startup_failures: Vec<String>,
+    /// The lines both wrote while starting, compared (none if either did not start).
+    pub startup_logs: Option<LogComparison>,
     pub cases: Vec<ComparedStep>,
 }
 
-/// Runs `path` in the harness and in real Envoy with the same worker count.
+/// Runs `path` in the harness and in real Envoy with the same worker count and log level.
 pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> ComparisonReport {
     let mut report = ComparisonReport {
         scenario: path.to_path_buf(),
         verdict: Verdict::CannotStart,
         harness: Startup::default(),
         envoy_error: None,
+        envoy_startup_failures: Vec::new(),
+        startup_logs: None,
         cases: Vec::new(),
     };
     let scenario = match Scenario::load(path) {
@@ -84,33 +101,152 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
     report.harness = startup;
     let harness_verdict = startup_verdict(&report.harness);
     let bootstrap = opts.bootstrap_for(&scenario);
-    let mut real = match RealEnvoy::start(envoy_bin, &bootstrap, opts.workers_for(&scenario)) {
+    let started = RealEnvoy::start_at_level(
+        envoy_bin,
+        &bootstrap,
+        opts.workers_for(&scenario),
+        opts.log_level_for(&scenario),
+    );
+    let mut real = match started {
         Ok(r) => r,
         Err(e) => {
+            if let (EnvoyError::Exited { log, .. }, Some(want)) = (&e, &scenario.expect_start) {
+                let lines: Vec<&EnvoyRecord> = log.iter().filter(|r| r.is_startup()).collect();
+                let written = crate::scenario::expect::WrittenLog::envoy(
+                    lines.iter().map(|r| r.line()).collect(),
+                );
+                report.envoy_startup_failures = expect::check_start(want, false, &written);
+            }
             // Both refusing the configuration is agreement; anything else is not.
             report.verdict = match harness_verdict {
                 Verdict::CannotStart => Verdict::CannotStart,
+                Verdict::Passed
+                    if expects_refusal(&scenario) && report.envoy_startup_failures.is_empty() =>
+                {
+                    Verdict::Passed
+                }
                 _ => Verdict::Failed,
             };
             report.envoy_error = Some(e.to_string());
             return report;
         }
     };
+    let mut reader = EnvoyLogReader::new(&real.log_path);
+    std::thread::sleep(LOG_SETTLE);
+    let envoy_startup = reader.since_last();
+    if let Some(want) = &scenario.expect_start {
+        let lines: Vec<EnvoyRecord> = envoy_startup
+            .iter()
+            .filter(|r| r.is_startup())
+            .cloned()
+            .collect();
+        let written = logs::envoy_written(&lines, &reader);
+        report.envoy_startup_failures = expect::check_start(want, true, &written);
+    }
     let Some(mut harness) = harness else {
         report.envoy_error = Some("envoy accepted a configuration the harness refused".into());
         report.verdict = Verdict::Failed;
         return report;
     };
+    report.startup_logs = Some(logs::compare_startup(
+        &harness.log_records(),
+        &envoy_startup,
+        &reader,
+    ));
     report.verdict = harness_verdict;
+    if !report.envoy_startup_failures.is_empty()
+        || report
+            .startup_logs
+            .as_ref()
+            .is_some_and(LogComparison::differs)
+    {
+        report.verdict = Verdict::Failed;
+    }
+    if expects_refusal(&scenario) {
+        return report;
+    }
     for step in &scenario.requests {
+        let conditions = step_conditions(step, harness.ticking());
         let in_harness = harness.step(step);
-        let compared = compare_step(&mut real, &scenario, step, in_harness);
+        if matches!(step, Step::Shutdown(_)) {
+            // Lines still waiting for Envoy's log flush belong before the signal.
+            std::thread::sleep(LOG_SETTLE);
+            reader.since_last();
+        }
+        let mut compared = compare_step(&mut real, &scenario, step, in_harness);
+        if !matches!(step, Step::Shutdown(_)) {
+            std::thread::sleep(LOG_SETTLE);
+        }
+        let envoy_lines = reader.since_last();
+        compared.logs = logs::compare(
+            &compared.harness.log_records,
+            &envoy_lines,
+            &reader,
+            conditions,
+        );
+        if conditions == logs::Conditions::Quiet || matches!(step, Step::Shutdown(_)) {
+            check_envoy_logs(step, &envoy_lines, &reader, &mut compared.envoy_failures);
+        }
         if !compared.passed() {
             report.verdict = Verdict::Failed;
         }
         report.cases.push(compared);
     }
     report
+}
+
+/// What, in Envoy, can add lines to a step or change them, which the harness does not
+/// reproduce exactly.
+fn step_conditions(step: &Step, ticking: bool) -> logs::Conditions {
+    let body = |chunks: &[u8], more: &[Vec<u8>]| !chunks.is_empty() || !more.is_empty();
+    match step {
+        Step::Advance(_) => logs::Conditions::Advance,
+        _ if ticking => logs::Conditions::Ticking,
+        Step::Request(case) => {
+            let (request, reply) = (case.to_request(), case.upstream_reply());
+            if body(&request.body, &request.body_chunks) || body(&reply.body, &reply.body_chunks) {
+                logs::Conditions::Bodies
+            } else {
+                logs::Conditions::Quiet
+            }
+        }
+        _ => logs::Conditions::Quiet,
+    }
+}
+
+/// A request's, a connection's or a shutdown's log expectations, checked against Envoy's
+/// lines for the step too (a request's and a connection's only when no timer can add lines
+/// to it; an advance's stay the harness's: Envoy's ticks run in real time).
+fn check_envoy_logs(
+    step: &Step,
+    lines: &[EnvoyRecord],
+    reader: &EnvoyLogReader,
+    failures: &mut Vec<String>,
+) {
+    let (contains, counts) = match step {
+        Step::Request(r) => (&r.expect.logs, &r.expect.log_counts),
+        Step::Connection(c) => (&c.expect.logs, &c.expect.log_counts),
+        Step::Shutdown(sd) => (&sd.expect.logs, &sd.expect.log_counts),
+        Step::Advance(_) => return,
+    };
+    // Envoy's kernel, not the harness's round robin, picks a connection's worker; at
+    // shutdown every thread takes part.
+    let counts: Vec<_> = counts
+        .iter()
+        .filter(|c| c.worker.is_none() || matches!(step, Step::Shutdown(_)))
+        .cloned()
+        .collect();
+    let guest: Vec<EnvoyRecord> = lines
+        .iter()
+        .filter(|r| r.is_guest_or_vm())
+        .cloned()
+        .collect();
+    expect::check_logs(
+        contains,
+        &counts,
+        &logs::envoy_written(&guest, reader),
+        failures,
+    );
 }
 
 /// Runs `step` in real Envoy and compares it with the harness's run of the same step.
@@ -125,13 +261,14 @@ fn compare_step(
         envoy: StepOutcome::NotSent,
         envoy_failures: Vec::new(),
         differences: Vec::new(),
+        logs: LogComparison::Same,
     };
     match step {
         Step::Request(case) => envoy_request(real, scenario, case, &mut compared),
         Step::Connection(c) => envoy_connection(real, c, &mut compared),
         Step::Advance(adv) => compared.envoy = envoy_advance(adv),
-        Step::Shutdown(sd) => {
-            compared.envoy_failures = envoy_shutdown(real, &sd.expect);
+        Step::Shutdown(_) => {
+            compared.envoy_failures = envoy_shutdown(real);
             compared.envoy = StepOutcome::Shutdown;
         }
     }
@@ -139,8 +276,8 @@ fn compare_step(
 }
 
 /// A request through Envoy, with the callout clusters' upstreams answering as the scenario's
-/// canned replies say. Its log expectations stay the harness's: Envoy's log is not split per
-/// request, and it cannot say who made a local reply.
+/// canned replies say. Its log expectations are checked on Envoy's lines for the step by
+/// [`check_envoy_logs`]; who made a local reply Envoy cannot say.
 fn envoy_request(
     real: &mut RealEnvoy,
     scenario: &Scenario,
@@ -194,8 +331,8 @@ fn envoy_request(
     compared.envoy = StepOutcome::Request(ex);
 }
 
-/// A connection through Envoy: the cluster it reached and the bytes are checked and compared,
-/// since who closed is the harness's reading and Envoy's log is not split per connection.
+/// A connection through Envoy: the cluster it reached and the bytes are checked and compared
+/// (who closed is the harness's reading); its log lines are by [`check_envoy_logs`].
 fn envoy_connection(real: &mut RealEnvoy, c: &ConnectionCase, compared: &mut ComparedStep) {
     let out = match real.connect(c.listener.as_deref(), &c.events()) {
         Ok(out) => out,
@@ -222,17 +359,11 @@ fn envoy_advance(adv: &AdvanceStep) -> StepOutcome {
     })
 }
 
-/// A shutdown step through real Envoy: SIGTERM, wait for the exit, and check the step's log
-/// expectations against the Wasm lines Envoy wrote meanwhile.
-fn envoy_shutdown(real: &mut RealEnvoy, expect: &LogExpect) -> Vec<String> {
-    // Lines still waiting for Envoy's 50 ms log flush belong before the signal.
-    std::thread::sleep(Duration::from_millis(150));
-    let before = real.wasm_logs().len();
+/// A shutdown step through real Envoy: SIGTERM, and wait for the exit; its log expectations
+/// are checked on the lines Envoy wrote meanwhile by [`check_envoy_logs`].
+fn envoy_shutdown(real: &mut RealEnvoy) -> Vec<String> {
     match real.shutdown(Duration::from_secs(20)) {
-        Ok(()) => expect::check_log_expect(
-            expect,
-            &WrittenLog::envoy(real.wasm_logs().split_off(before)),
-        ),
+        Ok(()) => Vec::new(),
         Err(e) => vec![e.to_string()],
     }
 }
@@ -416,6 +547,19 @@ impl fmt::Display for ComparisonReport {
         if let Some(e) = &self.envoy_error {
             writeln!(f, "  envoy: {e}")?;
         }
+        for failure in &self.harness.startup_failures {
+            writeln!(f, "  FAIL at startup: harness expected: {failure}")?;
+        }
+        for failure in &self.envoy_startup_failures {
+            writeln!(f, "  FAIL at startup: envoy expected: {failure}")?;
+        }
+        if let Some(logs) = self
+            .startup_logs
+            .as_ref()
+            .filter(|l| **l != LogComparison::Same)
+        {
+            writeln!(f, "  startup {logs}")?;
+        }
         for step in &self.cases {
             write!(f, "{step}")?;
         }
@@ -452,6 +596,9 @@ impl fmt::Display for ComparedStep {
                 for (what, x) in harness_failures {
                     writeln!(f, "       {what}: {x}")?;
                 }
+                if self.logs != LogComparison::Same {
+                    writeln!(f, "       {}", self.logs)?;
+                }
                 return Ok(());
             }
             (_, StepOutcome::Shutdown) => {
@@ -461,6 +608,9 @@ impl fmt::Display for ComparedStep {
                 )?;
                 for (what, x) in harness_failures.chain(envoy_failures) {
                     writeln!(f, "       {what}: {x}")?;
+                }
+                if self.logs != LogComparison::Same {
+                    writeln!(f, "       {}", self.logs)?;
                 }
                 return Ok(());
             }
@@ -499,6 +649,9 @@ impl fmt::Display for ComparedStep {
         }
         for (what, x) in harness_failures.chain(envoy_failures).chain(differences) {
             writeln!(f, "       {what}: {x}")?;
+        }
+        if self.logs != LogComparison::Same {
+            writeln!(f, "       {}", self.logs)?;
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use wasm_harness::precompiled_section as precompiled;
 use wasm_harness::proxy::{Proxy, ProxyOptions};
 use wasm_harness::vm::{CodeSource, Runtime};
 use wasm_harness::{compare, real_envoy, run};
-use wasm_harness::{ComparisonReport, RunOptions, ScenarioReport, Verdict};
+use wasm_harness::{ComparisonReport, LogLevel, RunOptions, ScenarioReport, Verdict};
 
 #[derive(Parser)]
 #[command(
@@ -42,12 +42,19 @@ enum Command {
         /// Use this bootstrap instead of the one each scenario names.
         #[arg(long)]
         bootstrap: Option<PathBuf>,
+        /// Envoy's log level (-l): trace, debug, info, warning, error, critical; guest lines
+        /// below it are not shown or matched. Default: the scenario's `log_level`, else info.
+        #[arg(short = 'l', long = "log-level", value_parser = LogLevel::parse)]
+        log_level: Option<LogLevel>,
     },
     /// Check a bootstrap and start its modules (canary and workers) without sending requests.
     Validate {
         bootstrap: PathBuf,
         #[arg(long)]
         workers: Option<usize>,
+        /// Envoy's log level (-l), as for `run`.
+        #[arg(short = 'l', long = "log-level", value_parser = LogLevel::parse, default_value = "info")]
+        log_level: LogLevel,
     },
     /// Write MODULE with this host's machine code embedded, for plugins with
     /// `runtime: envoy.wasm.runtime.wasmtime` and `allow_precompiled: true` (other runtimes,
@@ -73,13 +80,22 @@ fn main() -> ExitCode {
             envoy: with_envoy,
             json,
             bootstrap,
+            log_level,
         } => run_all(
             &scenarios,
-            &RunOptions { workers, bootstrap },
+            &RunOptions {
+                workers,
+                bootstrap,
+                log_level,
+            },
             with_envoy,
             json,
         ),
-        Command::Validate { bootstrap, workers } => validate(&bootstrap, workers),
+        Command::Validate {
+            bootstrap,
+            workers,
+            log_level,
+        } => validate(&bootstrap, workers, log_level),
         Command::Precompile { module, output } => match precompile(&module, &output) {
             Ok(()) => Verdict::Passed,
             Err(e) => {
@@ -168,9 +184,10 @@ struct JsonReport {
     scenarios: Vec<Report>,
 }
 
-fn validate(path: &std::path::Path, workers: Option<usize>) -> Verdict {
+fn validate(path: &std::path::Path, workers: Option<usize>, log_level: LogLevel) -> Verdict {
     let options = ProxyOptions {
         workers: workers.unwrap_or(ProxyOptions::default().workers),
+        log_level,
     };
     match Bootstrap::load(path)
         .map_err(Into::into)

@@ -84,11 +84,27 @@ fn logged(log: &[String]) -> String {
 pub struct ProxyOptions {
     /// Envoy's `--concurrency`: each worker has its own VM instances.
     pub workers: usize,
+    /// Envoy's `-l`: guest log lines below it are not written, and `proxy_get_log_level`
+    /// answers it.
+    pub log_level: crate::abi::LogLevel,
 }
 
 impl Default for ProxyOptions {
     fn default() -> Self {
-        Self { workers: 2 }
+        Self {
+            workers: 2,
+            log_level: crate::abi::LogLevel::Info,
+        }
+    }
+}
+
+impl ProxyOptions {
+    /// `workers` worker threads, and Envoy's defaults for the rest.
+    pub fn with_workers(workers: usize) -> Self {
+        Self {
+            workers,
+            ..Self::default()
+        }
     }
 }
 
@@ -132,6 +148,11 @@ impl Proxy {
             Runtime::with_capacity(capacity::instances_needed(&bootstrap, options.workers))
                 .map_err(|e| StartError::Runtime(format!("{e:#}")))?;
         let shared = Arc::new(Shared::default());
+        shared
+            .log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set_level(options.log_level);
         let _ = shared.node.set(bootstrap.node.clone());
         let _ = shared.bootstrap.set(Arc::new(bootstrap.clone()));
         let factory = VmFactory::new(runtime, &bootstrap)?;
@@ -151,10 +172,13 @@ impl Proxy {
             shut_down: false,
         };
         proxy.place(Thread::Canary).map_err(|e| match e {
-            StartError::Rejected { error, .. } => StartError::Rejected {
-                error,
-                log: proxy.logs().iter().map(ToString::to_string).collect(),
-            },
+            StartError::Rejected { error, .. } => {
+                proxy.log_refusal(&error);
+                StartError::Rejected {
+                    error,
+                    log: proxy.logs().iter().map(ToString::to_string).collect(),
+                }
+            }
             other => other,
         })?;
         // Envoy's thread-local slots are set on the main thread first, then on each worker:
@@ -168,6 +192,40 @@ impl Proxy {
         // What the plugins enqueued while starting reaches the registrants now.
         proxy.threads.deliver_posted();
         Ok(proxy)
+    }
+
+    /// Envoy's lines when it refuses a configuration its canary rejected, after the guest's.
+    fn log_refusal(&self, error: &PluginStartError) {
+        let plugin = match error {
+            PluginStartError::VmStartFailed { plugin }
+            | PluginStartError::ConfigureFailed { plugin }
+            | PluginStartError::Trapped { plugin, .. } => plugin,
+        };
+        let policy = self
+            .bootstrap
+            .listeners
+            .iter()
+            .flat_map(|l| l.plugins())
+            .find(|p| &p.name == plugin)
+            .map(|p| p.failure_policy);
+        let mut log = self
+            .threads
+            .shared
+            .log
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        for (level, message) in crate::vm::failure::refusal(error, policy) {
+            log.push(LogRecord {
+                worker: None,
+                level,
+                source: host::logging::LogSource::Vm,
+                plugin: plugin.clone(),
+                root_id: String::new(),
+                vm_id: String::new(),
+                stream: false,
+                message,
+            });
+        }
     }
 
     fn place(&self, thread: Thread) -> Result<threads::Dispatcher, StartError> {
@@ -239,6 +297,11 @@ impl Proxy {
     /// [`events`]); returns how many `proxy_on_tick` calls were made.
     pub fn advance(&mut self, by: Duration) -> usize {
         events::advance(&mut self.threads, by)
+    }
+
+    /// Whether a root context has a timer armed: real Envoy's would tick in real time.
+    pub fn ticking(&self) -> bool {
+        events::any_armed(&self.threads)
     }
 
     /// Time on the virtual clock since the proxy started.

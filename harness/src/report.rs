@@ -88,6 +88,9 @@ pub struct StepReport {
     pub failures: Vec<String>,
     /// Log lines written while this step ran: `[worker N]`, then Envoy's format.
     pub logs: Vec<String>,
+    /// The same lines as records (thread, source), for the comparison with real Envoy.
+    #[serde(skip)]
+    pub log_records: Vec<LogRecord>,
     /// HTTP and gRPC callouts made while this step ran, and how each was answered.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub calls: Vec<CallRecord>,
@@ -96,8 +99,15 @@ pub struct StepReport {
 /// How the harness started a scenario's proxy.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Startup {
-    /// Why the run could not start (verdict 2).
+    /// Why the run could not start (verdict 2, unless `expect_start: rejected` wanted it).
     pub error: Option<String>,
+    /// Whether the configuration was refused as Envoy refuses it (the canary rejected a
+    /// plugin, or a module does not load), rather than being one the harness cannot run.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub refused: bool,
+    /// Whether the scenario wants it refused (`expect_start: rejected`).
+    #[serde(skip)]
+    pub refusal_expected: bool,
     /// Log lines from VM start and configuration (`[main]` for the canary VM).
     pub startup_logs: Vec<String>,
     /// Problems while starting that do not stop the run (a queue storm at startup).
@@ -129,7 +139,7 @@ pub fn report_line(record: &LogRecord) -> String {
 impl fmt::Display for Startup {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for line in &self.startup_logs {
-            writeln!(f, "  {line}")?;
+            writeln!(f, "  {}", line.replace('\n', "\n    "))?;
         }
         for failure in &self.startup_failures {
             writeln!(f, "  FAIL at startup: {failure}")?;
@@ -142,7 +152,10 @@ impl fmt::Display for ScenarioReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "scenario {}", self.scenario.display())?;
         if let Some(e) = &self.startup.error {
-            return writeln!(f, "  cannot start: {e}");
+            if self.verdict == Verdict::CannotStart {
+                return writeln!(f, "  cannot start: {e}");
+            }
+            writeln!(f, "  configuration refused: {e}")?;
         }
         write!(f, "{}", self.startup)?;
         for step in &self.cases {
@@ -239,7 +252,8 @@ impl fmt::Display for StepReport {
             )?;
         }
         for line in &self.logs {
-            writeln!(f, "       {line}")?;
+            // A VM failure's backtrace continues on lines of its own.
+            writeln!(f, "       {}", line.replace('\n', "\n         "))?;
         }
         for failure in &self.failures {
             writeln!(f, "       expected: {failure}")?;
@@ -283,6 +297,7 @@ mod tests {
             }),
             failures: Vec::new(),
             logs: Vec::new(),
+            log_records: Vec::new(),
             calls: Vec::new(),
         };
         let v = serde_json::to_value(&step).unwrap();

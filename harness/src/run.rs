@@ -3,12 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::abi::LogLevel;
 use crate::http::{CannedGrpcCall, CannedHttpCall};
-use crate::proxy::{Proxy, ProxyOptions};
+use crate::proxy::{Proxy, ProxyOptions, StartError};
 use crate::report::{
     report_line, ClockAdvance, ScenarioReport, Startup, StepOutcome, StepReport, Verdict,
 };
-use crate::scenario::expect::{self, WrittenLog};
+use crate::scenario::expect::{self, StartOutcome, WrittenLog};
 use crate::scenario::{Scenario, Step};
 
 /// What a caller may change about a scenario without editing it.
@@ -19,6 +20,8 @@ pub struct RunOptions {
     /// Runs the scenario against this bootstrap instead of the one it names (for example a
     /// copy whose module path points into the fetcher's cache).
     pub bootstrap: Option<PathBuf>,
+    /// Overrides the scenario's log level (Envoy's `-l`).
+    pub log_level: Option<LogLevel>,
 }
 
 impl RunOptions {
@@ -33,6 +36,11 @@ impl RunOptions {
         self.workers
             .or(scenario.workers)
             .unwrap_or(ProxyOptions::default().workers)
+    }
+
+    /// Envoy's log level: this run's, else the scenario's, else Envoy's default (`info`).
+    pub fn log_level_for(&self, scenario: &Scenario) -> LogLevel {
+        self.log_level.or(scenario.log_level).unwrap_or_default()
     }
 }
 
@@ -64,6 +72,12 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> ScenarioReport {
         log_dropped: None,
     };
     if let Some(mut run) = run {
+        if report.verdict == Verdict::Passed && expects_refusal(scenario) {
+            // The start-up failure says so; the steps are for a proxy that should not exist.
+            report.verdict = Verdict::Failed;
+            report.log_dropped = run.log_dropped();
+            return report;
+        }
         for step in &scenario.requests {
             let done = run.step(step);
             if !done.failures.is_empty() {
@@ -76,9 +90,18 @@ pub fn run_loaded(scenario: &Scenario, opts: &RunOptions) -> ScenarioReport {
     report
 }
 
-/// The verdict a run has before its first step.
+/// Whether the scenario wants its configuration refused (`expect_start: rejected`).
+pub fn expects_refusal(scenario: &Scenario) -> bool {
+    scenario
+        .expect_start
+        .as_ref()
+        .is_some_and(|s| s.outcome == StartOutcome::Rejected)
+}
+
+/// The verdict a run has before its first step: a refusal `expect_start: rejected` wanted
+/// passes or fails on its log expectations; any other failure to start is verdict 2.
 pub fn startup_verdict(startup: &Startup) -> Verdict {
-    if startup.error.is_some() {
+    if startup.error.is_some() && !(startup.refused && startup.refusal_expected) {
         Verdict::CannotStart
     } else if startup.startup_failures.is_empty() {
         Verdict::Passed
@@ -108,11 +131,29 @@ impl HarnessRun {
         };
         let options = ProxyOptions {
             workers: opts.workers_for(scenario),
+            log_level: opts.log_level_for(scenario),
         };
+        startup.refusal_expected = expects_refusal(scenario);
         let mut proxy = match Proxy::from_bootstrap(&opts.bootstrap_for(scenario), &options) {
             Ok(p) => p,
             Err(e) => {
-                startup.error = Some(e.to_string());
+                startup.refused = matches!(e, StartError::Rejected { .. } | StartError::Vm(_));
+                let lines = match &e {
+                    StartError::Rejected { error, log } => {
+                        startup.error =
+                            Some(format!("configuration rejected by the canary VM: {error}"));
+                        log.clone()
+                    }
+                    _ => {
+                        startup.error = Some(e.to_string());
+                        Vec::new()
+                    }
+                };
+                startup.startup_logs = lines.iter().map(|l| format!("[main] {l}")).collect();
+                if let Some(want) = &scenario.expect_start {
+                    let written = WrittenLog::harness_main(lines);
+                    startup.startup_failures = expect::check_start(want, false, &written);
+                }
                 return (None, startup);
             }
         };
@@ -125,6 +166,11 @@ impl HarnessRun {
             .iter()
             .map(ToString::to_string)
             .collect();
+        if let Some(want) = &scenario.expect_start {
+            let written = WrittenLog::harness(&proxy.logs());
+            let failures = expect::check_start(want, true, &written);
+            startup.startup_failures.extend(failures);
+        }
         let http_calls = scenario.http_calls.iter().map(|c| c.to_canned()).collect();
         let run = Self {
             proxy,
@@ -139,6 +185,16 @@ impl HarnessRun {
     pub fn step(&mut self, step: &Step) -> StepReport {
         self.set_canned_replies(step);
         run_step(&mut self.proxy, step)
+    }
+
+    /// Whether a root context has a timer armed (see [`Proxy::ticking`]).
+    pub fn ticking(&self) -> bool {
+        self.proxy.ticking()
+    }
+
+    /// Every log record so far (after start: the start-up's).
+    pub fn log_records(&self) -> Vec<crate::host::LogRecord> {
+        self.proxy.logs()
     }
 
     /// What the run's log cap left out, if anything.
@@ -274,6 +330,7 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> StepReport {
         outcome,
         failures,
         logs,
+        log_records: records.to_vec(),
         calls,
     }
 }

@@ -218,9 +218,15 @@ impl Runtime {
                 path: path.to_path_buf(),
                 message: format!("{e:#}"),
             })?;
+        let names_functions = if is_text {
+            wat::parse_bytes(&bytes).is_ok_and(|b| crate::vm::failure::names_functions(&b))
+        } else {
+            crate::vm::failure::names_functions(&bytes)
+        };
         Ok(Arc::new(LoadedModule {
             path: path.to_path_buf(),
             abi,
+            names_functions,
             code,
             pre,
         }))
@@ -268,6 +274,9 @@ pub enum CodeSource {
 pub struct LoadedModule {
     pub path: PathBuf,
     pub abi: AbiVersion,
+    /// Whether its `name` section names functions: then a trap's report has a backtrace, as
+    /// V8's in Envoy has.
+    pub names_functions: bool,
     pub code: CodeSource,
     pub(crate) pre: InstancePre<HostState>,
 }

@@ -10,12 +10,13 @@ use wasmtime::{
     Instance, Store, StoreLimits, StoreLimitsBuilder, TypedFunc, WasmParams, WasmResults,
 };
 
-use crate::abi::{AbiVersion, LogLevel};
+use crate::abi::AbiVersion;
 use crate::bootstrap::WasmPlugin;
 use crate::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
 use crate::runtime::{EPOCH_TICK, MAX_TABLE_ELEMENTS};
 
 mod calls;
+pub(crate) mod failure;
 
 pub use calls::CallOutcome;
 
@@ -121,6 +122,8 @@ pub struct Vm {
     store: Store<HostState>,
     exports: Exports,
     abi: AbiVersion,
+    /// Whether the module names its functions (a trap's report then has a backtrace).
+    names_functions: bool,
     next_context_id: u32,
     deadline_ticks: u64,
     /// Set by the first trap; every later call into this instance is skipped, as in Envoy.
@@ -184,6 +187,7 @@ impl Vm {
             store,
             exports,
             abi: module.abi,
+            names_functions: module.names_functions,
             next_context_id: 1,
             deadline_ticks,
             failed: None,
@@ -241,21 +245,23 @@ impl Vm {
                 Some(r)
             }
             Err(e) => {
-                let message = match e.downcast_ref::<wasmtime::Trap>() {
+                let line = match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::Interrupt) => format!(
-                        "interrupted: the callback ran longer than the harness's deadline of {} (an infinite loop?)",
+                        "Function: {name} failed: interrupted: the callback ran longer than the harness's deadline of {} (an infinite loop?)",
                         crate::host::time::format_duration(EPOCH_TICK * self.deadline_ticks as u32)
                     ),
-                    _ => describe_trap(&e),
+                    _ => failure::describe(name, &e, self.names_functions),
                 };
+                let message = line
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim_start_matches(&format!("Function: {name} failed: "))
+                    .to_string();
                 let s = self.store.data();
                 let saved = (s.current, s.effective);
                 self.store.data_mut().current = ctx;
-                logging::record(
-                    self.store.data(),
-                    LogLevel::Critical,
-                    format!("Function: {name} failed: {message}"),
-                );
+                logging::vm_failure(self.store.data(), line);
                 self.store.data_mut().current = saved.0;
                 self.failed = Some(format!("{name}: {message}"));
                 None

@@ -14,6 +14,7 @@ fn passes_in_harness_and_envoy(scenario: &str, bootstrap: &str, steps: usize) {
         &RunOptions {
             workers: None,
             bootstrap: Some(bootstrap_copy(dir.path(), bootstrap)),
+            ..Default::default()
         },
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");

@@ -3,6 +3,7 @@
 //! kept, so a run ends with its memory bounded and says what it left out.
 
 use super::LogRecord;
+use crate::abi::LogLevel;
 
 /// How many bytes of log records a run keeps (messages plus the names in their prefix).
 pub const MAX_LOG_BYTES: usize = 64 << 20;
@@ -19,6 +20,8 @@ pub struct LogBook {
     records: Vec<LogRecord>,
     kept_bytes: usize,
     dropped: Dropped,
+    /// Envoy's log level (`-l`, default `info`): lines below it are not written.
+    level: LogLevel,
 }
 
 /// Records (and bytes of messages) left out of the log.
@@ -31,6 +34,15 @@ pub struct Dropped {
 }
 
 impl LogBook {
+    /// The level below which Envoy writes nothing, and `proxy_get_log_level` answers.
+    pub fn level(&self) -> LogLevel {
+        self.level
+    }
+
+    pub fn set_level(&mut self, level: LogLevel) {
+        self.level = level;
+    }
+
     /// Bytes of message a new record may still have.
     pub fn room(&self) -> usize {
         MAX_LOG_BYTES
@@ -102,6 +114,7 @@ mod tests {
         LogRecord {
             worker: Some(0),
             level: LogLevel::Info,
+            source: crate::host::logging::LogSource::Guest,
             plugin: String::new(),
             root_id: String::new(),
             vm_id: String::new(),

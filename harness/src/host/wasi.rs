@@ -86,7 +86,7 @@ fn write_std(
         } else {
             LogLevel::Error
         };
-        logging::record(caller.data(), level, text);
+        logging::guest(caller.data(), level, text);
     }
     // All of it counts as written, kept or not: the guest has nothing to retry.
     let written = u32::try_from(total).unwrap_or(u32::MAX);

@@ -223,6 +223,16 @@ fn set_clock(threads: &Threads, nanos: u64) {
         .set_monotonic_nanos(nanos);
 }
 
+/// Whether any live VM has a timer armed (in real Envoy it fires in real time, during any
+/// step).
+pub(super) fn any_armed(threads: &Threads) -> bool {
+    threads.all().any(|(_, dispatcher)| {
+        dispatcher.vms.iter().any(|vm| {
+            vm.failed.is_none() && vm.state().timers.values().any(|t| t.due_nanos.is_some())
+        })
+    })
+}
+
 /// The earliest timer due by `target`: (due, worker, vm, root), worker `None` being the main
 /// thread (its plugin instances and Wasm services), first at equal times. Failed VMs never
 /// tick.

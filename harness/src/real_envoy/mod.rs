@@ -10,6 +10,7 @@
 
 mod client;
 mod h2c;
+pub mod log;
 mod tcp;
 mod upstream;
 
@@ -38,6 +39,13 @@ pub enum EnvoyError {
     Io(String),
     #[error("envoy rejected the configuration:\n{0}")]
     Rejected(String),
+    /// Envoy exited while starting: it refused the configuration. `log`: its whole log.
+    #[error("envoy rejected the configuration:\nenvoy exited with {status}:\n{tail}")]
+    Exited {
+        status: String,
+        tail: String,
+        log: Vec<log::EnvoyRecord>,
+    },
     #[error("envoy did not start listening within {secs}s; its log ends with:\n{log}")]
     NotListening { secs: u64, log: String },
 }
@@ -105,6 +113,16 @@ pub struct RealEnvoy {
 impl RealEnvoy {
     /// Starts Envoy on a loopback copy of `bootstrap` with `workers` worker threads.
     pub fn start(envoy: &Path, bootstrap: &Path, workers: usize) -> Result<Self, EnvoyError> {
+        Self::start_at_level(envoy, bootstrap, workers, crate::abi::LogLevel::Info)
+    }
+
+    /// [`RealEnvoy::start`] with Envoy's log level (`-l`).
+    pub fn start_at_level(
+        envoy: &Path,
+        bootstrap: &Path,
+        workers: usize,
+        log_level: crate::abi::LogLevel,
+    ) -> Result<Self, EnvoyError> {
         let text = crate::input::read_text(bootstrap, crate::input::MAX_CONFIG_BYTES)
             .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
         let mut doc: Value = crate::yaml::from_str(&text)
@@ -159,13 +177,8 @@ impl RealEnvoy {
             .arg(&config)
             .args(["--disable-hot-restart", "--concurrency"])
             .arg(workers.max(1).to_string())
-            .args([
-                "--file-flush-interval-msec",
-                "50",
-                "-l",
-                "info",
-                "--log-path",
-            ])
+            .args(["--file-flush-interval-msec", "50", "-l", log_level.as_str()])
+            .arg("--log-path")
             .arg(&log_path)
             .arg("--admin-address-path")
             .arg(&admin_path)
@@ -200,10 +213,12 @@ impl RealEnvoy {
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                return Err(EnvoyError::Rejected(format!(
-                    "envoy exited with {status}:\n{}",
-                    self.log_tail()
-                )));
+                let text = crate::input::read_text(&self.log_path, log::MAX_LOG_BYTES);
+                return Err(EnvoyError::Exited {
+                    status: status.to_string(),
+                    tail: self.log_tail(),
+                    log: log::parse(&text.unwrap_or_default()),
+                });
             }
             if start.elapsed() > limit {
                 return Err(EnvoyError::NotListening {

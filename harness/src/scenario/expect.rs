@@ -493,14 +493,13 @@ fn check_headers(
 }
 
 /// Log lines written while a step ran, as the log checks read them: the harness's (each
-/// with the thread that wrote it) or real Envoy's (whose lines name threads by id, not by
-/// worker number, so counts tied to a worker are the harness's alone).
+/// with the thread that wrote it) or real Envoy's (whose threads are known while it runs).
 pub struct WrittenLog {
     /// How a failure says what was seen: `saw` or `Envoy wrote`.
     seen: &'static str,
     lines: Vec<String>,
     /// The thread of each line, where known.
-    threads: Option<Vec<LogThread>>,
+    threads: Vec<Option<LogThread>>,
 }
 
 impl WrittenLog {
@@ -508,21 +507,114 @@ impl WrittenLog {
         Self {
             seen: "saw",
             lines: records.iter().map(ToString::to_string).collect(),
-            threads: Some(records.iter().map(|r| LogThread::of(r.worker)).collect()),
+            threads: records
+                .iter()
+                .map(|r| Some(LogThread::of(r.worker)))
+                .collect(),
         }
     }
 
+    /// Lines the harness wrote on the main thread (the canary's, when a configuration is
+    /// refused: its records are gone with the proxy, their lines are in the error).
+    pub fn harness_main(lines: Vec<String>) -> Self {
+        let threads = vec![Some(LogThread::Main); lines.len()];
+        Self {
+            seen: "saw",
+            lines,
+            threads,
+        }
+    }
+
+    /// Envoy's lines whose threads are not known: counts tied to a thread are not checked.
     pub fn envoy(lines: Vec<String>) -> Self {
+        let threads = vec![None; lines.len()];
+        Self::envoy_on_threads(lines, threads)
+    }
+
+    /// Envoy's lines, each with its thread where known.
+    pub fn envoy_on_threads(lines: Vec<String>, threads: Vec<Option<LogThread>>) -> Self {
         Self {
             seen: "Envoy wrote",
             lines,
-            threads: None,
+            threads,
         }
     }
 }
 
+/// What start-up must do (`expect_start:`): `rejected` (Envoy refuses the configuration and
+/// does not start; `wasm-harness run` exits 2 without it), or start, and in both cases the
+/// lines written meanwhile (`on_vm_start`, `on_configure`, Envoy's refusal):
+/// `{outcome: rejected, logs: [...], log_counts: [...]}`.
+#[derive(Debug, Clone, Default)]
+pub struct StartExpect {
+    pub outcome: StartOutcome,
+    pub log: LogExpect,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StartOutcome {
+    #[default]
+    Started,
+    Rejected,
+}
+
+impl<'de> Deserialize<'de> for StartExpect {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Block {
+            #[serde(default)]
+            outcome: StartOutcome,
+            #[serde(default)]
+            logs: Vec<String>,
+            #[serde(default)]
+            log_counts: Vec<LogCount>,
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Raw {
+            Outcome(StartOutcome),
+            Block(Block),
+        }
+        match Raw::deserialize(d) {
+            Ok(Raw::Outcome(outcome)) => Ok(Self {
+                outcome,
+                log: LogExpect::default(),
+            }),
+            Ok(Raw::Block(b)) => Ok(Self {
+                outcome: b.outcome,
+                log: LogExpect {
+                    logs: b.logs,
+                    log_counts: b.log_counts,
+                },
+            }),
+            Err(_) => Err(serde::de::Error::custom(
+                "expect_start: expected `rejected`, `started`, or {outcome: rejected|started, logs: [...], log_counts: [...]}",
+            )),
+        }
+    }
+}
+
+/// Checks how start-up went against `expect_start`: the outcome, then the lines written.
+pub fn check_start(want: &StartExpect, started: bool, logs: &WrittenLog) -> Vec<String> {
+    let mut failures = Vec::new();
+    match (want.outcome, started) {
+        (StartOutcome::Rejected, true) => {
+            failures.push("expected the configuration to be refused, but it started".into())
+        }
+        (StartOutcome::Started, false) => {
+            failures.push("expected the configuration to start, but it was refused".into())
+        }
+        _ => {}
+    }
+    failures.extend(check_log_expect(&want.log, logs));
+    failures
+}
+
 /// Checks the log lines written during a step: every `contains` substring in some line, and
-/// every count exact.
+/// every count exact (a count tied to a thread only where every matching line's thread is
+/// known).
 pub fn check_logs(
     contains: &[String],
     counts: &[LogCount],
@@ -539,17 +631,19 @@ pub fn check_logs(
         }
     }
     for want in counts {
-        let got = match (want.worker, &written.threads) {
-            (None, _) => lines
-                .iter()
-                .filter(|l| l.contains(want.contains.as_str()))
-                .count(),
-            (Some(thread), Some(threads)) => lines
-                .iter()
-                .zip(threads)
-                .filter(|(l, t)| l.contains(want.contains.as_str()) && **t == thread)
-                .count(),
-            (Some(_), None) => continue,
+        let matching = lines
+            .iter()
+            .zip(&written.threads)
+            .filter(|(l, _)| l.contains(want.contains.as_str()));
+        let got = match want.worker {
+            None => matching.count(),
+            Some(thread) => {
+                let threads: Vec<Option<LogThread>> = matching.map(|(_, t)| *t).collect();
+                if threads.iter().any(Option::is_none) {
+                    continue;
+                }
+                threads.iter().filter(|t| **t == Some(thread)).count()
+            }
         };
         if got != want.count {
             let whose = match want.worker {
@@ -573,6 +667,7 @@ mod tests {
         LogRecord {
             worker,
             level: LogLevel::Info,
+            source: crate::host::logging::LogSource::Guest,
             plugin: "p".into(),
             root_id: String::new(),
             vm_id: "vm".into(),

@@ -71,6 +71,12 @@ pub struct Scenario {
     pub bootstrap: PathBuf,
     #[serde(default)]
     pub workers: Option<usize>,
+    /// Envoy's log level (`-l`; default `info`): guest lines below it are not written.
+    #[serde(default)]
+    pub log_level: Option<crate::abi::LogLevel>,
+    /// What start-up must do: refuse the configuration, or write these log lines.
+    #[serde(default)]
+    pub expect_start: Option<expect::StartExpect>,
     /// How long one step's callouts may wait for loopback upstreams in all (default 60s).
     #[serde(default)]
     pub callout_budget: Option<DurationSpec>,

@@ -315,7 +315,7 @@ fn foreign_functions_answer_like_real_envoy() {
     let expected = "compress=0 uncompress=0 same=1 garbage=3 unknown=1 clear=0";
 
     let mut proxy =
-        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions { workers: 1 })
+        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions::with_workers(1))
             .unwrap();
     let ex = proxy
         .round_trip(

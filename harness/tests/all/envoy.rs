@@ -62,6 +62,7 @@ fn harness_and_envoy_agree_on_the_demo() {
         &RunOptions {
             workers: None,
             bootstrap: Some(b),
+            ..Default::default()
         },
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
@@ -85,6 +86,7 @@ fn a_difference_between_harness_and_envoy_is_reported() {
         &RunOptions {
             workers: Some(1),
             bootstrap: Some(b),
+            ..Default::default()
         },
     );
     let harness_ex = report.cases[0].harness.outcome.exchange().cloned().unwrap();
@@ -165,6 +167,7 @@ fn an_advance_step_keeps_harness_and_envoy_steps_aligned() {
         &RunOptions {
             workers: None,
             bootstrap: Some(b),
+            ..Default::default()
         },
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
@@ -276,7 +279,7 @@ fn real_envoy_ticks_on_the_main_thread_and_each_worker() {
     assert_eq!(threads.len(), 3, "{:#?}", real.wasm_logs());
 
     let mut proxy =
-        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions { workers: 2 })
+        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions::with_workers(2))
             .unwrap();
     assert_eq!(proxy.advance(std::time::Duration::from_secs(1)), 3);
     let ticked: Vec<Option<usize>> = proxy

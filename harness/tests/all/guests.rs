@@ -43,7 +43,9 @@ fn a_trap_fails_closed_with_503_then_keeps_failing() {
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(
-        text(&o).contains("Function: proxy_on_request_headers failed: unreachable"),
+        text(&o).contains(
+            "Function: proxy_on_request_headers failed: Uncaught RuntimeError: unreachable"
+        ),
         "{}",
         text(&o)
     );

@@ -27,7 +27,7 @@ fn bootstrap_with_slow(dir: &Path, guest_file: &str, config: &str, port: u16) ->
 }
 
 fn proxy(bootstrap: &Path, workers: usize) -> Proxy {
-    Proxy::from_bootstrap(bootstrap, &ProxyOptions { workers }).unwrap()
+    Proxy::from_bootstrap(bootstrap, &ProxyOptions::with_workers(workers)).unwrap()
 }
 
 /// A loopback server that serves each connection with `serve` on its own thread.
@@ -282,7 +282,7 @@ fn many_workers_get_their_vms_and_zero_or_too_many_are_refused_by_name() {
     let o = harness(&["validate", b.to_str().unwrap(), "--workers", "128"]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     assert!(text(&o).contains("128 worker(s)"), "{}", text(&o));
-    let p = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 0 });
+    let p = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(0));
     assert!(matches!(p, Err(StartError::NoWorkers)), "{:?}", p.err());
     let o = harness(&["validate", b.to_str().unwrap(), "--workers", "0"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));

@@ -11,6 +11,7 @@ mod cli;
 mod envoy;
 mod guests;
 mod hostile;
+mod logs;
 mod metadata;
 mod precompiled;
 mod services;

@@ -75,7 +75,7 @@ fn route_and_cluster_metadata_and_dynamic_metadata_read_as_in_envoy() {
     wasm_harness::real_envoy::validate(&envoy(), &b).unwrap();
 
     let mut real = RealEnvoy::start(&envoy(), &b, 1).unwrap();
-    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
     // A routed request, then one the router answers itself (no cluster).
     for path in ["/items/1", "/"] {
         let request = Request::get(path);
@@ -127,7 +127,7 @@ fn metadata_the_harness_does_not_emulate_is_named_in_the_log() {
         Some("xds/route_metadata\nxds/upstream_host_metadata\nxds/cluster_metadata/typed_filter_metadata"),
         |_| {},
     );
-    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
     let before = proxy.log_len();
     proxy
         .send(None, None, &Request::get("/"), &mut |_| {

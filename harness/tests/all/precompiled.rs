@@ -151,6 +151,7 @@ fn the_precompile_command_makes_a_module_the_harness_loads_and_envoy_accepts() {
         &wasm_harness::RunOptions {
             workers: Some(1),
             bootstrap: Some(b),
+            ..Default::default()
         },
     );
     assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");

@@ -115,7 +115,7 @@ fn a_reloaded_vm_shared_with_a_service_starts_the_service_again() {
             }
         }]);
     });
-    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
     // The plugins whose root context started (`proxy_on_vm_start` logs) on worker 0.
     let started_on_worker = |proxy: &Proxy, from: usize| -> Vec<String> {
         proxy

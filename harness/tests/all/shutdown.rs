@@ -21,7 +21,7 @@ fn every_root_gets_on_done_then_on_delete_like_real_envoy_at_exit() {
     let module = assembled(dir.path(), "shutdown.wat");
     let b = bootstrap_variant(dir.path(), &module, Some(""), |_| {});
 
-    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 2 }).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(2)).unwrap();
     proxy
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
         .unwrap();
@@ -86,7 +86,7 @@ fn every_root_gets_on_done_then_on_delete_like_real_envoy_at_exit() {
 fn a_root_that_answers_false_lives_until_it_calls_proxy_done() {
     let dir = tempfile::tempdir().unwrap();
     let b = bootstrap_variant(dir.path(), &guest("shutdown.wat"), Some("wait"), |_| {});
-    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 2 }).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(2)).unwrap();
     assert_eq!(
         proxy.advance(Duration::from_secs(5)),
         0,
@@ -153,6 +153,7 @@ requests:
         &wasm_harness::RunOptions {
             workers: None,
             bootstrap: None,
+            ..Default::default()
         },
     );
     assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
@@ -168,6 +169,7 @@ requests:
         &wasm_harness::RunOptions {
             workers: None,
             bootstrap: None,
+            ..Default::default()
         },
     );
     assert!(

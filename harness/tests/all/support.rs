@@ -133,6 +133,7 @@ pub fn differential(scenario: &std::path::Path) -> wasm_harness::ComparisonRepor
         &wasm_harness::RunOptions {
             workers: Some(1),
             bootstrap: None,
+            ..Default::default()
         },
     )
 }

@@ -83,7 +83,7 @@ fn network_callbacks_come_in_envoys_order_with_envoys_arguments() {
     let dir = tempfile::tempdir().unwrap();
     let b = tcp_bootstrap(dir.path());
     for (name, events) in cases {
-        let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+        let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
         let before = proxy.log_len();
         let h = proxy.connect(None, None, &events).unwrap();
         let harness_lines = messages(proxy.logs()[before..].iter().map(|r| r.to_string()));
@@ -213,7 +213,7 @@ fn set_envoy_filter_state_answers_envoys_statuses_and_reads_back_as_envoy_does()
             })
             .collect()
     };
-    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions { workers: 1 }).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
     let before = proxy.log_len();
     let h = proxy.connect(Some("by-config"), None, &probes).unwrap();
     let harness_lines = lines(

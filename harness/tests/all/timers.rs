@@ -15,7 +15,7 @@ const SECOND: u64 = 1_000_000_000;
 
 fn proxy_with(dir: &std::path::Path, guest_file: &str, config: &str, workers: usize) -> Proxy {
     let b = bootstrap_variant(dir, &guest(guest_file), Some(config), |_| {});
-    Proxy::from_bootstrap(&b, &ProxyOptions { workers }).unwrap()
+    Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(workers)).unwrap()
 }
 
 /// Log lines since `from` that contain `needle`, as (worker, message).
@@ -332,7 +332,11 @@ fn a_trap_in_on_tick_fails_that_workers_vm_like_any_callback() {
     let dir = tempfile::tempdir().unwrap();
     let mut proxy = proxy_with(dir.path(), "tick.wat", "trap", 2);
     assert_eq!(proxy.advance(Duration::from_secs(1)), 3);
-    let traps = lines(&proxy, 0, "Function: proxy_on_tick failed: unreachable");
+    let traps = lines(
+        &proxy,
+        0,
+        "Function: proxy_on_tick failed: Uncaught RuntimeError: unreachable",
+    );
     assert_eq!(traps.len(), 3, "{traps:?}");
     // The failed VMs tick no more, and the failure policy (fail closed) answers requests.
     assert_eq!(proxy.advance(Duration::from_secs(5)), 0);

@@ -1,0 +1,286 @@
+//! The guest's log lines in the harness and in real Envoy, compared thread by thread: the
+//! main thread's lines (the canary's, the main thread's instances', singleton services') in
+//! order, and each worker's in order, workers matched as a set (Envoy's kernel, not the
+//! harness's round robin, picks the worker a connection lands on). Only the lines both write
+//! are compared: the guest's (`wasm log ...`) and a VM failure's first line (its backtrace's
+//! depth is the engine's own); the harness's notes about itself are never in Envoy's log.
+//!
+//! A step whose lines cannot be compared says why ([`LogComparison::CannotCompare`]): a
+//! difference is either explained there or reported as one, never left unexplained.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::host::logging::LogSource;
+use crate::host::LogRecord;
+use crate::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
+use crate::scenario::expect::{LogThread, WrittenLog};
+
+/// How a step's log lines compare.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogComparison {
+    /// Each thread wrote the same lines, in the same order, in both.
+    Same,
+    /// Where the two logs disagree.
+    Differs(Vec<String>),
+    /// Why this step's lines cannot be compared (something the harness does not emulate).
+    CannotCompare(String),
+}
+
+impl LogComparison {
+    pub fn differs(&self) -> bool {
+        matches!(self, Self::Differs(_))
+    }
+}
+
+impl fmt::Display for LogComparison {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Same => f.write_str("logs: the same on every thread"),
+            Self::Differs(d) => write!(f, "logs differ: {}", d.join("; ")),
+            Self::CannotCompare(why) => write!(f, "logs: cannot compare because {why}"),
+        }
+    }
+}
+
+/// What may explain a difference in a step's lines: something of Envoy's the harness does
+/// not reproduce exactly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conditions {
+    /// Nothing but the step writes lines, and nothing in it depends on the network.
+    Quiet,
+    /// A timer is armed: Envoy's ticks fall into the step whenever real time says.
+    Ticking,
+    /// An `advance`: the harness's virtual clock against Envoy's real wait.
+    Advance,
+    /// The step carries a body: Envoy's body callbacks follow its socket reads.
+    Bodies,
+}
+
+/// A line as both sides write it, and the thread it came from (a worker's key: the
+/// harness's number, Envoy's thread id).
+type Line = (Thread, String);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Thread {
+    Main,
+    Worker(u64),
+}
+
+/// The first line of a record's text: a VM failure's backtrace is left out.
+fn first_line(text: &str) -> &str {
+    text.lines().next().unwrap_or_default()
+}
+
+fn harness_lines(records: &[LogRecord]) -> Vec<Line> {
+    records
+        .iter()
+        .filter(|r| r.source != LogSource::Harness)
+        .map(|r| {
+            let thread = r.worker.map_or(Thread::Main, |w| Thread::Worker(w as u64));
+            let text = format!("[{}] {}", r.level.as_str(), r.envoy_text());
+            (thread, first_line(&text).to_string())
+        })
+        .collect()
+}
+
+fn envoy_lines(records: &[EnvoyRecord], reader: &EnvoyLogReader) -> Vec<Line> {
+    records
+        .iter()
+        .filter(|r| r.is_guest_or_vm())
+        .map(|r| {
+            let thread = match reader.thread(r) {
+                Some(LogThread::Main) => Thread::Main,
+                _ => Thread::Worker(r.tid),
+            };
+            (thread, first_line(&r.line()).to_string())
+        })
+        .collect()
+}
+
+/// Envoy's records as the log checks read them, each with its thread where known.
+pub fn envoy_written(records: &[EnvoyRecord], reader: &EnvoyLogReader) -> WrittenLog {
+    let (lines, threads) = records.iter().map(|r| (r.line(), reader.thread(r))).unzip();
+    WrittenLog::envoy_on_threads(lines, threads)
+}
+
+/// Compares the lines one step (or start-up) wrote in the harness and in Envoy.
+pub fn compare(
+    harness: &[LogRecord],
+    envoy: &[EnvoyRecord],
+    reader: &EnvoyLogReader,
+    conditions: Conditions,
+) -> LogComparison {
+    if let Some(note) = harness.iter().find(|r| r.source == LogSource::Harness) {
+        return LogComparison::CannotCompare(format!(
+            "the harness wrote {:?}: what the guest does after that is not emulated",
+            note.message
+        ));
+    }
+    if let Some(r) = harness
+        .iter()
+        .find(|r| r.source == LogSource::Vm && r.message.contains("the harness's deadline"))
+    {
+        return LogComparison::CannotCompare(format!(
+            "{}: Envoy has no such deadline and would still be running it",
+            first_line(&r.message)
+        ));
+    }
+    let differences = differ(&harness_lines(harness), &envoy_lines(envoy, reader));
+    match (differences.is_empty(), conditions) {
+        (true, _) => LogComparison::Same,
+        (false, Conditions::Quiet) => LogComparison::Differs(differences),
+        (false, Conditions::Bodies) => LogComparison::CannotCompare(format!(
+            "the step carries a body: Envoy's HTTP/1 codec hands it to the filters in the pieces it reads from the socket, then the end of stream on its own, which the harness does not emulate ({})",
+            differences.join("; ")
+        )),
+        (false, Conditions::Ticking) => LogComparison::CannotCompare(format!(
+            "a timer is armed and Envoy's ticks run in real time, so its tick lines fall into any step ({})",
+            differences.join("; ")
+        )),
+        (false, Conditions::Advance) => LogComparison::CannotCompare(format!(
+            "Envoy's timers run in real time from its own start, not on the harness's virtual clock, so its ticks in this wait need not match ({})",
+            differences.join("; ")
+        )),
+    }
+}
+
+/// Compares start-up's lines: which lines the main thread and the workers wrote, not how
+/// often or in which order. Envoy starts each plugin's canary and main-thread instance in
+/// turn and shares one root context among identical plugin configurations; the harness starts
+/// every canary first, and its plugin keys are its own.
+pub fn compare_startup(
+    harness: &[LogRecord],
+    envoy: &[EnvoyRecord],
+    reader: &EnvoyLogReader,
+) -> LogComparison {
+    let distinct = |lines: Vec<Line>| {
+        let mut main = std::collections::BTreeSet::new();
+        let mut workers = std::collections::BTreeSet::new();
+        for (thread, text) in lines {
+            match thread {
+                Thread::Main => main.insert(text),
+                Thread::Worker(_) => workers.insert(text),
+            };
+        }
+        (main, workers)
+    };
+    let (h_main, h_workers) = distinct(harness_lines(harness));
+    let (e_main, e_workers) = distinct(envoy_lines(envoy, reader));
+    let mut out = Vec::new();
+    for (what, h, e) in [
+        ("main thread", &h_main, &e_main),
+        ("workers", &h_workers, &e_workers),
+    ] {
+        let only_harness: Vec<&String> = h.difference(e).collect();
+        let only_envoy: Vec<&String> = e.difference(h).collect();
+        if !only_harness.is_empty() || !only_envoy.is_empty() {
+            out.push(format!(
+                "{what}: only the harness wrote {only_harness:?}, only Envoy wrote {only_envoy:?}"
+            ));
+        }
+    }
+    if out.is_empty() {
+        LogComparison::Same
+    } else {
+        LogComparison::Differs(out)
+    }
+}
+
+/// The main thread's lines in order, and the workers' sequences as a set.
+fn differ(harness: &[Line], envoy: &[Line]) -> Vec<String> {
+    let split = |lines: &[Line]| {
+        let mut main = Vec::new();
+        let mut workers: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+        for (thread, text) in lines {
+            match thread {
+                Thread::Main => main.push(text.clone()),
+                Thread::Worker(w) => workers.entry(*w).or_default().push(text.clone()),
+            }
+        }
+        let mut workers: Vec<Vec<String>> = workers.into_values().collect();
+        workers.sort();
+        (main, workers)
+    };
+    let (h_main, h_workers) = split(harness);
+    let (e_main, e_workers) = split(envoy);
+    let mut out = Vec::new();
+    if h_main != e_main {
+        out.push(format!(
+            "main thread: harness wrote {h_main:?}, Envoy wrote {e_main:?}"
+        ));
+    }
+    if h_workers != e_workers {
+        out.push(format!(
+            "workers: harness wrote {h_workers:?}, Envoy wrote {e_workers:?}"
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::LogLevel;
+
+    fn record(worker: Option<usize>, source: LogSource, message: &str) -> LogRecord {
+        LogRecord {
+            worker,
+            level: LogLevel::Info,
+            source,
+            plugin: "p".into(),
+            root_id: String::new(),
+            vm_id: "vm".into(),
+            stream: false,
+            message: message.into(),
+        }
+    }
+
+    fn envoy(tid: u64, text: &str) -> EnvoyRecord {
+        EnvoyRecord {
+            tid,
+            level: "info".into(),
+            logger: "wasm".into(),
+            text: text.into(),
+        }
+    }
+
+    #[test]
+    fn workers_are_matched_as_a_set_and_the_main_thread_in_order() {
+        let reader = EnvoyLogReader::new(std::path::Path::new("/nonexistent"));
+        let harness = [
+            record(Some(0), LogSource::Guest, "a"),
+            record(Some(1), LogSource::Guest, "b"),
+        ];
+        let same = [envoy(7, "wasm log vm: b"), envoy(9, "wasm log vm: a")];
+        assert_eq!(
+            compare(&harness, &same, &reader, Conditions::Quiet),
+            LogComparison::Same
+        );
+        let other = [envoy(7, "wasm log vm: b")];
+        assert!(compare(&harness, &other, &reader, Conditions::Quiet).differs());
+        match compare(&harness, &other, &reader, Conditions::Advance) {
+            LogComparison::CannotCompare(why) => assert!(why.contains("real time"), "{why}"),
+            c => panic!("{c:?}"),
+        }
+    }
+
+    #[test]
+    fn a_harness_note_makes_the_step_not_comparable_and_says_which() {
+        let reader = EnvoyLogReader::new(std::path::Path::new("/nonexistent"));
+        let harness = [record(
+            Some(0),
+            LogSource::Harness,
+            "wasm-harness: gRPC streams are not emulated",
+        )];
+        match compare(&harness, &[], &reader, Conditions::Quiet) {
+            LogComparison::CannotCompare(why) => {
+                assert!(why.contains("gRPC streams are not emulated"), "{why}")
+            }
+            c => panic!("{c:?}"),
+        }
+    }
+}
