@@ -6,6 +6,7 @@
 
 mod abi;
 mod bodies;
+mod bootstraps;
 mod callouts;
 mod cli;
 mod envoy;
