@@ -18,3 +18,4 @@ mod shutdown;
 mod support;
 mod tcp;
 mod timers;
+mod vm_keys;
