@@ -4,14 +4,17 @@
 //! sees (another HTTP filter, RDS, regex routes) is an error naming the field, never a silent
 //! skip: a harness that quietly ignores config would pass tests Envoy fails.
 
+mod fields;
 mod model;
 mod parse;
 mod protocol;
 mod shape;
+mod typed_config;
 
 pub use model::*;
 pub(crate) use parse::base64_decode;
 pub use protocol::UpstreamProtocol;
+pub(crate) use shape::{normalize, TypedStructs};
 
 #[cfg(test)]
 mod tests {

@@ -403,6 +403,7 @@ impl Proxy {
     /// The listener's index by name (`None`: the first).
     fn listener_index(&self, listener: Option<&str>) -> Result<usize, TrafficError> {
         match listener {
+            None if self.bootstrap.listeners.is_empty() => Err(TrafficError::NoListeners),
             None => Ok(0),
             Some(name) => self
                 .bootstrap

@@ -10,6 +10,9 @@ use crate::http1::Http1Error;
 pub enum TrafficError {
     #[error("no listener named {name:?} in the bootstrap")]
     NoListener { name: String },
+    /// The bootstrap has only Wasm services: its scenarios advance the clock, nothing else.
+    #[error("the bootstrap has no listener to send traffic to (only bootstrap_extensions): use advance steps")]
+    NoListeners,
     #[error("listener {name:?} is a TCP listener (tcp_proxy): send it a connection, not an HTTP request")]
     TcpListener { name: String },
     #[error("listener {name:?} is an HTTP listener: send it requests, not a connection")]

@@ -169,7 +169,7 @@ pub struct Cluster {
 }
 
 /// Where the failed-VM policy sends traffic (`fail_open` / `failure_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FailurePolicy {
     FailClosed,
     FailOpen,

@@ -7,21 +7,8 @@ use std::path::{Path, PathBuf};
 use serde_json::Value;
 
 use super::model::*;
-use super::shape;
-
-/// Type URLs the harness understands.
-mod types {
-    pub const HCM: &str =
-        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
-    pub const HTTP_WASM: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
-    pub const NETWORK_WASM: &str = "envoy.extensions.filters.network.wasm.v3.Wasm";
-    pub const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
-    pub const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
-    pub const STRING_VALUE: &str = "google.protobuf.StringValue";
-    pub const BYTES_VALUE: &str = "google.protobuf.BytesValue";
-    pub const STRUCT: &str = "google.protobuf.Struct";
-    pub const WASM_SERVICE: &str = "envoy.extensions.wasm.v3.WasmService";
-}
+use super::typed_config::{type_name, types};
+use super::{fields, shape};
 
 impl Bootstrap {
     pub fn load(path: &Path) -> Result<Self, BootstrapError> {
@@ -39,8 +26,17 @@ impl Bootstrap {
         Self::from_value(path, &doc)
     }
 
+    /// Reads `doc` as Envoy would: every shape its loader accepts for the fields the harness
+    /// reads, `TypedStruct`s seen through; fields the harness does not emulate are refused.
     pub fn from_value(path: &Path, doc: &Value) -> Result<Self, BootstrapError> {
-        shape::check(doc)?;
+        let mut doc = doc.clone();
+        shape::normalize(&mut doc, shape::TypedStructs::Unwrap)?;
+        let parsed = Self::from_normalized(path, &doc)?;
+        fields::refuse_unemulated(&doc)?;
+        Ok(parsed)
+    }
+
+    fn from_normalized(path: &Path, doc: &Value) -> Result<Self, BootstrapError> {
         let resources = doc.get("static_resources");
         let mut listeners = Vec::new();
         for (i, l) in array(resources, "listeners").iter().enumerate() {
@@ -55,9 +51,6 @@ impl Bootstrap {
                 &format!("static_resources.clusters[{i}]"),
                 c,
             )?);
-        }
-        if listeners.is_empty() {
-            return Err(invalid("static_resources.listeners", "no listener defined"));
         }
         let mut services = Vec::new();
         for (i, e) in array(Some(doc), "bootstrap_extensions").iter().enumerate() {
@@ -100,12 +93,6 @@ fn array<'a>(v: Option<&'a Value>, key: &str) -> &'a [Value] {
 
 fn str_field(v: &Value, key: &str) -> Option<String> {
     v.get(key).and_then(Value::as_str).map(str::to_string)
-}
-
-/// `"type.googleapis.com/x.y.Z"` -> `"x.y.Z"`.
-fn type_name(v: &Value) -> String {
-    let url = v.get("@type").and_then(Value::as_str).unwrap_or_default();
-    url.rsplit('/').next().unwrap_or_default().to_string()
 }
 
 fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
@@ -151,7 +138,7 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
             }
             types::HCM => http = Some(parse_hcm(&fat, typed)?),
             types::NETWORK_WASM => network.push(parse_plugin(
-                &fat,
+                &format!("{fat}.typed_config"),
                 typed.get("config").unwrap_or(&Value::Null),
             )?),
             types::TCP_PROXY => {
@@ -221,12 +208,18 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
     for (i, f) in array(Some(hcm), "http_filters").iter().enumerate() {
         let fat = format!("{at}.typed_config.http_filters[{i}]");
         let typed = f.get("typed_config").unwrap_or(&Value::Null);
+        if f.get("config_discovery").is_some_and(|c| !c.is_null()) {
+            return Err(invalid(
+                &format!("{fat}.config_discovery"),
+                "filter configuration discovery (ECDS) is not emulated: give the filter its typed_config (the Wasm typed_config of the ECDS file, which `wasm-fetcher render` writes)",
+            ));
+        }
         if saw_router {
             return Err(invalid(&fat, "the router must be the last HTTP filter"));
         }
         match type_name(typed).as_str() {
             types::HTTP_WASM => filters.push(parse_plugin(
-                &fat,
+                &format!("{fat}.typed_config"),
                 typed.get("config").unwrap_or(&Value::Null),
             )?),
             types::ROUTER => saw_router = true,

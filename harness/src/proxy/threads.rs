@@ -1,7 +1,8 @@
 //! Where plugins run: Envoy's configuration canary, the main thread and each worker have their
-//! own VMs, one per distinct (vm_id, VM configuration, code), and every plugin placed on a
-//! thread gets a root context in the VM of its key. A worker VM that trapped is created again
-//! under `FAIL_RELOAD` with every plugin it hosted, filters and Wasm services alike.
+//! own VMs, one per distinct [`VmKey`], and every distinct plugin ([`PluginKey`]) placed on a
+//! thread gets one root context in the VM of its key, shared by the filters that configure it
+//! identically. A worker VM that trapped is created again under `FAIL_RELOAD` with every plugin
+//! it hosted, filters and Wasm services alike.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -20,21 +21,51 @@ use crate::vm::Vm;
 /// harness does not jitter it, so runs repeat.
 pub const RELOAD_BACKOFF: std::time::Duration = std::time::Duration::from_millis(1000);
 
-/// Envoy shares one VM (per thread) between plugins with the same vm_id, VM configuration and
-/// code; the runtime is not part of the key.
+/// Envoy 1.40 shares one VM (per thread) between plugins whose `vm_config` agrees on every
+/// field the VM is built from: vm_id, runtime, code, VM configuration and environment
+/// variables (and capability restrictions, which the harness refuses); `allow_precompiled` is
+/// not part of it (envoy#46893; checked by counting starts in real Envoy).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(super) struct VmKey {
     vm_id: String,
+    runtime: String,
     vm_configuration: Vec<u8>,
     code: PathBuf,
+    environment: Vec<(String, String)>,
 }
 
 impl VmKey {
     pub(super) fn of(p: &WasmPlugin) -> Self {
+        let mut environment = p.environment.clone();
+        environment.sort();
         Self {
             vm_id: p.vm_id.clone(),
+            runtime: p.runtime.clone(),
             vm_configuration: p.vm_configuration.clone(),
             code: p.code.clone(),
+            environment,
+        }
+    }
+}
+
+/// Envoy 1.40 keys a plugin by its whole configuration but `vm_config` (which the VM key
+/// covers): filters configured identically in one VM share one root context, so it starts and
+/// configures once per thread.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PluginKey {
+    name: String,
+    root_id: String,
+    configuration: Vec<u8>,
+    failure_policy: FailurePolicy,
+}
+
+impl PluginKey {
+    fn of(p: &WasmPlugin) -> Self {
+        Self {
+            name: p.name.clone(),
+            root_id: p.root_id.clone(),
+            configuration: p.configuration.clone(),
+            failure_policy: p.failure_policy,
         }
     }
 }
@@ -89,13 +120,16 @@ pub(crate) struct Dispatcher {
     /// Per listener, per Wasm filter in chain order. `None`: the plugin failed to start on
     /// this thread and the failure policy applies.
     pub(super) slots: Vec<Vec<Option<PluginSlot>>>,
-    /// Per VM: its key, to share it between plugins.
-    keys: Vec<VmKey>,
+    /// Per VM: its key, to share it between plugins; on the canary also the one plugin it
+    /// checks.
+    keys: Vec<(VmKey, Option<PluginKey>)>,
     /// Per VM: when it was created or last re-created (virtual monotonic ns), for the
     /// `FAIL_RELOAD` backoff.
     created_at: Vec<u64>,
     /// Per VM: the plugins placed on it, started or not, in the order they were started.
     hosts: Vec<Vec<Hosted>>,
+    /// Per VM and plugin key: the root context the plugin got, if it started.
+    roots: HashMap<(usize, PluginKey), Option<u32>>,
 }
 
 /// The main thread, the workers, and what every delivery of posted work borrows: the shared
@@ -213,7 +247,9 @@ impl VmFactory {
 }
 
 impl Dispatcher {
-    /// The VM for `p`'s key on this thread, started now if the thread has none yet.
+    /// The VM for `p`'s key on this thread, started now if the thread has none yet. The
+    /// canary has a fresh VM for each distinct plugin, as Envoy checks each plugin in a clone
+    /// of its VM of its own (identically configured plugins are checked once).
     fn find_or_start_vm(
         &mut self,
         factory: &VmFactory,
@@ -221,7 +257,10 @@ impl Dispatcher {
         thread: Thread,
         p: &WasmPlugin,
     ) -> Result<usize, VmError> {
-        let key = VmKey::of(p);
+        let key = (
+            VmKey::of(p),
+            (thread == Thread::Canary).then(|| PluginKey::of(p)),
+        );
         if let Some(v) = self.keys.iter().position(|k| *k == key) {
             return Ok(v);
         }
@@ -230,6 +269,22 @@ impl Dispatcher {
         self.hosts.push(Vec::new());
         self.created_at.push(shared.monotonic_nanos());
         Ok(self.vms.len() - 1)
+    }
+
+    /// The root context of `p` in VM `vm`: the one an identically configured plugin already
+    /// has there, else a new one. `Err` only the first time, when starting it fails.
+    fn find_or_start_plugin(
+        &mut self,
+        vm: usize,
+        p: &WasmPlugin,
+    ) -> Result<Option<u32>, crate::vm::PluginStartError> {
+        let key = (vm, PluginKey::of(p));
+        if let Some(root) = self.roots.get(&key) {
+            return Ok(*root);
+        }
+        let started = self.vms[vm].start_plugin(Arc::new(p.clone()));
+        self.roots.insert(key, started.as_ref().ok().copied());
+        started.map(Some)
     }
 }
 
@@ -249,8 +304,8 @@ pub(super) fn place_plugins(
         for (filter, p) in l.plugins().iter().enumerate() {
             let vm = dispatcher.find_or_start_vm(factory, shared, thread, p)?;
             dispatcher.hosts[vm].push(Hosted::Filter { listener, filter });
-            match dispatcher.vms[vm].start_plugin(Arc::new(p.clone())) {
-                Ok(root) => slots.push(Some(PluginSlot { vm, root })),
+            match dispatcher.find_or_start_plugin(vm, p) {
+                Ok(root) => slots.push(root.map(|root| PluginSlot { vm, root })),
                 Err(e) if canary => return Err(e.into()),
                 Err(_) => slots.push(None),
             }
@@ -267,7 +322,7 @@ pub(super) fn place_plugins(
         let p = &service.plugin;
         let vm = dispatcher.find_or_start_vm(factory, shared, thread, p)?;
         dispatcher.hosts[vm].push(Hosted::Service(index));
-        match dispatcher.vms[vm].start_plugin(Arc::new(p.clone())) {
+        match dispatcher.find_or_start_plugin(vm, p) {
             Err(e) if canary => return Err(e.into()),
             _ => {}
         }
@@ -307,10 +362,20 @@ pub(super) fn reload_failed_vms(
         let Ok(mut vm) = factory.start(shared, Some(w), first.plugin(bootstrap)) else {
             continue;
         };
+        let mut started: HashMap<PluginKey, Option<u32>> = HashMap::new();
         let roots: Vec<Option<u32>> = hosted
             .iter()
-            .map(|h| vm.start_plugin(Arc::new(h.plugin(bootstrap).clone())).ok())
+            .map(|h| {
+                let p = h.plugin(bootstrap);
+                *started
+                    .entry(PluginKey::of(p))
+                    .or_insert_with(|| vm.start_plugin(Arc::new(p.clone())).ok())
+            })
             .collect();
+        worker.roots.retain(|(at, _), _| *at != v);
+        worker
+            .roots
+            .extend(started.into_iter().map(|(key, root)| ((v, key), root)));
         worker.vms[v] = vm;
         for (hosted, root) in hosted.into_iter().zip(roots) {
             if let Hosted::Filter { listener, filter } = hosted {

@@ -30,8 +30,9 @@ pub(super) fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>>
     let body = admin_get(admin_path, "/listeners?format=json")?;
     let doc: Value = serde_json::from_slice(&body).ok()?;
     Some(
-        doc["listener_statuses"]
-            .as_array()?
+        // Absent when the bootstrap has no listener (only Wasm services).
+        doc.get("listener_statuses")
+            .map_or(Some(&[][..]), |l| l.as_array().map(Vec::as_slice))?
             .iter()
             .filter_map(|l| {
                 let name = l["name"].as_str()?.to_string();

@@ -127,6 +127,9 @@ impl RealEnvoy {
             .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
         let mut doc: Value = crate::yaml::from_str(&text)
             .map_err(|e| io(&format!("{} is not YAML", bootstrap.display()), e))?;
+        // The fields rewritten below in the one spelling the harness reads (`listeners` as one
+        // map, camelCase names, ...); TypedStructs stay as written, for Envoy to read.
+        let _ = crate::bootstrap::normalize(&mut doc, crate::bootstrap::TypedStructs::Keep);
         let mut listeners = HashMap::new();
         let mut first_listener = String::new();
         let mut upstreams = HashMap::new();
@@ -134,8 +137,13 @@ impl RealEnvoy {
             .pointer_mut("/static_resources/listeners")
             .and_then(Value::as_array_mut)
         {
-            for l in ls {
-                let name = l["name"].as_str().unwrap_or_default().to_string();
+            for (i, l) in ls.iter_mut().enumerate() {
+                let mut name = l["name"].as_str().unwrap_or_default().to_string();
+                if name.is_empty() {
+                    // Envoy names it with a UUID; a name of ours finds it in the admin API.
+                    name = format!("unnamed-listener-{i}");
+                    l["name"] = name.clone().into();
+                }
                 l["address"]["socket_address"] =
                     serde_json::json!({"address": "127.0.0.1", "port_value": 0});
                 if first_listener.is_empty() {

@@ -365,16 +365,17 @@ fn fields_of_the_wrong_type_are_named_with_the_type_they_need() {
     let o = harness(&["validate", b.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(
-        text(&o).contains("static_resources.listeners: expected a list, found a number (5)"),
+        // One value where a list goes is a list of one, as in Envoy: the item is wrong.
+        text(&o).contains("static_resources.listeners[0]: expected a map, found a number (5)"),
         "{}",
         text(&o)
     );
     let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |doc| {
-        doc.pointer_mut(PLUGIN).unwrap()["fail_open"] = "yes".into();
+        doc.pointer_mut(PLUGIN).unwrap()["fail_open"] = "maybe".into();
     });
     let o = harness(&["validate", b.to_str().unwrap()]);
     assert!(
-        text(&o).contains("config.fail_open: expected true or false, found a string (\"yes\")"),
+        text(&o).contains("config.fail_open: expected true or false, found a string (\"maybe\")"),
         "{}",
         text(&o)
     );

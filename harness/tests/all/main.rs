@@ -6,6 +6,7 @@
 
 mod abi;
 mod bodies;
+mod bootstraps;
 mod callouts;
 mod cli;
 mod envoy;
@@ -20,3 +21,4 @@ mod support;
 mod tcp;
 mod timers;
 mod upstreams;
+mod vm_keys;
