@@ -135,6 +135,7 @@ fn a_typed_struct_bootstrap_runs_the_same_in_the_harness_and_in_envoy() {
         &RunOptions {
             workers: Some(1),
             bootstrap: Some(b),
+            ..RunOptions::default()
         },
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
@@ -191,6 +192,7 @@ fn a_listener_less_bootstrap_ticks_the_same_in_the_harness_and_in_envoy() {
         &RunOptions {
             workers: Some(2),
             bootstrap: Some(b.clone()),
+            ..RunOptions::default()
         },
     );
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
@@ -219,7 +221,7 @@ fn a_listener_less_bootstrap_ticks_the_same_in_the_harness_and_in_envoy() {
     assert_eq!(threads.len(), 1, "{seen:#?}");
 
     let mut proxy =
-        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions { workers: 2 })
+        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions::with_workers(2))
             .unwrap();
     proxy.advance(std::time::Duration::from_secs(2));
     let harness_lines: Vec<_> = proxy

@@ -61,8 +61,9 @@ fn vms_and_root_contexts_are_shared_as_envoy_keys_them() {
         .map(|l| (l.split("][").nth(1).unwrap_or_default().to_string(), l))
         .collect();
     drop(real);
-    let proxy = wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions { workers: 1 })
-        .unwrap();
+    let proxy =
+        wasm_harness::Proxy::from_bootstrap(&b, &wasm_harness::ProxyOptions::with_workers(1))
+            .unwrap();
     let harness_lines: Vec<(String, String)> = proxy
         .logs()
         .iter()
