@@ -41,20 +41,34 @@ pub fn point_wasm_code_at(doc: &mut Value, module: &Path) -> Result<usize, Rewri
 fn walk(v: &mut Value, code: &Value) -> usize {
     match v {
         Value::Object(map) => {
+            let names_wasm = |field: &str| {
+                map.get(field)
+                    .and_then(Value::as_str)
+                    .is_some_and(|t| WASM_TYPES.iter().any(|w| t.ends_with(w)))
+            };
+            // A `TypedStruct` (as the proxy-wasm SDK examples write filters) holds the message
+            // in `value`, its type in `type_url`.
+            let type_name = |t: &str| t.rsplit('/').next().unwrap_or_default().to_string();
+            let typed_struct = map.get("@type").and_then(Value::as_str).is_some_and(|t| {
+                crate::fallback::TYPED_STRUCTS
+                    .iter()
+                    .any(|s| type_name(s) == type_name(t))
+            });
+            let message = if names_wasm("@type") {
+                Some(&mut *map)
+            } else if typed_struct && names_wasm("type_url") {
+                map.get_mut("value").and_then(Value::as_object_mut)
+            } else {
+                None
+            };
             let mut n = 0;
-            let is_wasm = map
-                .get("@type")
-                .and_then(Value::as_str)
-                .is_some_and(|t| WASM_TYPES.iter().any(|w| t.ends_with(w)));
-            if is_wasm {
-                if let Some(vm) = map
-                    .get_mut("config")
-                    .and_then(|c| c.get_mut("vm_config"))
-                    .and_then(Value::as_object_mut)
-                {
-                    vm.insert("code".into(), code.clone());
-                    n += 1;
-                }
+            if let Some(vm) = message
+                .and_then(|m| m.get_mut("config"))
+                .and_then(|c| c.get_mut("vm_config"))
+                .and_then(Value::as_object_mut)
+            {
+                vm.insert("code".into(), code.clone());
+                n += 1;
             }
             n + map.values_mut().map(|c| walk(c, code)).sum::<usize>()
         }
@@ -98,6 +112,37 @@ bootstrap_extensions:
         assert_eq!(text.matches("/cache/x.wasm").count(), 2);
         assert!(!text.contains("example.invalid") && !text.contains("old.wasm"));
         assert!(text.contains("envoy.wasm.runtime.v8"));
+    }
+
+    #[test]
+    fn sees_through_typed_structs_as_the_sdk_examples_write_filters() {
+        let yaml = r#"
+http_filters:
+- typed_config:
+    "@type": type.googleapis.com/udpa.type.v1.TypedStruct
+    type_url: type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
+    value:
+      config:
+        vm_config: {runtime: envoy.wasm.runtime.v8, code: {local: {filename: a.wasm}}}
+- typed_config:
+    "@type": type.googleapis.com/xds.type.v3.TypedStruct
+    type_url: type.googleapis.com/envoy.extensions.filters.http.lua.v3.Lua
+    value: {config: {vm_config: {code: {local: {filename: lua.wasm}}}}}
+"#;
+        let mut doc: Value = serde_norway::from_str(yaml).unwrap();
+        assert_eq!(
+            point_wasm_code_at(&mut doc, Path::new("/cache/x.wasm")).unwrap(),
+            1
+        );
+        let filters = &doc["http_filters"];
+        assert_eq!(
+            filters[0]["typed_config"]["value"]["config"]["vm_config"]["code"]["local"]["filename"],
+            "/cache/x.wasm"
+        );
+        assert_eq!(
+            filters[1]["typed_config"]["value"]["config"]["vm_config"]["code"]["local"]["filename"],
+            "lua.wasm"
+        );
     }
 
     #[test]
