@@ -58,6 +58,9 @@ pub enum Conditions {
     Advance,
     /// The step carries a body: Envoy's body callbacks follow its socket reads.
     Bodies,
+    /// Several workers: Envoy's kernel, not the harness's round robin, picks the worker of
+    /// each connection, so each worker's VM has seen other traffic before this step.
+    Workers,
 }
 
 /// A line as both sides write it, and the thread it came from (a worker's key: the
@@ -135,6 +138,10 @@ pub fn compare(
         (false, Conditions::Quiet) => LogComparison::Differs(differences),
         (false, Conditions::Bodies) => LogComparison::CannotCompare(format!(
             "the step carries a body: Envoy's HTTP/1 codec hands it to the filters in the pieces it reads from the socket, then the end of stream on its own, which the harness does not emulate ({})",
+            differences.join("; ")
+        )),
+        (false, Conditions::Workers) => LogComparison::CannotCompare(format!(
+            "with several workers Envoy's kernel, not the harness's round robin, picks each connection's worker, so a worker's VM has seen other requests before this one (run with one worker to compare exactly) ({})",
             differences.join("; ")
         )),
         (false, Conditions::Ticking) => LogComparison::CannotCompare(format!(
