@@ -1,6 +1,7 @@
 //! Bootstraps through real Envoy and the harness: every shipped bootstrap and every variant in
 //! `testdata/bootstraps/` passes `envoy --mode validate`, and the harness either runs it or
-//! refuses it naming the field its `# harness: refuses FIELD` line gives; a TypedStruct
+//! refuses it naming the field its `# harness: refuses FIELD` line gives (a bootstrap whose
+//! plugin refuses its configuration is refused by both); a TypedStruct
 //! bootstrap and a listener-less one run the same in both.
 
 use std::path::{Path, PathBuf};
@@ -35,12 +36,27 @@ fn bootstraps() -> Vec<PathBuf> {
     out
 }
 
-/// What the file says the harness does with it: `None` runs it, `Some(field)` refuses it
-/// naming that field.
-fn expected_refusal(text: &str) -> Option<String> {
+/// What the file says Envoy and the harness do with it.
+#[derive(Debug)]
+enum Expect {
+    /// Both run it.
+    Runs,
+    /// Envoy runs it; the harness refuses it naming this field (`# harness: refuses FIELD`).
+    HarnessRefuses(String),
+    /// Both start the plugin, which refuses its configuration, so neither starts
+    /// (`# both: the plugin refuses its configuration`).
+    PluginRefuses,
+}
+
+fn expected(text: &str) -> Expect {
+    if text.contains("# both: the plugin refuses its configuration") {
+        return Expect::PluginRefuses;
+    }
     text.lines()
         .find_map(|l| l.strip_prefix("# harness: refuses "))
-        .map(|f| f.trim().to_string())
+        .map_or(Expect::Runs, |f| {
+            Expect::HarnessRefuses(f.trim().to_string())
+        })
 }
 
 /// The bootstrap as Envoy can load it: a `.wat` module (harness-only guests) assembled into
@@ -87,16 +103,33 @@ fn every_bootstrap_passes_envoy_validate_and_the_harness_runs_or_refuses_it_by_f
             .arg(for_envoy(dir.path(), path))
             .output()
             .unwrap();
-        assert!(
-            o.status.success(),
-            "{shown} failed envoy --mode validate:\n{}",
-            text(&o)
-        );
+        let expect = expected(&std::fs::read_to_string(path).unwrap());
+        if let Expect::PluginRefuses = expect {
+            assert!(
+                !o.status.success() && text(&o).contains("Unable to create Wasm plugin"),
+                "{shown}: Envoy should refuse to start its plugin:\n{}",
+                text(&o)
+            );
+        } else {
+            assert!(
+                o.status.success(),
+                "{shown} failed envoy --mode validate:\n{}",
+                text(&o)
+            );
+        }
 
         let o = harness(&["validate", &shown]);
-        match expected_refusal(&std::fs::read_to_string(path).unwrap()) {
-            None => assert_eq!(o.status.code(), Some(0), "{shown}: {}", text(&o)),
-            Some(field) => {
+        match expect {
+            Expect::Runs => assert_eq!(o.status.code(), Some(0), "{shown}: {}", text(&o)),
+            Expect::PluginRefuses => {
+                assert_eq!(o.status.code(), Some(2), "{shown}: {}", text(&o));
+                assert!(
+                    text(&o).contains("Unable to create Wasm plugin"),
+                    "{shown}: {}",
+                    text(&o)
+                );
+            }
+            Expect::HarnessRefuses(field) => {
                 refused += 1;
                 assert_eq!(
                     o.status.code(),
