@@ -253,6 +253,7 @@ impl ProxyBuilder {
             &ProxyOptions {
                 workers: self.workers,
                 log_level: self.log_level,
+                ..ProxyOptions::default()
             },
         )
     }

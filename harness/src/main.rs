@@ -186,8 +186,8 @@ struct JsonReport {
 
 fn validate(path: &std::path::Path, workers: Option<usize>, log_level: LogLevel) -> Verdict {
     let options = ProxyOptions {
-        workers: workers.unwrap_or(ProxyOptions::default().workers),
         log_level,
+        ..ProxyOptions::with_workers(workers.unwrap_or(ProxyOptions::default().workers))
     };
     match Bootstrap::load(path)
         .map_err(Into::into)

@@ -87,6 +87,9 @@ pub struct ProxyOptions {
     /// Envoy's `-l`: guest log lines below it are not written, and `proxy_get_log_level`
     /// answers it.
     pub log_level: crate::abi::LogLevel,
+    /// How long one callback may run before it is treated as a trap
+    /// ([`crate::runtime::DEFAULT_CALLBACK_DEADLINE`]; Envoy has no such limit).
+    pub callback_deadline: std::time::Duration,
 }
 
 impl Default for ProxyOptions {
@@ -94,6 +97,7 @@ impl Default for ProxyOptions {
         Self {
             workers: 2,
             log_level: crate::abi::LogLevel::Info,
+            callback_deadline: crate::runtime::DEFAULT_CALLBACK_DEADLINE,
         }
     }
 }
@@ -144,9 +148,10 @@ impl Proxy {
     /// then on the main thread, then on each worker.
     pub fn new(bootstrap: Bootstrap, options: &ProxyOptions) -> Result<Self, StartError> {
         capacity::check_workers(options.workers)?;
-        let runtime =
+        let mut runtime =
             Runtime::with_capacity(capacity::instances_needed(&bootstrap, options.workers))
                 .map_err(|e| StartError::Runtime(format!("{e:#}")))?;
+        runtime.callback_deadline = options.callback_deadline;
         let shared = Arc::new(Shared::default());
         shared
             .log

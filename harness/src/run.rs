@@ -130,8 +130,8 @@ impl HarnessRun {
             }
         };
         let options = ProxyOptions {
-            workers: opts.workers_for(scenario),
             log_level: opts.log_level_for(scenario),
+            ..ProxyOptions::with_workers(opts.workers_for(scenario))
         };
         startup.refusal_expected = expects_refusal(scenario);
         let mut proxy = match Proxy::from_bootstrap(&opts.bootstrap_for(scenario), &options) {

@@ -30,6 +30,17 @@ fn proxy(bootstrap: &Path, workers: usize) -> Proxy {
     Proxy::from_bootstrap(bootstrap, &ProxyOptions::with_workers(workers)).unwrap()
 }
 
+/// The flood guests do a lot of work in one callback (filling a map or shared data up to the
+/// harness's limit): they get more than the default deadline, so a busy machine cannot turn
+/// the refusal under test into a timeout.
+fn patient_proxy(bootstrap: &Path) -> Proxy {
+    let options = ProxyOptions {
+        callback_deadline: std::time::Duration::from_secs(30),
+        ..ProxyOptions::with_workers(1)
+    };
+    Proxy::from_bootstrap(bootstrap, &options).unwrap()
+}
+
 /// A loopback server that serves each connection with `serve` on its own thread.
 fn server(serve: fn(std::net::TcpStream)) -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -433,7 +444,7 @@ fn one_request(
     said: &str,
 ) -> (Proxy, wasm_harness::http::Exchange, Vec<String>) {
     let b = bootstrap_variant(dir, &guest(guest_file), None, |_| {});
-    let mut p = proxy(&b, 1);
+    let mut p = patient_proxy(&b);
     let ex = p
         .round_trip(&Request::get("/"), UpstreamReply::new(200))
         .unwrap();

@@ -43,8 +43,8 @@ fn request_lines(level: LogLevel, path: &str) -> (Vec<String>, Vec<String>) {
     let mut proxy = Proxy::from_bootstrap(
         &b,
         &ProxyOptions {
-            workers: 1,
             log_level: level,
+            ..ProxyOptions::with_workers(1)
         },
     )
     .unwrap();
