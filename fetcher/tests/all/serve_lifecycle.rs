@@ -450,16 +450,17 @@ fn a_plugin_deleted_while_serve_is_down_loses_its_ecds_file_at_the_next_start() 
     std::fs::remove_file(d.plugins.join("b.yaml")).unwrap();
     let serve = d.serve(&[], &[]);
     serve.wait_ready();
-    wait_for("b's ECDS file is removed", Duration::from_secs(10), || {
-        !d.ecds.join("test.b.yaml").exists()
-    });
+    // The file goes first, then the log line says so.
+    wait_for(
+        "serve says it removed b's file",
+        Duration::from_secs(10),
+        || {
+            serve
+                .log()
+                .contains("removed the ECDS file of a plugin deleted while serve was down")
+        },
+    );
+    assert!(!d.ecds.join("test.b.yaml").exists(), "{}", serve.log());
     assert!(ecds_module(&d.ecds, "a").is_some(), "{}", serve.log());
     assert!(theirs.is_file(), "a file serve did not write stays");
-    assert!(
-        serve
-            .log()
-            .contains("removed the ECDS file of a plugin deleted while serve was down"),
-        "{}",
-        serve.log()
-    );
 }
