@@ -101,11 +101,17 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
     report.harness = startup;
     let harness_verdict = startup_verdict(&report.harness);
     let bootstrap = opts.bootstrap_for(&scenario);
-    let started = RealEnvoy::start_at_level(
+    let started = RealEnvoy::start_seeding(
         envoy_bin,
         &bootstrap,
         opts.workers_for(&scenario),
         opts.log_level_for(&scenario),
+        crate::real_envoy::metadata::seeded_keys(scenario.requests.iter().filter_map(
+            |s| match s {
+                Step::Request(case) => Some(&case.request.dynamic_metadata),
+                _ => None,
+            },
+        )),
     );
     let mut real = match started {
         Ok(r) => r,

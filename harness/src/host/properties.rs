@@ -5,14 +5,14 @@
 //! as in Envoy. Addresses: the client is 127.0.0.1 with a port per connection, the
 //! destination is the listener's address and port; `filter_state.<key>` reads what
 //! `set_envoy_filter_state` stored (see [`super::filter_state`]); `xds.*` the route, virtual
-//! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, always
-//! empty here. Not modelled: `upstream.*`, `upstream_filter_state`.
+//! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, as the
+//! request seeded it. Not modelled: `upstream.*`, `upstream_filter_state`.
 
 use wasmtime::{Caller, Linker};
 
 mod xds;
 
-use super::{finish, headers, memory, HeaderMap, HostState};
+use super::{finish, headers, memory, HeaderMap, HostState, HttpStreamState};
 use crate::abi::Status;
 
 fn int(v: i64) -> Vec<u8> {
@@ -56,14 +56,15 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
             _ => {}
         }
     }
-    let s = state.http_stream_ref()?;
+    let Some(s) = state.http_stream_ref() else {
+        if path.first() == Some(&"metadata") && state.connection().is_some() {
+            xds::not_emulated(state, "metadata (a TCP connection's dynamic metadata)");
+        }
+        return None;
+    };
     match path {
         ["xds", rest @ ..] => return xds::lookup(state, s, rest),
-        // Only Wasm filters and the router run here, and neither sets dynamic metadata: it
-        // is empty, as Envoy serializes an empty `Metadata` (no bytes, an empty map).
-        ["metadata"] => return Some(Vec::new()),
-        ["metadata", "filter_metadata"] => return json_value(&serde_json::json!({})),
-        ["metadata", ..] => return None,
+        ["metadata", rest @ ..] => return dynamic_metadata(s, rest),
         _ => {}
     }
     let key = path.join("\0");
@@ -118,6 +119,32 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
             (!values.is_empty()).then(|| values.join(&b","[..]))
         }
         ["response", "code"] => s.response_code.map(|c| int(c.into())),
+        _ => None,
+    }
+}
+
+/// `metadata.<rest>`: the stream's dynamic metadata, as the request seeded it (only Wasm
+/// filters and the router run here, and neither sets any). The whole message is its protobuf
+/// serialization, `filter_metadata` and below Struct values; nothing fills
+/// `typed_filter_metadata`, an empty map as in Envoy.
+fn dynamic_metadata(s: &HttpStreamState, rest: &[&str]) -> Option<Vec<u8>> {
+    use crate::http::metadata::protobuf_metadata;
+    match rest {
+        [] => Some(protobuf_metadata(&s.dynamic_metadata)),
+        ["filter_metadata", keys @ ..] => {
+            let all = serde_json::Value::Object(
+                s.dynamic_metadata
+                    .iter()
+                    .map(|(ns, fields)| (ns.clone(), fields.clone().into()))
+                    .collect(),
+            );
+            let mut v = &all;
+            for key in keys {
+                v = v.get(key)?;
+            }
+            json_value(v)
+        }
+        ["typed_filter_metadata"] => json_value(&serde_json::json!({})),
         _ => None,
     }
 }

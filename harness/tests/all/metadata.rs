@@ -146,3 +146,26 @@ fn metadata_the_harness_does_not_emulate_is_named_in_the_log() {
         assert!(log.iter().any(|l| l.contains(named)), "{named}: {log:#?}");
     }
 }
+
+/// `testdata/scenarios/dynamic-metadata.yaml` seeds each request's dynamic metadata (a string,
+/// a double, a bool, a list, a map, another namespace, none); real Envoy seeds the same with
+/// `header_to_metadata`, and the probe's lines (every byte of every `metadata` property read)
+/// must be the same in both.
+#[test]
+fn seeded_dynamic_metadata_reads_as_in_envoy() {
+    let o = harness(&["run", "testdata/scenarios/dynamic-metadata.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "property-probe.wat");
+    let scenarios = root().join("testdata/scenarios");
+    let b = std::fs::read_to_string(scenarios.join("dynamic-metadata.bootstrap.yaml"))
+        .unwrap()
+        .replace("testdata/guests/property-probe.wat", wasm.to_str().unwrap());
+    std::fs::write(dir.path().join("dynamic-metadata.bootstrap.yaml"), b).unwrap();
+    let s = dir.path().join("dynamic-metadata.yaml");
+    std::fs::copy(scenarios.join("dynamic-metadata.yaml"), &s).unwrap();
+    let report = differential(&s);
+    assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 7, "{report}");
+}

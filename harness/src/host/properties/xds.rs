@@ -77,7 +77,7 @@ fn metadata(state: &HostState, what: &str, metadata: &Value, rest: &[&str]) -> O
     }
 }
 
-fn not_emulated(state: &HostState, property: &str) {
+pub(super) fn not_emulated(state: &HostState, property: &str) {
     logging::record(
         state,
         LogLevel::Warn,
