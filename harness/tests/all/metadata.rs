@@ -169,3 +169,81 @@ fn seeded_dynamic_metadata_reads_as_in_envoy() {
     assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
     assert_eq!(report.cases.len(), 7, "{report}");
 }
+
+/// The Rust API seeds the same metadata in both (`Request::metadata`, and
+/// `RealEnvoy::start_seeding` with the keys): maps of several keys and namespaces, every
+/// Struct value kind including null, read at every level, the same entries in both (a map's
+/// entries compared in key order, as Envoy lists them in no fixed order).
+#[test]
+fn dynamic_metadata_from_the_rust_api_reads_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "property-probe.wat");
+    let probe = [
+        "metadata/filter_metadata",
+        "metadata/filter_metadata/demo",
+        "metadata/filter_metadata/demo/none",
+        "metadata/filter_metadata/demo/nested",
+        "metadata/filter_metadata/demo/nested/k",
+        "metadata/filter_metadata/other",
+        "metadata/filter_metadata/other/n",
+    ];
+    let b = bootstrap_variant(dir.path(), &wasm, Some(&probe.join("\n")), |doc| {
+        let plugin = doc
+            .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
+            .unwrap();
+        plugin["name"] = "probe".into();
+        plugin["root_id"] = "probe".into();
+        plugin["vm_config"]["vm_id"] = "probe".into();
+    });
+    let request = Request::get("/")
+        .metadata("demo", "tier", serde_json::json!("gold"))
+        .metadata("demo", "weight", serde_json::json!(-1.25))
+        .metadata("demo", "on", serde_json::json!(false))
+        .metadata("demo", "none", serde_json::Value::Null)
+        .metadata("demo", "tags", serde_json::json!(["a", "b", "c"]))
+        .metadata(
+            "demo",
+            "nested",
+            serde_json::json!({"k": "v", "n": 3, "l": [1]}),
+        )
+        .metadata("other", "n", serde_json::json!(7));
+    let keys = wasm_harness::real_envoy::metadata::seeded_keys([&request.dynamic_metadata]);
+    let mut real =
+        RealEnvoy::start_seeding(&envoy(), &b, 1, wasm_harness::abi::LogLevel::Info, keys).unwrap();
+    let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
+    let before = proxy.log_len();
+    let ex = proxy
+        .send(None, None, &request, &mut |_| UpstreamReply::new(200))
+        .unwrap();
+    let all: Vec<String> = proxy.logs()[before..]
+        .iter()
+        .map(|r| r.to_string())
+        .collect();
+    let harness_lines = probes(all.into_iter());
+    let envoy_ex = real.send(None, &request, &UpstreamReply::new(200)).unwrap();
+    let start = Instant::now();
+    let mut envoy_lines = probes(real.wasm_logs().into_iter());
+    while envoy_lines.len() < probe.len() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(100));
+        envoy_lines = probes(real.wasm_logs().into_iter());
+    }
+    assert_eq!(harness_lines, envoy_lines);
+    assert_eq!(harness_lines.len(), probe.len(), "{harness_lines:#?}");
+    assert!(
+        harness_lines
+            .contains(&r#"metadata/filter_metadata/demo/nested/k status=0 value="v""#.to_string()),
+        "{harness_lines:#?}"
+    );
+    // The seeding headers reach neither the filters nor the upstream.
+    for seen in [&ex.upstream, &envoy_ex.upstream] {
+        let seen = seen.as_ref().expect("routed upstream");
+        assert!(
+            !seen
+                .headers
+                .iter()
+                .any(|(k, _)| k.starts_with("x-wasm-harness")),
+            "{:?}",
+            seen.headers
+        );
+    }
+}
