@@ -330,7 +330,7 @@ mod tests {
 
     #[test]
     fn empty_map_is_zero_bytes_and_four_zero_bytes_decode_empty() {
-        assert!(encode_pairs(&[]).is_empty());
+        assert!(encode_pairs::<String, Vec<u8>>(&[]).is_empty());
         assert!(decode_pairs(&[0, 0, 0, 0]).is_empty());
     }
 
