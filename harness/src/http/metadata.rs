@@ -106,7 +106,7 @@ mod tests {
         // Metadata{filter_metadata: {n: Struct{k: true}}}
         assert_eq!(
             protobuf_metadata(&md),
-            [0x0a, 13, 0x0a, 1, b'n', 0x12, 8, 0x0a, 6, 0x0a, 1, b'k', 0x12, 2, 0x20, 1]
+            [0x0a, 14, 0x0a, 1, b'n', 0x12, 9, 0x0a, 7, 0x0a, 1, b'k', 0x12, 2, 0x20, 1]
         );
     }
 }
