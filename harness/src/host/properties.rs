@@ -6,14 +6,15 @@
 //! destination is the listener's address and port; `filter_state.<key>` reads what
 //! `set_envoy_filter_state` stored (see [`super::filter_state`]); `xds.*` the route, virtual
 //! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, as the
-//! request seeded it. Not modelled: `upstream.*`, `upstream_filter_state`.
+//! request seeded it (a TCP connection's is empty). Not modelled: `upstream.*`, `upstream_filter_state`.
 
 use wasmtime::{Caller, Linker};
 
 mod xds;
 
-use super::{finish, headers, memory, HeaderMap, HostState, HttpStreamState};
+use super::{finish, headers, memory, HeaderMap, HostState};
 use crate::abi::Status;
+use crate::http::DynamicMetadata;
 
 fn int(v: i64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
@@ -37,9 +38,12 @@ fn lookup(state: &HostState, path: &[&str]) -> Result<Vec<u8>, Status> {
     if let Some(s) = state.http_stream_ref() {
         match path {
             ["xds", rest @ ..] => return xds::lookup(state, s, rest),
-            ["metadata", rest @ ..] => return dynamic_metadata(s, rest),
+            ["metadata", rest @ ..] => return dynamic_metadata(&s.dynamic_metadata, rest),
             _ => {}
         }
+    } else if let (["metadata", rest @ ..], Some(_)) = (path, state.connection()) {
+        // A TCP connection's: nothing the harness runs sets any.
+        return dynamic_metadata(&DynamicMetadata::new(), rest);
     }
     plain(state, path).ok_or(Status::NotFound)
 }
@@ -70,12 +74,7 @@ fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
             _ => {}
         }
     }
-    let Some(s) = state.http_stream_ref() else {
-        if path.first() == Some(&"metadata") && state.connection().is_some() {
-            xds::not_emulated(state, "metadata (a TCP connection's dynamic metadata)");
-        }
-        return None;
-    };
+    let s = state.http_stream_ref()?;
     let key = path.join("\0");
     if let Some(v) = s.properties.get(&key) {
         return Some(v.clone());
@@ -136,13 +135,13 @@ fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
 /// filters and the router run here, and neither sets any). The whole message is its protobuf
 /// serialization, `filter_metadata` and below Struct values; nothing fills
 /// `typed_filter_metadata`, an empty map as in Envoy.
-fn dynamic_metadata(s: &HttpStreamState, rest: &[&str]) -> Result<Vec<u8>, Status> {
+fn dynamic_metadata(metadata: &DynamicMetadata, rest: &[&str]) -> Result<Vec<u8>, Status> {
     use crate::http::metadata::protobuf_metadata;
     match rest {
-        [] => Ok(protobuf_metadata(&s.dynamic_metadata)),
+        [] => Ok(protobuf_metadata(metadata)),
         ["filter_metadata", keys @ ..] => {
             let all = serde_json::Value::Object(
-                s.dynamic_metadata
+                metadata
                     .iter()
                     .map(|(ns, fields)| (ns.clone(), fields.clone().into()))
                     .collect(),

@@ -247,3 +247,63 @@ fn dynamic_metadata_from_the_rust_api_reads_as_in_envoy() {
         );
     }
 }
+
+/// `metadata` on a TCP connection is empty in Envoy (nothing the bootstrap runs sets any) and
+/// in the harness.
+#[test]
+fn metadata_on_a_tcp_connection_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "property-probe.wat");
+    let bootstrap = format!(
+        r#"
+static_resources:
+  listeners:
+  - name: tcp
+    address:
+      socket_address: {{address: 127.0.0.1, port_value: 10031}}
+    filter_chains:
+    - filters:
+      - name: envoy.filters.network.wasm
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm
+          config:
+            name: probe
+            root_id: probe
+            configuration:
+              "@type": type.googleapis.com/google.protobuf.StringValue
+              value: "metadata\nmetadata/filter_metadata\nmetadata/typed_filter_metadata\nmetadata/filter_metadata/demo"
+            vm_config:
+              vm_id: probe
+              runtime: envoy.wasm.runtime.v8
+              code: {{local: {{filename: {}}}}}
+      - name: envoy.filters.network.tcp_proxy
+        typed_config:
+          "@type": type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy
+          stat_prefix: tcp
+          cluster: backend
+  clusters:
+  - name: backend
+    connect_timeout: 1s
+    type: STATIC
+    load_assignment:
+      cluster_name: backend
+      endpoints:
+      - lb_endpoints:
+        - endpoint:
+            address:
+              socket_address: {{address: 127.0.0.1, port_value: 8080}}
+"#,
+        wasm.display()
+    );
+    std::fs::write(dir.path().join("tcp.bootstrap.yaml"), bootstrap).unwrap();
+    let s = dir.path().join("tcp.yaml");
+    std::fs::write(
+        &s,
+        "bootstrap: tcp.bootstrap.yaml\nworkers: 1\nrequests:\n  - name: a connection\n    connection:\n      - downstream: \"hello\"\n      - upstream: \"hi\"\n      - close: downstream\n    expect:\n      logs: [\"metadata status=0 hex=-\", \"metadata/filter_metadata status=0 hex=00000000\", \"metadata/typed_filter_metadata status=0 hex=00000000\", \"metadata/filter_metadata/demo status=1 hex=-\"]\n",
+    )
+    .unwrap();
+    let report = differential(&s);
+    // The expected lines are checked on Envoy's log too, and both logs are compared.
+    assert_eq!(report.verdict, wasm_harness::Verdict::Passed, "{report}");
+    assert_eq!(report.cases.len(), 1, "{report}");
+}
