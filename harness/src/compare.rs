@@ -212,6 +212,8 @@ fn step_conditions(step: &Step, ticking: bool) -> logs::Conditions {
             let (request, reply) = (case.to_request(), case.upstream_reply());
             if body(&request.body, &request.body_chunks) || body(&reply.body, &reply.body_chunks) {
                 logs::Conditions::Bodies
+            } else if crate::http::metadata::has_unordered_map(&request.dynamic_metadata) {
+                logs::Conditions::UnorderedMetadata
             } else {
                 logs::Conditions::Quiet
             }

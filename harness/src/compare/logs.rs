@@ -58,6 +58,8 @@ pub enum Conditions {
     Advance,
     /// The step carries a body: Envoy's body callbacks follow its socket reads.
     Bodies,
+    /// The request seeds dynamic metadata with a map of several entries.
+    UnorderedMetadata,
 }
 
 /// A line as both sides write it, and the thread it came from (a worker's key: the
@@ -135,6 +137,10 @@ pub fn compare(
         (false, Conditions::Quiet) => LogComparison::Differs(differences),
         (false, Conditions::Bodies) => LogComparison::CannotCompare(format!(
             "the step carries a body: Envoy's HTTP/1 codec hands it to the filters in the pieces it reads from the socket, then the end of stream on its own, which the harness does not emulate ({})",
+            differences.join("; ")
+        )),
+        (false, Conditions::UnorderedMetadata) => LogComparison::CannotCompare(format!(
+            "the request seeds dynamic metadata with a map of several entries: Envoy lists a protobuf map's entries in no fixed order, the harness in key order ({})",
             differences.join("; ")
         )),
         (false, Conditions::Ticking) => LogComparison::CannotCompare(format!(

@@ -6,7 +6,8 @@
 //! destination is the listener's address and port; `filter_state.<key>` reads what
 //! `set_envoy_filter_state` stored (see [`super::filter_state`]); `xds.*` the route, virtual
 //! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, as the
-//! request seeded it (a TCP connection's is empty). Not modelled: `upstream.*`, `upstream_filter_state`.
+//! request seeded it (a TCP connection's is empty). Not modelled: `upstream.*`,
+//! `upstream_filter_state`.
 
 use wasmtime::{Caller, Linker};
 

@@ -77,6 +77,22 @@ pub fn protobuf_metadata(metadata: &DynamicMetadata) -> Vec<u8> {
     out
 }
 
+/// Whether `metadata` holds a map of more than one entry (namespaces included), whose
+/// entries Envoy lists in no fixed order when a guest reads it whole.
+pub fn has_unordered_map(metadata: &DynamicMetadata) -> bool {
+    fn value(v: &Value) -> bool {
+        match v {
+            Value::Object(m) => m.len() > 1 || m.values().any(value),
+            Value::Array(a) => a.iter().any(value),
+            _ => false,
+        }
+    }
+    metadata.len() > 1
+        || metadata
+            .values()
+            .any(|fields| fields.len() > 1 || fields.values().any(value))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,5 +124,18 @@ mod tests {
             protobuf_metadata(&md),
             [0x0a, 14, 0x0a, 1, b'n', 0x12, 9, 0x0a, 7, 0x0a, 1, b'k', 0x12, 2, 0x20, 1]
         );
+    }
+
+    #[test]
+    fn maps_of_several_entries_are_told_apart() {
+        let md = |v: Value| -> DynamicMetadata { serde_json::from_value(v).unwrap() };
+        assert!(!has_unordered_map(&md(json!({"a": {"k": [{"x": 1}]}}))));
+        assert!(has_unordered_map(&md(
+            json!({"a": {"k": 1}, "b": {"k": 1}})
+        )));
+        assert!(has_unordered_map(&md(json!({"a": {"k": 1, "l": 2}}))));
+        assert!(has_unordered_map(&md(
+            json!({"a": {"k": [{"x": 1, "y": 2}]}})
+        )));
     }
 }
