@@ -48,7 +48,9 @@ fn expected_refusal(text: &str) -> Option<String> {
 fn for_envoy(dir: &Path, path: &Path) -> PathBuf {
     let text = std::fs::read_to_string(path).unwrap();
     let Some(wat) = text
-        .split_whitespace()
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("filename:"))
+        .map(str::trim)
         .find(|w| w.ends_with(".wat"))
         .map(str::to_string)
     else {
