@@ -232,21 +232,24 @@ const MAX_PAIRS: usize = 1024;
 /// Serializes header pairs in the proxy-wasm wire format:
 /// `u32 N, N x (u32 key_len, u32 value_len), N x (key \0 value \0)`.
 /// An empty map is emitted as zero bytes, as cpp-host does (`copyToPointerSize("")`).
-pub fn encode_pairs(pairs: &[(String, Vec<u8>)]) -> Vec<u8> {
+pub fn encode_pairs<K: AsRef<[u8]>, V: AsRef<[u8]>>(pairs: &[(K, V)]) -> Vec<u8> {
     if pairs.is_empty() {
         return Vec::new();
     }
-    let payload: usize = pairs.iter().map(|(k, v)| k.len() + v.len() + 2).sum();
+    let payload: usize = pairs
+        .iter()
+        .map(|(k, v)| k.as_ref().len() + v.as_ref().len() + 2)
+        .sum();
     let mut out = Vec::with_capacity(4 + 8 * pairs.len() + payload);
     out.extend_from_slice(&(pairs.len() as u32).to_le_bytes());
     for (k, v) in pairs {
-        out.extend_from_slice(&(k.len() as u32).to_le_bytes());
-        out.extend_from_slice(&(v.len() as u32).to_le_bytes());
+        out.extend_from_slice(&(k.as_ref().len() as u32).to_le_bytes());
+        out.extend_from_slice(&(v.as_ref().len() as u32).to_le_bytes());
     }
     for (k, v) in pairs {
-        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(k.as_ref());
         out.push(0);
-        out.extend_from_slice(v);
+        out.extend_from_slice(v.as_ref());
         out.push(0);
     }
     out
@@ -327,7 +330,7 @@ mod tests {
 
     #[test]
     fn empty_map_is_zero_bytes_and_four_zero_bytes_decode_empty() {
-        assert!(encode_pairs(&[]).is_empty());
+        assert!(encode_pairs::<String, Vec<u8>>(&[]).is_empty());
         assert!(decode_pairs(&[0, 0, 0, 0]).is_empty());
     }
 

@@ -101,11 +101,17 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
     report.harness = startup;
     let harness_verdict = startup_verdict(&report.harness);
     let bootstrap = opts.bootstrap_for(&scenario);
-    let started = RealEnvoy::start_at_level(
+    let started = RealEnvoy::start_seeding(
         envoy_bin,
         &bootstrap,
         opts.workers_for(&scenario),
         opts.log_level_for(&scenario),
+        crate::real_envoy::metadata::seeded_keys(scenario.requests.iter().filter_map(
+            |s| match s {
+                Step::Request(case) => Some(&case.request.dynamic_metadata),
+                _ => None,
+            },
+        )),
     );
     let mut real = match started {
         Ok(r) => r,
@@ -214,6 +220,8 @@ fn step_conditions(step: &Step, ticking: bool, workers: usize) -> logs::Conditio
             let (request, reply) = (case.to_request(), case.upstream_reply());
             if body(&request.body, &request.body_chunks) || body(&reply.body, &reply.body_chunks) {
                 logs::Conditions::Bodies
+            } else if crate::http::metadata::has_unordered_map(&request.dynamic_metadata) {
+                logs::Conditions::UnorderedMetadata
             } else if workers > 1 {
                 logs::Conditions::Workers
             } else {

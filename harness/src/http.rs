@@ -5,6 +5,9 @@ use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
 pub mod headers;
+pub mod metadata;
+
+pub use metadata::DynamicMetadata;
 
 /// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
 /// [`headers`] edits it with Envoy's rules.
@@ -31,6 +34,10 @@ pub struct Request {
     /// Trailers after the body (as an HTTP/2 client or a gRPC call sends them).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub trailers: HeaderMap,
+    /// Dynamic metadata the stream carries before the Wasm filters run (as a filter ahead
+    /// of them would set it), read through the `metadata` property.
+    #[serde(skip_serializing_if = "DynamicMetadata::is_empty")]
+    pub dynamic_metadata: DynamicMetadata,
 }
 
 impl Request {
@@ -59,6 +66,15 @@ impl Request {
     /// The request with one more header (name lower-cased, as HTTP/2 and Envoy have it).
     pub fn header(mut self, name: &str, value: impl Into<Vec<u8>>) -> Self {
         self.headers.push((name.to_ascii_lowercase(), value.into()));
+        self
+    }
+
+    /// The request with `key` set to `value` in the dynamic metadata's `namespace`.
+    pub fn metadata(mut self, namespace: &str, key: &str, value: serde_json::Value) -> Self {
+        self.dynamic_metadata
+            .entry(namespace.to_string())
+            .or_default()
+            .insert(key.to_string(), value);
         self
     }
 

@@ -30,6 +30,9 @@ pub enum TrafficError {
         what: &'static str,
         source: std::io::Error,
     },
+    /// Real Envoy: a request seeds dynamic metadata under a key Envoy was not started with.
+    #[error("the request seeds dynamic metadata {namespace}.{key}, which envoy was not started to seed: pass every request's keys to RealEnvoy::start_seeding")]
+    MetadataNotSeeded { namespace: String, key: String },
     /// Real Envoy never connected to the `tcp_proxy` cluster's upstream.
     #[error("envoy did not connect to the upstream within {}s", .0.as_secs())]
     EnvoyNoUpstream(Duration),

@@ -321,14 +321,21 @@ impl Vm {
         Ok(id)
     }
 
-    /// A new HTTP stream context under `root` (`proxy_on_context_create(stream, root)`).
-    pub fn create_http_context(&mut self, root: u32, connection: host::Connection) -> u32 {
+    /// A new HTTP stream context under `root` (`proxy_on_context_create(stream, root)`),
+    /// on a stream carrying `dynamic_metadata`.
+    pub fn create_http_context(
+        &mut self,
+        root: u32,
+        connection: host::Connection,
+        dynamic_metadata: Arc<crate::http::DynamicMetadata>,
+    ) -> u32 {
         let id = self.alloc_context_id();
         self.state_mut().contexts.insert(
             id,
             ContextKind::Http(Box::new(host::HttpStreamState {
                 root,
                 connection,
+                dynamic_metadata,
                 ..Default::default()
             })),
         );

@@ -1,6 +1,6 @@
-;; An HTTP filter that reads the properties its plugin configuration lists, one path a line
-;; with "/" between the parts (e.g. "xds/route_metadata/filter_metadata/demo/tier"), when the
-;; request headers arrive, and logs what the host answered for each:
+;; An HTTP or network (TCP) filter that reads the properties its plugin configuration lists,
+;; one path a line with "/" between the parts (e.g. "xds/route_metadata/filter_metadata/demo/tier"),
+;; when the request headers arrive or the connection opens, and logs what the host answered:
 ;;   "PATH status=S hex=HEX" (the value's bytes in hex, at most 1024 of them; "-" for none).
 ;; It shows what a host answers for metadata, route and cluster properties without the guest
 ;; having to know their encodings.
@@ -75,6 +75,13 @@
           (br_if $hex (i32.lt_u (local.get $i) (local.get $vn))))))
     (drop (call $log (i32.const 2) (i32.const 2048) (i32.sub (global.get $cur) (i32.const 2048)))))
   (func (export "proxy_on_request_headers") (param $ctx i32) (param $n i32) (param $eos i32) (result i32)
+    (call $probe_all)
+    (i32.const 0))
+  (func (export "proxy_on_new_connection") (param $ctx i32) (result i32)
+    (call $probe_all)
+    (i32.const 0))
+  ;; Probes every path of the plugin configuration.
+  (func $probe_all
     (local $p i32) (local $end i32) (local $q i32)
     (global.set $heap (i32.const 65536))
     (local.set $p (i32.const 16384))
@@ -92,6 +99,5 @@
           (if (i32.gt_u (local.get $q) (local.get $p))
             (then (call $probe (local.get $p) (i32.sub (local.get $q) (local.get $p)))))
           (local.set $p (i32.add (local.get $q) (i32.const 1)))
-          (br $lines))))
-    (i32.const 0))
+          (br $lines)))))
 )

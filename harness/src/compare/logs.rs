@@ -61,6 +61,8 @@ pub enum Conditions {
     /// Several workers: Envoy's kernel, not the harness's round robin, picks the worker of
     /// each connection, so each worker's VM has seen other traffic before this step.
     Workers,
+    /// The request seeds dynamic metadata with a map of several entries.
+    UnorderedMetadata,
 }
 
 /// A line as both sides write it, and the thread it came from (a worker's key: the
@@ -142,6 +144,10 @@ pub fn compare(
         )),
         (false, Conditions::Workers) => LogComparison::CannotCompare(format!(
             "with several workers Envoy's kernel, not the harness's round robin, picks each connection's worker, so a worker's VM has seen other requests before this one (run with one worker to compare exactly) ({})",
+            differences.join("; ")
+        )),
+        (false, Conditions::UnorderedMetadata) => LogComparison::CannotCompare(format!(
+            "the request seeds dynamic metadata with a map of several entries: Envoy lists a protobuf map's entries in no fixed order, the harness in key order ({})",
             differences.join("; ")
         )),
         (false, Conditions::Ticking) => LogComparison::CannotCompare(format!(

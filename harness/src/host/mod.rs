@@ -116,6 +116,8 @@ pub struct HttpStreamState {
     pub continue_request: bool,
     pub continue_response: bool,
     pub reset: bool,
+    /// The stream's dynamic metadata, shared by its contexts (`metadata` property).
+    pub dynamic_metadata: Arc<crate::http::DynamicMetadata>,
 }
 
 /// The downstream connection a stream arrived on, for the `source.*`, `destination.*` and

@@ -5,8 +5,9 @@
 //! as in Envoy. Addresses: the client is 127.0.0.1 with a port per connection, the
 //! destination is the listener's address and port; `filter_state.<key>` reads what
 //! `set_envoy_filter_state` stored (see [`super::filter_state`]); `xds.*` the route, virtual
-//! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, always
-//! empty here. Not modelled: `upstream.*`, `upstream_filter_state`.
+//! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, as the
+//! request seeded it (a TCP connection's is empty). Not modelled: `upstream.*`,
+//! `upstream_filter_state`.
 
 use wasmtime::{Caller, Linker};
 
@@ -14,12 +15,42 @@ mod xds;
 
 use super::{finish, headers, memory, HeaderMap, HostState};
 use crate::abi::Status;
+use crate::http::DynamicMetadata;
 
 fn int(v: i64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
 }
 
-fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
+/// A property's bytes, or Envoy's status for it: NotFound, or SerializationFailure for a
+/// value Envoy cannot serialize (a Struct's `null`, and any map or list holding one).
+fn lookup(state: &HostState, path: &[&str]) -> Result<Vec<u8>, Status> {
+    // The node is local info: every context can read it, a stream or not. Only under `xds`:
+    // Envoy 1.40 answers NotFound for the legacy top-level `node` (checked against it).
+    if let ["xds", "node", rest @ ..] = path {
+        if rest.is_empty() {
+            return Err(Status::NotFound); // Envoy gives the whole Node proto here; not modelled
+        }
+        let mut v = state.shared.node.get().ok_or(Status::NotFound)?;
+        for key in rest {
+            v = v.get(key).ok_or(Status::NotFound)?;
+        }
+        return json_value(v);
+    }
+    if let Some(s) = state.http_stream_ref() {
+        match path {
+            ["xds", rest @ ..] => return xds::lookup(state, s, rest),
+            ["metadata", rest @ ..] => return dynamic_metadata(&s.dynamic_metadata, rest),
+            _ => {}
+        }
+    } else if let (["metadata", rest @ ..], Some(_)) = (path, state.connection()) {
+        // A TCP connection's: nothing the harness runs sets any.
+        return dynamic_metadata(&DynamicMetadata::new(), rest);
+    }
+    plain(state, path).ok_or(Status::NotFound)
+}
+
+/// The properties that are bytes or absent.
+fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
     let id = state.context_id();
     let plugin = state.plugin_of(id);
     match path {
@@ -27,18 +58,6 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         ["plugin_root_id"] => return plugin.map(|p| p.root_id.clone().into_bytes()),
         ["plugin_vm_id"] => return plugin.map(|p| p.vm_id.clone().into_bytes()),
         _ => {}
-    }
-    // The node is local info: every context can read it, a stream or not. Only under `xds`:
-    // Envoy 1.40 answers NotFound for the legacy top-level `node` (checked against it).
-    if let ["xds", "node", rest @ ..] = path {
-        if rest.is_empty() {
-            return None; // Envoy gives the whole Node proto here; not modelled
-        }
-        let mut v = state.shared.node.get()?;
-        for key in rest {
-            v = v.get(key)?;
-        }
-        return json_value(v);
     }
     if let Some(c) = state.connection() {
         let (address, port) = c.destination.as_ref();
@@ -57,15 +76,6 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         }
     }
     let s = state.http_stream_ref()?;
-    match path {
-        ["xds", rest @ ..] => return xds::lookup(state, s, rest),
-        // Only Wasm filters and the router run here, and neither sets dynamic metadata: it
-        // is empty, as Envoy serializes an empty `Metadata` (no bytes, an empty map).
-        ["metadata"] => return Some(Vec::new()),
-        ["metadata", "filter_metadata"] => return json_value(&serde_json::json!({})),
-        ["metadata", ..] => return None,
-        _ => {}
-    }
     let key = path.join("\0");
     if let Some(v) = s.properties.get(&key) {
         return Some(v.clone());
@@ -122,27 +132,65 @@ fn lookup(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
     }
 }
 
-/// A JSON value (protobuf Struct semantics) as Envoy serializes the CEL value it becomes.
-pub(super) fn json_value(v: &serde_json::Value) -> Option<Vec<u8>> {
+/// `metadata.<rest>`: the stream's dynamic metadata, as the request seeded it (only Wasm
+/// filters and the router run here, and neither sets any). The whole message is its protobuf
+/// serialization, `filter_metadata` and below Struct values; nothing fills
+/// `typed_filter_metadata`, an empty map as in Envoy.
+fn dynamic_metadata(metadata: &DynamicMetadata, rest: &[&str]) -> Result<Vec<u8>, Status> {
+    use crate::http::metadata::protobuf_metadata;
+    match rest {
+        [] => Ok(protobuf_metadata(metadata)),
+        ["filter_metadata", keys @ ..] => {
+            let all = serde_json::Value::Object(
+                metadata
+                    .iter()
+                    .map(|(ns, fields)| (ns.clone(), fields.clone().into()))
+                    .collect(),
+            );
+            json_value(below(&all, keys)?)
+        }
+        ["typed_filter_metadata"] => json_value(&serde_json::json!({})),
+        _ => Err(Status::NotFound),
+    }
+}
+
+/// The value at `keys` below `v` (map keys only: Envoy does not index lists by path).
+pub(super) fn below<'v>(
+    v: &'v serde_json::Value,
+    keys: &[&str],
+) -> Result<&'v serde_json::Value, Status> {
+    keys.iter()
+        .try_fold(v, |v, key| v.as_object()?.get(*key))
+        .ok_or(Status::NotFound)
+}
+
+/// A JSON value (protobuf Struct semantics) as Envoy serializes the CEL value it becomes:
+/// a list is pairs of its items' bytes and empty values, and a `null` anywhere does not
+/// serialize.
+pub(super) fn json_value(v: &serde_json::Value) -> Result<Vec<u8>, Status> {
     use serde_json::Value;
-    Some(match v {
+    Ok(match v {
         // The pairs format of no pairs: a zero count (Envoy writes it; `encode_pairs` does not).
         Value::Object(m) if m.is_empty() => vec![0; 4],
         Value::Array(a) if a.is_empty() => vec![0; 4],
         Value::String(s) => s.clone().into_bytes(),
-        Value::Number(n) => n.as_f64()?.to_le_bytes().to_vec(),
+        Value::Number(n) => n
+            .as_f64()
+            .ok_or(Status::SerializationFailure)?
+            .to_le_bytes()
+            .to_vec(),
         Value::Bool(b) => vec![*b as u8],
         Value::Object(m) => crate::abi::encode_pairs(
             &m.iter()
-                .map(|(k, v)| Some((k.clone(), json_value(v)?)))
-                .collect::<Option<Vec<_>>>()?,
+                .map(|(k, v)| Ok((k.clone(), json_value(v)?)))
+                .collect::<Result<Vec<_>, Status>>()?,
         ),
         Value::Array(a) => crate::abi::encode_pairs(
             &a.iter()
-                .map(|v| Some((String::from_utf8(json_value(v)?).ok()?, Vec::new())))
-                .collect::<Option<Vec<_>>>()?,
+                .map(|v| Ok((json_value(v)?, Vec::new())))
+                .collect::<Result<Vec<_>, Status>>()?,
         ),
-        Value::Null => return None,
+        Value::Null => return Err(Status::SerializationFailure),
     })
 }
 
@@ -163,7 +211,7 @@ fn proxy_get_property(
             // Envoy's filter state map cannot list its keys, so it does not serialize.
             return Err(Status::SerializationFailure.into());
         }
-        let value = lookup(caller.data(), &path).ok_or(Status::NotFound)?;
+        let value = lookup(caller.data(), &path)?;
         memory::copy_out(&mut caller, &value, ret_ptr, ret_size)
     })())
 }

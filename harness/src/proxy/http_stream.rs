@@ -162,7 +162,9 @@ impl<'a> HttpStream<'a> {
     }
 
     /// Creates the stream contexts lazily, as Envoy does at the first decode callback.
-    fn setup(&mut self) {
+    /// Envoy creates a context in its filter's first decode callback, after the filters
+    /// ahead of it set the request's dynamic metadata.
+    fn setup(&mut self, metadata: &Arc<crate::http::DynamicMetadata>) {
         let listener = self.listener_index;
         let n = self.worker().slots[listener].len();
         self.contexts = vec![None; n];
@@ -170,7 +172,11 @@ impl<'a> HttpStream<'a> {
             if let Some(slot) = self.worker().slots[listener][i] {
                 if self.worker().vms[slot.vm].failed.is_none() {
                     let conn = self.connection.clone();
-                    let ctx = self.worker().vms[slot.vm].create_http_context(slot.root, conn);
+                    let ctx = self.worker().vms[slot.vm].create_http_context(
+                        slot.root,
+                        conn,
+                        metadata.clone(),
+                    );
                     self.contexts[i] = Some((slot.vm, ctx));
                     self.threads.deliver_posted();
                 }
@@ -294,7 +300,7 @@ impl<'a> HttpStream<'a> {
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
         exchange: &mut Exchange,
     ) -> Result<Response, Halt> {
-        self.setup();
+        self.setup(&Arc::new(request.dynamic_metadata.clone()));
         let n = self.contexts.len();
         let router::Incoming {
             headers,

@@ -11,6 +11,7 @@
 mod client;
 mod h2c;
 pub mod log;
+pub mod metadata;
 mod tcp;
 mod upstream;
 
@@ -106,6 +107,8 @@ pub struct RealEnvoy {
     first_listener: String,
     upstreams: HashMap<String, Arc<Mutex<UpstreamState>>>,
     _dir: tempfile::TempDir,
+    /// The dynamic metadata keys a request may seed (see [`metadata`]).
+    metadata_keys: Vec<(String, String)>,
     pub log_path: PathBuf,
     admin_path: PathBuf,
 }
@@ -122,6 +125,18 @@ impl RealEnvoy {
         bootstrap: &Path,
         workers: usize,
         log_level: crate::abi::LogLevel,
+    ) -> Result<Self, EnvoyError> {
+        Self::start_seeding(envoy, bootstrap, workers, log_level, Vec::new())
+    }
+
+    /// [`RealEnvoy::start_at_level`], ready to seed the dynamic metadata keys `metadata_keys`
+    /// ([`metadata::seeded_keys`] of the requests to send) before the Wasm filters run.
+    pub fn start_seeding(
+        envoy: &Path,
+        bootstrap: &Path,
+        workers: usize,
+        log_level: crate::abi::LogLevel,
+        metadata_keys: Vec<(String, String)>,
     ) -> Result<Self, EnvoyError> {
         let text = crate::input::read_text(bootstrap, crate::input::MAX_CONFIG_BYTES)
             .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
@@ -173,6 +188,7 @@ impl RealEnvoy {
         doc["admin"]["address"] =
             serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": 0}});
         absolutize_wasm_paths(&mut doc);
+        metadata::insert_filter(&mut doc, &metadata_keys);
         let dir = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
         let config = dir.path().join("envoy.json");
         std::fs::write(&config, serde_json::to_vec_pretty(&doc).unwrap_or_default())
@@ -201,6 +217,7 @@ impl RealEnvoy {
             first_listener,
             upstreams,
             _dir: dir,
+            metadata_keys,
             admin_path: admin_path.clone(),
             log_path,
         };
@@ -304,6 +321,7 @@ impl RealEnvoy {
                 (k.clone(), s.seen.len())
             })
             .collect();
+        let request = &metadata::with_headers(request, &self.metadata_keys)?;
         let (response, reset) = match http1_exchange(port, request) {
             Ok(r) => (Some(r), None),
             Err(http1::Http1Error::Closed) => (

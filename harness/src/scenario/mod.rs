@@ -355,6 +355,9 @@ pub struct RequestSpec {
     pub body_chunks: Vec<String>,
     #[serde(default)]
     pub trailers: Headers,
+    /// `{NAMESPACE: {KEY: VALUE}}`: the stream's dynamic metadata when the Wasm filters run.
+    #[serde(default)]
+    pub dynamic_metadata: crate::http::DynamicMetadata,
 }
 
 fn default_method() -> String {
@@ -496,6 +499,7 @@ impl RequestCase {
                 .map(|c| c.clone().into_bytes())
                 .collect(),
             trailers: self.request.trailers.to_map(),
+            dynamic_metadata: self.request.dynamic_metadata.clone(),
         }
     }
 

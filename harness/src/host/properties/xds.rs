@@ -10,8 +10,8 @@
 
 use serde_json::Value;
 
-use super::json_value;
-use crate::abi::LogLevel;
+use super::{below, json_value};
+use crate::abi::{LogLevel, Status};
 use crate::bootstrap::{Bootstrap, Listener, Route, RouteAction};
 use crate::host::{headers, logging, HostState, HttpStreamState};
 
@@ -52,18 +52,19 @@ fn route<'b>(bootstrap: &'b Bootstrap, s: &HttpStreamState) -> Option<(&'b str, 
 }
 
 /// `Metadata` below its message: `filter_metadata` and the keys under it.
-fn metadata(state: &HostState, what: &str, metadata: &Value, rest: &[&str]) -> Option<Vec<u8>> {
+fn metadata(
+    state: &HostState,
+    what: &str,
+    metadata: &Value,
+    rest: &[&str],
+) -> Result<Vec<u8>, Status> {
     match rest {
         ["filter_metadata", keys @ ..] => {
             let all = metadata
                 .get("filter_metadata")
                 .cloned()
                 .unwrap_or_else(|| serde_json::json!({}));
-            let mut v = &all;
-            for key in keys {
-                v = v.get(key)?;
-            }
-            json_value(v)
+            json_value(below(&all, keys)?)
         }
         _ => {
             let part = if rest.is_empty() {
@@ -72,12 +73,12 @@ fn metadata(state: &HostState, what: &str, metadata: &Value, rest: &[&str]) -> O
                 format!("{:?}", rest.join("."))
             };
             not_emulated(state, &format!("xds.{what} ({part})"));
-            None
+            Err(Status::NotFound)
         }
     }
 }
 
-fn not_emulated(state: &HostState, property: &str) {
+pub(super) fn not_emulated(state: &HostState, property: &str) {
     logging::record(
         state,
         LogLevel::Warn,
@@ -86,8 +87,12 @@ fn not_emulated(state: &HostState, property: &str) {
 }
 
 /// `xds.<rest>` for the stream `s`.
-pub(super) fn lookup(state: &HostState, s: &HttpStreamState, rest: &[&str]) -> Option<Vec<u8>> {
-    let bootstrap = state.shared.bootstrap.get()?;
+pub(super) fn lookup(
+    state: &HostState,
+    s: &HttpStreamState,
+    rest: &[&str],
+) -> Result<Vec<u8>, Status> {
+    let bootstrap = state.shared.bootstrap.get().ok_or(Status::NotFound)?;
     let cluster = || {
         let (_, r) = route(bootstrap, s)?;
         match &r.action {
@@ -95,21 +100,23 @@ pub(super) fn lookup(state: &HostState, s: &HttpStreamState, rest: &[&str]) -> O
             RouteAction::Direct { .. } => None,
         }
     };
+    let found = |v: Option<Vec<u8>>| v.ok_or(Status::NotFound);
     match rest {
-        ["route_name"] => route(bootstrap, s).map(|(_, r)| r.xds.name.clone().into_bytes()),
+        ["route_name"] => found(route(bootstrap, s).map(|(_, r)| r.xds.name.clone().into_bytes())),
         ["route_metadata", more @ ..] => {
-            let (_, r) = route(bootstrap, s)?;
+            let (_, r) = route(bootstrap, s).ok_or(Status::NotFound)?;
             metadata(state, "route_metadata", &r.xds.metadata, more)
         }
-        ["virtual_host_name"] => route(bootstrap, s).map(|(vh, _)| vh.as_bytes().to_vec()),
-        ["cluster_name"] => cluster().map(|c| c.name.clone().into_bytes()),
+        ["virtual_host_name"] => found(route(bootstrap, s).map(|(vh, _)| vh.as_bytes().to_vec())),
+        ["cluster_name"] => found(cluster().map(|c| c.name.clone().into_bytes())),
         ["cluster_metadata", more @ ..] => {
-            metadata(state, "cluster_metadata", &cluster()?.metadata, more)
+            let c = cluster().ok_or(Status::NotFound)?;
+            metadata(state, "cluster_metadata", &c.metadata, more)
         }
         [first, ..] if NOT_EMULATED.contains(first) => {
             not_emulated(state, &format!("xds.{first}"));
-            None
+            Err(Status::NotFound)
         }
-        _ => None,
+        _ => Err(Status::NotFound),
     }
 }
