@@ -69,8 +69,6 @@ pub mod scenario;
 pub mod traffic;
 #[doc(hidden)]
 pub mod vm;
-#[doc(hidden)]
-pub mod yaml;
 
 /// The Rust examples of the README and docs/rust-api.md, compiled and run by `cargo test` so
 /// they cannot drift from the API (filter/tests/all/docs.rs checks every other example).

@@ -19,7 +19,7 @@ impl Bootstrap {
                     source,
                 }
             })?;
-        let doc: Value = crate::yaml::from_str(&text).map_err(|e| BootstrapError::Parse {
+        let doc: Value = wasm_common::yaml::from_str(&text).map_err(|e| BootstrapError::Parse {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;

@@ -140,7 +140,7 @@ impl RealEnvoy {
     ) -> Result<Self, EnvoyError> {
         let text = crate::input::read_text(bootstrap, crate::input::MAX_CONFIG_BYTES)
             .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
-        let mut doc: Value = crate::yaml::from_str(&text)
+        let mut doc: Value = wasm_common::yaml::from_str(&text)
             .map_err(|e| io(&format!("{} is not YAML", bootstrap.display()), e))?;
         // The fields rewritten below in the one spelling the harness reads (`listeners` as one
         // map, camelCase names, ...); TypedStructs stay as written, for Envoy to read.

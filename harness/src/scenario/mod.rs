@@ -468,10 +468,11 @@ impl Scenario {
                     source,
                 }
             })?;
-        let mut s: Scenario = crate::yaml::from_str(&text).map_err(|e| ScenarioError::Parse {
-            path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+        let mut s: Scenario =
+            wasm_common::yaml::from_str(&text).map_err(|e| ScenarioError::Parse {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            })?;
         s.path = path.to_path_buf();
         Ok(s)
     }

@@ -578,7 +578,7 @@ fn yaml_aliases_that_multiply_a_bootstrap_or_scenario_are_refused_by_name() {
         let o = harness(&[command, path.to_str().unwrap()]);
         assert_eq!(o.status.code(), Some(2), "{}", text(&o));
         assert!(
-            text(&o).contains("its aliases expand to more than 26013 values (the harness allows one per byte of the file)"),
+            text(&o).contains("its aliases expand to more than 26013 values (one per byte of the file is allowed)"),
             "{command}: {}",
             text(&o)
         );
