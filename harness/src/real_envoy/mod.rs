@@ -73,7 +73,14 @@ pub fn find_envoy() -> Result<PathBuf, EnvoyError> {
 
 /// `envoy --mode validate`: Envoy's own verdict on a bootstrap.
 pub fn validate(envoy: &Path, bootstrap: &Path) -> Result<(), EnvoyError> {
+    validate_in(envoy, bootstrap, Path::new("."))
+}
+
+/// [`validate`], run in `cwd`: the directory the bootstrap's relative module paths are
+/// relative to, as for Envoy itself.
+pub fn validate_in(envoy: &Path, bootstrap: &Path, cwd: &Path) -> Result<(), EnvoyError> {
     let out = Command::new(envoy)
+        .current_dir(cwd)
         .args([
             "--mode",
             "validate",

@@ -5,9 +5,9 @@
 //! bootstrap and a listener-less one run the same in both.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use wasm_harness::compare;
+use wasm_harness::real_envoy::EnvoyError;
 use wasm_harness::{RunOptions, Verdict};
 
 use crate::support::*;
@@ -90,32 +90,22 @@ fn every_bootstrap_passes_envoy_validate_and_the_harness_runs_or_refuses_it_by_f
     let mut refused = 0;
     for path in &all {
         let shown = path.strip_prefix(root()).unwrap().display().to_string();
-        let o = Command::new(envoy())
-            .current_dir(root())
-            .args([
-                "--mode",
-                "validate",
-                "--disable-hot-restart",
-                "-l",
-                "error",
-                "-c",
-            ])
-            .arg(for_envoy(dir.path(), path))
-            .output()
-            .unwrap();
+        let verdict =
+            wasm_harness::real_envoy::validate_in(&envoy(), &for_envoy(dir.path(), path), &root());
         let expect = expected(&std::fs::read_to_string(path).unwrap());
-        if let Expect::PluginRefuses = expect {
-            assert!(
-                !o.status.success() && text(&o).contains("Unable to create Wasm plugin"),
-                "{shown}: Envoy should refuse to start its plugin:\n{}",
-                text(&o)
-            );
-        } else {
-            assert!(
-                o.status.success(),
-                "{shown} failed envoy --mode validate:\n{}",
-                text(&o)
-            );
+        match (&expect, verdict) {
+            (Expect::PluginRefuses, Err(EnvoyError::Rejected(log))) => assert!(
+                log.contains("Unable to create Wasm plugin"),
+                "{shown}: Envoy should refuse to start its plugin:\n{log}"
+            ),
+            (Expect::PluginRefuses, other) => {
+                panic!("{shown}: Envoy should refuse to start its plugin: {other:?}")
+            }
+            (_, verdict) => {
+                if let Err(e) = verdict {
+                    panic!("{shown} failed envoy --mode validate:\n{e}");
+                }
+            }
         }
 
         let o = harness(&["validate", &shown]);
