@@ -8,6 +8,7 @@ mod fields;
 mod model;
 mod parse;
 mod protocol;
+mod routes;
 mod shape;
 mod typed_config;
 

@@ -16,6 +16,7 @@ mod threads;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use wasm_common::sync::lock;
 
 use crate::bootstrap::{Bootstrap, BootstrapError};
 use crate::host::{self, LogRecord, Shared};
@@ -35,7 +36,6 @@ pub use callouts::{
 pub use capacity::MAX_WORKERS;
 pub use events::{DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES, MAX_TICKS_PER_ADVANCE};
 pub(crate) use router::grpc_message_encode;
-pub use router::{select_route, select_virtual_host};
 pub use threads::RELOAD_BACKOFF;
 // Also named here, beside `Proxy::connect` that takes and returns them.
 #[doc(hidden)]
@@ -153,11 +153,7 @@ impl Proxy {
                 .map_err(|e| StartError::Runtime(format!("{e:#}")))?;
         runtime.callback_deadline = options.callback_deadline;
         let shared = Arc::new(Shared::default());
-        shared
-            .log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .set_level(options.log_level);
+        lock(&shared.log).set_level(options.log_level);
         let _ = shared.node.set(bootstrap.node.clone());
         let _ = shared.bootstrap.set(Arc::new(bootstrap.clone()));
         let factory = VmFactory::new(runtime, &bootstrap)?;
@@ -213,12 +209,7 @@ impl Proxy {
             .flat_map(|l| l.plugins())
             .find(|p| &p.name == plugin)
             .map(|p| p.failure_policy);
-        let mut log = self
-            .threads
-            .shared
-            .log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut log = lock(&self.threads.shared.log);
         for (level, message) in crate::vm::failure::refusal(error, policy) {
             log.push(LogRecord {
                 worker: None,
@@ -327,12 +318,7 @@ impl Proxy {
         } else {
             format!("wasmcustom.{name}")
         };
-        let stats = self
-            .threads
-            .shared
-            .stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let stats = lock(&self.threads.shared.stats);
         [
             host::metrics::MetricType::Counter,
             host::metrics::MetricType::Gauge,
@@ -343,12 +329,7 @@ impl Proxy {
 
     /// A shared-data value (per `vm_id`, as Envoy keeps them).
     pub fn shared_data(&self, vm_id: &str, key: &str) -> Option<Vec<u8>> {
-        let data = self
-            .threads
-            .shared
-            .data
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let data = lock(&self.threads.shared.data);
         data.get(vm_id, key).map(|(v, _)| v)
     }
 
@@ -376,33 +357,18 @@ impl Proxy {
 
     /// The log lines after the first `from` (see [`Proxy::log_len`]).
     pub fn logs_since(&self, from: usize) -> Vec<LogRecord> {
-        let log = self
-            .threads
-            .shared
-            .log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let log = lock(&self.threads.shared.log);
         log.records().get(from..).unwrap_or_default().to_vec()
     }
 
     /// What the run's log cap left out so far (see [`host::log_book`]).
     pub fn log_dropped(&self) -> host::log_book::Dropped {
-        self.threads
-            .shared
-            .log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .dropped()
+        lock(&self.threads.shared.log).dropped()
     }
 
     /// How many log lines there are so far: a mark for [`Proxy::logs_since`].
     pub fn log_len(&self) -> usize {
-        self.threads
-            .shared
-            .log
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .len()
+        lock(&self.threads.shared.log).len()
     }
 
     /// The listener's index by name (`None`: the first).

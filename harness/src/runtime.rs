@@ -219,9 +219,9 @@ impl Runtime {
                 message: format!("{e:#}"),
             })?;
         let names_functions = if is_text {
-            wat::parse_bytes(&bytes).is_ok_and(|b| crate::vm::failure::names_functions(&b))
+            wat::parse_bytes(&bytes).is_ok_and(|b| names_functions(&b))
         } else {
-            crate::vm::failure::names_functions(&bytes)
+            names_functions(&bytes)
         };
         Ok(Arc::new(LoadedModule {
             path: path.to_path_buf(),
@@ -279,4 +279,42 @@ pub struct LoadedModule {
     pub names_functions: bool,
     pub code: CodeSource,
     pub(crate) pre: InstancePre<HostState>,
+}
+
+/// Whether the module's `name` section names any function: then V8 prints backtraces.
+fn names_functions(bytes: &[u8]) -> bool {
+    use wasmparser::{Name, NameSectionReader, Parser, Payload};
+    for payload in Parser::new(0).parse_all(bytes) {
+        let Ok(Payload::CustomSection(section)) = payload else {
+            continue;
+        };
+        if section.name() != "name" {
+            continue;
+        }
+        let reader = NameSectionReader::new(wasmparser::BinaryReader::new(
+            section.data(),
+            section.data_offset(),
+        ));
+        for name in reader.into_iter().flatten() {
+            if let Name::Function(map) = name {
+                if map.count() > 0 {
+                    return true;
+                }
+            }
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_section_with_function_names_is_found() {
+        let named = wat::parse_str("(module (func $f))").unwrap();
+        let unnamed = wat::parse_str("(module (func))").unwrap();
+        assert!(names_functions(&named));
+        assert!(!names_functions(&unnamed));
+    }
 }

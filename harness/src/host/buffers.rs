@@ -4,7 +4,7 @@
 
 use wasmtime::{Caller, Linker};
 
-use super::{finish, memory, ContextKind, HostError, HostState};
+use super::{finish, hostcall, memory, ContextKind, HostError, HostState};
 use crate::abi::{BufferType, Status};
 
 /// The buffer's bytes, borrowed (a guest reading a large body piece by piece costs a copy
@@ -74,7 +74,7 @@ fn proxy_get_buffer_bytes(
     ret_ptr: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = BufferType::from_raw(ty).ok_or(Status::BadArgument)?;
         let bytes = buffer_bytes(caller.data(), ty)?;
         let start = start as u32 as usize;
@@ -87,7 +87,7 @@ fn proxy_get_buffer_bytes(
             bytes[start..end].to_vec()
         };
         memory::copy_out(&mut caller, &slice, ret_ptr, ret_size)
-    })())
+    })
 }
 
 fn proxy_get_buffer_status(
@@ -96,13 +96,13 @@ fn proxy_get_buffer_status(
     ret_size: i32,
     ret_flags: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = BufferType::from_raw(ty).ok_or(Status::BadArgument)?;
         let len = buffer_bytes(caller.data(), ty)?.len();
         memory::write_u32(&mut caller, ret_size, len as u32)?;
         // cpp-host never reports the EndOfStream flag.
         memory::write_u32(&mut caller, ret_flags, 0)
-    })())
+    })
 }
 
 /// The most a guest may grow a body or connection buffer to with `proxy_set_buffer_bytes`:
@@ -131,7 +131,7 @@ fn proxy_set_buffer_bytes(
     data_ptr: i32,
     data_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = BufferType::from_raw(ty).ok_or(Status::BadArgument)?;
         let adding = memory::check(&caller, data_ptr, data_size)?;
         if buffer_bytes(caller.data(), ty)
@@ -170,7 +170,7 @@ fn proxy_set_buffer_bytes(
         }
         apply_set(buf, start as u32 as usize, size as u32 as usize, &data)?;
         Ok(())
-    })())
+    })
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {

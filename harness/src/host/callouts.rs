@@ -10,10 +10,11 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
 use super::queues::Receiver;
-use super::{finish, memory, HeaderMap, HostState};
+use super::{finish, hostcall, memory, HeaderMap, HostState};
 use crate::abi::{self, Status};
 
 /// cpp-host numbers callouts in steps of 4; the low bits say which kind a token is.
@@ -149,17 +150,12 @@ fn start(caller: &mut Caller<'_, HostState>, kind: u32, request: CallRequest, he
         worker: state.worker,
         root,
     };
-    state
-        .shared
-        .calls
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .push_back(PendingCall {
-            receiver,
-            token,
-            request,
-            held,
-        });
+    lock(&state.shared.calls).push_back(PendingCall {
+        receiver,
+        token,
+        request,
+        held,
+    });
     state
         .shared
         .posted
@@ -214,15 +210,15 @@ fn proxy_http_call(
             }
             // What Envoy's async client and router add on the way out.
             if !body.is_empty() {
-                super::headers::replace(
+                crate::http::headers::replace(
                     &mut headers,
                     "content-length",
                     body.len().to_string().into_bytes(),
                 );
             }
-            super::headers::replace(&mut headers, "x-envoy-internal", b"true".to_vec());
+            crate::http::headers::replace(&mut headers, "x-envoy-internal", b"true".to_vec());
             if timeout_ms > 0 {
-                super::headers::replace(
+                crate::http::headers::replace(
                     &mut headers,
                     "x-envoy-expected-rq-timeout-ms",
                     timeout_ms.to_string().into_bytes(),
@@ -339,7 +335,7 @@ fn proxy_grpc_stream(
     md_size: i32,
     _ret_token: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let t = grpc_target(
             &caller,
             (up, up_size),
@@ -356,7 +352,7 @@ fn proxy_grpc_stream(
             ),
         );
         Err(Status::InternalFailure.into())
-    })())
+    })
 }
 
 /// Cancels or closes a call: for a unary call both end it (it is never answered).
@@ -379,14 +375,14 @@ fn proxy_grpc_send(
     msg_size: i32,
     _end_stream: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         memory::check(&caller, msg, msg_size)?;
         // Only stream tokens take messages, and no stream is ever open in the harness.
         if token as u32 % CALLOUT_INCREMENT != GRPC_STREAM {
             return Err(Status::BadArgument.into());
         }
         Err(Status::NotFound.into())
-    })())
+    })
 }
 
 /// `proxy_get_status`: the owning root's last callout status; `(0, "")` until one failed.
@@ -396,7 +392,7 @@ fn proxy_get_status(
     msg_ptr: i32,
     msg_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let state = caller.data();
         let root = state.root_of(state.context_id()).unwrap_or(0);
         let (code, message) = state
@@ -407,7 +403,7 @@ fn proxy_get_status(
             .unwrap_or_default();
         memory::write_u32(&mut caller, code_ptr, code)?;
         memory::copy_out(&mut caller, &message, msg_ptr, msg_size)
-    })())
+    })
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {

@@ -14,7 +14,7 @@ use std::io::{Read, Write};
 use wasmtime::{Caller, Linker};
 
 use super::filter_state::{FilterState, Refusal, MAX_FILTER_STATE_BYTES};
-use super::{finish, logging, memory, HostError, HostState};
+use super::{hostcall, logging, memory, HostError, HostState};
 use crate::abi::{LogLevel, Status};
 
 /// Registered in Envoy, not emulated here.
@@ -83,7 +83,7 @@ fn proxy_call_foreign_function(
     ret_ptr: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| -> Result<(), HostError> {
+    hostcall(|| -> Result<(), HostError> {
         let name = memory::read_string(&caller, name, name_size)?;
         let args = memory::read(&caller, args, args_size)?;
         if ENVOY_ONLY.contains(&name.as_str()) {
@@ -122,7 +122,7 @@ fn proxy_call_foreign_function(
             memory::write_u32(&mut caller, ret_size, result.len() as u32)?;
         }
         outcome.map(|_| ()).map_err(Into::into)
-    })())
+    })
 }
 
 /// `SetEnvoyFilterStateArguments` (`path` = 1, `value` = 2, `span` = 3) from protobuf wire

@@ -4,7 +4,7 @@
 
 use wasmtime::{Caller, Linker};
 
-use super::{finish, memory, ContextKind, HeaderMap, HostState};
+use super::{finish, hostcall, memory, ContextKind, HeaderMap, HostState};
 use crate::abi::{self, AbiVersion, MapType, Status};
 
 fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
@@ -46,7 +46,7 @@ fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
     }
 }
 
-pub use crate::http::headers::{add, get, remove, replace};
+use crate::http::headers::{add, get, remove, replace};
 
 fn map_type(raw: i32) -> Result<MapType, Status> {
     MapType::from_raw(raw).ok_or(Status::BadArgument)
@@ -58,13 +58,13 @@ fn proxy_get_header_map_pairs(
     ret_ptr: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = map_type(ty)?;
         let bytes = map_ref(caller.data(), ty)
             .map(|m| abi::encode_pairs(m))
             .unwrap_or_default();
         memory::copy_out(&mut caller, &bytes, ret_ptr, ret_size)
-    })())
+    })
 }
 
 fn proxy_set_header_map_pairs(
@@ -73,7 +73,7 @@ fn proxy_set_header_map_pairs(
     ptr: i32,
     size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = map_type(ty)?;
         let pairs = abi::decode_pairs(&memory::read(&caller, ptr, size)?);
         let map = map_mut(caller.data_mut(), ty).ok_or(Status::BadArgument)?;
@@ -82,7 +82,7 @@ fn proxy_set_header_map_pairs(
             add(map, k, v);
         }
         Ok(())
-    })())
+    })
 }
 
 fn proxy_get_header_map_value(
@@ -93,7 +93,7 @@ fn proxy_get_header_map_value(
     ret_ptr: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = map_type(ty)?;
         let value = memory::with_str(&mut caller, key_ptr, key_size, |key, state| {
             let map = map_ref(state, ty).ok_or(Status::BadArgument)?;
@@ -105,7 +105,7 @@ fn proxy_get_header_map_value(
             }
         })??;
         memory::copy_out(&mut caller, &value, ret_ptr, ret_size)
-    })())
+    })
 }
 
 /// The most entries a header map may reach through `proxy_add_header_map_value` /
@@ -209,14 +209,14 @@ fn proxy_remove_header_map_value(
     key_ptr: i32,
     key_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = map_type(ty)?;
         memory::with_str(&mut caller, key_ptr, key_size, |key, state| {
             remove(map_mut(state, ty).ok_or(Status::BadArgument)?, key);
             Ok::<_, Status>(())
         })??;
         Ok(())
-    })())
+    })
 }
 
 /// Envoy answers with `HeaderMap::byteSize()` (keys plus values), not the serialized size.
@@ -225,7 +225,7 @@ fn proxy_get_header_map_size(
     ty: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = map_type(ty)?;
         if !matches!(
             ty,
@@ -242,7 +242,7 @@ fn proxy_get_header_map_size(
             .map(|(k, v)| k.len() + v.len())
             .sum();
         memory::write_u32(&mut caller, ret_size, size as u32)
-    })())
+    })
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {

@@ -6,10 +6,11 @@
 //! Envoy's log level (`-l`, default `info`) is the run's ([`LogBook::level`]): lines below it
 //! are not written, as in Envoy, and `proxy_get_log_level` answers it.
 
+use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
 use super::log_book::LogBook;
-use super::{finish, memory, HostState};
+use super::{finish, hostcall, memory, HostState};
 use crate::abi::{LogLevel, Status};
 
 /// Who wrote a log line.
@@ -117,7 +118,7 @@ fn push(state: &HostState, level: LogLevel, source: LogSource, message: String) 
 }
 
 fn book(state: &HostState) -> std::sync::MutexGuard<'_, LogBook> {
-    state.shared.log.lock().unwrap_or_else(|e| e.into_inner())
+    lock(&state.shared.log)
 }
 
 /// Whether a guest line at `level` would be written (Envoy's log level lets it through).
@@ -146,7 +147,7 @@ fn proxy_log(
     ptr: i32,
     len: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let level = LogLevel::from_raw(level).ok_or(Status::BadArgument)?;
         // Past the cap the message is not copied at all, only checked and counted.
         let size = memory::check(&caller, ptr, len)?;
@@ -160,7 +161,7 @@ fn proxy_log(
         let msg = memory::read_string(&caller, ptr, len)?;
         guest(caller.data(), level, msg);
         Ok(())
-    })())
+    })
 }
 
 fn proxy_get_log_level(mut caller: Caller<'_, HostState>, ret: i32) -> wasmtime::Result<i32> {

@@ -6,9 +6,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
-use super::{finish, memory, HostState};
+use super::{finish, hostcall, memory, HostState};
 use crate::abi::Status;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -62,18 +63,14 @@ impl Metrics {
         self.next += 1;
         let id = (self.next << 2) | ty as u32;
         let key = (ty, format!("wasmcustom.{name}"));
-        self.stats
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .entry(key.clone())
-            .or_default();
+        lock(&self.stats).entry(key.clone()).or_default();
         self.by_id.insert(id, key);
         id
     }
 
     fn with<T>(&self, id: u32, f: impl FnOnce(MetricType, &mut Stat) -> T) -> Result<T, Status> {
         let key = self.by_id.get(&id).ok_or(Status::NotFound)?;
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stats = lock(&self.stats);
         Ok(f(key.0, stats.entry(key.clone()).or_default()))
     }
 
@@ -118,7 +115,7 @@ fn proxy_define_metric(
     name_size: i32,
     ret_id: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let ty = match ty {
             0 => MetricType::Counter,
             1 => MetricType::Gauge,
@@ -131,7 +128,7 @@ fn proxy_define_metric(
         let name = memory::read_string(&caller, name_ptr, name_size)?;
         let id = caller.data_mut().metrics.define(ty, &name);
         memory::write_u32(&mut caller, ret_id, id)
-    })())
+    })
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
@@ -164,10 +161,10 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         "env",
         "proxy_get_metric",
         |mut c: Caller<'_, HostState>, id: i32, ret: i32| {
-            finish((|| {
+            hostcall(|| {
                 let v = c.data().metrics.get(id as u32)?;
                 memory::write_u64(&mut c, ret, v)
-            })())
+            })
         },
     )?;
     Ok(())

@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use wasm_common::sync::lock;
 use wasmtime::{Linker, Memory, StoreLimits, TypedFunc};
 
 use crate::abi::{AbiVersion, Status};
@@ -67,10 +68,7 @@ impl Shared {
 
     /// Nanoseconds since the harness started, on the virtual clock.
     pub fn monotonic_nanos(&self) -> u64 {
-        self.clock
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .monotonic_nanos()
+        lock(&self.clock).monotonic_nanos()
     }
 }
 
@@ -148,7 +146,7 @@ impl Connection {
 
     /// Runs `f` on the connection's filter state.
     pub fn with_filter_state<T>(&self, f: impl FnOnce(&mut filter_state::FilterState) -> T) -> T {
-        f(&mut self.filter_state.lock().unwrap_or_else(|e| e.into_inner()))
+        f(&mut lock(&self.filter_state))
     }
 }
 
@@ -351,6 +349,12 @@ pub fn finish(r: Result<(), HostError>) -> wasmtime::Result<i32> {
         Err(HostError::Status(s)) => Ok(s.code()),
         Err(HostError::Trap(e)) => Err(e),
     }
+}
+
+/// Runs a hostcall's body, whose `?` exits with a status or a trap, and answers the guest
+/// as [`finish`] does.
+pub fn hostcall(body: impl FnOnce() -> Result<(), HostError>) -> wasmtime::Result<i32> {
+    finish(body())
 }
 
 /// Registers every hostcall family the harness implements.

@@ -13,9 +13,9 @@ use wasmtime::{Caller, Linker};
 
 mod xds;
 
-use super::{finish, headers, memory, HeaderMap, HostState};
+use super::{hostcall, memory, HeaderMap, HostState};
 use crate::abi::Status;
-use crate::http::DynamicMetadata;
+use crate::http::{headers, DynamicMetadata};
 
 fn int(v: i64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
@@ -201,7 +201,7 @@ fn proxy_get_property(
     ret_ptr: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let raw = memory::read_string(&caller, path_ptr, path_size)?;
         if raw.is_empty() {
             return Err(Status::SerializationFailure.into());
@@ -213,7 +213,7 @@ fn proxy_get_property(
         }
         let value = lookup(caller.data(), &path)?;
         memory::copy_out(&mut caller, &value, ret_ptr, ret_size)
-    })())
+    })
 }
 
 /// Envoy keeps set properties in the stream's filter state; without a stream it is NotFound.
@@ -224,7 +224,7 @@ fn proxy_set_property(
     value_ptr: i32,
     value_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let adding = memory::check(&caller, path_ptr, path_size)?
             + memory::check(&caller, value_ptr, value_size)?;
         let s = caller.data_mut().http_stream().ok_or(Status::NotFound)?;
@@ -244,7 +244,7 @@ fn proxy_set_property(
         let s = caller.data_mut().http_stream().ok_or(Status::NotFound)?;
         s.properties.insert(path, value);
         Ok(())
-    })())
+    })
 }
 
 /// The most bytes of paths and values a stream's properties (Envoy's filter state) may hold.

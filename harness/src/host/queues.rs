@@ -5,9 +5,10 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
-use super::{finish, held, memory, shared_data::vm_id, HostState};
+use super::{held, hostcall, memory, shared_data::vm_id, HostState};
 use crate::abi::Status;
 
 /// Who gets a queue's notifications: a root context in one VM instance.
@@ -92,7 +93,7 @@ fn proxy_register_shared_queue(
     name_size: i32,
     ret_token: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let name = memory::read_string(&caller, name_ptr, name_size)?;
         let state = caller.data();
         let receiver = Receiver {
@@ -101,11 +102,7 @@ fn proxy_register_shared_queue(
             root: state.root_of(state.context_id()).unwrap_or(0),
         };
         let vm = vm_id(state);
-        let mut queues = state
-            .shared
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut queues = lock(&state.shared.queues);
         if queues.find(&vm, &name).is_none() {
             // A new queue lives as long as the proxy: its names are held like its items.
             let size = vm.len() + name.len() + held::ENTRY_OVERHEAD;
@@ -114,7 +111,7 @@ fn proxy_register_shared_queue(
         let token = queues.register(&vm, &name, receiver);
         drop(queues);
         memory::write_u32(&mut caller, ret_token, token)
-    })())
+    })
 }
 
 fn proxy_resolve_shared_queue(
@@ -125,22 +122,17 @@ fn proxy_resolve_shared_queue(
     name_size: i32,
     ret_token: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let mut vm = memory::read_string(&caller, vm_ptr, vm_size)?;
         let name = memory::read_string(&caller, name_ptr, name_size)?;
         if vm.is_empty() {
             vm = vm_id(caller.data());
         }
-        let token = caller
-            .data()
-            .shared
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let token = lock(&caller.data().shared.queues)
             .find(&vm, &name)
             .ok_or(Status::NotFound)?;
         memory::write_u32(&mut caller, ret_token, token)
-    })())
+    })
 }
 
 fn proxy_enqueue_shared_queue(
@@ -149,11 +141,10 @@ fn proxy_enqueue_shared_queue(
     value_ptr: i32,
     value_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let size = memory::check(&caller, value_ptr, value_size)? + held::ENTRY_OVERHEAD;
         let token = token as u32;
-        let known = (caller.data().shared.queues.lock())
-            .unwrap_or_else(|e| e.into_inner())
+        let known = lock(&caller.data().shared.queues)
             .by_token
             .contains_key(&token);
         if !known {
@@ -161,12 +152,7 @@ fn proxy_enqueue_shared_queue(
         }
         held::hold(caller.data(), size, "proxy_enqueue_shared_queue")?;
         let value = memory::read(&caller, value_ptr, value_size)?;
-        let mut queues = caller
-            .data()
-            .shared
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let mut queues = lock(&caller.data().shared.queues);
         let Some(q) = queues.by_token.get_mut(&token) else {
             caller.data().shared.held.release(size);
             return Err(Status::NotFound.into());
@@ -180,7 +166,7 @@ fn proxy_enqueue_shared_queue(
             .posted
             .store(true, std::sync::atomic::Ordering::Release);
         Ok(())
-    })())
+    })
 }
 
 fn proxy_dequeue_shared_queue(
@@ -189,14 +175,9 @@ fn proxy_dequeue_shared_queue(
     ret_ptr: i32,
     ret_size: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let item = {
-            let mut queues = caller
-                .data()
-                .shared
-                .queues
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut queues = lock(&caller.data().shared.queues);
             let q = queues
                 .by_token
                 .get_mut(&(token as u32))
@@ -209,7 +190,7 @@ fn proxy_dequeue_shared_queue(
             .held
             .release(item.len() + held::ENTRY_OVERHEAD);
         memory::copy_out(&mut caller, &item, ret_ptr, ret_size)
-    })())
+    })
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {

@@ -4,9 +4,10 @@
 
 use std::collections::HashMap;
 
+use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
-use super::{finish, held, memory, HostState};
+use super::{held, hostcall, memory, HostState};
 use crate::abi::Status;
 
 #[derive(Debug)]
@@ -92,20 +93,14 @@ fn proxy_get_shared_data(
     ret_size: i32,
     ret_cas: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let key = memory::read_string(&caller, key_ptr, key_size)?;
         let vm = vm_id(caller.data());
-        let found = caller
-            .data()
-            .shared
-            .data
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&vm, &key);
+        let found = lock(&caller.data().shared.data).get(&vm, &key);
         let (value, cas) = found.ok_or(Status::NotFound)?;
         memory::copy_out(&mut caller, &value, ret_ptr, ret_size)?;
         memory::write_u32(&mut caller, ret_cas, cas)
-    })())
+    })
 }
 
 fn proxy_set_shared_data(
@@ -116,7 +111,7 @@ fn proxy_set_shared_data(
     value_size: i32,
     cas: i32,
 ) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         let size = memory::check(&caller, key_ptr, key_size)?
             + memory::check(&caller, value_ptr, value_size)?
             + held::ENTRY_OVERHEAD;
@@ -125,13 +120,7 @@ fn proxy_set_shared_data(
             let key = memory::read_string(&caller, key_ptr, key_size)?;
             let value = memory::read(&caller, value_ptr, value_size)?;
             let vm = vm_id(caller.data());
-            let replaced = caller
-                .data()
-                .shared
-                .data
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .set(&vm, &key, value, cas as u32)?;
+            let replaced = lock(&caller.data().shared.data).set(&vm, &key, value, cas as u32)?;
             Ok(replaced)
         })();
         // What is no longer held: the value replaced, or the new one if it was not stored.
@@ -141,7 +130,7 @@ fn proxy_set_shared_data(
         };
         caller.data().shared.held.release(freed);
         stored.map(|_| ())
-    })())
+    })
 }
 
 pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {

@@ -4,7 +4,7 @@
 
 use wasmtime::{Caller, Linker};
 
-use super::{finish, memory, HostState, LocalReply};
+use super::{finish, hostcall, memory, HostState, LocalReply};
 use crate::abi::{self, Status, StreamType};
 
 #[allow(clippy::too_many_arguments)]
@@ -20,7 +20,7 @@ fn proxy_send_local_response(
     grpc_status: i32,
 ) -> wasmtime::Result<i32> {
     let mut caller = caller;
-    finish((|| {
+    hostcall(|| {
         let details = memory::read_string(&caller, details_ptr, details_size)?;
         let body = memory::read(&caller, body_ptr, body_size)?;
         let headers = abi::decode_pairs(&memory::read(&caller, headers_ptr, headers_size)?)
@@ -44,7 +44,7 @@ fn proxy_send_local_response(
             });
         }
         Ok(())
-    })())
+    })
 }
 
 fn continue_stream(state: &mut HostState, ty: StreamType) -> Result<(), Status> {
@@ -79,7 +79,7 @@ fn proxy_continue_stream(mut caller: Caller<'_, HostState>, ty: i32) -> wasmtime
 }
 
 fn proxy_close_stream(mut caller: Caller<'_, HostState>, ty: i32) -> wasmtime::Result<i32> {
-    finish((|| {
+    hostcall(|| {
         StreamType::from_raw(ty).ok_or(Status::BadArgument)?;
         let state = caller.data_mut();
         if let Some(s) = state.http_stream() {
@@ -88,7 +88,7 @@ fn proxy_close_stream(mut caller: Caller<'_, HostState>, ty: i32) -> wasmtime::R
             s.close = true;
         }
         Ok(())
-    })())
+    })
 }
 
 fn proxy_continue_request(mut caller: Caller<'_, HostState>) -> wasmtime::Result<i32> {

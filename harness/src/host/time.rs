@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
 use super::{finish, memory, HostState};
@@ -70,21 +71,11 @@ fn ms_to_nanos(ms: u32) -> u64 {
 }
 
 pub fn wall_nanos(state: &HostState) -> u64 {
-    state
-        .shared
-        .clock
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .wall_nanos()
+    lock(&state.shared.clock).wall_nanos()
 }
 
 pub fn monotonic_nanos(state: &HostState) -> u64 {
-    state
-        .shared
-        .clock
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .monotonic_nanos()
+    lock(&state.shared.clock).monotonic_nanos()
 }
 
 fn proxy_get_current_time_nanoseconds(

@@ -15,6 +15,7 @@ use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
+use wasm_common::sync::lock;
 
 use super::threads::{Dispatcher, Threads};
 use crate::bootstrap::Bootstrap;
@@ -275,7 +276,7 @@ impl Callouts {
                 return;
             };
             let answer = self.answer(&call.request, deadline);
-            *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(answer);
+            *lock(&slots[i]) = Some(answer);
         };
         std::thread::scope(|scope| {
             // This thread works too, so a refused spawn only means less concurrency.
@@ -451,7 +452,7 @@ pub(super) fn deliver_calls(threads: &mut Threads, limit: usize, deadline: Insta
         ..
     } = threads;
     let mut batch: Vec<PendingCall> = {
-        let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = lock(&shared.calls);
         let n = pending.len().min(limit);
         pending.drain(..n).collect()
     };

@@ -7,6 +7,7 @@
 //! entered while it is executing.
 
 use std::time::{Duration, Instant};
+use wasm_common::sync::lock;
 
 use super::callouts;
 use super::threads::Threads;
@@ -90,7 +91,7 @@ pub(super) fn deliver_all(threads: &mut Threads) {
         return;
     }
     let shared = threads.shared.clone();
-    let pending_at_start = shared.calls.lock().unwrap_or_else(|e| e.into_inner()).len();
+    let pending_at_start = lock(&shared.calls).len();
     let deadline = Instant::now() + threads.callouts.budget;
     let mut total = callouts::Delivered::default();
     let at = || format_duration(Duration::from_nanos(shared.monotonic_nanos()));
@@ -98,7 +99,7 @@ pub(super) fn deliver_all(threads: &mut Threads) {
         if let Err(e) = deliver_queue_ready(threads) {
             threads.errors.push(e);
         }
-        let mut pending = shared.calls.lock().unwrap_or_else(|e| e.into_inner());
+        let mut pending = lock(&shared.calls);
         if pending.is_empty() {
             break;
         }
@@ -141,17 +142,12 @@ pub(super) fn deliver_queue_ready(threads: &mut Threads) -> Result<usize, Delive
     let mut delivered = 0;
     loop {
         // The lock is released before calling the guest, which may enqueue or dequeue.
-        let next = shared
-            .queues
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .ready
-            .pop_front();
+        let next = lock(&shared.queues).ready.pop_front();
         let Some(n) = next else {
             return Ok(delivered);
         };
         if delivered == MAX_QUEUE_DELIVERIES {
-            let mut queues = shared.queues.lock().unwrap_or_else(|e| e.into_inner());
+            let mut queues = lock(&shared.queues);
             let dropped = queues.ready.len() + 1;
             queues.ready.clear();
             return Err(DeliveryError::QueueStorm {
@@ -215,12 +211,7 @@ pub(super) fn advance(threads: &mut Threads, by: Duration) -> usize {
 }
 
 fn set_clock(threads: &Threads, nanos: u64) {
-    threads
-        .shared
-        .clock
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .set_monotonic_nanos(nanos);
+    lock(&threads.shared.clock).set_monotonic_nanos(nanos);
 }
 
 /// Whether any live VM has a timer armed (in real Envoy it fires in real time, during any

@@ -5,9 +5,7 @@
 
 use std::fmt::Write as _;
 
-use crate::bootstrap::{
-    Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, UpstreamProtocol, VirtualHost,
-};
+use crate::bootstrap::{Bootstrap, RouteAction, RouteConfig, UpstreamProtocol};
 use crate::host::LocalReply;
 use crate::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
 
@@ -73,7 +71,7 @@ pub(super) fn route(
         let authority =
             String::from_utf8_lossy(headers::get(headers, ":authority").unwrap_or_default());
         let path = String::from_utf8_lossy(headers::get(headers, ":path").unwrap_or_default());
-        select_route(routes, &authority, &path).map(|r| r.action.clone())
+        routes.route(&authority, &path).map(|r| r.action.clone())
     };
     match action {
         None => Routed::Reply(
@@ -95,67 +93,6 @@ pub(super) fn route(
             Routed::Upstream(cluster)
         }
     }
-}
-
-/// Envoy's virtual host selection: exact domain, then the longest `*.suffix` / `suffix`
-/// wildcard, then the longest `prefix*` wildcard, then `*`.
-pub fn select_virtual_host<'r>(
-    routes: &'r RouteConfig,
-    authority: &str,
-) -> Option<&'r VirtualHost> {
-    let host = authority.to_ascii_lowercase();
-    let exact = routes
-        .virtual_hosts
-        .iter()
-        .find(|vh| vh.domains.contains(&host));
-    if exact.is_some() {
-        return exact;
-    }
-    let best = |pick: &dyn Fn(&str) -> Option<usize>| {
-        routes
-            .virtual_hosts
-            .iter()
-            .filter_map(|vh| {
-                vh.domains
-                    .iter()
-                    .filter_map(|d| pick(d))
-                    .max()
-                    .map(|n| (n, vh))
-            })
-            .max_by_key(|(n, _)| *n)
-            .map(|(_, vh)| vh)
-    };
-    best(&|d: &str| {
-        let suffix = d.strip_prefix('*')?;
-        (!suffix.is_empty() && host.ends_with(suffix) && host.len() > suffix.len())
-            .then_some(suffix.len())
-    })
-    .or_else(|| {
-        best(&|d: &str| {
-            let prefix = d.strip_suffix('*')?;
-            (!prefix.is_empty() && host.starts_with(prefix) && host.len() > prefix.len())
-                .then_some(prefix.len())
-        })
-    })
-    .or_else(|| {
-        routes
-            .virtual_hosts
-            .iter()
-            .find(|vh| vh.domains.iter().any(|d| d == "*"))
-    })
-}
-
-/// The first route of the matching virtual host whose match accepts the path (query string
-/// excluded, as Envoy does for `path` and `prefix`).
-pub fn select_route<'r>(routes: &'r RouteConfig, authority: &str, path: &str) -> Option<&'r Route> {
-    let path = path.split(['?', '#']).next().unwrap_or_default();
-    select_virtual_host(routes, authority)?
-        .routes
-        .iter()
-        .find(|r| match &r.matcher {
-            RouteMatch::Prefix(p) => path.starts_with(p.as_str()),
-            RouteMatch::Path(p) => path == p,
-        })
 }
 
 /// The `x-request-id` Envoy would generate: a UUID's shape, numbered by request so that runs
@@ -375,67 +312,5 @@ pub(super) fn finalize_downstream(response: &mut Response) {
         response
             .headers
             .push(("content-length".into(), b"0".to_vec()));
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn host(name: &str, domains: &[&str], routes: Vec<Route>) -> VirtualHost {
-        VirtualHost {
-            name: name.into(),
-            domains: domains.iter().map(|d| d.to_string()).collect(),
-            routes,
-        }
-    }
-
-    fn to_cluster(matcher: RouteMatch, cluster: &str) -> Route {
-        Route {
-            matcher,
-            action: RouteAction::Cluster(cluster.into()),
-            xds: Default::default(),
-        }
-    }
-
-    #[test]
-    fn routes_by_domain_and_path() {
-        let rc = RouteConfig {
-            virtual_hosts: vec![
-                host(
-                    "all",
-                    &["*"],
-                    vec![
-                        Route {
-                            matcher: RouteMatch::Path("/local".into()),
-                            action: RouteAction::Direct {
-                                status: 200,
-                                body: b"hi".to_vec(),
-                            },
-                            xds: Default::default(),
-                        },
-                        to_cluster(RouteMatch::Prefix("/".into()), "backend"),
-                    ],
-                ),
-                host(
-                    "api",
-                    &["api.example.com", "*.example.com"],
-                    vec![to_cluster(RouteMatch::Prefix("/".into()), "api")],
-                ),
-            ],
-        };
-        assert!(matches!(
-            select_route(&rc, "x.test", "/local").unwrap().action,
-            RouteAction::Direct { status: 200, .. }
-        ));
-        assert!(
-            matches!(&select_route(&rc, "x.test", "/local/more?q").unwrap().action, RouteAction::Cluster(c) if c == "backend")
-        );
-        assert!(
-            matches!(&select_route(&rc, "API.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
-        );
-        assert!(
-            matches!(&select_route(&rc, "www.example.com", "/").unwrap().action, RouteAction::Cluster(c) if c == "api")
-        );
     }
 }

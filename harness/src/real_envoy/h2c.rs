@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use h2::server::SendResponse;
+use wasm_common::sync::lock;
 
 use super::upstream::{UpstreamAnswer, UpstreamState, IDLE};
 use super::MAX_BODY_BYTES;
@@ -56,7 +57,7 @@ pub(super) fn serve(conn: TcpStream, cluster: &str, state: &Arc<Mutex<UpstreamSt
                 let Some(seen) = read_request(request, &cluster).await else {
                     return;
                 };
-                let answer = state.lock().unwrap_or_else(|e| e.into_inner()).answer(seen);
+                let answer = lock(&state).answer(seen);
                 if matches!(answer, UpstreamAnswer::Close) {
                     hang_up.notify_one();
                     // Holding the stream open: dropping it now would reset it before the

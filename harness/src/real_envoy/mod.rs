@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use wasm_common::sync::lock;
 
 use crate::http::{
     CallRecord, CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, UpstreamReply,
@@ -321,7 +322,7 @@ impl RealEnvoy {
             .upstreams
             .iter()
             .map(|(k, s)| {
-                let mut s = s.lock().unwrap_or_else(|e| e.into_inner());
+                let mut s = lock(&s);
                 s.reply = reply.clone();
                 s.calls = canned.http.clone();
                 s.grpc_calls = canned.grpc.clone();
@@ -339,7 +340,7 @@ impl RealEnvoy {
         };
         let mut seen: Vec<(u64, SeenRequest)> = Vec::new();
         for (k, s) in &self.upstreams {
-            let s = s.lock().unwrap_or_else(|e| e.into_inner());
+            let s = lock(&s);
             seen.extend(s.seen[before[k]..].iter().cloned());
         }
         seen.sort_by_key(|(n, _)| *n);

@@ -3,6 +3,7 @@
 use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::time::Duration;
+use wasm_common::sync::lock;
 
 use super::RealEnvoy;
 use crate::proxy::{TcpEvent, TcpOutcome};
@@ -32,7 +33,7 @@ impl RealEnvoy {
         let mut taps = Vec::new();
         for (cluster, s) in &self.upstreams {
             let (tx, rx) = std::sync::mpsc::channel();
-            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = Some(tx);
+            lock(&s).tcp_handoff = Some(tx);
             taps.push((cluster.clone(), rx));
         }
         let result = (|| {
@@ -80,7 +81,7 @@ impl RealEnvoy {
             Ok(out)
         })();
         for s in self.upstreams.values() {
-            s.lock().unwrap_or_else(|e| e.into_inner()).tcp_handoff = None;
+            lock(&s).tcp_handoff = None;
         }
         result
     }

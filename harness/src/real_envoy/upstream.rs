@@ -12,6 +12,7 @@ use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use wasm_common::sync::lock;
 
 use super::{h2c, io, EnvoyError, MAX_BODY_BYTES};
 use crate::http::{
@@ -133,11 +134,7 @@ impl Upstream {
             .port();
         std::thread::spawn(move || {
             for conn in listener.incoming().flatten() {
-                let handoff = state
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .tcp_handoff
-                    .clone();
+                let handoff = lock(&state).tcp_handoff.clone();
                 if let Some(tx) = handoff {
                     let _ = tx.send(conn);
                     continue;
@@ -178,15 +175,12 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
         else {
             return;
         };
-        let answer = state
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .answer(SeenRequest {
-                cluster: cluster.to_string(),
-                headers: request.headers,
-                body: request.body,
-                trailers: request.trailers,
-            });
+        let answer = lock(&state).answer(SeenRequest {
+            cluster: cluster.to_string(),
+            headers: request.headers,
+            body: request.body,
+            trailers: request.trailers,
+        });
         let reply = match answer {
             UpstreamAnswer::Reply(r) => r,
             // gRPC needs HTTP/2 (trailers): over HTTP/1.1 a gRPC callout is not answered.

@@ -67,31 +67,6 @@ pub fn describe(function: &str, error: &wasmtime::Error, names: bool) -> String 
     message
 }
 
-/// Whether the module's `name` section names any function: then V8 prints backtraces.
-pub fn names_functions(bytes: &[u8]) -> bool {
-    use wasmparser::{Name, NameSectionReader, Parser, Payload};
-    for payload in Parser::new(0).parse_all(bytes) {
-        let Ok(Payload::CustomSection(section)) = payload else {
-            continue;
-        };
-        if section.name() != "name" {
-            continue;
-        }
-        let reader = NameSectionReader::new(wasmparser::BinaryReader::new(
-            section.data(),
-            section.data_offset(),
-        ));
-        for name in reader.into_iter().flatten() {
-            if let Name::Function(map) = name {
-                if map.count() > 0 {
-                    return true;
-                }
-            }
-        }
-    }
-    false
-}
-
 /// What Envoy logs, after the guest's own lines and the trap if any, when the canary refuses
 /// a plugin and Envoy refuses the configuration (checked against Envoy 1.40; the last line's
 /// own words are `error `Unable to create Wasm plugin NAME` initializing config '...'`).
@@ -126,17 +101,4 @@ pub fn refusal(error: &PluginStartError, policy: Option<FailurePolicy>) -> Vec<(
         format!("Unable to create Wasm plugin {plugin}"),
     ));
     lines
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_name_section_with_function_names_is_found() {
-        let named = wat::parse_str("(module (func $f))").unwrap();
-        let unnamed = wat::parse_str("(module (func))").unwrap();
-        assert!(names_functions(&named));
-        assert!(!names_functions(&unnamed));
-    }
 }

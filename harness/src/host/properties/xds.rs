@@ -13,7 +13,8 @@ use serde_json::Value;
 use super::{below, json_value};
 use crate::abi::{LogLevel, Status};
 use crate::bootstrap::{Bootstrap, Listener, Route, RouteAction};
-use crate::host::{headers, logging, HostState, HttpStreamState};
+use crate::host::{logging, HostState, HttpStreamState};
+use crate::http::headers;
 
 /// `xds` attributes Envoy 1.40 has that the harness does not answer.
 const NOT_EMULATED: &[&str] = &[
@@ -46,8 +47,8 @@ fn route<'b>(bootstrap: &'b Bootstrap, s: &HttpStreamState) -> Option<(&'b str, 
             .unwrap_or_default()
     };
     let (authority, path) = (text(":authority"), text(":path"));
-    let vh = crate::proxy::select_virtual_host(routes, &authority)?;
-    let route = crate::proxy::select_route(routes, &authority, &path)?;
+    let vh = routes.virtual_host(&authority)?;
+    let route = routes.route(&authority, &path)?;
     Some((vh.name.as_str(), route))
 }
 
