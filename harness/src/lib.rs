@@ -30,45 +30,26 @@
 //! - `real-envoy`: [`real_envoy`] (drive a real Envoy with the same bootstrap) and
 //!   [`compare`]. The emulated proxy never depends on it.
 
-pub mod guest;
-pub mod http;
+// The three wings, lowest first: each names only those below it.
+#[doc(hidden)]
+pub mod engine;
+#[doc(hidden)]
+pub mod envoy;
+#[doc(hidden)]
+pub mod runner;
 
+pub use envoy::http;
+pub use runner::guest;
 #[cfg(feature = "real-envoy")]
-pub mod compare;
-#[cfg(feature = "real-envoy")]
-pub mod real_envoy;
+pub use runner::{compare, real_envoy};
 
-// The host's parts: reachable (by the command line, benches and tests), not the API.
+// Old flat paths, for the move only.
 #[doc(hidden)]
-pub mod abi;
+pub use engine::{abi, compiled_cache, host, input, precompiled_section, runtime, vm};
 #[doc(hidden)]
-pub mod bootstrap;
+pub use envoy::{bootstrap, builder, http1, proxy, traffic};
 #[doc(hidden)]
-pub mod builder;
-#[doc(hidden)]
-pub mod compiled_cache;
-#[doc(hidden)]
-pub mod host;
-#[doc(hidden)]
-pub mod http1;
-#[doc(hidden)]
-pub mod input;
-#[doc(hidden)]
-pub mod precompiled_section;
-#[doc(hidden)]
-pub mod proxy;
-#[doc(hidden)]
-pub mod report;
-#[doc(hidden)]
-pub mod run;
-#[doc(hidden)]
-pub mod runtime;
-#[doc(hidden)]
-pub mod scenario;
-#[doc(hidden)]
-pub mod traffic;
-#[doc(hidden)]
-pub mod vm;
+pub use runner::{report, run, scenario};
 
 /// The Rust examples of the README and docs/rust-api.md, compiled and run by `cargo test` so
 /// they cannot drift from the API (filter/tests/all/docs.rs checks every other example).
