@@ -11,14 +11,14 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use wasm_harness::bootstrap::Bootstrap;
-use wasm_harness::compiled_cache::CompiledCache;
-use wasm_harness::host::Shared;
+use wasm_harness::engine::compiled_cache::CompiledCache;
+use wasm_harness::engine::host::Shared;
+use wasm_harness::engine::precompiled_section as precompiled;
+use wasm_harness::engine::runtime::Runtime;
+use wasm_harness::engine::vm::Vm;
+use wasm_harness::envoy::bootstrap::Bootstrap;
+use wasm_harness::envoy::proxy::{Proxy, ProxyOptions};
 use wasm_harness::http::{Request, UpstreamReply};
-use wasm_harness::precompiled_section as precompiled;
-use wasm_harness::proxy::{Proxy, ProxyOptions};
-use wasm_harness::runtime::Runtime;
-use wasm_harness::vm::Vm;
 
 /// The system allocator, counting allocations: the time per request swings by 2x with the load
 /// of this shared machine, the number of allocations does not, so a change that adds work to

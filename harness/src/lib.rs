@@ -43,14 +43,6 @@ pub use runner::guest;
 #[cfg(feature = "real-envoy")]
 pub use runner::{compare, real_envoy};
 
-// Old flat paths, for the move only.
-#[doc(hidden)]
-pub use engine::{abi, compiled_cache, host, input, precompiled_section, runtime, vm};
-#[doc(hidden)]
-pub use envoy::{bootstrap, builder, http1, proxy, traffic};
-#[doc(hidden)]
-pub use runner::{report, run, scenario};
-
 /// The Rust examples of the README and docs/rust-api.md, compiled and run by `cargo test` so
 /// they cannot drift from the API (filter/tests/all/docs.rs checks every other example).
 #[doc(hidden)]
@@ -61,17 +53,17 @@ pub mod doc_examples {
     pub struct RustApi;
 }
 
-pub use abi::LogLevel;
-pub use bootstrap::FailurePolicy;
-pub use builder::ProxyBuilder;
-#[cfg(feature = "real-envoy")]
-pub use compare::{run_comparison, ComparedStep, ComparisonReport};
-pub use host::{HeaderMap, LogRecord};
-pub use http::{
+pub use engine::abi::LogLevel;
+pub use engine::host::{HeaderMap, LogRecord};
+pub use envoy::bootstrap::FailurePolicy;
+pub use envoy::builder::ProxyBuilder;
+pub use envoy::http::{
     CallRecord, Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
 };
-pub use proxy::{Proxy, ProxyOptions, StartError, TcpEvent, TcpOutcome};
-pub use report::{ClockAdvance, ScenarioReport, StepOutcome, StepReport, Verdict};
-pub use run::{run_scenario, RunOptions};
-pub use scenario::Scenario;
-pub use traffic::TrafficError;
+pub use envoy::proxy::{Proxy, ProxyOptions, StartError, TcpEvent, TcpOutcome};
+pub use envoy::traffic::TrafficError;
+#[cfg(feature = "real-envoy")]
+pub use runner::compare::{run_comparison, ComparedStep, ComparisonReport};
+pub use runner::report::{ClockAdvance, ScenarioReport, StepOutcome, StepReport, Verdict};
+pub use runner::run::{run_scenario, RunOptions};
+pub use runner::scenario::Scenario;

@@ -5,11 +5,12 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use wasm_harness::bootstrap::Bootstrap;
-use wasm_harness::precompiled_section as precompiled;
-use wasm_harness::proxy::{Proxy, ProxyOptions};
-use wasm_harness::vm::{CodeSource, Runtime};
-use wasm_harness::{compare, real_envoy, run};
+use wasm_harness::engine::precompiled_section as precompiled;
+use wasm_harness::engine::vm::{CodeSource, Runtime};
+use wasm_harness::envoy::bootstrap::Bootstrap;
+use wasm_harness::envoy::proxy::{Proxy, ProxyOptions};
+use wasm_harness::runner::run;
+use wasm_harness::{compare, real_envoy};
 use wasm_harness::{ComparisonReport, LogLevel, RunOptions, ScenarioReport, Verdict};
 
 #[derive(Parser)]
@@ -225,8 +226,9 @@ fn validate(path: &std::path::Path, workers: Option<usize>, log_level: LogLevel)
 
 fn precompile(module: &std::path::Path, output: &std::path::Path) -> anyhow::Result<()> {
     use anyhow::Context;
-    let bytes = wasm_harness::input::read(module, wasm_harness::input::MAX_MODULE_BYTES)
-        .with_context(|| format!("cannot read {}", module.display()))?;
+    let bytes =
+        wasm_harness::engine::input::read(module, wasm_harness::engine::input::MAX_MODULE_BYTES)
+            .with_context(|| format!("cannot read {}", module.display()))?;
     let runtime = Runtime::new().map_err(|e| anyhow::anyhow!("cannot start wasmtime: {e:#}"))?;
     let out = precompiled::embed(runtime.engine(), &bytes)
         .with_context(|| format!("{}", module.display()))?;

@@ -25,8 +25,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use wasm_filter::config::{PluginConfig, VmConfig};
-use wasm_harness::bootstrap::Bootstrap;
-use wasm_harness::scenario::Scenario;
+use wasm_harness::envoy::bootstrap::Bootstrap;
+use wasm_harness::Scenario;
 
 use crate::support::{envoy, root};
 

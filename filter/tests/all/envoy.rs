@@ -2,8 +2,8 @@
 //! client and an upstream see, and what only Envoy's log and stats can show (TCP totals,
 //! summaries of the singleton aggregator).
 
-use wasm_harness::proxy::TcpEvent;
 use wasm_harness::real_envoy::RealEnvoy;
+use wasm_harness::TcpEvent;
 use wasm_harness::{Request, UpstreamReply};
 
 use crate::support::{bootstrap_copy, envoy, envoy_lines};

@@ -1,8 +1,8 @@
 //! `tcp-total-data-size-counter` in the harness: per-connection bytes, totals summed across
 //! workers in shared data, and the metrics.
 
-use wasm_harness::proxy::TcpEvent;
 use wasm_harness::Proxy;
+use wasm_harness::TcpEvent;
 
 use crate::support::{lines, module};
 

@@ -28,12 +28,12 @@ use std::sync::{Arc, Mutex};
 use wasm_common::sync::lock;
 use wasmtime::{Linker, Memory, StoreLimits, TypedFunc};
 
-use crate::abi::{AbiVersion, Status};
-use crate::bootstrap::WasmPlugin;
+use crate::engine::abi::{AbiVersion, Status};
+use crate::envoy::bootstrap::WasmPlugin;
 
 pub use logging::LogRecord;
 
-pub use crate::http::HeaderMap;
+pub use crate::envoy::http::HeaderMap;
 
 /// State shared by every VM of one host: the log, the virtual clock, shared data and queues.
 #[derive(Debug, Default)]
@@ -55,7 +55,7 @@ pub struct Shared {
     /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
     pub node: std::sync::OnceLock<serde_json::Value>,
     /// The bootstrap, for the route and cluster a stream's `xds.*` properties name.
-    pub bootstrap: std::sync::OnceLock<Arc<crate::bootstrap::Bootstrap>>,
+    pub bootstrap: std::sync::OnceLock<Arc<crate::envoy::bootstrap::Bootstrap>>,
     /// Numbers VM instances (from 1) so queue notifications find the one that registered.
     next_instance: AtomicU64,
 }
@@ -115,7 +115,7 @@ pub struct HttpStreamState {
     pub continue_response: bool,
     pub reset: bool,
     /// The stream's dynamic metadata, shared by its contexts (`metadata` property).
-    pub dynamic_metadata: Arc<crate::http::DynamicMetadata>,
+    pub dynamic_metadata: Arc<crate::envoy::http::DynamicMetadata>,
 }
 
 /// The downstream connection a stream arrived on, for the `source.*`, `destination.*` and

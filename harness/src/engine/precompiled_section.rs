@@ -14,7 +14,7 @@
 //!
 //! Loading precompiled code runs machine code taken from the module as is: the operator who
 //! sets `allow_precompiled` trusts the module (pin it by sha256). Unlike the harness's own
-//! compiled-code cache ([`crate::compiled_cache`]), nothing here checks where the bytes came from.
+//! compiled-code cache ([`crate::engine::compiled_cache`]), nothing here checks where the bytes came from.
 
 use std::borrow::Cow;
 

@@ -1,8 +1,8 @@
 //! The Wasm runtime the harness's VMs share, as STYLE asks of a wasmtime host: one `Engine`
 //! (with the pooling allocator and epoch interruption), one `Linker` with every hostcall, and
 //! code loading: a module's bytecode, the on-disk compiled-code cache
-//! ([`crate::compiled_cache`]), or the module's precompiled section
-//! ([`crate::precompiled_section`]), checked against the Proxy-Wasm ABI before it is linked.
+//! ([`crate::engine::compiled_cache`]), or the module's precompiled section
+//! ([`crate::engine::precompiled_section`]), checked against the Proxy-Wasm ABI before it is linked.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use wasmtime::{Engine, InstancePre, Linker, Module};
 
-use crate::abi::AbiVersion;
-use crate::compiled_cache::CompiledCache;
-use crate::host::memory::MAX_MEMORY_BYTES;
-use crate::host::{self, HostState};
-use crate::precompiled_section as precompiled;
+use crate::engine::abi::AbiVersion;
+use crate::engine::compiled_cache::CompiledCache;
+use crate::engine::host::memory::MAX_MEMORY_BYTES;
+use crate::engine::host::{self, HostState};
+use crate::engine::precompiled_section as precompiled;
 
 /// How often the epoch ticks; deadlines are whole ticks.
 pub(crate) const EPOCH_TICK: Duration = Duration::from_millis(10);
@@ -64,7 +64,7 @@ pub struct Runtime {
     linker: Linker<HostState>,
     /// How long one callback may run (see [`DEFAULT_CALLBACK_DEADLINE`]).
     pub callback_deadline: Duration,
-    /// Compiled modules on disk (see [`crate::compiled_cache`]); `None` compiles in memory.
+    /// Compiled modules on disk (see [`crate::engine::compiled_cache`]); `None` compiles in memory.
     pub compiled: Option<CompiledCache>,
 }
 
@@ -148,12 +148,11 @@ impl Runtime {
         path: &Path,
         precompiled: Option<&str>,
     ) -> Result<Arc<LoadedModule>, VmError> {
-        let bytes = crate::input::read(path, crate::input::MAX_MODULE_BYTES).map_err(|source| {
-            VmError::Read {
+        let bytes = crate::engine::input::read(path, crate::engine::input::MAX_MODULE_BYTES)
+            .map_err(|source| VmError::Read {
                 path: path.to_path_buf(),
                 source,
-            }
-        })?;
+            })?;
         let is_text = path
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("wat"));
@@ -178,8 +177,8 @@ impl Runtime {
                         .load_or_compile(&self.engine, &bytes)
                         .map_err(compile_error)?;
                     let code = match origin {
-                        crate::compiled_cache::Origin::Cached => CodeSource::Cache,
-                        crate::compiled_cache::Origin::Compiled => CodeSource::Compiled,
+                        crate::engine::compiled_cache::Origin::Cached => CodeSource::Cache,
+                        crate::engine::compiled_cache::Origin::Compiled => CodeSource::Compiled,
                     };
                     (m, code)
                 }
@@ -248,7 +247,7 @@ impl Runtime {
             return Ok(None);
         };
         // SAFETY: this is what `allow_precompiled` means in Envoy: the operator trusts the
-        // module's precompiled code (see `crate::precompiled_section`). wasmtime checks the header,
+        // module's precompiled code (see `crate::engine::precompiled_section`). wasmtime checks the header,
         // version and engine settings before using it.
         match unsafe { Module::deserialize(&self.engine, code) } {
             Ok(m) => Ok(Some(m)),

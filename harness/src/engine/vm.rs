@@ -1,7 +1,7 @@
 //! One VM instance per (thread, vm key) and its lifecycle, with the guard rails Envoy's host
 //! has: a trap marks the instance failed and every later call into it is skipped, a callback
 //! that runs too long is interrupted (epoch deadline), memory growth is capped. The engine and
-//! code loading are in [`crate::runtime`].
+//! code loading are in [`crate::engine::runtime`].
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,10 +10,10 @@ use wasmtime::{
     Instance, Store, StoreLimits, StoreLimitsBuilder, TypedFunc, WasmParams, WasmResults,
 };
 
-use crate::abi::AbiVersion;
-use crate::bootstrap::WasmPlugin;
-use crate::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
-use crate::runtime::{EPOCH_TICK, MAX_TABLE_ELEMENTS};
+use crate::engine::abi::AbiVersion;
+use crate::engine::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
+use crate::engine::runtime::{EPOCH_TICK, MAX_TABLE_ELEMENTS};
+use crate::envoy::bootstrap::WasmPlugin;
 
 mod calls;
 pub(crate) mod failure;
@@ -22,9 +22,9 @@ pub use calls::CallOutcome;
 
 // What VMs are made from, also named beside them.
 #[doc(hidden)]
-pub use crate::host::memory::MAX_MEMORY_BYTES;
+pub use crate::engine::host::memory::MAX_MEMORY_BYTES;
 #[doc(hidden)]
-pub use crate::runtime::{
+pub use crate::engine::runtime::{
     CodeSource, LoadedModule, Runtime, VmError, DEFAULT_CALLBACK_DEADLINE, MAX_POOLED_INSTANCES,
     POOLED_INSTANCES,
 };
@@ -248,7 +248,7 @@ impl Vm {
                 let line = match e.downcast_ref::<wasmtime::Trap>() {
                     Some(wasmtime::Trap::Interrupt) => format!(
                         "Function: {name} failed: interrupted: the callback ran longer than the harness's deadline of {} (an infinite loop?)",
-                        crate::host::time::format_duration(EPOCH_TICK * self.deadline_ticks as u32)
+                        crate::engine::host::time::format_duration(EPOCH_TICK * self.deadline_ticks as u32)
                     ),
                     _ => failure::describe(name, &e, self.names_functions),
                 };
@@ -327,7 +327,7 @@ impl Vm {
         &mut self,
         root: u32,
         connection: host::Connection,
-        dynamic_metadata: Arc<crate::http::DynamicMetadata>,
+        dynamic_metadata: Arc<crate::envoy::http::DynamicMetadata>,
     ) -> u32 {
         let id = self.alloc_context_id();
         self.state_mut().contexts.insert(
@@ -502,7 +502,7 @@ fn describe_start_trap(name: &str, e: &wasmtime::Error, deadline: Duration) -> S
     match e.downcast_ref::<wasmtime::Trap>() {
         Some(wasmtime::Trap::Interrupt) => format!(
             "{name} was interrupted: it ran longer than the harness's deadline of {} for one call into the VM (an infinite loop at start-up?)",
-            crate::host::time::format_duration(deadline)
+            crate::engine::host::time::format_duration(deadline)
         ),
         _ => format!("{name}: {}", describe_trap(e)),
     }
@@ -543,11 +543,11 @@ mod tests {
             name: "p".into(),
             root_id: String::new(),
             vm_id: String::new(),
-            runtime: crate::precompiled_section::WASMTIME_RUNTIME.into(),
+            runtime: crate::engine::precompiled_section::WASMTIME_RUNTIME.into(),
             code: code.to_path_buf(),
             vm_configuration: Vec::new(),
             configuration: Vec::new(),
-            failure_policy: crate::bootstrap::FailurePolicy::FailClosed,
+            failure_policy: crate::envoy::bootstrap::FailurePolicy::FailClosed,
             environment: Vec::new(),
             allow_precompiled: false,
         }

@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
 
-use crate::bootstrap::{Bootstrap, FailurePolicy};
-use crate::proxy::{Proxy, ProxyOptions, StartError};
+use crate::envoy::bootstrap::{Bootstrap, FailurePolicy};
+use crate::envoy::proxy::{Proxy, ProxyOptions, StartError};
 
 /// The listener address the built bootstrap names (real Envoy runs rewrite it).
 const LISTENER_PORT: u16 = 10000;
@@ -41,7 +41,7 @@ pub struct ProxyBuilder {
     tcp: bool,
     clusters: Vec<(String, String, u16)>,
     workers: usize,
-    log_level: crate::abi::LogLevel,
+    log_level: crate::engine::abi::LogLevel,
 }
 
 impl Proxy {
@@ -111,7 +111,7 @@ impl ProxyBuilder {
         self
     }
 
-    /// `vm_config.allow_precompiled` (see [`crate::precompiled_section`]).
+    /// `vm_config.allow_precompiled` (see [`crate::engine::precompiled_section`]).
     pub fn allow_precompiled(mut self, allow: bool) -> Self {
         self.allow_precompiled = allow;
         self
@@ -151,7 +151,7 @@ impl ProxyBuilder {
 
     /// Envoy's log level (`-l`, default `info`): the guest's lines below it are not kept,
     /// and `proxy_get_log_level` answers it.
-    pub fn log_level(mut self, level: crate::abi::LogLevel) -> Self {
+    pub fn log_level(mut self, level: crate::engine::abi::LogLevel) -> Self {
         self.log_level = level;
         self
     }

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::http::{HeaderMap, Response, UpstreamReply};
+use crate::envoy::http::{HeaderMap, Response, UpstreamReply};
 
 /// Envoy's default for `max_request_headers_kb` (60 KiB), rounded up: a head longer than this
 /// is refused rather than buffered.
@@ -302,7 +302,8 @@ pub fn request(
     let deadline = Instant::now() + timeout;
     let io = |e| Http1Error::from_io(e, timeout);
     let pseudo = |name: &str| {
-        String::from_utf8_lossy(crate::http::header(headers, name).unwrap_or_default()).into_owned()
+        String::from_utf8_lossy(crate::envoy::http::header(headers, name).unwrap_or_default())
+            .into_owned()
     };
     let conn = TcpStream::connect_timeout(&addr, timeout).map_err(io)?;
     let mut conn = DeadlineStream {
@@ -615,7 +616,7 @@ mod tests {
         let response = parse_response(read(&wire, false, SMALL).unwrap().unwrap()).unwrap();
         assert_eq!(response.status, 201);
         assert_eq!(
-            crate::http::header(&response.headers, "x-a"),
+            crate::envoy::http::header(&response.headers, "x-a"),
             Some(&b"1"[..])
         );
         assert_eq!(response.body, b"made");
@@ -630,7 +631,10 @@ mod tests {
             names,
             [":authority", ":method", ":path", "x-b", "content-length"]
         );
-        assert_eq!(crate::http::header(&headers, ":path"), Some(&b"/p?q"[..]));
+        assert_eq!(
+            crate::envoy::http::header(&headers, ":path"),
+            Some(&b"/p?q"[..])
+        );
         assert_eq!(body, b"hi");
         assert!(read_request(&mut std::io::Cursor::new(&b""[..]), SMALL)
             .unwrap()

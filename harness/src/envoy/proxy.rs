@@ -18,16 +18,18 @@ use std::sync::Arc;
 use std::time::Duration;
 use wasm_common::sync::lock;
 
-use crate::bootstrap::{Bootstrap, BootstrapError};
-use crate::host::{self, LogRecord, Shared};
-use crate::http::{CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, UpstreamReply};
-use crate::runtime::{CodeSource, Runtime, VmError};
-use crate::traffic::TrafficError;
-use crate::vm::PluginStartError;
+use crate::engine::host::{self, LogRecord, Shared};
+use crate::engine::runtime::{CodeSource, Runtime, VmError};
+use crate::engine::vm::PluginStartError;
+use crate::envoy::bootstrap::{Bootstrap, BootstrapError};
+use crate::envoy::http::{
+    CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, UpstreamReply,
+};
+use crate::envoy::traffic::TrafficError;
 use http_stream::HttpStream;
 use threads::{Thread, Threads, VmFactory};
 
-pub use crate::host::time::format_duration;
+pub use crate::engine::host::time::format_duration;
 pub use call_records::{CallRecords, MAX_CALL_RECORD_BYTES};
 pub use callouts::{
     Callouts, DEFAULT_CALLOUT_BUDGET, MAX_CALLOUT_BODY_BYTES, MAX_CONCURRENT_CALLOUTS,
@@ -39,7 +41,7 @@ pub(crate) use router::grpc_message_encode;
 pub use threads::RELOAD_BACKOFF;
 // Also named here, beside `Proxy::connect` that takes and returns them.
 #[doc(hidden)]
-pub use crate::http::{TcpEvent, TcpOutcome};
+pub use crate::envoy::http::{TcpEvent, TcpOutcome};
 
 /// Why the emulated proxy could not start: Envoy would refuse this configuration.
 #[derive(Debug, thiserror::Error)]
@@ -86,9 +88,9 @@ pub struct ProxyOptions {
     pub workers: usize,
     /// Envoy's `-l`: guest log lines below it are not written, and `proxy_get_log_level`
     /// answers it.
-    pub log_level: crate::abi::LogLevel,
+    pub log_level: crate::engine::abi::LogLevel,
     /// How long one callback may run before it is treated as a trap
-    /// ([`crate::runtime::DEFAULT_CALLBACK_DEADLINE`]; Envoy has no such limit).
+    /// ([`crate::engine::runtime::DEFAULT_CALLBACK_DEADLINE`]; Envoy has no such limit).
     pub callback_deadline: std::time::Duration,
 }
 
@@ -96,8 +98,8 @@ impl Default for ProxyOptions {
     fn default() -> Self {
         Self {
             workers: 2,
-            log_level: crate::abi::LogLevel::Info,
-            callback_deadline: crate::runtime::DEFAULT_CALLBACK_DEADLINE,
+            log_level: crate::engine::abi::LogLevel::Info,
+            callback_deadline: crate::engine::runtime::DEFAULT_CALLBACK_DEADLINE,
         }
     }
 }
@@ -210,7 +212,7 @@ impl Proxy {
             .find(|p| &p.name == plugin)
             .map(|p| p.failure_policy);
         let mut log = lock(&self.threads.shared.log);
-        for (level, message) in crate::vm::failure::refusal(error, policy) {
+        for (level, message) in crate::engine::vm::failure::refusal(error, policy) {
             log.push(LogRecord {
                 worker: None,
                 level,

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::http1::Http1Error;
+use crate::envoy::http1::Http1Error;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrafficError {

@@ -12,14 +12,14 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::http::Exchange;
-use crate::proxy::TcpOutcome;
-use crate::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
-use crate::real_envoy::{EnvoyError, RealEnvoy};
-use crate::report::{ClockAdvance, Startup, StepOutcome, StepReport, Verdict};
-use crate::run::{expects_refusal, startup_verdict, HarnessRun, RunOptions};
-use crate::scenario::expect::{self, WrittenLog};
-use crate::scenario::{AdvanceStep, ConnectionCase, RequestCase, Scenario, Step};
+use crate::envoy::http::Exchange;
+use crate::envoy::proxy::TcpOutcome;
+use crate::runner::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
+use crate::runner::real_envoy::{EnvoyError, RealEnvoy};
+use crate::runner::report::{ClockAdvance, Startup, StepOutcome, StepReport, Verdict};
+use crate::runner::run::{expects_refusal, startup_verdict, HarnessRun, RunOptions};
+use crate::runner::scenario::expect::{self, WrittenLog};
+use crate::runner::scenario::{AdvanceStep, ConnectionCase, RequestCase, Scenario, Step};
 
 /// Real Envoy has no virtual clock: an `advance` step waits in real time (so its timers fire
 /// too), at most this long.
@@ -102,7 +102,7 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
         &bootstrap,
         opts.workers_for(&scenario),
         opts.log_level_for(&scenario),
-        crate::real_envoy::metadata::seeded_keys(scenario.requests.iter().filter_map(
+        crate::runner::real_envoy::metadata::seeded_keys(scenario.requests.iter().filter_map(
             |s| match s {
                 Step::Request(case) => Some(&case.request.dynamic_metadata),
                 _ => None,
@@ -114,7 +114,7 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
         Err(e) => {
             if let (EnvoyError::Exited { log, .. }, Some(want)) = (&e, &scenario.expect_start) {
                 let lines: Vec<&EnvoyRecord> = log.iter().filter(|r| r.is_startup()).collect();
-                let written = crate::scenario::expect::WrittenLog::envoy(
+                let written = crate::runner::scenario::expect::WrittenLog::envoy(
                     lines.iter().map(|r| r.line()).collect(),
                 );
                 report.envoy_startup_failures = expect::check_start(want, false, &written);
@@ -216,7 +216,7 @@ fn step_conditions(step: &Step, ticking: bool, workers: usize) -> logs::Conditio
             let (request, reply) = (case.to_request(), case.upstream_reply());
             if body(&request.body, &request.body_chunks) || body(&reply.body, &reply.body_chunks) {
                 logs::Conditions::Bodies
-            } else if crate::http::metadata::has_unordered_map(&request.dynamic_metadata) {
+            } else if crate::envoy::http::metadata::has_unordered_map(&request.dynamic_metadata) {
                 logs::Conditions::UnorderedMetadata
             } else if workers > 1 {
                 logs::Conditions::Workers
@@ -303,7 +303,7 @@ fn envoy_request(
     expect.logs.clear();
     expect.log_counts.clear();
     expect.local_reply = None;
-    let canned = crate::real_envoy::Canned {
+    let canned = crate::runner::real_envoy::Canned {
         http: case
             .http_calls
             .iter()
@@ -369,7 +369,7 @@ fn envoy_advance(adv: &AdvanceStep) -> StepOutcome {
     let wait = adv.advance.0.min(MAX_REAL_WAIT);
     std::thread::sleep(wait);
     StepOutcome::Advance(ClockAdvance {
-        by: crate::proxy::format_duration(wait),
+        by: crate::envoy::proxy::format_duration(wait),
         ticks: None,
     })
 }

@@ -24,11 +24,11 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 use wasm_common::sync::lock;
 
-use crate::http::{
+use crate::envoy::http::{
     CallRecord, CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, UpstreamReply,
 };
-use crate::http1;
-use crate::traffic::TrafficError;
+use crate::envoy::http1;
+use crate::envoy::traffic::TrafficError;
 
 use client::{admin_get, bound_listeners, http1_exchange};
 use upstream::{from_async_client, is_grpc, Upstream, UpstreamState};
@@ -124,7 +124,12 @@ pub struct RealEnvoy {
 impl RealEnvoy {
     /// Starts Envoy on a loopback copy of `bootstrap` with `workers` worker threads.
     pub fn start(envoy: &Path, bootstrap: &Path, workers: usize) -> Result<Self, EnvoyError> {
-        Self::start_at_level(envoy, bootstrap, workers, crate::abi::LogLevel::Info)
+        Self::start_at_level(
+            envoy,
+            bootstrap,
+            workers,
+            crate::engine::abi::LogLevel::Info,
+        )
     }
 
     /// [`RealEnvoy::start`] with Envoy's log level (`-l`).
@@ -132,7 +137,7 @@ impl RealEnvoy {
         envoy: &Path,
         bootstrap: &Path,
         workers: usize,
-        log_level: crate::abi::LogLevel,
+        log_level: crate::engine::abi::LogLevel,
     ) -> Result<Self, EnvoyError> {
         Self::start_seeding(envoy, bootstrap, workers, log_level, Vec::new())
     }
@@ -143,16 +148,20 @@ impl RealEnvoy {
         envoy: &Path,
         bootstrap: &Path,
         workers: usize,
-        log_level: crate::abi::LogLevel,
+        log_level: crate::engine::abi::LogLevel,
         metadata_keys: Vec<(String, String)>,
     ) -> Result<Self, EnvoyError> {
-        let text = crate::input::read_text(bootstrap, crate::input::MAX_CONFIG_BYTES)
-            .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
+        let text =
+            crate::engine::input::read_text(bootstrap, crate::engine::input::MAX_CONFIG_BYTES)
+                .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
         let mut doc: Value = wasm_common::yaml::from_str(&text)
             .map_err(|e| io(&format!("{} is not YAML", bootstrap.display()), e))?;
         // The fields rewritten below in the one spelling the harness reads (`listeners` as one
         // map, camelCase names, ...); TypedStructs stay as written, for Envoy to read.
-        let _ = crate::bootstrap::normalize(&mut doc, crate::bootstrap::TypedStructs::Keep);
+        let _ = crate::envoy::bootstrap::normalize(
+            &mut doc,
+            crate::envoy::bootstrap::TypedStructs::Keep,
+        );
         let mut listeners = HashMap::new();
         let mut first_listener = String::new();
         let mut upstreams = HashMap::new();
@@ -246,7 +255,7 @@ impl RealEnvoy {
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                let text = crate::input::read_text(&self.log_path, log::MAX_LOG_BYTES);
+                let text = crate::engine::input::read_text(&self.log_path, log::MAX_LOG_BYTES);
                 return Err(EnvoyError::Exited {
                     status: status.to_string(),
                     tail: self.log_tail(),

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use crate::host::log_book::Dropped;
-use crate::host::LogRecord;
-use crate::http::{CallRecord, Exchange};
-use crate::proxy::TcpOutcome;
+use crate::engine::host::log_book::Dropped;
+use crate::engine::host::LogRecord;
+use crate::envoy::http::{CallRecord, Exchange};
+use crate::envoy::proxy::TcpOutcome;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -237,7 +237,7 @@ impl fmt::Display for StepReport {
         }
         for call in &self.calls {
             let pseudo = |name: &str| {
-                crate::http::header(&call.headers, name)
+                crate::envoy::http::header(&call.headers, name)
                     .map(|v| String::from_utf8_lossy(v).into_owned())
                     .unwrap_or_default()
             };

@@ -3,14 +3,14 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::abi::LogLevel;
-use crate::http::{CannedGrpcCall, CannedHttpCall};
-use crate::proxy::{Proxy, ProxyOptions, StartError};
-use crate::report::{
+use crate::engine::abi::LogLevel;
+use crate::envoy::http::{CannedGrpcCall, CannedHttpCall};
+use crate::envoy::proxy::{Proxy, ProxyOptions, StartError};
+use crate::runner::report::{
     report_line, ClockAdvance, ScenarioReport, Startup, StepOutcome, StepReport, Verdict,
 };
-use crate::scenario::expect::{self, StartOutcome, WrittenLog};
-use crate::scenario::{Scenario, Step};
+use crate::runner::scenario::expect::{self, StartOutcome, WrittenLog};
+use crate::runner::scenario::{Scenario, Step};
 
 /// What a caller may change about a scenario without editing it.
 #[derive(Debug, Clone, Default)]
@@ -193,12 +193,12 @@ impl HarnessRun {
     }
 
     /// Every log record so far (after start: the start-up's).
-    pub fn log_records(&self) -> Vec<crate::host::LogRecord> {
+    pub fn log_records(&self) -> Vec<crate::engine::host::LogRecord> {
         self.proxy.logs()
     }
 
     /// What the run's log cap left out, if anything.
-    pub fn log_dropped(&self) -> Option<crate::host::log_book::Dropped> {
+    pub fn log_dropped(&self) -> Option<crate::engine::host::log_book::Dropped> {
         Some(self.proxy.log_dropped()).filter(|d| *d != Default::default())
     }
 
@@ -289,7 +289,7 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> StepReport {
     if calls_dropped > 0 {
         logs.push(format!(
             "(this step's callouts were not all recorded: {calls_dropped} call(s) answered but not kept; the harness keeps at most {} MiB of call records for a run)",
-            crate::proxy::MAX_CALL_RECORD_BYTES >> 20
+            crate::envoy::proxy::MAX_CALL_RECORD_BYTES >> 20
         ));
     }
     let written = WrittenLog::harness(&records);

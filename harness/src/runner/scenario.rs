@@ -49,8 +49,8 @@ pub mod expect;
 
 pub use callouts::{GrpcCallSpec, HttpCallSpec};
 
-use crate::host::HeaderMap;
-use crate::http::{Request, UpstreamReply};
+use crate::engine::host::HeaderMap;
+use crate::envoy::http::{Request, UpstreamReply};
 use expect::{ConnectionExpect, Expect, LogExpect};
 
 #[derive(Debug, thiserror::Error)]
@@ -73,7 +73,7 @@ pub struct Scenario {
     pub workers: Option<usize>,
     /// Envoy's log level (`-l`; default `info`): guest lines below it are not written.
     #[serde(default)]
-    pub log_level: Option<crate::abi::LogLevel>,
+    pub log_level: Option<crate::engine::abi::LogLevel>,
     /// What start-up must do: refuse the configuration, or write these log lines.
     #[serde(default)]
     pub expect_start: Option<expect::StartExpect>,
@@ -240,8 +240,8 @@ impl ConnectionCase {
         Ok(())
     }
 
-    pub fn events(&self) -> Vec<crate::proxy::TcpEvent> {
-        use crate::proxy::TcpEvent;
+    pub fn events(&self) -> Vec<crate::envoy::proxy::TcpEvent> {
+        use crate::envoy::proxy::TcpEvent;
         self.connection
             .iter()
             .map(|e| match (&e.downstream, &e.upstream, e.close) {
@@ -293,7 +293,7 @@ pub struct DurationSpec(pub Duration);
 
 impl fmt::Display for DurationSpec {
     fn fmt(&self, f: &mut fmt::Formatter) -> fmt::Result {
-        f.write_str(&crate::proxy::format_duration(self.0))
+        f.write_str(&crate::envoy::proxy::format_duration(self.0))
     }
 }
 
@@ -357,7 +357,7 @@ pub struct RequestSpec {
     pub trailers: Headers,
     /// `{NAMESPACE: {KEY: VALUE}}`: the stream's dynamic metadata when the Wasm filters run.
     #[serde(default)]
-    pub dynamic_metadata: crate::http::DynamicMetadata,
+    pub dynamic_metadata: crate::envoy::http::DynamicMetadata,
 }
 
 fn default_method() -> String {
@@ -461,12 +461,10 @@ impl Headers {
 
 impl Scenario {
     pub fn load(path: &Path) -> Result<Self, ScenarioError> {
-        let text =
-            crate::input::read_text(path, crate::input::MAX_CONFIG_BYTES).map_err(|source| {
-                ScenarioError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                }
+        let text = crate::engine::input::read_text(path, crate::engine::input::MAX_CONFIG_BYTES)
+            .map_err(|source| ScenarioError::Read {
+                path: path.to_path_buf(),
+                source,
             })?;
         let mut s: Scenario =
             wasm_common::yaml::from_str(&text).map_err(|e| ScenarioError::Parse {

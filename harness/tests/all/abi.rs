@@ -269,7 +269,7 @@ fn connection_addresses_answer_like_envoys() {
         .unwrap()
         .upstream
         .unwrap();
-    let header = |h: &wasm_harness::host::HeaderMap, k: &str| {
+    let header = |h: &wasm_harness::engine::host::HeaderMap, k: &str| {
         wasm_harness::http::header(h, k).map(|v| String::from_utf8_lossy(v).into_owned())
     };
     assert_eq!(

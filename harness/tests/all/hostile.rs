@@ -7,11 +7,11 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::Value;
-use wasm_harness::host::log_book::MAX_LOG_BYTES;
-use wasm_harness::http::{Request, UpstreamReply};
-use wasm_harness::proxy::{
+use wasm_harness::engine::host::log_book::MAX_LOG_BYTES;
+use wasm_harness::envoy::proxy::{
     DeliveryError, MAX_CALL_DELIVERIES, MAX_CALL_RECORD_BYTES, MAX_TICKS_PER_ADVANCE, MAX_WORKERS,
 };
+use wasm_harness::http::{Request, UpstreamReply};
 use wasm_harness::{Proxy, ProxyOptions, StartError};
 
 use crate::support::*;
@@ -255,7 +255,7 @@ fn endless_head(mut conn: std::net::TcpStream) {
 /// A body larger than a callout keeps, sent for real.
 fn huge_body(mut conn: std::net::TcpStream) {
     read_head(&mut conn);
-    let size = wasm_harness::proxy::MAX_CALLOUT_BODY_BYTES + 1;
+    let size = wasm_harness::envoy::proxy::MAX_CALLOUT_BODY_BYTES + 1;
     let _ = conn.write_all(format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n").as_bytes());
     let _ = conn.write_all(&vec![b'b'; size]);
 }
@@ -474,7 +474,7 @@ fn a_guest_hoarding_shared_data_is_refused_at_the_budget() {
         })
         .count();
     assert!(
-        stored * (1 << 20) <= wasm_harness::host::held::MAX_HELD_BYTES && stored >= 250,
+        stored * (1 << 20) <= wasm_harness::engine::host::held::MAX_HELD_BYTES && stored >= 250,
         "{stored} values stored"
     );
 }
@@ -511,7 +511,7 @@ fn a_guest_enqueueing_empty_items_in_a_loop_is_refused_at_the_budget() {
     assert!(
         lines.iter().any(|l| l.contains(&format!(
             "proxy_enqueue_shared_queue: refused {} bytes",
-            wasm_harness::host::held::ENTRY_OVERHEAD
+            wasm_harness::engine::host::held::ENTRY_OVERHEAD
         ))),
         "{lines:?}"
     );

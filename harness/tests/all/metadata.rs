@@ -228,8 +228,14 @@ fn dynamic_metadata_from_the_rust_api_reads_as_in_envoy() {
         )
         .metadata("other", "n", serde_json::json!(7));
     let keys = wasm_harness::real_envoy::metadata::seeded_keys([&request.dynamic_metadata]);
-    let mut real =
-        RealEnvoy::start_seeding(&envoy(), &b, 1, wasm_harness::abi::LogLevel::Info, keys).unwrap();
+    let mut real = RealEnvoy::start_seeding(
+        &envoy(),
+        &b,
+        1,
+        wasm_harness::engine::abi::LogLevel::Info,
+        keys,
+    )
+    .unwrap();
     let mut proxy = Proxy::from_bootstrap(&b, &ProxyOptions::with_workers(1)).unwrap();
     let (ex, harness_lines) = harness_probes(&mut proxy, &request);
     let (envoy_ex, envoy_lines) = envoy_probes(&mut real, &request, probe.len());

@@ -2,8 +2,8 @@
 //! honours it (the plugin's runtime must be able to load that section).
 
 use serde_json::json;
-use wasm_harness::precompiled_section as precompiled;
-use wasm_harness::runtime::Runtime;
+use wasm_harness::engine::precompiled_section as precompiled;
+use wasm_harness::engine::runtime::Runtime;
 
 use crate::support::*;
 

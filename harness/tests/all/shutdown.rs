@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use wasm_harness::proxy::PendingRoot;
+use wasm_harness::envoy::proxy::PendingRoot;
 use wasm_harness::{Proxy, ProxyOptions, Request, UpstreamReply};
 
 use crate::support::*;

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use wasm_harness::proxy::TcpEvent;
+use wasm_harness::envoy::proxy::TcpEvent;
 use wasm_harness::real_envoy::RealEnvoy;
 use wasm_harness::Verdict;
 use wasm_harness::{Proxy, ProxyOptions, TrafficError};

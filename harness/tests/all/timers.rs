@@ -4,13 +4,13 @@
 
 use std::time::Duration;
 
-use wasm_harness::host::LogRecord;
+use wasm_harness::engine::host::LogRecord;
 use wasm_harness::{Proxy, ProxyOptions, Request, UpstreamReply};
 
 use crate::support::*;
 
 /// 2026-01-01T00:00:00Z in ns: where the harness's wall clock starts.
-const START: u64 = wasm_harness::host::time::START_WALL_NANOS;
+const START: u64 = wasm_harness::engine::host::time::START_WALL_NANOS;
 const SECOND: u64 = 1_000_000_000;
 
 fn proxy_with(dir: &std::path::Path, guest_file: &str, config: &str, workers: usize) -> Proxy {
@@ -204,7 +204,7 @@ fn a_queue_ping_pong_is_stopped_and_reported() {
     );
     assert_eq!(
         lines(&proxy, 0, "on_queue_ready").len(),
-        wasm_harness::proxy::MAX_QUEUE_DELIVERIES
+        wasm_harness::envoy::proxy::MAX_QUEUE_DELIVERIES
     );
     // The proxy still works afterwards.
     assert_eq!(get(&mut proxy, 1), 200);

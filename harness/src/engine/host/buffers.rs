@@ -5,7 +5,7 @@
 use wasmtime::{Caller, Linker};
 
 use super::{finish, hostcall, memory, ContextKind, HostError, HostState};
-use crate::abi::{BufferType, Status};
+use crate::engine::abi::{BufferType, Status};
 
 /// The buffer's bytes, borrowed (a guest reading a large body piece by piece costs a copy
 /// of each piece, not of the body), or the status Envoy gives when it has none to offer.
@@ -141,7 +141,7 @@ fn proxy_set_buffer_bytes(
         {
             super::logging::record(
                 caller.data(),
-                crate::abi::LogLevel::Critical,
+                crate::engine::abi::LogLevel::Critical,
                 format!(
                     "proxy_set_buffer_bytes: adding {adding} bytes would take the {ty:?} buffer past the harness's limit of {MAX_BUFFER_BYTES} bytes: refused (BadArgument)"
                 ),
@@ -184,7 +184,7 @@ pub fn add_to_linker(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::apply_set;
-    use crate::abi::Status;
+    use crate::engine::abi::Status;
 
     #[test]
     fn set_follows_envoy_copy_from() {

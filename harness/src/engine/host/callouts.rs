@@ -15,7 +15,7 @@ use wasmtime::{Caller, Linker};
 
 use super::queues::Receiver;
 use super::{finish, hostcall, memory, HeaderMap, HostState};
-use crate::abi::{self, Status};
+use crate::engine::abi::{self, Status};
 
 /// cpp-host numbers callouts in steps of 4; the low bits say which kind a token is.
 const CALLOUT_INCREMENT: u32 = 4;
@@ -210,15 +210,19 @@ fn proxy_http_call(
             }
             // What Envoy's async client and router add on the way out.
             if !body.is_empty() {
-                crate::http::headers::replace(
+                crate::envoy::http::headers::replace(
                     &mut headers,
                     "content-length",
                     body.len().to_string().into_bytes(),
                 );
             }
-            crate::http::headers::replace(&mut headers, "x-envoy-internal", b"true".to_vec());
+            crate::envoy::http::headers::replace(
+                &mut headers,
+                "x-envoy-internal",
+                b"true".to_vec(),
+            );
             if timeout_ms > 0 {
-                crate::http::headers::replace(
+                crate::envoy::http::headers::replace(
                     &mut headers,
                     "x-envoy-expected-rq-timeout-ms",
                     timeout_ms.to_string().into_bytes(),

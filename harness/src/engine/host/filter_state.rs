@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 
-use crate::abi::Status;
+use crate::engine::abi::Status;
 
 /// How a factory parses a value, and what reading the object back gives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -15,7 +15,7 @@ use wasmtime::{Caller, Linker};
 
 use super::filter_state::{FilterState, Refusal, MAX_FILTER_STATE_BYTES};
 use super::{hostcall, logging, memory, HostError, HostState};
-use crate::abi::{LogLevel, Status};
+use crate::engine::abi::{LogLevel, Status};
 
 /// Registered in Envoy, not emulated here.
 const ENVOY_ONLY: &[&str] = &[

@@ -5,7 +5,7 @@
 use wasmtime::{Caller, Linker};
 
 use super::{finish, hostcall, memory, ContextKind, HeaderMap, HostState};
-use crate::abi::{self, AbiVersion, MapType, Status};
+use crate::engine::abi::{self, AbiVersion, MapType, Status};
 
 fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
     match ty {
@@ -46,7 +46,7 @@ fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
     }
 }
 
-use crate::http::headers::{add, get, remove, replace};
+use crate::envoy::http::headers::{add, get, remove, replace};
 
 fn map_type(raw: i32) -> Result<MapType, Status> {
     MapType::from_raw(raw).ok_or(Status::BadArgument)
@@ -139,7 +139,7 @@ fn check_growth(
     }
     super::logging::record(
         caller.data(),
-        crate::abi::LogLevel::Critical,
+        crate::engine::abi::LogLevel::Critical,
         format!(
             "header map {ty:?} would pass the harness's limit of {MAX_MAP_ENTRIES} entries or {MAX_MAP_BYTES} bytes ({} entries, {bytes} bytes, adding {adding}): refused (BadArgument)",
             map.len()

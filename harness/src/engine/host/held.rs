@@ -6,7 +6,7 @@
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::{logging, HostState};
-use crate::abi::{LogLevel, Status};
+use crate::engine::abi::{LogLevel, Status};
 
 /// How many bytes guests may make the host hold at once, all VMs together.
 pub const MAX_HELD_BYTES: usize = 256 << 20;

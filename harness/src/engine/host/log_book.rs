@@ -3,7 +3,7 @@
 //! kept, so a run ends with its memory bounded and says what it left out.
 
 use super::LogRecord;
-use crate::abi::LogLevel;
+use crate::engine::abi::LogLevel;
 
 /// How many bytes of log records a run keeps (messages plus the names in their prefix).
 pub const MAX_LOG_BYTES: usize = 64 << 20;
@@ -108,13 +108,13 @@ impl std::fmt::Display for Dropped {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::LogLevel;
+    use crate::engine::abi::LogLevel;
 
     fn record(message: String) -> LogRecord {
         LogRecord {
             worker: Some(0),
             level: LogLevel::Info,
-            source: crate::host::logging::LogSource::Guest,
+            source: crate::engine::host::logging::LogSource::Guest,
             plugin: String::new(),
             root_id: String::new(),
             vm_id: String::new(),

@@ -11,7 +11,7 @@ use wasmtime::{Caller, Linker};
 
 use super::log_book::LogBook;
 use super::{finish, hostcall, memory, HostState};
-use crate::abi::{LogLevel, Status};
+use crate::engine::abi::{LogLevel, Status};
 
 /// Who wrote a log line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

@@ -5,7 +5,7 @@
 use wasmtime::Caller;
 
 use super::{HostError, HostState};
-use crate::abi::Status;
+use crate::engine::abi::Status;
 
 /// Envoy's cap on a VM's linear memory (`PROXY_WASM_HOST_MAX_WASM_MEMORY_SIZE_BYTES`).
 pub const MAX_MEMORY_BYTES: usize = 1 << 30;

@@ -10,7 +10,7 @@ use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
 use super::{finish, hostcall, memory, HostState};
-use crate::abi::Status;
+use crate::engine::abi::Status;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -14,8 +14,8 @@ use wasmtime::{Caller, Linker};
 mod xds;
 
 use super::{hostcall, memory, HeaderMap, HostState};
-use crate::abi::Status;
-use crate::http::{headers, DynamicMetadata};
+use crate::engine::abi::Status;
+use crate::envoy::http::{headers, DynamicMetadata};
 
 fn int(v: i64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
@@ -104,11 +104,11 @@ fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         ["request", "protocol"] => Some(b"HTTP/1.1".to_vec()),
         // Requests take no virtual time, so the first byte arrived now.
         ["request", "time"] => Some(int(super::time::wall_nanos(state) as i64)),
-        ["request", "headers"] => Some(crate::abi::encode_pairs(req)),
+        ["request", "headers"] => Some(crate::engine::abi::encode_pairs(req)),
         ["response", "headers"] => s
             .response_headers
             .as_ref()
-            .map(|h| crate::abi::encode_pairs(h)),
+            .map(|h| crate::engine::abi::encode_pairs(h)),
         ["response", "headers", name] => {
             let values: Vec<&[u8]> = s
                 .response_headers
@@ -137,7 +137,7 @@ fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
 /// serialization, `filter_metadata` and below Struct values; nothing fills
 /// `typed_filter_metadata`, an empty map as in Envoy.
 fn dynamic_metadata(metadata: &DynamicMetadata, rest: &[&str]) -> Result<Vec<u8>, Status> {
-    use crate::http::metadata::protobuf_metadata;
+    use crate::envoy::http::metadata::protobuf_metadata;
     match rest {
         [] => Ok(protobuf_metadata(metadata)),
         ["filter_metadata", keys @ ..] => {
@@ -180,12 +180,12 @@ pub(super) fn json_value(v: &serde_json::Value) -> Result<Vec<u8>, Status> {
             .to_le_bytes()
             .to_vec(),
         Value::Bool(b) => vec![*b as u8],
-        Value::Object(m) => crate::abi::encode_pairs(
+        Value::Object(m) => crate::engine::abi::encode_pairs(
             &m.iter()
                 .map(|(k, v)| Ok((k.clone(), json_value(v)?)))
                 .collect::<Result<Vec<_>, Status>>()?,
         ),
-        Value::Array(a) => crate::abi::encode_pairs(
+        Value::Array(a) => crate::engine::abi::encode_pairs(
             &a.iter()
                 .map(|v| Ok((json_value(v)?, Vec::new())))
                 .collect::<Result<Vec<_>, Status>>()?,
@@ -232,7 +232,7 @@ fn proxy_set_property(
         if held.saturating_add(adding) > MAX_STREAM_PROPERTY_BYTES {
             super::logging::record(
                 caller.data(),
-                crate::abi::LogLevel::Critical,
+                crate::engine::abi::LogLevel::Critical,
                 format!(
                     "proxy_set_property: the stream's properties would pass the harness's limit of {MAX_STREAM_PROPERTY_BYTES} bytes ({held} held, adding {adding}): refused (BadArgument)"
                 ),

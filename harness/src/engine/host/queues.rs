@@ -9,7 +9,7 @@ use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
 use super::{held, hostcall, memory, shared_data::vm_id, HostState};
-use crate::abi::Status;
+use crate::engine::abi::Status;
 
 /// Who gets a queue's notifications: a root context in one VM instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,7 +8,7 @@ use wasm_common::sync::lock;
 use wasmtime::{Caller, Linker};
 
 use super::{held, hostcall, memory, HostState};
-use crate::abi::Status;
+use crate::engine::abi::Status;
 
 #[derive(Debug)]
 pub struct SharedData {

@@ -5,7 +5,7 @@
 use wasmtime::{Caller, Linker};
 
 use super::{finish, hostcall, memory, HostState, LocalReply};
-use crate::abi::{self, Status, StreamType};
+use crate::engine::abi::{self, Status, StreamType};
 
 #[allow(clippy::too_many_arguments)]
 fn proxy_send_local_response(

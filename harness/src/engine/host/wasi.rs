@@ -10,7 +10,7 @@ use wasmtime::{Caller, Linker};
 
 use super::log_book::MAX_WRITE_BYTES;
 use super::{logging, memory, time, HostState};
-use crate::abi::LogLevel;
+use crate::engine::abi::LogLevel;
 
 const SUCCESS: i32 = 0;
 const BADF: i32 = 8;
@@ -185,7 +185,7 @@ fn environ_get(mut caller: Caller<'_, HostState>, array: i32, buf: i32) -> wasmt
     let env = environ(caller.data());
     errno((|| {
         // Addresses past the end of i32 are the guest's fault, never an overflow.
-        let fault = || super::HostError::Status(crate::abi::Status::InvalidMemoryAccess);
+        let fault = || super::HostError::Status(crate::engine::abi::Status::InvalidMemoryAccess);
         let mut at = buf;
         for (i, entry) in env.iter().enumerate() {
             let slot = i32::try_from(i)

@@ -2,8 +2,8 @@
 //! `onHttpCallSuccess` / `onHttpCallFailure` and gRPC `onSuccess` / `onFailure` do.
 
 use super::Vm;
-use crate::abi::Status;
-use crate::host;
+use crate::engine::abi::Status;
+use crate::engine::host;
 
 /// How a callout ended, as the owning root is told.
 #[derive(Debug, Clone)]

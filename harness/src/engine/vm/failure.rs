@@ -4,8 +4,8 @@
 //! V8's `Proxy-Wasm plugin in-VM backtrace:` frames; and a configuration the canary refuses
 //! is followed by the lines Envoy writes when it refuses to start.
 
-use crate::abi::LogLevel;
-use crate::bootstrap::FailurePolicy;
+use crate::engine::abi::LogLevel;
+use crate::envoy::bootstrap::FailurePolicy;
 
 use super::PluginStartError;
 

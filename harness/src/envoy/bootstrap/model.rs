@@ -189,7 +189,7 @@ pub struct WasmPlugin {
     pub failure_policy: FailurePolicy,
     pub environment: Vec<(String, String)>,
     /// `vm_config.allow_precompiled`: load code precompiled into the module (see
-    /// [`crate::precompiled_section`]).
+    /// [`crate::engine::precompiled_section`]).
     pub allow_precompiled: bool,
 }
 

@@ -12,12 +12,10 @@ use super::{fields, shape};
 
 impl Bootstrap {
     pub fn load(path: &Path) -> Result<Self, BootstrapError> {
-        let text =
-            crate::input::read_text(path, crate::input::MAX_CONFIG_BYTES).map_err(|source| {
-                BootstrapError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                }
+        let text = crate::engine::input::read_text(path, crate::engine::input::MAX_CONFIG_BYTES)
+            .map_err(|source| BootstrapError::Read {
+                path: path.to_path_buf(),
+                source,
             })?;
         let doc: Value = wasm_common::yaml::from_str(&text).map_err(|e| BootstrapError::Parse {
             path: path.to_path_buf(),

@@ -65,7 +65,7 @@ impl RouteConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::bootstrap::RouteAction;
+    use crate::envoy::bootstrap::RouteAction;
 
     fn host(name: &str, domains: &[&str], routes: Vec<Route>) -> VirtualHost {
         VirtualHost {

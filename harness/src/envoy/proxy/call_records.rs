@@ -5,8 +5,8 @@
 
 use std::ops::Deref;
 
-use crate::host::callouts::{CallRequest, PendingCall};
-use crate::http::CallRecord;
+use crate::engine::host::callouts::{CallRequest, PendingCall};
+use crate::envoy::http::CallRecord;
 
 /// The most bytes of call records (request headers, bodies, answers) a run keeps.
 pub const MAX_CALL_RECORD_BYTES: usize = 64 << 20;
@@ -59,7 +59,9 @@ impl Deref for CallRecords {
 
 /// The bytes of a request a record copies.
 fn cost(request: &CallRequest) -> usize {
-    let map = |m: &crate::host::HeaderMap| m.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>();
+    let map = |m: &crate::engine::host::HeaderMap| {
+        m.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+    };
     match request {
         CallRequest::Http { headers, body, .. } => map(headers) + body.len(),
         CallRequest::Grpc {

@@ -5,7 +5,7 @@
 //! answers an unreachable upstream (503), and the call's record says why.
 //!
 //! Calls are answered after the callback that made them returns, in the order they were
-//! made, on the root context that owns them (see [`crate::host::callouts`]); what those
+//! made, on the root context that owns them (see [`crate::engine::host::callouts`]); what those
 //! completions cause (more calls, queue notifications, a paused stream resuming) follows
 //! before the stream goes on. The requests to loopback upstreams of the calls pending at once
 //! are in flight together, as in Envoy, and one delivery round has a time budget
@@ -18,13 +18,13 @@ use std::time::{Duration, Instant};
 use wasm_common::sync::lock;
 
 use super::threads::{Dispatcher, Threads};
-use crate::bootstrap::Bootstrap;
-use crate::host::callouts::{CallRequest, CallResponse, PendingCall};
-use crate::http::{
+use crate::engine::host::callouts::{CallRequest, CallResponse, PendingCall};
+use crate::engine::vm::CallOutcome;
+use crate::envoy::bootstrap::Bootstrap;
+use crate::envoy::http::{
     headers, CallRecord, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HeaderMap, HttpCallAnswer,
     UpstreamReply,
 };
-use crate::vm::CallOutcome;
 
 /// How long a loopback upstream may take when the guest set no timeout (Envoy would wait
 /// forever; a test should not).
@@ -41,7 +41,8 @@ pub const MAX_CONCURRENT_CALLOUTS: usize = 16;
 /// call, as Envoy's buffer limit does.
 pub const MAX_CALLOUT_BODY_BYTES: usize = 16 << 20;
 
-const CALLOUT_LIMITS: crate::http1::Limits = crate::http1::Limits::new(MAX_CALLOUT_BODY_BYTES);
+const CALLOUT_LIMITS: crate::envoy::http1::Limits =
+    crate::envoy::http1::Limits::new(MAX_CALLOUT_BODY_BYTES);
 
 /// gRPC `UNAVAILABLE`.
 const GRPC_UNAVAILABLE: u32 = 14;
@@ -225,7 +226,7 @@ impl Callouts {
         if limit.is_zero() {
             return timed_out(&"not sent");
         }
-        match crate::http1::request(addr, headers, body, limit, CALLOUT_LIMITS) {
+        match crate::envoy::http1::request(addr, headers, body, limit, CALLOUT_LIMITS) {
             Ok(resp) => {
                 let reply = UpstreamReply {
                     status: resp.status,
@@ -243,8 +244,8 @@ impl Callouts {
                     format!("upstream {addr}: {status}"),
                 )
             }
-            Err(e @ crate::http1::Http1Error::TimedOut(_)) => timed_out(&e),
-            Err(e @ crate::http1::Http1Error::BodyTooLarge { .. }) => Answer::new(
+            Err(e @ crate::envoy::http1::Http1Error::TimedOut(_)) => timed_out(&e),
+            Err(e @ crate::envoy::http1::Http1Error::BodyTooLarge { .. }) => Answer::new(
                 CallOutcome::HttpReset,
                 format!("upstream {addr}: {e}: reset, as Envoy's buffer limit resets the call"),
             ),
@@ -498,7 +499,7 @@ fn receiver_vm<'w>(
     workers: &'w mut [Dispatcher],
     main: &'w mut Dispatcher,
     call: &PendingCall,
-) -> Option<&'w mut crate::vm::Vm> {
+) -> Option<&'w mut crate::engine::vm::Vm> {
     let dispatcher = match call.receiver.worker {
         Some(w) => workers.get_mut(w)?,
         None => main,

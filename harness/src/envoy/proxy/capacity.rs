@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use super::threads::VmKey;
 use super::StartError;
-use crate::bootstrap::Bootstrap;
+use crate::envoy::bootstrap::Bootstrap;
 
 /// The most workers the harness runs (Envoy's `--concurrency`). Each has its own instance of
 /// every VM, so this bounds the memory a scenario can ask for.

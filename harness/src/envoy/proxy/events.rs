@@ -11,7 +11,7 @@ use wasm_common::sync::lock;
 
 use super::callouts;
 use super::threads::Threads;
-use crate::host::time::format_duration;
+use crate::engine::host::time::format_duration;
 
 /// How many queue notifications one delivery round may make before the harness calls it a
 /// storm (roots enqueueing to each other from `proxy_on_queue_ready` forever). Envoy would

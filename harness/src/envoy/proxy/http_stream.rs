@@ -11,12 +11,12 @@ mod phases;
 
 use super::router::{self, Framing, Outgoing, Routed};
 use super::threads::{Dispatcher, Threads};
-use crate::bootstrap::{Bootstrap, FailurePolicy, HttpConnectionManager, WasmPlugin};
-use crate::host::{self, LocalReply};
-use crate::http::{
+use crate::engine::host::{self, LocalReply};
+use crate::engine::vm::Vm;
+use crate::envoy::bootstrap::{Bootstrap, FailurePolicy, HttpConnectionManager, WasmPlugin};
+use crate::envoy::http::{
     Exchange, HeaderMap, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
 };
-use crate::vm::Vm;
 
 /// One HTTP stream on worker `w`. It holds every thread because what a callback enqueues is
 /// delivered, once the callback returns, to whichever thread registered the queue.
@@ -164,7 +164,7 @@ impl<'a> HttpStream<'a> {
     /// Creates the stream contexts lazily, as Envoy does at the first decode callback.
     /// Envoy creates a context in its filter's first decode callback, after the filters
     /// ahead of it set the request's dynamic metadata.
-    fn setup(&mut self, metadata: &Arc<crate::http::DynamicMetadata>) {
+    fn setup(&mut self, metadata: &Arc<crate::envoy::http::DynamicMetadata>) {
         let listener = self.listener_index;
         let n = self.worker().slots[listener].len();
         self.contexts = vec![None; n];

@@ -5,9 +5,9 @@
 
 use std::fmt::Write as _;
 
-use crate::bootstrap::{Bootstrap, RouteAction, RouteConfig, UpstreamProtocol};
-use crate::host::LocalReply;
-use crate::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
+use crate::engine::host::LocalReply;
+use crate::envoy::bootstrap::{Bootstrap, RouteAction, RouteConfig, UpstreamProtocol};
+use crate::envoy::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
 
 /// A request as the connection manager hands it to the filters.
 pub(super) struct Incoming {

@@ -25,11 +25,11 @@
 //! plugin's failure policy: fail-closed closes the connection, fail-open passes bytes through.
 
 use super::threads::{PluginSlot, Threads};
-use crate::bootstrap::{Cluster, FailurePolicy, WasmPlugin};
-use crate::host;
-use crate::host::filter_state::TCP_PROXY_CLUSTER;
-use crate::http::{TcpEvent, TcpOutcome};
-use crate::vm::Vm;
+use crate::engine::host;
+use crate::engine::host::filter_state::TCP_PROXY_CLUSTER;
+use crate::engine::vm::Vm;
+use crate::envoy::bootstrap::{Cluster, FailurePolicy, WasmPlugin};
+use crate::envoy::http::{TcpEvent, TcpOutcome};
 
 /// Which way bytes flow.
 #[derive(Clone, Copy, PartialEq, Eq)]

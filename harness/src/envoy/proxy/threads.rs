@@ -11,11 +11,11 @@ use std::sync::Arc;
 use super::callouts::Callouts;
 use super::events::{self, DeliveryError};
 use super::StartError;
-use crate::bootstrap::{Bootstrap, FailurePolicy, WasmPlugin};
-use crate::host::Shared;
-use crate::precompiled_section as precompiled;
-use crate::runtime::{LoadedModule, Runtime, VmError};
-use crate::vm::Vm;
+use crate::engine::host::Shared;
+use crate::engine::precompiled_section as precompiled;
+use crate::engine::runtime::{LoadedModule, Runtime, VmError};
+use crate::engine::vm::Vm;
+use crate::envoy::bootstrap::{Bootstrap, FailurePolicy, WasmPlugin};
 
 /// `FAIL_RELOAD`'s backoff (`reload_config.backoff.base_interval`, Envoy's default). The
 /// harness does not jitter it, so runs repeat.
@@ -277,7 +277,7 @@ impl Dispatcher {
         &mut self,
         vm: usize,
         p: &WasmPlugin,
-    ) -> Result<Option<u32>, crate::vm::PluginStartError> {
+    ) -> Result<Option<u32>, crate::engine::vm::PluginStartError> {
         let key = (vm, PluginKey::of(p));
         if let Some(root) = self.roots.get(&key) {
             return Ok(*root);

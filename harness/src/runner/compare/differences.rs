@@ -4,8 +4,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::http::{CallRecord, Exchange};
-use crate::proxy::TcpOutcome;
+use crate::envoy::http::{CallRecord, Exchange};
+use crate::envoy::proxy::TcpOutcome;
 
 /// Headers whose values legitimately differ between two runs (clock, ids, conditions); only
 /// their presence is compared.
@@ -163,7 +163,7 @@ pub(super) fn compare_calls(harness: &[CallRecord], envoy: &[CallRecord], out: &
                     out.push(format!(
                         "{what} {k}: harness {:?}, envoy {:?}",
                         String::from_utf8_lossy(v),
-                        crate::http::header(&e.headers, k).map(String::from_utf8_lossy)
+                        crate::envoy::http::header(&e.headers, k).map(String::from_utf8_lossy)
                     ));
                 }
             }

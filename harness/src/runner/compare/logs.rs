@@ -13,10 +13,10 @@ use std::fmt;
 
 use serde::Serialize;
 
-use crate::host::logging::LogSource;
-use crate::host::LogRecord;
-use crate::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
-use crate::scenario::expect::{LogThread, WrittenLog};
+use crate::engine::host::logging::LogSource;
+use crate::engine::host::LogRecord;
+use crate::runner::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
+use crate::runner::scenario::expect::{LogThread, WrittenLog};
 
 /// How a step's log lines compare.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -237,7 +237,7 @@ fn differ(harness: &[Line], envoy: &[Line]) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::LogLevel;
+    use crate::engine::abi::LogLevel;
 
     fn record(worker: Option<usize>, source: LogSource, message: &str) -> LogRecord {
         LogRecord {

@@ -8,9 +8,9 @@ use std::time::Duration;
 use serde_json::Value;
 
 use super::MAX_BODY_BYTES;
-use crate::host::HeaderMap;
-use crate::http::{Request, Response};
-use crate::http1;
+use crate::engine::host::HeaderMap;
+use crate::envoy::http::{Request, Response};
+use crate::envoy::http1;
 
 /// A GET on Envoy's admin API, once Envoy has written its admin address.
 pub(super) fn admin_get(admin_path: &Path, path: &str) -> Option<Vec<u8>> {

@@ -14,7 +14,7 @@ use wasm_common::sync::lock;
 
 use super::upstream::{UpstreamAnswer, UpstreamState, IDLE};
 use super::MAX_BODY_BYTES;
-use crate::http::{GrpcCallAnswer, HeaderMap, SeenRequest, UpstreamReply};
+use crate::envoy::http::{GrpcCallAnswer, HeaderMap, SeenRequest, UpstreamReply};
 
 /// The start of the HTTP/2 connection preface (`PRI * HTTP/2.0`): no HTTP/1.1 method.
 pub(super) const PREFACE_START: &[u8; 4] = b"PRI ";
@@ -156,7 +156,7 @@ async fn answer_stream(mut respond: SendResponse<Bytes>, answer: UpstreamAnswer)
             if !message.is_empty() {
                 status.push((
                     "grpc-message".into(),
-                    crate::proxy::grpc_message_encode(message.as_bytes()),
+                    crate::envoy::proxy::grpc_message_encode(message.as_bytes()),
                 ));
             }
             (grpc_head(200, &status), Vec::new(), Vec::new())

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::scenario::expect::LogThread;
+use crate::runner::scenario::expect::LogThread;
 
 /// The most of Envoy's log the comparison reads.
 pub const MAX_LOG_BYTES: u64 = 64 << 20;
@@ -111,7 +111,7 @@ impl EnvoyLogReader {
 
     /// Every record so far.
     pub fn all(&mut self) -> Vec<EnvoyRecord> {
-        let text = crate::input::read_text(&self.path, MAX_LOG_BYTES).unwrap_or_default();
+        let text = crate::engine::input::read_text(&self.path, MAX_LOG_BYTES).unwrap_or_default();
         let records = parse(&text);
         if let Some(first) = records.first() {
             // The first line (`initializing epoch 0`) is the main thread's.

@@ -8,9 +8,9 @@
 use base64::Engine as _;
 use serde_json::{json, Value};
 
-use crate::http::metadata::protobuf_value;
-use crate::http::{DynamicMetadata, Request};
-use crate::traffic::TrafficError;
+use crate::envoy::http::metadata::protobuf_value;
+use crate::envoy::http::{DynamicMetadata, Request};
+use crate::envoy::traffic::TrafficError;
 
 /// The hidden header carrying the `i`th seeded key.
 const HEADER_PREFIX: &str = "x-wasm-harness-metadata-";

@@ -6,8 +6,8 @@ use std::time::Duration;
 use wasm_common::sync::lock;
 
 use super::RealEnvoy;
-use crate::proxy::{TcpEvent, TcpOutcome};
-use crate::traffic::TrafficError;
+use crate::envoy::proxy::{TcpEvent, TcpOutcome};
+use crate::envoy::traffic::TrafficError;
 
 /// How long `tcp_proxy` may take to connect upstream after the client connected, before the
 /// connection counts as reaching no cluster.

@@ -15,11 +15,11 @@ use std::time::Duration;
 use wasm_common::sync::lock;
 
 use super::{h2c, io, EnvoyError, MAX_BODY_BYTES};
-use crate::http::{
+use crate::envoy::http::{
     headers, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HeaderMap, HttpCallAnswer,
     SeenRequest, UpstreamReply,
 };
-use crate::http1;
+use crate::envoy::http1;
 
 /// One loopback upstream per cluster: answers each request with the reply queued for it and
 /// records what it saw.

@@ -4,7 +4,7 @@
 use serde::Deserialize;
 
 use super::UpstreamSpec;
-use crate::http;
+use crate::envoy::http;
 
 /// `{cluster: auth, path: /check, reply: {status: 200, ...}}` or `{cluster: auth, reset: true}`.
 #[derive(Debug, Clone, Deserialize)]
@@ -81,12 +81,14 @@ impl GrpcCallSpec {
                     ))
                 }
                 (Some(text), None) => text.clone().into_bytes(),
-                (None, Some(b64)) => crate::bootstrap::base64_decode(b64).ok_or_else(|| {
-                    format!(
-                        "grpc_calls entry for {:?}: message_base64 is not valid base64",
-                        self.cluster
-                    )
-                })?,
+                (None, Some(b64)) => {
+                    crate::envoy::bootstrap::base64_decode(b64).ok_or_else(|| {
+                        format!(
+                            "grpc_calls entry for {:?}: message_base64 is not valid base64",
+                            self.cluster
+                        )
+                    })?
+                }
                 (None, None) => Vec::new(),
             };
             http::GrpcCallAnswer::Message(message)

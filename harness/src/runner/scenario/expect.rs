@@ -12,9 +12,9 @@ mod logs;
 pub use logs::*;
 
 use super::Headers;
-use crate::host::HeaderMap;
-use crate::http::{self, CallRecord, Exchange, LocalReplySource};
-use crate::proxy::{Proxy, TcpOutcome};
+use crate::engine::host::HeaderMap;
+use crate::envoy::http::{self, CallRecord, Exchange, LocalReplySource};
+use crate::envoy::proxy::{Proxy, TcpOutcome};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -427,14 +427,14 @@ fn check_headers(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::abi::LogLevel;
-    use crate::host::LogRecord;
+    use crate::engine::abi::LogLevel;
+    use crate::engine::host::LogRecord;
 
     fn record(worker: Option<usize>, message: &str) -> LogRecord {
         LogRecord {
             worker,
             level: LogLevel::Info,
-            source: crate::host::logging::LogSource::Guest,
+            source: crate::engine::host::logging::LogSource::Guest,
             plugin: "p".into(),
             root_id: String::new(),
             vm_id: "vm".into(),

@@ -11,10 +11,10 @@
 use serde_json::Value;
 
 use super::{below, json_value};
-use crate::abi::{LogLevel, Status};
-use crate::bootstrap::{Bootstrap, Listener, Route, RouteAction};
-use crate::host::{logging, HostState, HttpStreamState};
-use crate::http::headers;
+use crate::engine::abi::{LogLevel, Status};
+use crate::engine::host::{logging, HostState, HttpStreamState};
+use crate::envoy::bootstrap::{Bootstrap, Listener, Route, RouteAction};
+use crate::envoy::http::headers;
 
 /// `xds` attributes Envoy 1.40 has that the harness does not answer.
 const NOT_EMULATED: &[&str] = &[

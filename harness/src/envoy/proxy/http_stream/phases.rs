@@ -3,8 +3,8 @@
 //! its callback runs, so the guest's hostcalls read and edit it there.
 
 use super::{ChainAfter, Dir, Halt, HttpStream, Order, Part, StopReason, Stopped};
-use crate::host;
-use crate::http::HeaderMap;
+use crate::engine::host;
+use crate::envoy::http::HeaderMap;
 
 impl HttpStream<'_> {
     /// Request or response headers through the filters in `order`; the map each filter

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use crate::host::LogRecord;
+use crate::engine::host::LogRecord;
 
 /// Expectations on the log lines written during a step.
 #[derive(Debug, Clone, Default, Deserialize)]
