@@ -29,11 +29,11 @@ use wasm_common::sync::lock;
 use wasmtime::{Linker, Memory, StoreLimits, TypedFunc};
 
 use crate::engine::abi::{AbiVersion, Status};
-use crate::envoy::bootstrap::WasmPlugin;
+use crate::engine::plugin::WasmPlugin;
 
 pub use logging::LogRecord;
 
-pub use crate::envoy::http::HeaderMap;
+pub use crate::engine::header_map::HeaderMap;
 
 /// State shared by every VM of one host: the log, the virtual clock, shared data and queues.
 #[derive(Debug, Default)]
@@ -54,8 +54,8 @@ pub struct Shared {
     pub stats: metrics::Stats,
     /// The bootstrap's `node` (id, cluster, metadata), for the `xds.node` properties.
     pub node: std::sync::OnceLock<serde_json::Value>,
-    /// The bootstrap, for the route and cluster a stream's `xds.*` properties name.
-    pub bootstrap: std::sync::OnceLock<Arc<crate::envoy::bootstrap::Bootstrap>>,
+    /// The configuration's routes, for the route and cluster a stream's `xds.*` properties name.
+    pub routes: std::sync::OnceLock<Arc<dyn properties::RouteTable>>,
     /// Numbers VM instances (from 1) so queue notifications find the one that registered.
     next_instance: AtomicU64,
 }
@@ -115,7 +115,7 @@ pub struct HttpStreamState {
     pub continue_response: bool,
     pub reset: bool,
     /// The stream's dynamic metadata, shared by its contexts (`metadata` property).
-    pub dynamic_metadata: Arc<crate::envoy::http::DynamicMetadata>,
+    pub dynamic_metadata: Arc<crate::engine::metadata::DynamicMetadata>,
 }
 
 /// The downstream connection a stream arrived on, for the `source.*`, `destination.*` and

@@ -12,8 +12,8 @@ use wasmtime::{
 
 use crate::engine::abi::AbiVersion;
 use crate::engine::host::{self, logging, ContextKind, HostState, RootInfo, Shared};
+use crate::engine::plugin::WasmPlugin;
 use crate::engine::runtime::{EPOCH_TICK, MAX_TABLE_ELEMENTS};
-use crate::envoy::bootstrap::WasmPlugin;
 
 mod calls;
 pub(crate) mod failure;
@@ -327,7 +327,7 @@ impl Vm {
         &mut self,
         root: u32,
         connection: host::Connection,
-        dynamic_metadata: Arc<crate::envoy::http::DynamicMetadata>,
+        dynamic_metadata: Arc<crate::engine::metadata::DynamicMetadata>,
     ) -> u32 {
         let id = self.alloc_context_id();
         self.state_mut().contexts.insert(
@@ -547,7 +547,7 @@ mod tests {
             code: code.to_path_buf(),
             vm_configuration: Vec::new(),
             configuration: Vec::new(),
-            failure_policy: crate::envoy::bootstrap::FailurePolicy::FailClosed,
+            failure_policy: crate::engine::plugin::FailurePolicy::FailClosed,
             environment: Vec::new(),
             allow_precompiled: false,
         }

@@ -4,14 +4,8 @@
 use serde::ser::{SerializeMap, SerializeSeq};
 use serde::{Serialize, Serializer};
 
-pub mod headers;
-pub mod metadata;
-
-pub use metadata::DynamicMetadata;
-
-/// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
-/// [`headers`] edits it with Envoy's rules.
-pub type HeaderMap = Vec<(String, Vec<u8>)>;
+pub use crate::engine::header_map::{self as headers, HeaderMap};
+pub use crate::engine::metadata::{self, DynamicMetadata};
 
 /// A request as a client sends it to a listener.
 #[derive(Debug, Clone, Default, Serialize)]

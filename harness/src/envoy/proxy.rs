@@ -157,7 +157,7 @@ impl Proxy {
         let shared = Arc::new(Shared::default());
         lock(&shared.log).set_level(options.log_level);
         let _ = shared.node.set(bootstrap.node.clone());
-        let _ = shared.bootstrap.set(Arc::new(bootstrap.clone()));
+        let _ = shared.routes.set(Arc::new(bootstrap.clone()));
         let factory = VmFactory::new(runtime, &bootstrap)?;
         let destinations = bootstrap
             .listeners

@@ -12,6 +12,7 @@ mod cli;
 mod envoy;
 mod guests;
 mod hostile;
+mod layers;
 mod logs;
 mod metadata;
 mod precompiled;

@@ -210,19 +210,15 @@ fn proxy_http_call(
             }
             // What Envoy's async client and router add on the way out.
             if !body.is_empty() {
-                crate::envoy::http::headers::replace(
+                crate::engine::header_map::replace(
                     &mut headers,
                     "content-length",
                     body.len().to_string().into_bytes(),
                 );
             }
-            crate::envoy::http::headers::replace(
-                &mut headers,
-                "x-envoy-internal",
-                b"true".to_vec(),
-            );
+            crate::engine::header_map::replace(&mut headers, "x-envoy-internal", b"true".to_vec());
             if timeout_ms > 0 {
-                crate::envoy::http::headers::replace(
+                crate::engine::header_map::replace(
                     &mut headers,
                     "x-envoy-expected-rq-timeout-ms",
                     timeout_ms.to_string().into_bytes(),

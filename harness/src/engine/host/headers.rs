@@ -46,7 +46,7 @@ fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
     }
 }
 
-use crate::envoy::http::headers::{add, get, remove, replace};
+use crate::engine::header_map::{add, get, remove, replace};
 
 fn map_type(raw: i32) -> Result<MapType, Status> {
     MapType::from_raw(raw).ok_or(Status::BadArgument)

@@ -13,9 +13,12 @@ use wasmtime::{Caller, Linker};
 
 mod xds;
 
+pub use xds::{RouteTable, XdsRoute};
+
 use super::{hostcall, memory, HeaderMap, HostState};
 use crate::engine::abi::Status;
-use crate::envoy::http::{headers, DynamicMetadata};
+use crate::engine::header_map as headers;
+use crate::engine::metadata::DynamicMetadata;
 
 fn int(v: i64) -> Vec<u8> {
     v.to_le_bytes().to_vec()
@@ -137,7 +140,7 @@ fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
 /// serialization, `filter_metadata` and below Struct values; nothing fills
 /// `typed_filter_metadata`, an empty map as in Envoy.
 fn dynamic_metadata(metadata: &DynamicMetadata, rest: &[&str]) -> Result<Vec<u8>, Status> {
-    use crate::envoy::http::metadata::protobuf_metadata;
+    use crate::engine::metadata::protobuf_metadata;
     match rest {
         [] => Ok(protobuf_metadata(metadata)),
         ["filter_metadata", keys @ ..] => {

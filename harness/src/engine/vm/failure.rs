@@ -5,7 +5,7 @@
 //! is followed by the lines Envoy writes when it refuses to start.
 
 use crate::engine::abi::LogLevel;
-use crate::envoy::bootstrap::FailurePolicy;
+use crate::engine::plugin::FailurePolicy;
 
 use super::PluginStartError;
 

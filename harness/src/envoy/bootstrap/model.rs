@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
+pub use crate::engine::plugin::{FailurePolicy, WasmPlugin};
+
 #[derive(Debug, thiserror::Error)]
 pub enum BootstrapError {
     #[error("cannot read bootstrap {path}: {source}")]
@@ -166,31 +168,6 @@ pub struct Cluster {
     pub metadata: Value,
     /// What Envoy speaks to the endpoints, from the cluster's protocol options.
     pub protocol: super::UpstreamProtocol,
-}
-
-/// Where the failed-VM policy sends traffic (`fail_open` / `failure_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum FailurePolicy {
-    FailClosed,
-    FailOpen,
-    FailReload,
-}
-
-/// One `PluginConfig`: what Envoy needs to create (or share) a VM and a root context.
-#[derive(Debug, Clone)]
-pub struct WasmPlugin {
-    pub name: String,
-    pub root_id: String,
-    pub vm_id: String,
-    pub runtime: String,
-    pub code: PathBuf,
-    pub vm_configuration: Vec<u8>,
-    pub configuration: Vec<u8>,
-    pub failure_policy: FailurePolicy,
-    pub environment: Vec<(String, String)>,
-    /// `vm_config.allow_precompiled`: load code precompiled into the module (see
-    /// [`crate::engine::precompiled_section`]).
-    pub allow_precompiled: bool,
 }
 
 impl Bootstrap {

@@ -1,8 +1,39 @@
 //! Envoy's route matching over a route table: the virtual host an authority selects and the
-//! route a path takes. The router uses it to decide where a request goes and the `xds.*`
-//! properties to name the route and cluster; both read the table, neither asks the other.
+//! route a path takes. The router uses it to decide where a request goes and the engine's
+//! `xds.*` properties (through [`RouteTable`]) to name the route and cluster; both read the
+//! table, neither asks the other.
 
-use super::{Route, RouteConfig, RouteMatch, VirtualHost};
+use super::{Bootstrap, Route, RouteAction, RouteConfig, RouteMatch, VirtualHost};
+use crate::engine::host::properties::{RouteTable, XdsRoute};
+
+impl RouteTable for Bootstrap {
+    fn xds_route(
+        &self,
+        (address, port): &(String, u16),
+        authority: &str,
+        path: &str,
+    ) -> Option<XdsRoute<'_>> {
+        let listener = self
+            .listeners
+            .iter()
+            .find(|l| l.port == *port && l.address == *address)?;
+        let routes = &listener.http()?.routes;
+        let virtual_host = routes.virtual_host(authority)?;
+        let route = routes.route(authority, path)?;
+        let cluster = match &route.action {
+            RouteAction::Cluster(name) => {
+                self.cluster(name).map(|c| (c.name.as_str(), &c.metadata))
+            }
+            RouteAction::Direct { .. } => None,
+        };
+        Some(XdsRoute {
+            virtual_host: &virtual_host.name,
+            name: &route.xds.name,
+            metadata: &route.xds.metadata,
+            cluster,
+        })
+    }
+}
 
 impl RouteConfig {
     /// Envoy's virtual host selection: exact domain, then the longest `*.suffix` / `suffix`
@@ -65,7 +96,6 @@ impl RouteConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::envoy::bootstrap::RouteAction;
 
     fn host(name: &str, domains: &[&str], routes: Vec<Route>) -> VirtualHost {
         VirtualHost {

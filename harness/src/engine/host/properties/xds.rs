@@ -1,6 +1,6 @@
 //! The `xds.*` properties of an HTTP stream: the route, virtual host and cluster the request
 //! takes (chosen from its current headers, as Envoy chose them when the headers arrived), read
-//! from the bootstrap as Envoy 1.40 serializes them (checked against it,
+//! from the configuration's [`RouteTable`] as Envoy 1.40 serializes them (checked against it,
 //! `harness/tests/all/metadata.rs`). `xds.node.*` is answered by the caller.
 //!
 //! Metadata is readable below `filter_metadata` (`xds.route_metadata.filter_metadata.NS.KEY`,
@@ -12,9 +12,8 @@ use serde_json::Value;
 
 use super::{below, json_value};
 use crate::engine::abi::{LogLevel, Status};
+use crate::engine::header_map as headers;
 use crate::engine::host::{logging, HostState, HttpStreamState};
-use crate::envoy::bootstrap::{Bootstrap, Listener, Route, RouteAction};
-use crate::envoy::http::headers;
 
 /// `xds` attributes Envoy 1.40 has that the harness does not answer.
 const NOT_EMULATED: &[&str] = &[
@@ -25,18 +24,34 @@ const NOT_EMULATED: &[&str] = &[
     "filter_chain_name",
 ];
 
-/// The listener a stream arrived on: the one bound to its destination.
-fn listener<'b>(bootstrap: &'b Bootstrap, s: &HttpStreamState) -> Option<&'b Listener> {
-    let (address, port) = s.connection.destination.as_ref();
-    bootstrap
-        .listeners
-        .iter()
-        .find(|l| l.port == *port && l.address == *address)
+/// What the configuration says of the route a request takes, which the `xds.*` properties
+/// answer from. The emulated Envoy's bootstrap implements it with Envoy's route matching; the
+/// engine does no routing of its own.
+pub trait RouteTable: std::fmt::Debug + Send + Sync {
+    /// The route a request for `authority` and `path` takes on the listener bound to
+    /// `destination` (address, port), if one matches.
+    fn xds_route(
+        &self,
+        destination: &(String, u16),
+        authority: &str,
+        path: &str,
+    ) -> Option<XdsRoute<'_>>;
 }
 
-/// The stream's virtual host name and route, from its request headers.
-fn route<'b>(bootstrap: &'b Bootstrap, s: &HttpStreamState) -> Option<(&'b str, &'b Route)> {
-    let routes = &listener(bootstrap, s)?.http()?.routes;
+/// A request's route as the `xds.*` properties name it.
+#[derive(Debug)]
+pub struct XdsRoute<'a> {
+    pub virtual_host: &'a str,
+    pub name: &'a str,
+    /// `envoy.config.core.v3.Metadata` as JSON (`Null` when absent).
+    pub metadata: &'a Value,
+    /// The cluster it sends to, with its metadata; `None` for a direct response or a cluster
+    /// the configuration does not have.
+    pub cluster: Option<(&'a str, &'a Value)>,
+}
+
+/// The stream's route, from its request headers (as Envoy chose it when they arrived).
+fn route<'t>(table: &'t dyn RouteTable, s: &HttpStreamState) -> Option<XdsRoute<'t>> {
     let req = s
         .request_headers
         .as_ref()
@@ -46,10 +61,11 @@ fn route<'b>(bootstrap: &'b Bootstrap, s: &HttpStreamState) -> Option<(&'b str, 
             .map(|v| String::from_utf8_lossy(v).into_owned())
             .unwrap_or_default()
     };
-    let (authority, path) = (text(":authority"), text(":path"));
-    let vh = routes.virtual_host(&authority)?;
-    let route = routes.route(&authority, &path)?;
-    Some((vh.name.as_str(), route))
+    table.xds_route(
+        &s.connection.destination,
+        &text(":authority"),
+        &text(":path"),
+    )
 }
 
 /// `Metadata` below its message: `filter_metadata` and the keys under it.
@@ -93,26 +109,25 @@ pub(super) fn lookup(
     s: &HttpStreamState,
     rest: &[&str],
 ) -> Result<Vec<u8>, Status> {
-    let bootstrap = state.shared.bootstrap.get().ok_or(Status::NotFound)?;
-    let cluster = || {
-        let (_, r) = route(bootstrap, s)?;
-        match &r.action {
-            RouteAction::Cluster(name) => bootstrap.cluster(name),
-            RouteAction::Direct { .. } => None,
-        }
-    };
+    let table = state.shared.routes.get().ok_or(Status::NotFound)?.as_ref();
     let found = |v: Option<Vec<u8>>| v.ok_or(Status::NotFound);
     match rest {
-        ["route_name"] => found(route(bootstrap, s).map(|(_, r)| r.xds.name.clone().into_bytes())),
+        ["route_name"] => found(route(table, s).map(|r| r.name.as_bytes().to_vec())),
         ["route_metadata", more @ ..] => {
-            let (_, r) = route(bootstrap, s).ok_or(Status::NotFound)?;
-            metadata(state, "route_metadata", &r.xds.metadata, more)
+            let r = route(table, s).ok_or(Status::NotFound)?;
+            metadata(state, "route_metadata", r.metadata, more)
         }
-        ["virtual_host_name"] => found(route(bootstrap, s).map(|(vh, _)| vh.as_bytes().to_vec())),
-        ["cluster_name"] => found(cluster().map(|c| c.name.clone().into_bytes())),
+        ["virtual_host_name"] => found(route(table, s).map(|r| r.virtual_host.as_bytes().to_vec())),
+        ["cluster_name"] => found(
+            route(table, s)
+                .and_then(|r| r.cluster)
+                .map(|(name, _)| name.as_bytes().to_vec()),
+        ),
         ["cluster_metadata", more @ ..] => {
-            let c = cluster().ok_or(Status::NotFound)?;
-            metadata(state, "cluster_metadata", &c.metadata, more)
+            let (_, m) = route(table, s)
+                .and_then(|r| r.cluster)
+                .ok_or(Status::NotFound)?;
+            metadata(state, "cluster_metadata", m, more)
         }
         [first, ..] if NOT_EMULATED.contains(first) => {
             not_emulated(state, &format!("xds.{first}"));

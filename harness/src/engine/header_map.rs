@@ -1,8 +1,9 @@
-//! Editing a header map the way Envoy's `HeaderMap` does: lower-case keys, pseudo-headers
-//! first, `setCopy` semantics for a replace. One home for these rules, used by the hostcalls,
-//! the emulated connection manager and router, and the HTTP/1 reader.
+//! A header map and its edits the way Envoy's `HeaderMap` does them: lower-case keys,
+//! pseudo-headers first, `setCopy` semantics for a replace. One home for these rules, used by
+//! the hostcalls, the emulated connection manager and router, and the HTTP/1 reader.
 
-use super::HeaderMap;
+/// A header map as Envoy keeps it: lower-case keys, insertion order, duplicates allowed.
+pub type HeaderMap = Vec<(String, Vec<u8>)>;
 
 /// Envoy keeps pseudo-headers ahead of regular ones; a new pseudo-header goes after the last.
 /// An owned key is lower-cased in place, so a key read from the guest costs no second copy.
