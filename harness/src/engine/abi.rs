@@ -1,7 +1,10 @@
 //! The proxy-wasm ABI's numbers and wire formats, in one place.
 //!
 //! Values are those of proxy-wasm-cpp-host (what Envoy returns), which in a few places differ
-//! from the spec text; see `../shared/reference/proxy-wasm-host.md` §0.1 and §3.
+//! from the spec text: the statuses are `WasmResult` in proxy-wasm-cpp-sdk's
+//! `proxy_wasm_common.h`, the enums and wire formats those of the spec
+//! (<https://github.com/proxy-wasm/spec>, `abi-versions/v0.2.1/README.md`) and of
+//! proxy-wasm-cpp-host's `src/exports.cc` and `src/pairs_util.cc`.
 
 /// `proxy_status_t` / cpp-host `WasmResult`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,8 +1,9 @@
-//! The Wasm runtime the harness's VMs share, as STYLE asks of a wasmtime host: one `Engine`
-//! (with the pooling allocator and epoch interruption), one `Linker` with every hostcall, and
-//! code loading: a module's bytecode, the on-disk compiled-code cache
-//! ([`crate::engine::compiled_cache`]), or the module's precompiled section
-//! ([`crate::engine::precompiled_section`]), checked against the Proxy-Wasm ABI before it is linked.
+//! The Wasm runtime the harness's VMs share, set up as wasmtime's
+//! `examples/fast_instantiation.rs` does: one `Engine` (with the pooling allocator and epoch
+//! interruption), one `Linker` with every hostcall, and code loading: a module's bytecode, the
+//! on-disk compiled-code cache ([`super::compiled_cache`]), or the module's precompiled
+//! section ([`super::precompiled_section`]), checked against the Proxy-Wasm ABI before it is
+//! linked.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

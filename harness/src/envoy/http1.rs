@@ -1,6 +1,6 @@
 //! The harness's HTTP/1.1 on the wire: the client it uses for callouts to loopback upstreams
 //! and for requests to real Envoy, and the reader and writer its loopback upstreams use
-//! ([`read_request`], [`write_response`]).
+//! ([`read_request`], [`write_response`], in `server`).
 //!
 //! The peer is not trusted (a callout's upstream is whatever the bootstrap names on loopback):
 //! the head, each chunk and the body are capped before anything is allocated for them, sizes
@@ -11,7 +11,11 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::envoy::http::{HeaderMap, Response, UpstreamReply};
+use crate::envoy::http::{HeaderMap, Response};
+
+mod server;
+
+pub use server::{read_request, write_response, ReadRequest};
 
 /// Envoy's default for `max_request_headers_kb` (60 KiB), rounded up: a head longer than this
 /// is refused rather than buffered.
@@ -357,102 +361,10 @@ fn parse_response(message: Message) -> Result<Response, Http1Error> {
     })
 }
 
-/// A request as a server reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadRequest {
-    /// `:authority` from `host` first, then `:method`, `:path`, then the other headers
-    /// lower-cased, in order.
-    pub headers: HeaderMap,
-    pub body: Vec<u8>,
-    /// What a chunked body ended with.
-    pub trailers: HeaderMap,
-}
-
-/// Reads one request as a server does. `Ok(None)`: the connection ended cleanly before a
-/// request began.
-pub fn read_request(
-    reader: &mut impl BufRead,
-    limits: Limits,
-) -> Result<Option<ReadRequest>, Http1Error> {
-    let Some(Message {
-        head,
-        body,
-        trailers,
-    }) = read_message(reader, true, limits)?
-    else {
-        return Ok(None);
-    };
-    let mut headers_buf = [httparse::EMPTY_HEADER; 128];
-    let mut req = httparse::Request::new(&mut headers_buf);
-    match req.parse(&head) {
-        Ok(httparse::Status::Complete(_)) => {}
-        Ok(httparse::Status::Partial) => {
-            return Err(Http1Error::Malformed("incomplete request head".into()))
-        }
-        Err(e) => return Err(Http1Error::Malformed(format!("bad HTTP request: {e}"))),
-    }
-    let mut headers: HeaderMap = vec![
-        (
-            ":method".into(),
-            req.method.unwrap_or_default().as_bytes().to_vec(),
-        ),
-        (
-            ":path".into(),
-            req.path.unwrap_or_default().as_bytes().to_vec(),
-        ),
-    ];
-    for h in req.headers.iter() {
-        let name = h.name.to_ascii_lowercase();
-        if name == "host" {
-            headers.insert(0, (":authority".into(), h.value.to_vec()));
-        } else {
-            headers.push((name, h.value.to_vec()));
-        }
-    }
-    Ok(Some(ReadRequest {
-        headers,
-        body,
-        trailers,
-    }))
-}
-
-/// Writes `reply` as an HTTP/1.1 response: the status line, its headers as given, and its
-/// body in one piece with a `content-length`; a reply with trailers is sent chunked (one
-/// chunk per body chunk) with them after the last, the only way HTTP/1.1 carries trailers.
-pub fn write_response(writer: &mut impl Write, reply: &UpstreamReply) -> std::io::Result<()> {
-    let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
-    let line = |out: &mut Vec<u8>, k: &str, v: &[u8]| {
-        out.extend_from_slice(k.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v);
-        out.extend_from_slice(b"\r\n");
-    };
-    for (k, v) in &reply.headers {
-        line(&mut out, k, v);
-    }
-    if reply.trailers.is_empty() {
-        let body = reply.chunks().concat();
-        out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
-        out.extend_from_slice(&body);
-        return writer.write_all(&out);
-    }
-    out.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
-    for chunk in reply.chunks() {
-        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
-        out.extend_from_slice(&chunk);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"0\r\n");
-    for (k, v) in &reply.trailers {
-        line(&mut out, k, v);
-    }
-    out.extend_from_slice(b"\r\n");
-    writer.write_all(&out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envoy::http::UpstreamReply;
     use proptest::prelude::*;
 
     fn read(bytes: &[u8], is_request: bool, limits: Limits) -> Result<Option<Message>, Http1Error> {
