@@ -331,7 +331,7 @@ impl RealEnvoy {
             .upstreams
             .iter()
             .map(|(k, s)| {
-                let mut s = lock(&s);
+                let mut s = lock(s);
                 s.reply = reply.clone();
                 s.calls = canned.http.clone();
                 s.grpc_calls = canned.grpc.clone();
@@ -349,7 +349,7 @@ impl RealEnvoy {
         };
         let mut seen: Vec<(u64, SeenRequest)> = Vec::new();
         for (k, s) in &self.upstreams {
-            let s = lock(&s);
+            let s = lock(s);
             seen.extend(s.seen[before[k]..].iter().cloned());
         }
         seen.sort_by_key(|(n, _)| *n);

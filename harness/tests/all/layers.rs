@@ -1,7 +1,8 @@
 //! The crate's layers, read from its source: the engine (`src/engine/`) names neither the
 //! emulated Envoy nor the runner, the emulated Envoy (`src/envoy/`) does not name the runner,
 //! no wing reaches another through the crate root's re-exports or a `super::` that climbs
-//! out of it, and every module is `foo.rs` + `foo/` (no `mod.rs`).
+//! out of it, every module is `foo.rs` + `foo/` (no `mod.rs`), and no source file is over
+//! 650 lines.
 
 use std::path::{Path, PathBuf};
 
@@ -104,7 +105,7 @@ fn rust_files(dir: &Path, into: &mut Vec<PathBuf>) {
 }
 
 #[test]
-fn no_wing_names_one_above_it() {
+fn no_wing_names_one_above_it_and_files_stay_short() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let mut files = Vec::new();
     rust_files(&src, &mut files);
@@ -123,11 +124,14 @@ fn no_wing_names_one_above_it() {
             "{}: use foo.rs + foo/, not foo/mod.rs",
             relative.display()
         );
+        let code = std::fs::read_to_string(path).unwrap();
+        if code.lines().count() > 650 {
+            problems.push(format!("{}: over 650 lines", relative.display()));
+        }
         let Some(w) = WINGS.iter().position(|w| *w == parts[0]) else {
             continue;
         };
         checked[w] += 1;
-        let code = std::fs::read_to_string(path).unwrap();
         for p in violations(WINGS[w], parts.len(), &code) {
             problems.push(format!("{}: {p}", relative.display()));
         }

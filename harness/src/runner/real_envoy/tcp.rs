@@ -33,7 +33,7 @@ impl RealEnvoy {
         let mut taps = Vec::new();
         for (cluster, s) in &self.upstreams {
             let (tx, rx) = std::sync::mpsc::channel();
-            lock(&s).tcp_handoff = Some(tx);
+            lock(s).tcp_handoff = Some(tx);
             taps.push((cluster.clone(), rx));
         }
         let result = (|| {
@@ -81,7 +81,7 @@ impl RealEnvoy {
             Ok(out)
         })();
         for s in self.upstreams.values() {
-            lock(&s).tcp_handoff = None;
+            lock(s).tcp_handoff = None;
         }
         result
     }

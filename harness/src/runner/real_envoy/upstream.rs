@@ -175,7 +175,7 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
         else {
             return;
         };
-        let answer = lock(&state).answer(SeenRequest {
+        let answer = lock(state).answer(SeenRequest {
             cluster: cluster.to_string(),
             headers: request.headers,
             body: request.body,
