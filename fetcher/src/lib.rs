@@ -16,30 +16,26 @@
 
 #[cfg(test)]
 mod alloc_meter;
-pub mod auth;
 pub mod cache;
-pub mod convert;
+pub mod envoy;
 pub mod error;
-pub mod fallback;
 pub mod guard;
 pub mod index;
 pub mod lifecycle;
 pub mod net;
+pub mod oci;
 pub mod pin;
 pub mod policy;
 pub mod progress;
 pub mod push;
 pub mod reference;
 pub mod regular_file;
-pub mod render;
-pub mod rewrite;
 pub mod serve;
 pub mod settings;
 pub mod source;
 pub mod tls;
 pub mod unbox;
 pub mod verify;
-pub mod wasmplugin;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 
-use crate::source::oci::media;
+use crate::oci::registry::media;
 use crate::verify::sha256_of;
 
 /// Which image `push` writes.

@@ -27,8 +27,8 @@ use tokio::task::JoinSet;
 
 use crate::error::FetchError;
 use crate::lifecycle::{self, Lease};
-use crate::render::{self, EcdsResource, Outcome};
-use crate::wasmplugin::WasmPlugin;
+use crate::envoy::render::{self, EcdsResource, Outcome};
+use crate::envoy::wasmplugin::WasmPlugin;
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
 use watch::{Change, Content, Watcher};

@@ -2,10 +2,8 @@
 //! `Staging` and says what it resolved; the OCI source may instead answer that the image still
 //! names a module the cache holds. `crate::pull` verifies, commits and records either way.
 
-pub mod distribution;
 pub mod file;
 pub mod http;
-pub mod oci;
 
 use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
@@ -63,6 +61,6 @@ pub async fn fetch(
             http::fetch(url, &mut staging, target.settings).await?;
             staged(crate::unbox::unbox(target.cache, staging)?)
         }
-        Source::Oci(r) => oci::fetch(r, req, pins, target, staging).await,
+        Source::Oci(r) => crate::oci::registry::fetch(r, req, pins, target, staging).await,
     }
 }

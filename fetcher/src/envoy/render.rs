@@ -8,7 +8,8 @@
 //!
 //! ```no_run
 //! # async fn demo(text: &str) -> Result<(), Box<dyn std::error::Error>> {
-//! use wasm_fetcher::{pull, render, wasmplugin::WasmPlugin, Cache, Settings};
+//! use wasm_fetcher::envoy::{render, wasmplugin::WasmPlugin};
+//! use wasm_fetcher::{pull, Cache, Settings};
 //! let cache = Cache::open("/var/cache/wasm".as_ref())?;
 //! for plugin in WasmPlugin::parse_all(text)? {
 //!     let request = render::plan(&plugin, &render::Options::default());
@@ -25,9 +26,9 @@ use std::path::{Path, PathBuf};
 use serde_json::{json, Value};
 
 use crate::error::FetchError;
-use crate::fallback::{Fallback, FilterType};
+use crate::envoy::fallback::{Fallback, FilterType};
 use crate::policy::PullPolicy;
-use crate::wasmplugin::{EnvValue, FailStrategy, WasmPlugin};
+use crate::envoy::wasmplugin::{EnvValue, FailStrategy, WasmPlugin};
 use crate::{PullRequest, Pulled};
 
 pub const TYPED_EXTENSION_CONFIG: &str =
@@ -360,7 +361,7 @@ mod tests {
         assert_eq!(res["@type"], TYPED_EXTENSION_CONFIG);
         assert_eq!(res["name"], r.name.as_str());
         let tc = &res["typed_config"];
-        assert_eq!(tc["@type"], crate::fallback::HTTP_WASM);
+        assert_eq!(tc["@type"], crate::envoy::fallback::HTTP_WASM);
         let c = &tc["config"];
         assert_eq!(c["name"], "ns.p");
         assert_eq!(c["root_id"], "root");
@@ -397,7 +398,7 @@ mod tests {
         let open = resource(&plugin("  failStrategy: FAIL_OPEN\n"), Err(&e));
         assert_eq!(
             open.document["resources"][0]["typed_config"]["@type"],
-            crate::fallback::HTTP_RBAC
+            crate::envoy::fallback::HTTP_RBAC
         );
         let reload = resource(&plugin("  failStrategy: FAIL_RELOAD\n"), Err(&e));
         assert!(matches!(
@@ -491,7 +492,7 @@ mod tests {
         );
         assert_eq!(
             cd["type_urls"],
-            json!([crate::fallback::NETWORK_WASM, crate::fallback::NETWORK_RBAC])
+            json!([crate::envoy::fallback::NETWORK_WASM, crate::envoy::fallback::NETWORK_RBAC])
         );
     }
 

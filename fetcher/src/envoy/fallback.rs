@@ -53,11 +53,11 @@ impl FilterType {
     }
 }
 
-impl From<crate::wasmplugin::PluginType> for FilterType {
-    fn from(t: crate::wasmplugin::PluginType) -> Self {
+impl From<crate::envoy::wasmplugin::PluginType> for FilterType {
+    fn from(t: crate::envoy::wasmplugin::PluginType) -> Self {
         match t {
-            crate::wasmplugin::PluginType::Http => Self::Http,
-            crate::wasmplugin::PluginType::Network => Self::Network,
+            crate::envoy::wasmplugin::PluginType::Http => Self::Http,
+            crate::envoy::wasmplugin::PluginType::Network => Self::Network,
         }
     }
 }

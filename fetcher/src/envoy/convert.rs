@@ -6,7 +6,7 @@
 //! whole bootstrap: the walk finds the Wasm wherever it is.
 //!
 //! A module that cannot be fetched is replaced by the RBAC filter its failure policy picks
-//! (`crate::fallback`), as Istio does; a Wasm service has no substitute, so its failure fails
+//! (`crate::envoy::fallback`), as Istio does; a Wasm service has no substitute, so its failure fails
 //! the conversion. Malformed input is refused before anything is fetched, naming the field.
 //!
 //! Istio's agent settings travel as `ISTIO_META_*` environment variables of the VM: the pull
@@ -20,8 +20,8 @@ use std::time::Duration;
 use serde_json::{json, Map, Value};
 
 use crate::error::FetchError;
-use crate::fallback::{Fallback, FilterType, TYPED_STRUCTS};
-use crate::render::Outcome;
+use crate::envoy::fallback::{Fallback, FilterType, TYPED_STRUCTS};
+use crate::envoy::render::Outcome;
 use crate::{Cache, PullPolicy, PullRequest, Settings, Sha256};
 
 const WASM_SERVICE: &str = "type.googleapis.com/envoy.extensions.wasm.v3.WasmService";
@@ -35,7 +35,7 @@ pub enum ConvertError {
     /// The input is not Envoy Wasm configuration as Envoy would take it.
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
-    #[error("no Wasm filter or Wasm service configuration (an Any with @type {}, {} or {WASM_SERVICE}) found", crate::fallback::HTTP_WASM, crate::fallback::NETWORK_WASM)]
+    #[error("no Wasm filter or Wasm service configuration (an Any with @type {}, {} or {WASM_SERVICE}) found", crate::envoy::fallback::HTTP_WASM, crate::envoy::fallback::NETWORK_WASM)]
     NothingToConvert,
     /// A Wasm service's module could not be fetched: there is no filter to stand in for it.
     #[error("{field}: cannot fetch the Wasm service's module {url}: {message}")]
@@ -157,7 +157,7 @@ fn walk(
 /// list, or an item of a discovery response's `resources`).
 fn is_extension_config(map: &Map<String, Value>, at: &str) -> bool {
     let typed =
-        map.get("@type").and_then(Value::as_str) == Some(crate::render::TYPED_EXTENSION_CONFIG);
+        map.get("@type").and_then(Value::as_str) == Some(crate::envoy::render::TYPED_EXTENSION_CONFIG);
     let top_item = at.is_empty()
         || (at.starts_with('[') && !at.contains('.'))
         || (at.starts_with("resources[") && !at.contains('.'));
@@ -414,7 +414,7 @@ pub async fn fetch(
         None => None,
     };
     let limit = site.timeout.unwrap_or(default_timeout);
-    crate::render::pull_within(&request, cache, settings, limit).await
+    crate::envoy::render::pull_within(&request, cache, settings, limit).await
 }
 
 /// Puts the outcome of `site`'s pull into `doc`: the Wasm message with its module local, or
@@ -592,7 +592,7 @@ resources:
             }
         ));
         let a = &d["resources"][0]["typed_config"];
-        assert_eq!(a["@type"], crate::fallback::HTTP_WASM);
+        assert_eq!(a["@type"], crate::envoy::fallback::HTTP_WASM);
         assert_eq!(
             a["config"]["vm_config"]["code"],
             json!({"local": {"filename": "/c/m.wasm"}})
@@ -649,7 +649,7 @@ resources:
             sites(&json!({"static_resources": {}})),
             Err(ConvertError::NothingToConvert)
         ));
-        let local = json!({"@type": crate::fallback::HTTP_WASM, "config": {"vm_config": {"code": {"local": {"filename": "/m.wasm"}}}}});
+        let local = json!({"@type": crate::envoy::fallback::HTTP_WASM, "config": {"vm_config": {"code": {"local": {"filename": "/m.wasm"}}}}});
         assert!(sites(&local).unwrap().is_empty());
     }
 }

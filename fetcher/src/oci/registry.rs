@@ -16,7 +16,7 @@ use crate::error::FetchError;
 use crate::pin::{ImageDigests, Pins};
 use crate::reference::OciRef;
 use crate::settings::Settings;
-use crate::source::distribution::{Access, Distribution, PingFailure, Scheme};
+use crate::oci::distribution::{Access, Distribution, PingFailure, Scheme};
 use crate::source::{Body, Fetched, Target};
 use crate::verify::{parse_digest, Digest};
 use crate::PullRequest;
@@ -30,7 +30,7 @@ pub async fn fetch(
     target: &Target<'_>,
     staging: Staging,
 ) -> Result<Fetched, FetchError> {
-    let creds = crate::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
+    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
     let registry = Registry::new(r, creds, target.settings);
     let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
     let image = resolved.digests;

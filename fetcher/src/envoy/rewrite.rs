@@ -50,7 +50,7 @@ fn walk(v: &mut Value, code: &Value) -> usize {
             // in `value`, its type in `type_url`.
             let type_name = |t: &str| t.rsplit('/').next().unwrap_or_default().to_string();
             let typed_struct = map.get("@type").and_then(Value::as_str).is_some_and(|t| {
-                crate::fallback::TYPED_STRUCTS
+                crate::envoy::fallback::TYPED_STRUCTS
                     .iter()
                     .any(|s| type_name(s) == type_name(t))
             });
