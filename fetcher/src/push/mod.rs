@@ -13,11 +13,12 @@ use std::path::PathBuf;
 pub use layout::Layout;
 
 use crate::error::FetchError;
-use crate::progress::Progress;
-use crate::reference::{OciRef, Source};
-use crate::settings::Settings;
+use crate::oci::reference::OciRef;
 use crate::oci::registry::Registry;
-use crate::verify::sha256_of;
+use crate::progress::Progress;
+use crate::reference::Source;
+use crate::settings::Settings;
+use crate::verify::Sha256;
 
 #[derive(Debug, Clone, Default)]
 pub struct PushRequest {
@@ -146,7 +147,7 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
             r.registry, r.repository, image.manifest_digest
         ),
         manifest_digest: image.manifest_digest.clone(),
-        sha256: sha256_of(&module).hex(),
+        sha256: Sha256::of(&module).hex(),
         size: module.len() as u64,
         layout: req.layout,
         abi_versions: abi_versions.clone(),

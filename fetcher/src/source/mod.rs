@@ -4,11 +4,13 @@
 
 pub mod file;
 pub mod http;
+pub mod oci;
 
 use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
 use crate::index::IndexFile;
-use crate::pin::{Checked, ImageDigests, Pins};
+use crate::oci::manifest::ImageDigests;
+use crate::pin::{Checked, Pins};
 use crate::reference::Source;
 use crate::settings::Settings;
 use crate::verify::Sha256;
@@ -61,6 +63,6 @@ pub async fn fetch(
             http::fetch(url, &mut staging, target.settings).await?;
             staged(crate::unbox::unbox(target.cache, staging)?)
         }
-        Source::Oci(r) => crate::oci::registry::fetch(r, req, pins, target, staging).await,
+        Source::Oci(r) => oci::fetch(r, req, pins, target, staging).await,
     }
 }

@@ -1,0 +1,45 @@
+//! `oci://` sources: the image resolved through `crate::oci`'s registry client, the pins
+//! checked against its digests, and the module's layer downloaded unless the cache already
+//! holds the module the manifest names.
+
+use crate::cache::Staging;
+use crate::error::FetchError;
+use crate::oci::reference::OciRef;
+use crate::oci::registry::Registry;
+use crate::pin::Pins;
+use crate::source::{Body, Fetched, Target};
+use crate::PullRequest;
+
+/// Resolves the image, checks the pins against it, and downloads the module unless the
+/// manifest it resolved to is one whose module the cache holds (a tag that did not move).
+pub async fn fetch(
+    r: &OciRef,
+    req: &PullRequest,
+    pins: &Pins,
+    target: &Target<'_>,
+    staging: Staging,
+) -> Result<Fetched, FetchError> {
+    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
+    let registry = Registry::new(r, creds, target.settings);
+    let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
+    let image = resolved.digests;
+    let pin = pins.check(Some(&image))?;
+    let unchanged = target
+        .index
+        .load()?
+        .module_of_manifest(target.cache, image.manifest, pins.any())
+        .filter(|sha| pin.accepts(sha));
+    let body = match unchanged {
+        Some(sha) => Body::Cached(sha),
+        None => Body::Staged(
+            registry
+                .download(&connection, target.cache, &resolved, staging)
+                .await?,
+        ),
+    };
+    Ok(Fetched {
+        image: Some(image),
+        pin,
+        body,
+    })
+}
