@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use wasm_fetcher::envoy::convert;
 use wasm_fetcher::envoy::render::{self, Outcome};
 use wasm_fetcher::envoy::wasmplugin::WasmPlugin;
-use wasm_fetcher::envoy::convert;
 use wasm_fetcher::{regular_file, settings, Cache, PullPolicy, Settings};
 
 #[derive(Args, Debug)]
@@ -125,8 +125,12 @@ fn read_plugins(files: &[PathBuf]) -> anyhow::Result<Vec<WasmPlugin>> {
 fn warn_fallback(subject: &str, outcome: &Outcome) {
     if let Outcome::Fallback { fallback, error } = outcome {
         let what = match fallback {
-            wasm_fetcher::envoy::fallback::Fallback::AllowAll => "fail-open: allow-all RBAC in its place",
-            wasm_fetcher::envoy::fallback::Fallback::DenyAll => "fail-closed: deny-all RBAC in its place",
+            wasm_fetcher::envoy::fallback::Fallback::AllowAll => {
+                "fail-open: allow-all RBAC in its place"
+            }
+            wasm_fetcher::envoy::fallback::Fallback::DenyAll => {
+                "fail-closed: deny-all RBAC in its place"
+            }
         };
         eprintln!("wasm-fetcher: {subject}: cannot fetch the module ({error}); {what}");
     }
