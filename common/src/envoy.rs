@@ -17,6 +17,9 @@ pub fn workspace_root() -> &'static Path {
 }
 
 /// The path of a runnable Envoy 1.40; panics, saying how to get one, if there is none.
+// Test support only (the `test-support` feature): a test without Envoy fails here, once, with
+// the way to get one, which is what a panic in a test is for.
+#[allow(clippy::panic)]
 pub fn envoy() -> PathBuf {
     static CHECKED: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     match CHECKED.get_or_init(|| {

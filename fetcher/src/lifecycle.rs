@@ -22,19 +22,19 @@ use crate::index::{self, IndexFile};
 use crate::settings::Settings;
 use crate::verify::Sha256;
 
-/// What a purge did, each list holding module digests (hex).
+/// What a purge did, each list holding module digests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Purged {
     /// Unused for `WASM_MODULE_EXPIRY`.
-    pub expired: Vec<String>,
+    pub expired: Vec<Sha256>,
     /// Removed for `WASM_CACHE_MAX_BYTES`, least recently used first.
-    pub evicted: Vec<String>,
+    pub evicted: Vec<Sha256>,
     /// Expired or over the cap, but named by a current config, so kept.
-    pub spared: Vec<String>,
+    pub spared: Vec<Sha256>,
 }
 
 impl Purged {
-    pub fn removed(&self) -> impl Iterator<Item = &String> {
+    pub fn removed(&self) -> impl Iterator<Item = &Sha256> {
         self.expired.iter().chain(&self.evicted)
     }
 }
@@ -45,21 +45,20 @@ impl Purged {
 pub fn purge(
     cache: &Cache,
     settings: &Settings,
-    in_use: &BTreeSet<String>,
+    in_use: &BTreeSet<Sha256>,
 ) -> Result<Purged, FetchError> {
     let mut keep = leased(cache);
-    keep.extend(in_use.iter().cloned());
+    keep.extend(in_use.iter().copied());
     let now = index::now();
     let expiry = settings.module_expiry.as_secs();
     let purged = IndexFile::new(cache).update(|idx| {
         let mut out = Purged::default();
         for (sha, m) in &idx.modules {
             if now.saturating_sub(m.last_used) >= expiry {
-                let hex = sha.hex();
-                if keep.contains(&hex) {
-                    out.spared.push(hex);
+                if keep.contains(sha) {
+                    out.spared.push(*sha);
                 } else {
-                    out.expired.push(hex);
+                    out.expired.push(*sha);
                 }
             }
         }
@@ -73,8 +72,8 @@ pub fn purge(
             let mut left: Vec<_> = idx
                 .modules
                 .iter()
-                .filter(|(sha, _)| !out.expired.contains(&sha.hex()))
-                .map(|(sha, m)| (m.last_used, m.pulled_at, sha.hex(), size_of(sha, m.size)))
+                .filter(|(sha, _)| !out.expired.contains(sha))
+                .map(|(sha, m)| (m.last_used, m.pulled_at, *sha, size_of(sha, m.size)))
                 .collect();
             let mut total: u64 = left.iter().map(|(.., size)| size).sum();
             left.sort();
@@ -99,12 +98,12 @@ pub fn purge(
                 );
             }
         }
-        let gone: Vec<String> = out.removed().cloned().collect();
-        for sha in gone.iter().filter_map(|hex| Sha256::parse(hex).ok()) {
-            idx.modules.remove(&sha);
-            let _ = std::fs::remove_file(cache.module_path(&sha));
+        let gone: BTreeSet<Sha256> = out.removed().copied().collect();
+        for sha in &gone {
+            idx.modules.remove(sha);
+            let _ = std::fs::remove_file(cache.module_path(sha));
         }
-        idx.sources.retain(|_, s| !gone.contains(&s.sha256.hex()));
+        idx.sources.retain(|_, s| !gone.contains(&s.sha256));
         out
     })?;
     cache.remove_stale_temp_files(settings.purge_interval);
@@ -155,8 +154,8 @@ impl Lease {
         })
     }
 
-    /// Replaces the set of modules (hex digests) this lease keeps, atomically.
-    pub fn set(&self, modules: &BTreeSet<String>) -> Result<(), FetchError> {
+    /// Replaces the set of modules this lease keeps, atomically.
+    pub fn set(&self, modules: &BTreeSet<Sha256>) -> Result<(), FetchError> {
         let dir = self.cache.root().join("tmp");
         let mut tmp = tempfile::Builder::new()
             .prefix("lease-")
@@ -177,7 +176,7 @@ impl Lease {
 const MAX_LEASE_BYTES: u64 = 16 << 20;
 
 /// The modules named by live leases. A lease whose holder is gone is removed.
-pub fn leased(cache: &Cache) -> BTreeSet<String> {
+pub fn leased(cache: &Cache) -> BTreeSet<Sha256> {
     let mut out = BTreeSet::new();
     for e in std::fs::read_dir(leases_dir(cache))
         .into_iter()
@@ -203,7 +202,7 @@ pub fn leased(cache: &Cache) -> BTreeSet<String> {
     out
 }
 
-fn read_lease(path: &Path) -> Result<BTreeSet<String>, String> {
+fn read_lease(path: &Path) -> Result<BTreeSet<Sha256>, String> {
     let bytes = crate::regular_file::read(path, MAX_LEASE_BYTES).map_err(|e| e.to_string())?;
     serde_json::from_slice(&bytes).map_err(|e| e.to_string())
 }
@@ -222,7 +221,7 @@ mod tests {
     use super::*;
     use crate::index::ModuleEntry;
 
-    fn cache_with(modules: &[(u8, u64, u64)]) -> (tempfile::TempDir, Cache, Vec<String>) {
+    fn cache_with(modules: &[(u8, u64, u64)]) -> (tempfile::TempDir, Cache, Vec<Sha256>) {
         let dir = tempfile::tempdir().unwrap();
         let cache = Cache::open(dir.path()).unwrap();
         let mut shas = Vec::new();
@@ -243,7 +242,7 @@ mod tests {
                             last_used,
                         },
                     );
-                    shas.push(sha.hex());
+                    shas.push(sha);
                 }
             })
             .unwrap();
@@ -253,26 +252,26 @@ mod tests {
     #[test]
     fn in_use_modules_are_never_purged() {
         let (_d, cache, shas) = cache_with(&[(1, 10, 100), (2, 10, 100)]);
-        let in_use = BTreeSet::from([shas[0].clone()]);
+        let in_use = BTreeSet::from([shas[0]]);
         let purged = purge(&cache, &Settings::default(), &in_use).unwrap();
-        assert_eq!(purged.expired, vec![shas[1].clone()]);
-        assert_eq!(purged.spared, vec![shas[0].clone()]);
-        assert!(cache.lookup(&Sha256::parse(&shas[0]).unwrap()).is_some());
-        assert!(cache.lookup(&Sha256::parse(&shas[1]).unwrap()).is_none());
+        assert_eq!(purged.expired, vec![shas[1]]);
+        assert_eq!(purged.spared, vec![shas[0]]);
+        assert!(cache.lookup(&shas[0]).is_some());
+        assert!(cache.lookup(&shas[1]).is_none());
     }
 
     #[test]
     fn a_live_lease_spares_its_modules_and_a_dead_one_is_dropped() {
         let (_d, cache, shas) = cache_with(&[(1, 10, 100), (2, 10, 100)]);
         let lease = Lease::take(&cache, "serve").unwrap();
-        lease.set(&BTreeSet::from([shas[1].clone()])).unwrap();
+        lease.set(&BTreeSet::from([shas[1]])).unwrap();
         assert!(
             Lease::take(&cache, "serve").is_err(),
             "a second holder is refused"
         );
         let purged = purge(&cache, &Settings::default(), &BTreeSet::new()).unwrap();
-        assert_eq!(purged.expired, vec![shas[0].clone()]);
-        assert_eq!(purged.spared, vec![shas[1].clone()]);
+        assert_eq!(purged.expired, vec![shas[0]]);
+        assert_eq!(purged.spared, vec![shas[1]]);
         drop(lease);
         assert!(leased(&cache).is_empty());
         assert!(!leases_dir(&cache).join("serve.json").exists());
@@ -292,11 +291,11 @@ mod tests {
             cache_max_bytes: Some(250),
             ..Settings::default()
         };
-        let in_use = BTreeSet::from([shas[2].clone()]);
+        let in_use = BTreeSet::from([shas[2]]);
         let purged = purge(&cache, &settings, &in_use).unwrap();
         assert!(purged.expired.is_empty());
-        assert_eq!(purged.evicted, vec![shas[0].clone(), shas[3].clone()]);
-        assert!(cache.lookup(&Sha256::parse(&shas[1]).unwrap()).is_some());
-        assert_eq!(purged.spared, vec![shas[2].clone()]);
+        assert_eq!(purged.evicted, vec![shas[0], shas[3]]);
+        assert!(cache.lookup(&shas[1]).is_some());
+        assert_eq!(purged.spared, vec![shas[2]]);
     }
 }

@@ -6,6 +6,7 @@
 
 use crate::error::FetchError;
 use crate::index::Index;
+use crate::oci::manifest::ImageDigests;
 use crate::reference::Source;
 use crate::verify::{Digest, Sha256};
 
@@ -18,24 +19,14 @@ pub enum PinMatch {
     IndexDigest,
 }
 
-/// What an image resolved to before any layer is downloaded.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ImageDigests {
-    pub manifest: Digest,
-    /// Present when the reference named an image index and a child was picked from it.
-    pub index: Option<Digest>,
-}
-
-impl ImageDigests {
-    /// How `pin` relates to this image, if it names it.
-    fn names(&self, pin: Digest) -> Option<PinMatch> {
-        if pin == self.manifest {
-            Some(PinMatch::ManifestDigest)
-        } else if Some(pin) == self.index {
-            Some(PinMatch::IndexDigest)
-        } else {
-            None
-        }
+/// How `pin` relates to `image`, if it names it.
+fn names(image: &ImageDigests, pin: Digest) -> Option<PinMatch> {
+    if pin == image.manifest {
+        Some(PinMatch::ManifestDigest)
+    } else if Some(pin) == image.index {
+        Some(PinMatch::IndexDigest)
+    } else {
+        None
     }
 }
 
@@ -100,11 +91,11 @@ impl Pins {
     /// digest that names neither the manifest nor the index is a mismatch; a `--sha256` that
     /// names neither stays a pin on the module's bytes, checked when they are committed.
     pub fn check(&self, image: Option<&ImageDigests>) -> Result<Checked, FetchError> {
-        let by_digest = |pin: Sha256| image.and_then(|i| i.names(Digest(pin)));
+        let by_digest = |pin: Sha256| image.and_then(|i| names(i, Digest(pin)));
         let requested_digest = self.requested.and_then(by_digest);
         let url_match = match (self.in_url, image) {
             (Some(d), Some(image)) => {
-                Some(image.names(d).ok_or_else(|| FetchError::ChecksumMismatch {
+                Some(names(image, d).ok_or_else(|| FetchError::ChecksumMismatch {
                     expected: d.to_string(),
                     actual: image.manifest.to_string(),
                 })?)

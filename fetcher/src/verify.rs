@@ -26,12 +26,12 @@ impl Sha256 {
     pub fn hex(&self) -> String {
         hex::encode(self.0)
     }
-}
 
-/// The sha256 of bytes already in memory (a manifest).
-pub fn sha256_of(bytes: &[u8]) -> Sha256 {
-    use sha2::Digest;
-    Sha256(sha2::Sha256::digest(bytes).into())
+    /// The sha256 of bytes already in memory (a manifest, a document).
+    pub fn of(bytes: &[u8]) -> Self {
+        use sha2::Digest;
+        Sha256(sha2::Sha256::digest(bytes).into())
+    }
 }
 
 /// A digest named by a manifest or an index: exactly `sha256:` and 64 lower-case hex

@@ -130,7 +130,7 @@ impl Bar {
         };
         let since = std::time::Instant::now();
         wasm_fetcher::Progress::new(move |event| {
-            use wasm_fetcher::progress::Event;
+            use wasm_fetcher::ProgressEvent as Event;
             match event {
                 Event::Started { total } => {
                     if let Some(total) = total {

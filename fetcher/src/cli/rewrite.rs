@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use wasm_fetcher::rewrite;
+use wasm_fetcher::envoy::rewrite;
 
 use super::Failure;
 

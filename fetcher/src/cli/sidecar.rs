@@ -7,9 +7,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use wasm_fetcher::render::{self, Outcome};
-use wasm_fetcher::wasmplugin::WasmPlugin;
-use wasm_fetcher::{convert, regular_file, settings, Cache, PullPolicy, Settings};
+use wasm_fetcher::envoy::convert;
+use wasm_fetcher::envoy::render::{self, Outcome};
+use wasm_fetcher::envoy::wasmplugin::WasmPlugin;
+use wasm_fetcher::{regular_file, settings, Cache, PullPolicy, Settings};
 
 #[derive(Args, Debug)]
 pub struct Fetching {
@@ -102,7 +103,7 @@ fn read_plugins(files: &[PathBuf]) -> anyhow::Result<Vec<WasmPlugin>> {
         let bytes = regular_file::read_input(
             path,
             "WasmPlugin file",
-            wasm_fetcher::wasmplugin::MAX_FILE_BYTES,
+            wasm_fetcher::envoy::wasmplugin::MAX_FILE_BYTES,
         )?;
         let text = String::from_utf8(bytes)
             .map_err(|_| anyhow::anyhow!("{}: not UTF-8 text", path.display()))?;
@@ -124,8 +125,12 @@ fn read_plugins(files: &[PathBuf]) -> anyhow::Result<Vec<WasmPlugin>> {
 fn warn_fallback(subject: &str, outcome: &Outcome) {
     if let Outcome::Fallback { fallback, error } = outcome {
         let what = match fallback {
-            wasm_fetcher::fallback::Fallback::AllowAll => "fail-open: allow-all RBAC in its place",
-            wasm_fetcher::fallback::Fallback::DenyAll => "fail-closed: deny-all RBAC in its place",
+            wasm_fetcher::envoy::fallback::Fallback::AllowAll => {
+                "fail-open: allow-all RBAC in its place"
+            }
+            wasm_fetcher::envoy::fallback::Fallback::DenyAll => {
+                "fail-closed: deny-all RBAC in its place"
+            }
         };
         eprintln!("wasm-fetcher: {subject}: cannot fetch the module ({error}); {what}");
     }

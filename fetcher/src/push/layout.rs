@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 
-use crate::source::oci::media;
-use crate::verify::sha256_of;
+use crate::oci::manifest as media;
+use crate::verify::Sha256;
 
 /// Which image `push` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -60,7 +60,7 @@ pub struct Image {
 pub const PLUGIN_WASM: &str = "plugin.wasm";
 
 fn digest_of(bytes: &[u8]) -> String {
-    format!("sha256:{}", sha256_of(bytes).hex())
+    format!("sha256:{}", Sha256::of(bytes).hex())
 }
 
 fn descriptor(media_type: &str, bytes: &[u8], title: Option<&str>) -> OciDescriptor {

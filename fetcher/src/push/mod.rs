@@ -1,7 +1,7 @@
 //! `wasm-fetcher push`: a built module into an OCI registry, in a layout every puller takes
 //! (`layout`), so a `WasmPlugin` can name it by digest. The module is checked before any
 //! connection (`inspect`); the registry is reached exactly as a pull reaches it (credentials
-//! from `crate::auth`, `WASM_INSECURE_REGISTRIES`, `--ca-file`, the address guard, the per-read
+//! from `crate::oci::auth`, `WASM_INSECURE_REGISTRIES`, `--ca-file`, the address guard, the per-read
 //! timeout), with a token asked for `pull,push`.
 
 pub mod inspect;
@@ -13,11 +13,12 @@ use std::path::PathBuf;
 pub use layout::Layout;
 
 use crate::error::FetchError;
+use crate::oci::reference::OciRef;
+use crate::oci::registry::Registry;
 use crate::progress::Progress;
-use crate::reference::{OciRef, Source};
+use crate::reference::Source;
 use crate::settings::Settings;
-use crate::source::oci::Registry;
-use crate::verify::sha256_of;
+use crate::verify::Sha256;
 
 #[derive(Debug, Clone, Default)]
 pub struct PushRequest {
@@ -146,13 +147,13 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
             r.registry, r.repository, image.manifest_digest
         ),
         manifest_digest: image.manifest_digest.clone(),
-        sha256: sha256_of(&module).hex(),
+        sha256: Sha256::of(&module).hex(),
         size: module.len() as u64,
         layout: req.layout,
         abi_versions: abi_versions.clone(),
         outcome,
     };
-    let creds = crate::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
+    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
     let registry = Registry::new(&r, creds, settings).for_push();
     let d = registry.connect().await?;
     if upload::current_digest(&d, &tag).await?.as_deref() == Some(&image.manifest_digest) {

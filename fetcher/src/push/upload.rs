@@ -11,9 +11,9 @@ use super::layout::Blob;
 use super::PushError;
 use crate::error::FetchError;
 use crate::net;
+use crate::oci::distribution::{Distribution, MANIFEST_LIMIT};
+use crate::oci::manifest as media;
 use crate::progress::{Event, Progress};
-use crate::source::distribution::{Distribution, MANIFEST_LIMIT};
-use crate::source::oci::media;
 
 /// How much of a blob one piece of the upload body holds: one progress step.
 const PIECE: usize = 64 * 1024;

@@ -25,10 +25,10 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
+use crate::envoy::render::{self, EcdsResource, Outcome};
+use crate::envoy::wasmplugin::WasmPlugin;
 use crate::error::FetchError;
 use crate::lifecycle::{self, Lease};
-use crate::render::{self, EcdsResource, Outcome};
-use crate::wasmplugin::WasmPlugin;
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
 use watch::{Change, Content, Watcher};
@@ -174,17 +174,17 @@ struct Shared {
 
 impl Shared {
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        wasm_common::sync::lock(&self.state)
     }
 
     /// The digests of the modules the written files name.
-    fn in_use(state: &State) -> BTreeSet<String> {
+    fn in_use(state: &State) -> BTreeSet<crate::Sha256> {
         state
             .sources
             .values()
             .flat_map(|s| s.applied.iter().flat_map(|a| a.values()))
             .filter_map(|r| match &r.outcome {
-                Outcome::Module { sha256, .. } => Some(sha256.clone()),
+                Outcome::Module { sha256, .. } => Some(*sha256),
                 Outcome::Fallback { .. } => None,
             })
             .collect()
@@ -388,18 +388,15 @@ fn needing_refresh(shared: &Shared, rehash: bool) -> Vec<PathBuf> {
             s.applied.as_ref().is_some_and(|files| {
                 files.values().any(|r| match &r.outcome {
                     Outcome::Fallback { .. } => true,
-                    Outcome::Module { sha256, .. } => {
-                        let Ok(sha) = crate::Sha256::parse(sha256) else {
-                            return true;
-                        };
+                    Outcome::Module { sha256: sha, .. } => {
                         let verify = if rehash {
                             crate::cache::Verify::Hash
                         } else {
                             crate::cache::Verify::Stamp(
-                                idx.modules.get(&sha).map(crate::index::ModuleEntry::stamp),
+                                idx.modules.get(sha).map(crate::index::ModuleEntry::stamp),
                             )
                         };
-                        cache.lookup_intact(&sha, verify).is_none()
+                        cache.lookup_intact(sha, verify).is_none()
                     }
                 })
             })

@@ -63,7 +63,7 @@ pub async fn pull(
     let mut pause = backoff.first;
     loop {
         let left = end.saturating_duration_since(Instant::now());
-        let outcome = crate::render::pull_within(req, cache, settings, left).await;
+        let outcome = crate::envoy::render::pull_within(req, cache, settings, left).await;
         match &outcome {
             Ok(p) => {
                 metrics.lookup(p.from_cache);

@@ -133,7 +133,7 @@ impl Watcher {
 
 /// The file's content, read with a limit checked before allocating.
 pub fn read(path: &Path) -> Content {
-    match crate::regular_file::read(path, crate::wasmplugin::MAX_FILE_BYTES) {
+    match crate::regular_file::read(path, crate::envoy::wasmplugin::MAX_FILE_BYTES) {
         Ok(bytes) => {
             let version = hex::encode(Sha256::digest(&bytes));
             match String::from_utf8(bytes) {

@@ -2,7 +2,6 @@
 //! `Staging` and says what it resolved; the OCI source may instead answer that the image still
 //! names a module the cache holds. `crate::pull` verifies, commits and records either way.
 
-pub mod distribution;
 pub mod file;
 pub mod http;
 pub mod oci;
@@ -10,7 +9,8 @@ pub mod oci;
 use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
 use crate::index::IndexFile;
-use crate::pin::{Checked, ImageDigests, Pins};
+use crate::oci::manifest::ImageDigests;
+use crate::pin::{Checked, Pins};
 use crate::reference::Source;
 use crate::settings::Settings;
 use crate::verify::Sha256;

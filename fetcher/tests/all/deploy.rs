@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde_json::Value;
-use wasm_fetcher::{render, wasmplugin::WasmPlugin};
+use wasm_fetcher::envoy::{render, wasmplugin::WasmPlugin};
 
 use crate::support::fetcher;
 

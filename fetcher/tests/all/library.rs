@@ -91,7 +91,7 @@ fn a_guard_refusal_is_a_typed_error_naming_the_rule() {
     };
     let dir = tempfile::tempdir().unwrap();
     let e = pull_in(dir.path(), &req, &settings).unwrap_err();
-    use wasm_fetcher::guard::{Refusal, Rule};
+    use wasm_fetcher::{Refusal, Rule};
     assert!(
         matches!(
             &e,

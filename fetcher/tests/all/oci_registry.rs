@@ -218,7 +218,7 @@ impl Registry {
         config_type: &str,
         auth: &RegistryAuth,
     ) -> String {
-        wasm_fetcher::tls::ensure_provider();
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let client = Client::new(ClientConfig {
             protocol: if self.tls {
                 ClientProtocol::Https

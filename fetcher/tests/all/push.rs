@@ -521,7 +521,7 @@ fn a_refused_push_says_what_to_do() {
 #[test]
 fn the_library_reports_the_modules_upload_as_progress() {
     use std::sync::{Arc, Mutex};
-    use wasm_fetcher::progress::Event;
+    use wasm_fetcher::ProgressEvent as Event;
     let reg = Registry::start(false);
     let module_path = filter_wasm();
     let size = std::fs::metadata(&module_path).unwrap().len();

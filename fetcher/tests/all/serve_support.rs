@@ -204,8 +204,8 @@ pub fn write_plugin(path: &Path, text: &str) {
 /// the ECDS entries of `plugin_texts` (through the fetcher's own renderer) and the router to
 /// `upstream` (`host:port`).
 pub fn ecds_bootstrap(dir: &Path, ecds: &Path, plugin_texts: &[&str], upstream: &str) -> PathBuf {
-    use wasm_fetcher::render::filter_entry;
-    use wasm_fetcher::wasmplugin::WasmPlugin;
+    use wasm_fetcher::envoy::render::filter_entry;
+    use wasm_fetcher::envoy::wasmplugin::WasmPlugin;
     let mut filters: Vec<serde_json::Value> = plugin_texts
         .iter()
         .flat_map(|t| WasmPlugin::parse_all(t).unwrap())

@@ -359,7 +359,7 @@ impl TlsServer {
         use rustls::pki_types::{CertificateDer, PrivateKeyDer};
         let dir = tempfile::tempdir().unwrap();
         crate::oci_registry::make_certs(dir.path());
-        wasm_fetcher::tls::ensure_provider();
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let certs = CertificateDer::pem_file_iter(dir.path().join("server.pem"))
             .unwrap()
             .collect::<Result<Vec<_>, _>>()

@@ -4,6 +4,10 @@
 //! They need the filter built (`make filter`) and Envoy installed (`make envoy`); `make test`
 //! does both first.
 
+// A test or benchmark states its assumptions with unwrap, expect and panic: a broken one is a
+// failed run, which is what it should be. The workspace denies them in library code only.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod abi;
 mod bodies;
 mod bootstraps;

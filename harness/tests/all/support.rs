@@ -44,7 +44,7 @@ pub fn bootstrap_variant(
     edit: impl FnOnce(&mut Value),
 ) -> PathBuf {
     let mut doc = shipped_bootstrap();
-    wasm_fetcher::rewrite::point_wasm_code_at(&mut doc, module).unwrap();
+    wasm_fetcher::envoy::rewrite::point_wasm_code_at(&mut doc, module).unwrap();
     let plugin = doc
         .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
         .unwrap();

@@ -6,7 +6,7 @@
 //! whole bootstrap: the walk finds the Wasm wherever it is.
 //!
 //! A module that cannot be fetched is replaced by the RBAC filter its failure policy picks
-//! (`crate::fallback`), as Istio does; a Wasm service has no substitute, so its failure fails
+//! (`crate::envoy::fallback`), as Istio does; a Wasm service has no substitute, so its failure fails
 //! the conversion. Malformed input is refused before anything is fetched, naming the field.
 //!
 //! Istio's agent settings travel as `ISTIO_META_*` environment variables of the VM: the pull
@@ -19,12 +19,13 @@ use std::time::Duration;
 
 use serde_json::{json, Map, Value};
 
-use crate::error::FetchError;
-use crate::fallback::{Fallback, FilterType, TYPED_STRUCTS};
-use crate::render::Outcome;
-use crate::{Cache, PullPolicy, PullRequest, Settings, Sha256};
+use wasm_common::envoy_types::url;
 
-const WASM_SERVICE: &str = "type.googleapis.com/envoy.extensions.wasm.v3.WasmService";
+use super::fallback::Fallback;
+use super::render::Outcome;
+use super::sites::{join, wasm_anys, Kind, WasmAny};
+use crate::{Cache, FetchError, PullPolicy, PullRequest, Settings, Sha256};
+
 const META_PREFIX: &str = "ISTIO_META_";
 const POLICY_ENV: &str = "ISTIO_META_WASM_IMAGE_PULL_POLICY";
 const VERSION_ENV: &str = "ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION";
@@ -35,7 +36,12 @@ pub enum ConvertError {
     /// The input is not Envoy Wasm configuration as Envoy would take it.
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
-    #[error("no Wasm filter or Wasm service configuration (an Any with @type {}, {} or {WASM_SERVICE}) found", crate::fallback::HTTP_WASM, crate::fallback::NETWORK_WASM)]
+    #[error(
+        "no Wasm filter or Wasm service configuration (an Any with @type {}, {} or {}) found",
+        url::HTTP_WASM,
+        url::NETWORK_WASM,
+        url::WASM_SERVICE
+    )]
     NothingToConvert,
     /// A Wasm service's module could not be fetched: there is no filter to stand in for it.
     #[error("{field}: cannot fetch the Wasm service's module {url}: {message}")]
@@ -51,13 +57,6 @@ fn invalid(field: &str, message: impl Into<String>) -> ConvertError {
         field: field.to_string(),
         message: message.into(),
     }
-}
-
-/// What stands where a Wasm configuration was.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Kind {
-    Filter(FilterType),
-    Service,
 }
 
 /// A Wasm configuration whose module is remote: where it is and how to pull it.
@@ -90,120 +89,32 @@ pub struct Converted {
 /// Every remote Wasm site in `doc`, checked. Local ones are left alone; none at all is an
 /// error, since the input was meant to hold some.
 pub fn sites(doc: &Value) -> Result<Vec<Site>, ConvertError> {
-    let mut found = Found::default();
-    walk(doc, "", "", None, &mut found)?;
-    if found.sites.is_empty() && found.local == 0 {
+    let anys = wasm_anys(doc);
+    if anys.is_empty() {
         return Err(ConvertError::NothingToConvert);
     }
-    Ok(found.sites)
-}
-
-#[derive(Default)]
-struct Found {
-    sites: Vec<Site>,
-    local: usize,
-}
-
-fn join(at: &str, key: &str) -> String {
-    if at.is_empty() {
-        key.to_string()
-    } else {
-        format!("{at}.{key}")
+    let mut sites = Vec::new();
+    for any in &anys {
+        sites.extend(site(any)?);
     }
+    Ok(sites)
 }
 
-fn walk(
-    v: &Value,
-    at: &str,
-    pointer: &str,
-    resource: Option<&str>,
-    found: &mut Found,
-) -> Result<(), ConvertError> {
-    match v {
-        Value::Object(map) => {
-            if let Some(kind) = wasm_kind(map, at)? {
-                return site(map, at, pointer, resource, kind, found);
-            }
-            // A TypedExtensionConfig names the resource its typed_config is pulled for (a
-            // filter-chain entry has the same shape, but its name is the filter's kind).
-            let name = map
-                .get("name")
-                .and_then(Value::as_str)
-                .filter(|_| is_extension_config(map, at));
-            for (key, child) in map {
-                let res = if key == "typed_config" { name } else { None };
-                let ptr = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
-                walk(child, &join(at, key), &ptr, res.or(resource), found)?;
-            }
-            Ok(())
-        }
-        Value::Array(items) => {
-            for (i, child) in items.iter().enumerate() {
-                walk(
-                    child,
-                    &format!("{at}[{i}]"),
-                    &format!("{pointer}/{i}"),
-                    resource,
-                    found,
-                )?;
-            }
-            Ok(())
-        }
-        _ => Ok(()),
-    }
-}
-
-/// A `TypedExtensionConfig`: typed as one, or given as one (the whole input, an item of a
-/// list, or an item of a discovery response's `resources`).
-fn is_extension_config(map: &Map<String, Value>, at: &str) -> bool {
-    let typed =
-        map.get("@type").and_then(Value::as_str) == Some(crate::render::TYPED_EXTENSION_CONFIG);
-    let top_item = at.is_empty()
-        || (at.starts_with('[') && !at.contains('.'))
-        || (at.starts_with("resources[") && !at.contains('.'));
-    typed || top_item
-}
-
-/// Whether this object is a Wasm `Any`, and of which kind; a `TypedStruct` holding a Wasm
-/// filter counts (its `value` is the message).
-fn wasm_kind(map: &Map<String, Value>, at: &str) -> Result<Option<Kind>, ConvertError> {
-    let Some(t) = map.get("@type").and_then(Value::as_str) else {
-        return Ok(None);
-    };
-    if let Some(f) = FilterType::of_wasm_type_url(t) {
-        return Ok(Some(Kind::Filter(f)));
-    }
-    if t == WASM_SERVICE {
-        return Ok(Some(Kind::Service));
-    }
-    if TYPED_STRUCTS.contains(&t) {
-        let inner = map.get("type_url").and_then(Value::as_str).unwrap_or("");
-        if let Some(f) = FilterType::of_wasm_type_url(inner) {
-            if !map.get("value").is_none_or(Value::is_object) {
-                return Err(invalid(&join(at, "value"), "must be an object"));
-            }
-            return Ok(Some(Kind::Filter(f)));
-        }
-    }
-    Ok(None)
-}
-
-fn site(
-    map: &Map<String, Value>,
-    at: &str,
-    pointer: &str,
-    resource: Option<&str>,
-    kind: Kind,
-    found: &mut Found,
-) -> Result<(), ConvertError> {
+/// The site `any` is, checked; `None` for one whose module is already local.
+fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
+    let (map, at) = (any.object, any.at.as_str());
+    let base = any.message_at();
     // The message itself, without `@type` (from a TypedStruct: its `value`).
-    let (mut message, base) = if map.contains_key("type_url") {
-        let value = map.get("value").cloned().unwrap_or_else(|| json!({}));
-        (value, join(at, "value"))
+    let mut message = if any.wrapped {
+        match map.get("value") {
+            None => json!({}),
+            Some(v @ Value::Object(_)) => v.clone(),
+            Some(_) => return Err(invalid(&base, "must be an object")),
+        }
     } else {
         let mut m = map.clone();
         m.remove("@type");
-        (Value::Object(m), at.to_string())
+        Value::Object(m)
     };
     let config_at = join(&base, "config");
     let vm_at = join(&config_at, "vm_config");
@@ -225,8 +136,7 @@ fn site(
         )
     })?;
     if code.contains_key("local") && !code.contains_key("remote") {
-        found.local += 1;
-        return Ok(());
+        return Ok(None);
     }
     let remote_at = join(&code_at, "remote");
     let remote = code.get("remote").and_then(Value::as_object).ok_or_else(|| {
@@ -292,21 +202,20 @@ fn site(
         url: url.clone(),
         sha256,
         policy,
-        resource: resource.map(String::from).or(plugin_name),
+        resource: any.resource.clone().or(plugin_name),
         resource_version: env.get(VERSION_ENV).cloned(),
         ..Default::default()
     };
-    found.sites.push(Site {
+    Ok(Some(Site {
         at: at.to_string(),
-        pointer: pointer.to_string(),
-        kind,
+        pointer: any.pointer.clone(),
+        kind: any.kind,
         message,
         request,
         timeout,
         secret: env.get(SECRET_ENV).map(|s| s.clone().into_bytes()),
         fail_open,
-    });
-    Ok(())
+    }))
 }
 
 /// Istio's rule: `failure_policy`, when set, opens only for `FAIL_OPEN`; otherwise the
@@ -414,7 +323,7 @@ pub async fn fetch(
         None => None,
     };
     let limit = site.timeout.unwrap_or(default_timeout);
-    crate::render::pull_within(&request, cache, settings, limit).await
+    crate::envoy::render::pull_within(&request, cache, settings, limit).await
 }
 
 /// Puts the outcome of `site`'s pull into `doc`: the Wasm message with its module local, or
@@ -432,7 +341,7 @@ pub fn apply(
                 json!({"local": {"filename": m.path.display().to_string()}});
             let type_url = match kind {
                 Kind::Filter(f) => f.wasm_type_url(),
-                Kind::Service => WASM_SERVICE,
+                Kind::Service => url::WASM_SERVICE,
             };
             if let Some(obj) = message.as_object_mut() {
                 obj.insert("@type".into(), json!(type_url));
@@ -441,7 +350,7 @@ pub fn apply(
                 message,
                 Outcome::Module {
                     path: m.path.clone(),
-                    sha256: m.sha256.to_string(),
+                    sha256: m.sha256,
                 },
             )
         }
@@ -504,6 +413,7 @@ pub async fn convert(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::envoy::fallback::FilterType;
 
     fn doc(yaml: &str) -> Value {
         serde_norway::from_str(yaml).unwrap()
@@ -592,7 +502,7 @@ resources:
             }
         ));
         let a = &d["resources"][0]["typed_config"];
-        assert_eq!(a["@type"], crate::fallback::HTTP_WASM);
+        assert_eq!(a["@type"], url::HTTP_WASM);
         assert_eq!(
             a["config"]["vm_config"]["code"],
             json!({"local": {"filename": "/c/m.wasm"}})
@@ -649,7 +559,7 @@ resources:
             sites(&json!({"static_resources": {}})),
             Err(ConvertError::NothingToConvert)
         ));
-        let local = json!({"@type": crate::fallback::HTTP_WASM, "config": {"vm_config": {"code": {"local": {"filename": "/m.wasm"}}}}});
+        let local = json!({"@type": url::HTTP_WASM, "config": {"vm_config": {"code": {"local": {"filename": "/m.wasm"}}}}});
         assert!(sites(&local).unwrap().is_empty());
     }
 }

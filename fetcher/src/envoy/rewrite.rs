@@ -5,17 +5,18 @@
 use std::path::Path;
 
 use serde_json::{json, Value};
+use wasm_common::envoy_types::url;
 
-/// Type names whose `config.vm_config.code` names the module.
-const WASM_TYPES: &[&str] = &[
-    "envoy.extensions.filters.http.wasm.v3.Wasm",
-    "envoy.extensions.filters.network.wasm.v3.Wasm",
-    "envoy.extensions.wasm.v3.WasmService",
-];
+use super::sites::wasm_anys;
 
 #[derive(Debug, thiserror::Error)]
 pub enum RewriteError {
-    #[error("no Wasm plugin (vm_config.code under a {}) found", WASM_TYPES.join(", "))]
+    #[error(
+        "no Wasm plugin (vm_config.code under a {}, {} or {}) found",
+        url::HTTP_WASM,
+        url::NETWORK_WASM,
+        url::WASM_SERVICE
+    )]
     NothingToRewrite,
     #[error("cannot make {path} absolute: {source}")]
     Path {
@@ -31,50 +32,25 @@ pub fn point_wasm_code_at(doc: &mut Value, module: &Path) -> Result<usize, Rewri
         source,
     })?;
     let code = json!({"local": {"filename": abs.display().to_string()}});
-    let n = walk(doc, &code);
+    // Where each Wasm message's `vm_config` is, found first: the walk borrows `doc`.
+    let vm_configs: Vec<String> = wasm_anys(doc)
+        .iter()
+        .map(|w| {
+            let message = if w.wrapped { "/value" } else { "" };
+            format!("{}{message}/config/vm_config", w.pointer)
+        })
+        .collect();
+    let mut n = 0;
+    for pointer in vm_configs {
+        if let Some(vm) = doc.pointer_mut(&pointer).and_then(Value::as_object_mut) {
+            vm.insert("code".into(), code.clone());
+            n += 1;
+        }
+    }
     if n == 0 {
         return Err(RewriteError::NothingToRewrite);
     }
     Ok(n)
-}
-
-fn walk(v: &mut Value, code: &Value) -> usize {
-    match v {
-        Value::Object(map) => {
-            let names_wasm = |field: &str| {
-                map.get(field)
-                    .and_then(Value::as_str)
-                    .is_some_and(|t| WASM_TYPES.iter().any(|w| t.ends_with(w)))
-            };
-            // A `TypedStruct` (as the proxy-wasm SDK examples write filters) holds the message
-            // in `value`, its type in `type_url`.
-            let type_name = |t: &str| t.rsplit('/').next().unwrap_or_default().to_string();
-            let typed_struct = map.get("@type").and_then(Value::as_str).is_some_and(|t| {
-                crate::fallback::TYPED_STRUCTS
-                    .iter()
-                    .any(|s| type_name(s) == type_name(t))
-            });
-            let message = if names_wasm("@type") {
-                Some(&mut *map)
-            } else if typed_struct && names_wasm("type_url") {
-                map.get_mut("value").and_then(Value::as_object_mut)
-            } else {
-                None
-            };
-            let mut n = 0;
-            if let Some(vm) = message
-                .and_then(|m| m.get_mut("config"))
-                .and_then(|c| c.get_mut("vm_config"))
-                .and_then(Value::as_object_mut)
-            {
-                vm.insert("code".into(), code.clone());
-                n += 1;
-            }
-            n + map.values_mut().map(|c| walk(c, code)).sum::<usize>()
-        }
-        Value::Array(a) => a.iter_mut().map(|c| walk(c, code)).sum(),
-        _ => 0,
-    }
 }
 
 #[cfg(test)]

@@ -375,7 +375,7 @@ impl Distribution {
             )
             .await?;
         let bytes = net::read_limited(resp, MANIFEST_LIMIT, "manifest").await?;
-        let digest = Digest(crate::verify::sha256_of(&bytes));
+        let digest = Digest(crate::verify::Sha256::of(&bytes));
         if reference.starts_with("sha256:") && reference != digest.to_string() {
             return Err(FetchError::ChecksumMismatch {
                 expected: reference.to_string(),

@@ -9,8 +9,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::policy::PullPolicy;
-use crate::verify::Sha256;
+use crate::{PullPolicy, Sha256};
 
 mod fields;
 
@@ -284,7 +283,7 @@ impl WasmPlugin {
             name,
             namespace,
             resource_version,
-            content_digest: crate::verify::sha256_of(doc.to_string().as_bytes()).hex(),
+            content_digest: Sha256::of(doc.to_string().as_bytes()).hex(),
             url,
             sha256,
             image_pull_policy,

@@ -4,16 +4,7 @@
 //! closed). A proxy never runs a chain with the filter silently missing.
 
 use serde_json::{json, Value};
-
-pub const HTTP_WASM: &str = "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm";
-pub const NETWORK_WASM: &str = "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm";
-pub const HTTP_RBAC: &str = "type.googleapis.com/envoy.extensions.filters.http.rbac.v3.RBAC";
-pub const NETWORK_RBAC: &str = "type.googleapis.com/envoy.extensions.filters.network.rbac.v3.RBAC";
-/// Istio's (and xDS's) wrapper holding a message as a `Struct` with its type URL beside it.
-pub const TYPED_STRUCTS: &[&str] = &[
-    "type.googleapis.com/udpa.type.v1.TypedStruct",
-    "type.googleapis.com/xds.type.v3.TypedStruct",
-];
+use wasm_common::envoy_types::url;
 
 /// The two places a Wasm filter goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,26 +14,17 @@ pub enum FilterType {
 }
 
 impl FilterType {
-    /// The kind of Wasm filter a type URL names, if it names one.
-    pub fn of_wasm_type_url(type_url: &str) -> Option<Self> {
-        match type_url {
-            HTTP_WASM => Some(Self::Http),
-            NETWORK_WASM => Some(Self::Network),
-            _ => None,
-        }
-    }
-
     pub fn wasm_type_url(self) -> &'static str {
         match self {
-            Self::Http => HTTP_WASM,
-            Self::Network => NETWORK_WASM,
+            Self::Http => url::HTTP_WASM,
+            Self::Network => url::NETWORK_WASM,
         }
     }
 
     pub fn rbac_type_url(self) -> &'static str {
         match self {
-            Self::Http => HTTP_RBAC,
-            Self::Network => NETWORK_RBAC,
+            Self::Http => url::HTTP_RBAC,
+            Self::Network => url::NETWORK_RBAC,
         }
     }
 
@@ -53,11 +35,11 @@ impl FilterType {
     }
 }
 
-impl From<crate::wasmplugin::PluginType> for FilterType {
-    fn from(t: crate::wasmplugin::PluginType) -> Self {
+impl From<crate::envoy::wasmplugin::PluginType> for FilterType {
+    fn from(t: crate::envoy::wasmplugin::PluginType) -> Self {
         match t {
-            crate::wasmplugin::PluginType::Http => Self::Http,
-            crate::wasmplugin::PluginType::Network => Self::Network,
+            crate::envoy::wasmplugin::PluginType::Http => Self::Http,
+            crate::envoy::wasmplugin::PluginType::Network => Self::Network,
         }
     }
 }
@@ -111,16 +93,15 @@ mod tests {
     fn substitutes_match_istios() {
         assert_eq!(
             Fallback::AllowAll.config(FilterType::Http),
-            json!({"@type": HTTP_RBAC, "rules_stat_prefix": "wasm-default-allow"})
+            json!({"@type": url::HTTP_RBAC, "rules_stat_prefix": "wasm-default-allow"})
         );
         assert_eq!(
             Fallback::DenyAll.config(FilterType::Network),
-            json!({"@type": NETWORK_RBAC, "stat_prefix": "wasm-default-deny", "rules": {}})
+            json!({"@type": url::NETWORK_RBAC, "stat_prefix": "wasm-default-deny", "rules": {}})
         );
         assert_eq!(
-            FilterType::of_wasm_type_url(NETWORK_WASM),
-            Some(FilterType::Network)
+            FilterType::Http.type_urls(),
+            [url::HTTP_WASM, url::HTTP_RBAC]
         );
-        assert_eq!(FilterType::Http.type_urls(), [HTTP_WASM, HTTP_RBAC]);
     }
 }

@@ -8,7 +8,8 @@
 //!
 //! ```no_run
 //! # async fn demo(text: &str) -> Result<(), Box<dyn std::error::Error>> {
-//! use wasm_fetcher::{pull, render, wasmplugin::WasmPlugin, Cache, Settings};
+//! use wasm_fetcher::envoy::{render, wasmplugin::WasmPlugin};
+//! use wasm_fetcher::{pull, Cache, Settings};
 //! let cache = Cache::open("/var/cache/wasm".as_ref())?;
 //! for plugin in WasmPlugin::parse_all(text)? {
 //!     let request = render::plan(&plugin, &render::Options::default());
@@ -19,20 +20,15 @@
 //! # Ok(()) }
 //! ```
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
+use wasm_common::envoy_types::url;
 
-use crate::error::FetchError;
-use crate::fallback::{Fallback, FilterType};
-use crate::policy::PullPolicy;
-use crate::wasmplugin::{EnvValue, FailStrategy, WasmPlugin};
-use crate::{PullRequest, Pulled};
+use super::fallback::{Fallback, FilterType};
+use super::wasmplugin::{EnvValue, FailStrategy, WasmPlugin};
+use crate::{FetchError, PullPolicy, PullRequest, Pulled, Sha256};
 
-pub const TYPED_EXTENSION_CONFIG: &str =
-    "type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig";
-const STRING_VALUE: &str = "type.googleapis.com/google.protobuf.StringValue";
 /// The runtime Istio names (Envoy's V8).
 pub const RUNTIME: &str = "envoy.wasm.runtime.v8";
 
@@ -99,7 +95,7 @@ pub async fn pull_within(
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
     /// The Wasm filter, loading the cached module at `path`.
-    Module { path: PathBuf, sha256: String },
+    Module { path: PathBuf, sha256: Sha256 },
     /// The module could not be had: the RBAC substitute the failure policy picks.
     Fallback { fallback: Fallback, error: String },
 }
@@ -126,7 +122,7 @@ pub fn resource(p: &WasmPlugin, pulled: Result<&Pulled, &FetchError>) -> EcdsRes
             wasm_config(p, filter_type, &m.path),
             Outcome::Module {
                 path: m.path.clone(),
-                sha256: m.sha256.to_string(),
+                sha256: m.sha256,
             },
             format!("{}-{}", short(p.version()), short(&m.sha256.to_string())),
         ),
@@ -146,7 +142,7 @@ pub fn resource(p: &WasmPlugin, pulled: Result<&Pulled, &FetchError>) -> EcdsRes
     let document = json!({
         "version_info": version,
         "resources": [{
-            "@type": TYPED_EXTENSION_CONFIG,
+            "@type": url::TYPED_EXTENSION_CONFIG,
             "name": name,
             "typed_config": typed_config,
         }],
@@ -209,7 +205,7 @@ fn wasm_config(p: &WasmPlugin, kind: FilterType, module: &Path) -> Value {
     }
     if let Some(pc) = p.plugin_config.as_ref().filter(|c| !c.is_empty()) {
         config["configuration"] = json!({
-            "@type": STRING_VALUE,
+            "@type": url::STRING_VALUE,
             "value": Value::Object(pc.clone()).to_string(),
         });
     }
@@ -300,30 +296,17 @@ impl EcdsResource {
 /// Replaces `path` with `bytes` by a rename from a temp file beside it (same directory, so
 /// the rename is atomic), readable by all (Envoy may run as another user).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
-    let err = |source| WriteError {
-        path: path.to_path_buf(),
-        source,
-    };
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".wasm-fetcher-")
-        .suffix(".tmp")
-        .tempfile_in(dir)
-        .map_err(err)?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        tmp.as_file()
-            .set_permissions(std::fs::Permissions::from_mode(0o644))
-            .map_err(err)?;
-    }
-    tmp.write_all(bytes).map_err(err)?;
-    tmp.as_file().sync_all().map_err(err)?;
-    tmp.persist(path).map_err(|e| err(e.error))?;
-    Ok(())
+    let mode = wasm_common::fs::Mode::WorldReadable;
+    wasm_common::fs::write_whole(dir, ".wasm-fetcher-", path, bytes, mode, true).map_err(|source| {
+        WriteError {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 #[cfg(test)]
@@ -357,10 +340,10 @@ mod tests {
         assert_eq!(r.name, "extensions.istio.io/wasmplugin/ns.p");
         assert_eq!(r.file_name, "ns.p.yaml");
         let res = &r.document["resources"][0];
-        assert_eq!(res["@type"], TYPED_EXTENSION_CONFIG);
+        assert_eq!(res["@type"], url::TYPED_EXTENSION_CONFIG);
         assert_eq!(res["name"], r.name.as_str());
         let tc = &res["typed_config"];
-        assert_eq!(tc["@type"], crate::fallback::HTTP_WASM);
+        assert_eq!(tc["@type"], url::HTTP_WASM);
         let c = &tc["config"];
         assert_eq!(c["name"], "ns.p");
         assert_eq!(c["root_id"], "root");
@@ -397,7 +380,7 @@ mod tests {
         let open = resource(&plugin("  failStrategy: FAIL_OPEN\n"), Err(&e));
         assert_eq!(
             open.document["resources"][0]["typed_config"]["@type"],
-            crate::fallback::HTTP_RBAC
+            url::HTTP_RBAC
         );
         let reload = resource(&plugin("  failStrategy: FAIL_RELOAD\n"), Err(&e));
         assert!(matches!(
@@ -491,7 +474,7 @@ mod tests {
         );
         assert_eq!(
             cd["type_urls"],
-            json!([crate::fallback::NETWORK_WASM, crate::fallback::NETWORK_RBAC])
+            json!([url::NETWORK_WASM, url::NETWORK_RBAC])
         );
     }
 

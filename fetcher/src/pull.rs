@@ -1,0 +1,347 @@
+//! One pull, from the request to the recorded module: the policy, the cache, the source, the
+//! locks that keep one download per source, and the index entry it leaves.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, LazyLock, Mutex};
+
+use crate::cache::{self, Cache};
+use crate::index::{self, Index, IndexFile, ModuleEntry, SourceEntry};
+use crate::pin::{PinMatch, Pins};
+use crate::policy::{self, PullPolicy};
+use crate::progress::Progress;
+use crate::reference::{self, Source};
+use crate::source::{self, Body, Fetched};
+use crate::verify::{Digest, Sha256};
+use crate::{lifecycle, FetchError, Settings};
+
+#[derive(Debug, Clone, Default)]
+pub struct PullRequest {
+    pub url: String,
+    /// A pin: for file and HTTP the module's sha256; for OCI the image manifest digest, the
+    /// index digest, or the module's sha256.
+    pub sha256: Option<Sha256>,
+    pub policy: Option<PullPolicy>,
+    /// The resource the module is for (an Envoy extension config); defaults to the source.
+    pub resource: Option<String>,
+    /// Its version: `Always` re-pulls when it changes, and on every pull when absent.
+    pub resource_version: Option<String>,
+    /// `os/arch` to pick from an image index.
+    pub platform: Option<String>,
+    /// Docker config JSON with registry credentials.
+    pub pull_secret: Option<PathBuf>,
+    /// Where download progress goes (the CLI draws a bar on a terminal).
+    pub progress: Progress,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Pulled {
+    pub path: PathBuf,
+    /// The source's canonical key (`reference::Source::key`): how the index names it.
+    pub source: String,
+    pub sha256: Sha256,
+    pub manifest_digest: Option<Digest>,
+    pub pin: Option<PinMatch>,
+    /// No module bytes were downloaded (a tag may still have been checked).
+    pub from_cache: bool,
+}
+
+/// One pull, as every step sees it.
+struct Pull<'a> {
+    req: &'a PullRequest,
+    source: Source,
+    /// `source.key()`.
+    key: String,
+    pins: Pins,
+    policy: PullPolicy,
+    /// The resource whose version `Always` compares.
+    resource: String,
+}
+
+impl<'a> Pull<'a> {
+    fn new(req: &'a PullRequest) -> Result<Self, FetchError> {
+        let source = Source::parse(&req.url)?;
+        let key = source.key();
+        let pins = Pins::new(req.sha256, &source);
+        let policy = policy::effective(req.policy, &source, pins.any());
+        // A resource named by a URL is one resource however the URL is written.
+        let resource = req
+            .resource
+            .as_deref()
+            .map_or_else(|| key.clone(), reference::canonical_key);
+        Ok(Self {
+            req,
+            source,
+            key,
+            pins,
+            policy,
+            resource,
+        })
+    }
+
+    /// What the cache alone can answer, under the policy.
+    fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
+        let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
+            let path = idx.intact(cache, &sha, pin.is_some())?;
+            Some(Pulled {
+                path,
+                source: self.key.clone(),
+                sha256: sha,
+                manifest_digest: idx.modules.get(&sha).and_then(|m| m.manifest_digest),
+                pin,
+                from_cache: true,
+            })
+        };
+        if self.pins.any() {
+            return self
+                .pins
+                .candidates(idx)
+                .into_iter()
+                .find_map(|(sha, matched)| hit(sha, Some(matched)));
+        }
+        let known = idx.sources.get(&self.key)?;
+        match self.policy {
+            PullPolicy::IfNotPresent | PullPolicy::Never => hit(known.sha256, None),
+            PullPolicy::Always => {
+                let version = self.req.resource_version.as_ref()?;
+                (idx.resources.get(&self.resource) == Some(version))
+                    .then(|| hit(known.sha256, None))?
+            }
+        }
+    }
+
+    /// Whether recording `p` would change nothing but a last-use time under a minute old.
+    fn already_recorded(&self, idx: &Index, p: &Pulled) -> bool {
+        let fresh = idx.modules.get(&p.sha256).is_some_and(|m| {
+            index::now().saturating_sub(m.last_used) < 60
+                && cache::Stamp::of_file(&p.path) == Some(m.stamp())
+        });
+        let source_known = idx
+            .sources
+            .get(&self.key)
+            .is_some_and(|s| s.sha256 == p.sha256);
+        let version_known = self
+            .req
+            .resource_version
+            .as_ref()
+            .is_none_or(|v| idx.resources.get(&self.resource) == Some(v));
+        fresh && source_known && version_known
+    }
+}
+
+/// Resolves the pull policy, serves from the cache when it may, otherwise fetches from the
+/// source, commits the verified module and records the pull. A pull never deletes anything.
+pub async fn pull(
+    req: &PullRequest,
+    cache: &Cache,
+    settings: &Settings,
+) -> Result<Pulled, FetchError> {
+    let pull = Pull::new(req)?;
+    let index = IndexFile::new(cache);
+    let idx = index.load()?;
+    if let Some(p) = pull.cached(&idx, cache) {
+        // A hit that would change nothing but a recent last-use time skips the locked index
+        // rewrite: that keeps a warm lookup to a read and a stat.
+        if pull.already_recorded(&idx, &p) {
+            return Ok(p);
+        }
+        return match record(&index, &pull, p.clone(), None).await {
+            // The module is there and checked; only the bookkeeping could not be written.
+            Err(FetchError::CacheReadOnly { path, message }) => {
+                tracing::warn!(path = %path.display(), %message, "cache is read-only; last use not recorded");
+                Ok(p)
+            }
+            other => other,
+        };
+    }
+    if pull.policy == PullPolicy::Never {
+        return Err(FetchError::NotInCache);
+    }
+    // One download per source: within this process through an async mutex, across processes
+    // through the file lock. Whoever waited finds the module cached below.
+    let _in_process = in_flight(cache, &pull.key).lock_owned().await;
+    let _lock = lock_source(cache, &pull.key).await?;
+    if pull.policy != PullPolicy::Always || req.resource_version.is_some() {
+        if let Some(p) = pull.cached(&index.load()?, cache) {
+            return record(&index, &pull, p, None).await;
+        }
+    }
+    let mut staging = cache.staging(settings.max_size)?;
+    staging.report_to(req.progress.clone());
+    let target = source::Target {
+        cache,
+        index: &index,
+        settings,
+    };
+    let Fetched { image, pin, body } =
+        source::fetch(&pull.source, req, &pull.pins, &target, staging).await?;
+    let (path, sha, from_cache) = match body {
+        Body::Cached(sha) => (cache.module_path(&sha), sha, true),
+        Body::Staged(staging) => {
+            let (path, sha) = cache.commit(staging, pin.module.as_ref())?;
+            (path, sha, false)
+        }
+    };
+    let pulled = Pulled {
+        path,
+        source: pull.key.clone(),
+        sha256: sha,
+        manifest_digest: image.map(|i| i.manifest),
+        pin: pin.matched,
+        from_cache,
+    };
+    record(&index, &pull, pulled, image.and_then(|i| i.index)).await
+}
+
+/// The cross-process lock on one source. Waiting polls instead of blocking a thread in the
+/// kernel, so a caller's deadline (`--timeout`) ends the wait at once and leaves no thread
+/// behind.
+async fn lock_source(cache: &Cache, key: &str) -> Result<std::fs::File, FetchError> {
+    let mut pause = std::time::Duration::from_millis(2);
+    loop {
+        if let Some(lock) = cache.try_lock_source(key)? {
+            return Ok(lock);
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The in-process lock for one source in one cache. Entries stay for the life of the process:
+/// one small mutex per distinct source pulled.
+fn in_flight(cache: &Cache, key: &str) -> Arc<tokio::sync::Mutex<()>> {
+    type SourceLocks = HashMap<(PathBuf, String), Arc<tokio::sync::Mutex<()>>>;
+    static IN_FLIGHT: LazyLock<Mutex<SourceLocks>> = LazyLock::new(Mutex::default);
+    let mut map = wasm_common::sync::lock(&IN_FLIGHT);
+    map.entry((cache.root().to_path_buf(), key.to_string()))
+        .or_default()
+        .clone()
+}
+
+/// [`record_now`] on a blocking thread: waiting for the index lock must not stall the
+/// runtime, or a caller's deadline could not fire.
+async fn record(
+    index: &IndexFile,
+    pull: &Pull<'_>,
+    pulled: Pulled,
+    index_digest: Option<Digest>,
+) -> Result<Pulled, FetchError> {
+    let index = index.clone();
+    let (key, resource) = (pull.key.clone(), pull.resource.clone());
+    let version = pull.req.resource_version.clone();
+    let root = index.path().to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        let recorded = Recorded {
+            key: &key,
+            resource: &resource,
+            version: version.as_deref(),
+            index_digest,
+        };
+        record_now(&index, &recorded, pulled)
+    })
+    .await
+    .map_err(|e| FetchError::Cache {
+        path: root,
+        message: format!("recording the pull: {e}"),
+    })?
+}
+
+/// What a successful pull writes to the index beside the module itself.
+struct Recorded<'a> {
+    key: &'a str,
+    resource: &'a str,
+    version: Option<&'a str>,
+    index_digest: Option<Digest>,
+}
+
+/// Records a successful pull: the module's use, what the source resolved to, and (only now,
+/// after success) the resource version.
+fn record_now(index: &IndexFile, r: &Recorded, pulled: Pulled) -> Result<Pulled, FetchError> {
+    let now = index::now();
+    let stamp = cache::Stamp::of_file(&pulled.path);
+    index.update(|idx| {
+        let entry = idx
+            .modules
+            .entry(pulled.sha256)
+            .or_insert_with(|| ModuleEntry {
+                source: r.key.to_string(),
+                manifest_digest: pulled.manifest_digest,
+                index_digest: r.index_digest,
+                size: 0,
+                modified_ns: None,
+                pulled_at: now,
+                last_used: now,
+            });
+        entry.last_used = now;
+        if entry.source.is_empty() {
+            // Found by a rebuilt index, which cannot know where a module came from.
+            entry.source = r.key.to_string();
+        }
+        // Verified by this pull (downloaded, or checked by `intact`): remember the file as is.
+        if let Some(stamp) = stamp {
+            entry.size = stamp.size;
+            entry.modified_ns = stamp.modified_ns;
+        }
+        if pulled.manifest_digest.is_some() {
+            entry.manifest_digest = pulled.manifest_digest;
+        }
+        if r.index_digest.is_some() {
+            entry.index_digest = r.index_digest;
+        }
+        idx.sources.insert(
+            r.key.to_string(),
+            SourceEntry {
+                sha256: pulled.sha256,
+                manifest_digest: pulled.manifest_digest,
+            },
+        );
+        if let Some(v) = r.version {
+            idx.resources.insert(r.resource.to_string(), v.to_string());
+        }
+    })?;
+    Ok(pulled)
+}
+
+/// One cached module as `wasm-fetcher ls` shows it.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Listed {
+    pub sha256: Sha256,
+    pub path: PathBuf,
+    pub source: String,
+    pub manifest_digest: Option<Digest>,
+    pub size: u64,
+    /// Unix seconds.
+    pub last_used: u64,
+    /// Unix seconds after which `purge` removes it if unused.
+    pub expires: u64,
+}
+
+/// Every module the index knows and whose file is present.
+pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchError> {
+    let idx = IndexFile::new(cache).load()?;
+    Ok(idx
+        .modules
+        .iter()
+        .filter_map(|(sha, m)| {
+            let path = cache.lookup(sha)?;
+            Some(Listed {
+                sha256: *sha,
+                path,
+                source: m.source.clone(),
+                manifest_digest: m.manifest_digest,
+                size: m.size,
+                last_used: m.last_used,
+                expires: m.last_used.saturating_add(settings.module_expiry.as_secs()),
+            })
+        })
+        .collect())
+}
+
+/// Removes modules unused for longer than `WASM_MODULE_EXPIRY` and, with
+/// `WASM_CACHE_MAX_BYTES`, the least recently used until the cache fits, sparing what a running
+/// `serve` uses ([`lifecycle::purge`]); then what killed processes left behind: temp files, and
+/// lock files no one holds. Returns the removed modules' digests.
+pub fn purge(cache: &Cache, settings: &Settings) -> Result<Vec<Sha256>, FetchError> {
+    let purged = lifecycle::purge(cache, settings, &Default::default())?;
+    Ok(purged.removed().copied().collect())
+}
