@@ -17,6 +17,7 @@
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
+use wasm_common::envoy_types::url;
 
 use crate::envoy::bootstrap::{Bootstrap, FailurePolicy};
 use crate::envoy::proxy::{Proxy, ProxyOptions, StartError};
@@ -193,25 +194,25 @@ impl ProxyBuilder {
         let filters = if self.tcp {
             json!([
                 {"name": "envoy.filters.network.wasm", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm",
+                    "@type": url::NETWORK_WASM,
                     "config": plugin}},
                 {"name": "envoy.filters.network.tcp_proxy", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+                    "@type": url::TCP_PROXY,
                     "stat_prefix": "tcp", "cluster": "backend"}},
             ])
         } else {
             json!([{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
+            "@type": url::HCM,
             "stat_prefix": "ingress_http",
             "route_config": {"name": "local_route", "virtual_hosts": [{
                 "name": "all", "domains": ["*"],
                 "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}]}]},
             "http_filters": [
                 {"name": "envoy.filters.http.wasm", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+                    "@type": url::HTTP_WASM,
                     "config": plugin}},
                 {"name": "envoy.filters.http.router", "typed_config": {
-                    "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}},
+                    "@type": url::ROUTER}},
             ]}}])
         };
         let clusters: Vec<Value> = std::iter::once(("backend", BACKEND.0, BACKEND.1))
@@ -260,7 +261,7 @@ impl ProxyBuilder {
 }
 
 fn string_value(s: &str) -> Value {
-    json!({"@type": "type.googleapis.com/google.protobuf.StringValue", "value": s})
+    json!({"@type": url::STRING_VALUE, "value": s})
 }
 
 #[cfg(test)]

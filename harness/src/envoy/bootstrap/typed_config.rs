@@ -7,38 +7,21 @@ use serde_json::{Map, Value};
 
 use super::model::{invalid, BootstrapError};
 
-/// Type names the harness understands (a type URL's part after its last `/`).
-pub(super) mod types {
-    pub const HCM: &str =
-        "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
-    pub const HTTP_WASM: &str = "envoy.extensions.filters.http.wasm.v3.Wasm";
-    pub const NETWORK_WASM: &str = "envoy.extensions.filters.network.wasm.v3.Wasm";
-    pub const TCP_PROXY: &str = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
-    pub const ROUTER: &str = "envoy.extensions.filters.http.router.v3.Router";
-    pub const STRING_VALUE: &str = "google.protobuf.StringValue";
-    pub const BYTES_VALUE: &str = "google.protobuf.BytesValue";
-    pub const STRUCT: &str = "google.protobuf.Struct";
-    pub const WASM_SERVICE: &str = "envoy.extensions.wasm.v3.WasmService";
-    /// The two names of the wrapper; Envoy unwraps both the same way.
-    pub const TYPED_STRUCTS: [&str; 2] = ["udpa.type.v1.TypedStruct", "xds.type.v3.TypedStruct"];
-}
-
-/// A type URL's type name: Envoy resolves `type.googleapis.com/x.y.Z`, `example.com/p/x.y.Z`
-/// and (in a TypedStruct's `type_url`) a bare `x.y.Z` alike, by what follows the last `/`.
-pub(super) fn name_of_url(url: &str) -> &str {
-    url.rsplit('/').next().unwrap_or_default()
-}
+/// Type names the harness understands (a type URL's part after its last `/`): the workspace's
+/// one vocabulary of Envoy types.
+pub(super) use wasm_common::envoy_types::name as types;
+use wasm_common::envoy_types::{is_typed_struct, name_of};
 
 /// The type name of an `Any` (its `@type`), empty when it has none.
 pub(super) fn type_name(v: &Value) -> String {
-    name_of_url(v.get("@type").and_then(Value::as_str).unwrap_or_default()).to_string()
+    name_of(v.get("@type").and_then(Value::as_str).unwrap_or_default()).to_string()
 }
 
 /// Replaces a `TypedStruct` at `at` by the message it carries, as an ordinary `Any` (`@type`
 /// set to its `type_url`, the fields of `value` beside it), so the rest of the parser reads one
 /// form. Anything else is left as it is.
 pub(super) fn unwrap_typed_struct(at: &str, v: &mut Value) -> Result<(), BootstrapError> {
-    if !types::TYPED_STRUCTS.contains(&type_name(v).as_str()) {
+    if !is_typed_struct(&type_name(v)) {
         return Ok(());
     }
     let Some(wrapper) = v.as_object_mut() else {
@@ -75,7 +58,7 @@ pub(super) fn unwrap_typed_struct(at: &str, v: &mut Value) -> Result<(), Bootstr
             "a TypedStruct's value holds the message's fields, not another Any",
         ));
     }
-    if name_of_url(&url).is_empty() {
+    if name_of(&url).is_empty() {
         return Err(invalid(
             &format!("{at}.type_url"),
             format!("{url:?} names no type"),
@@ -99,7 +82,7 @@ mod tests {
 
     #[test]
     fn both_typed_struct_names_become_the_message_they_carry() {
-        for wrapper in types::TYPED_STRUCTS {
+        for wrapper in wasm_common::envoy_types::TYPED_STRUCTS {
             let v = unwrapped(&format!(
                 "{{'@type': type.googleapis.com/{wrapper}, type_url: type.googleapis.com/{}, value: {{config: {{name: x}}}}}}",
                 types::HTTP_WASM
