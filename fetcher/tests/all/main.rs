@@ -5,6 +5,7 @@ mod cache_integrity;
 mod deadline;
 mod deploy;
 mod hostile_registry;
+mod image;
 mod library;
 mod net_guard;
 mod oci_registry;
