@@ -115,8 +115,9 @@ $(IMAGE_LAYOUT)/index.json:
 ## test-image: the image's own test (fetcher/tests/all/image.rs, ignored by `make test`): its
 ## config and size, then unpacked, `serve` run from it as user 65532 on a read-only root, and a
 ## push to a loopback docker-registry with `make image-push` and a pull back.
-test-image: image build
-	$(CARGO) test --release -p wasm-fetcher --test all image:: -- --ignored --nocapture --test-threads 1
+# --workspace: the artifacts `make test` built, no rebuild for another feature set.
+test-image: image
+	$(CARGO) test --release --workspace --test all image:: -- --ignored --nocapture --test-threads 1
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
 test: build filter envoy
