@@ -24,8 +24,10 @@ rust_target() {
   esac
 }
 
+# The store holds only what this script builds: start from nothing, so no image or list of an
+# earlier run (another revision) is reused.
 list=localhost/wasm-fetcher:$VERSION
-"${podman[@]}" manifest rm "$list" >/dev/null 2>&1 || true
+"${podman[@]}" rmi --all --force >/dev/null 2>&1 || true
 
 for platform in $PLATFORMS; do
   target=$(rust_target "$platform")
@@ -57,7 +59,8 @@ for platform in $PLATFORMS; do
   find "$context/rootfs" -type d -exec chmod 0755 {} +
 
   image=localhost/wasm-fetcher:$VERSION-$arch
-  "${podman[@]}" build --quiet --platform "$platform" --format oci --timestamp "$EPOCH" \
+  # --no-cache: buildah's cache does not see a changed build argument in a LABEL.
+  "${podman[@]}" build --quiet --no-cache --platform "$platform" --format oci --timestamp "$EPOCH" \
     --build-arg VERSION="$VERSION" --build-arg REVISION="$REVISION" --build-arg SOURCE="$SOURCE" \
     -f "$here/Containerfile" -t "$image" "$context" >/dev/null
   if ! "${podman[@]}" manifest exists "$list"; then
