@@ -16,7 +16,7 @@ DEMO := target/demo
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 
-.PHONY: run test bench build filter envoy wasm-target lint clean publish
+.PHONY: run test bench build filter envoy wasm-target lint clean publish image image-tools image-push test-image
 
 ## run: build the filter, pull it through wasm-fetcher into a cache under target/, point a copy
 ## of envoy-config/bootstrap.yaml at the cached module, then run the demo scenario in the
@@ -54,6 +54,70 @@ publish: build filter
 	@$(FETCHER) push $(FILTER_WASM) "oci://$(REGISTRY)/$(REPO):$(TAG)" --layout $(LAYOUT) --check-abi \
 	  --wasmplugin $(PLUGIN) $(if $(PLUGIN_CONFIG),--plugin-config $(PLUGIN_CONFIG)) \
 	  $(if $(PULL_SECRET),--pull-secret $(PULL_SECRET)) $(if $(INSECURE),--insecure-registry $(INSECURE))
+
+## image: the wasm-fetcher container image, a static (musl) binary on an empty base, user
+## 65532, fit for a read-only root filesystem, with OCI labels (source, revision, version), for
+## each of IMAGE_PLATFORMS, as one multi-platform index in the OCI layout $(IMAGE_LAYOUT)
+## (tag $(VERSION)). Installs what it lacks first (image-tools). deploy/image/build.sh does the
+## work; docs/sidecar.md says how to run it.
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+IMAGE_PLATFORMS ?= linux/amd64 linux/arm64
+IMAGE_WORK := target/image
+IMAGE_LAYOUT := $(IMAGE_WORK)/oci
+# Where the image says it comes from: origin's URL (an scp-style address as https://).
+IMAGE_SOURCE ?= $(shell git remote get-url origin 2>/dev/null | sed -E 's#^git@([^:]+):#https://\1/#; s#\.git$$##')
+image: image-tools
+	@VERSION=$(VERSION) PLATFORMS="$(IMAGE_PLATFORMS)" LAYOUT=$(IMAGE_LAYOUT) WORK=$(abspath $(IMAGE_WORK)) \
+	  REVISION=$$(git rev-parse HEAD)$$(git diff --quiet HEAD 2>/dev/null || echo -dirty) \
+	  SOURCE="$(or $(IMAGE_SOURCE),unknown: no git remote origin; set IMAGE_SOURCE)" \
+	  EPOCH=$$(git log -1 --format=%ct) CARGO=$(CARGO) deploy/image/build.sh
+
+# What `make image` needs beyond a Rust toolchain: Debian packages (as root, or through sudo)
+# and the Rust musl targets of IMAGE_PLATFORMS.
+SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+IMAGE_APT := podman:podman skopeo:skopeo musl-gcc:musl-tools \
+  $(if $(filter linux/arm64,$(IMAGE_PLATFORMS)),aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu)
+image-tools:
+	@missing=; for tool in $(IMAGE_APT); do command -v $${tool%%:*} >/dev/null || missing="$$missing $${tool#*:}"; done; \
+	  test -s /etc/ssl/certs/ca-certificates.crt || missing="$$missing ca-certificates"; \
+	  if [ -n "$$missing" ]; then \
+	    echo "==> apt-get install$$missing"; \
+	    $(SUDO) apt-get update -qq && \
+	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+	  fi
+	@for target in $(patsubst linux/amd64,x86_64-unknown-linux-musl,$(patsubst linux/arm64,aarch64-unknown-linux-musl,$(IMAGE_PLATFORMS))); do \
+	  rustup target list --installed 2>/dev/null | grep -qx $$target || rustup target add $$target; done
+
+## image-push: push the image (every platform) to $(REGISTRY)/$(IMAGE_REPO):$(TAG) with skopeo
+## and print the reference by digest. Required: REGISTRY (host[:port], optionally with a path:
+## ghcr.io/me) and TAG. Optional: IMAGE_REPO (wasm-fetcher), PULL_SECRET (Docker config JSON
+## with push access; default: skopeo's, then ~/.docker/config.json), INSECURE (a host:port to
+## reach over plain HTTP or unverified TLS). A loopback registry is spoken to in plain HTTP, as
+## `make publish` does; any other over verified TLS. Builds the image first if there is none.
+IMAGE_REPO ?= wasm-fetcher
+ifneq ($(filter image-push,$(MAKECMDGOALS)),)
+ifeq ($(and $(REGISTRY),$(TAG)),)
+$(error usage: make image-push REGISTRY=host[:port][/path] TAG=tag [IMAGE_REPO=$(IMAGE_REPO)] [PULL_SECRET=file] [INSECURE=host:port])
+endif
+endif
+REGISTRY_HOST = $(firstword $(subst /, ,$(REGISTRY)))
+PLAIN_HTTP = $(or $(filter 127.% localhost localhost:% [::1] [::1]:% $(INSECURE),$(REGISTRY_HOST)),$(filter 127.%,$(subst :, ,$(REGISTRY_HOST))))
+image-push: $(IMAGE_LAYOUT)/index.json
+	@skopeo copy --quiet --all --retry-times 2 --dest-tls-verify=$(if $(PLAIN_HTTP),false,true) \
+	  $(if $(PULL_SECRET),--dest-authfile $(PULL_SECRET)) --digestfile $(IMAGE_WORK)/pushed.digest \
+	  oci:$(IMAGE_LAYOUT):$(VERSION) docker://$(REGISTRY)/$(IMAGE_REPO):$(TAG)
+	@echo "$(REGISTRY)/$(IMAGE_REPO):$(TAG)"
+	@echo "$(REGISTRY)/$(IMAGE_REPO)@$$(cat $(IMAGE_WORK)/pushed.digest)"
+
+$(IMAGE_LAYOUT)/index.json:
+	$(MAKE) image
+
+## test-image: the image's own test (fetcher/tests/all/image.rs, ignored by `make test`): its
+## config and size, then unpacked, `serve` run from it as user 65532 on a read-only root, and a
+## push to a loopback docker-registry with `make image-push` and a pull back.
+# --workspace: the artifacts `make test` built, no rebuild for another feature set.
+test-image: image
+	$(CARGO) test --release --workspace --test all image:: -- --ignored --nocapture --test-threads 1
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
 test: build filter envoy

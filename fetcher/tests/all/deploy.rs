@@ -95,7 +95,7 @@ fn deploy_manifests_agree_with_the_cli_and_the_ecds_bootstrap() {
     let mut checked_files = 0;
     for entry in std::fs::read_dir(workspace().join("deploy")).unwrap() {
         let path = entry.unwrap().path();
-        if path.extension().is_none_or(|e| e != "yaml") {
+        if path.extension().is_none_or(|e| e != "yaml") || path.ends_with(KUSTOMIZATION) {
             continue;
         }
         check_file(&path);
@@ -104,6 +104,63 @@ fn deploy_manifests_agree_with_the_cli_and_the_ecds_bootstrap() {
     assert_eq!(
         checked_files, 2,
         "deploy/sidecar.yaml and deploy/daemonset.yaml"
+    );
+}
+
+const KUSTOMIZATION: &str = "kustomization.yaml";
+
+/// The image `wasm-fetcher` is named in one place: the manifests name it by the bare name
+/// `wasm-fetcher` and deploy/kustomization.yaml's `images` turns that into a registry
+/// reference (`kustomize edit set image` changes it there). Its resources are every manifest.
+#[test]
+fn the_kustomization_names_every_manifest_and_the_one_fetcher_image() {
+    let deploy = workspace().join("deploy");
+    let k: Value =
+        serde_norway::from_str(&std::fs::read_to_string(deploy.join(KUSTOMIZATION)).unwrap())
+            .unwrap();
+    assert_eq!(k["kind"], "Kustomization");
+    let mut manifests: Vec<String> = std::fs::read_dir(&deploy)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".yaml") && n != KUSTOMIZATION)
+        .collect();
+    manifests.sort();
+    let mut resources = strings(&k["resources"]);
+    resources.sort();
+    assert_eq!(resources, manifests, "{KUSTOMIZATION}: resources");
+
+    let images = k["images"].as_array().expect("images");
+    let fetcher = images
+        .iter()
+        .find(|i| i["name"] == "wasm-fetcher")
+        .expect("an images entry for wasm-fetcher");
+    let target = fetcher["newName"].as_str().expect("newName");
+    assert!(
+        target.contains('/') && target.ends_with("/wasm-fetcher"),
+        "newName {target}: a registry reference to the image `make image-push` pushes"
+    );
+    assert!(
+        fetcher["newTag"].is_string() || fetcher["digest"].is_string(),
+        "wasm-fetcher: a newTag or digest"
+    );
+
+    let mut named = BTreeSet::new();
+    for m in &manifests {
+        let text = std::fs::read_to_string(deploy.join(m)).unwrap();
+        for line in text.lines() {
+            if let Some(image) = line.trim().strip_prefix("image: ") {
+                named.insert(image.to_string());
+            }
+        }
+    }
+    let fetchers: Vec<_> = named
+        .iter()
+        .filter(|i| i.contains("wasm-fetcher"))
+        .collect();
+    assert_eq!(
+        fetchers,
+        ["wasm-fetcher"],
+        "the manifests name the fetcher's image only by the name the kustomization replaces"
     );
 }
 

@@ -9,6 +9,7 @@ mod cache_integrity;
 mod deadline;
 mod deploy;
 mod hostile_registry;
+mod image;
 mod layers;
 mod library;
 mod net_guard;
