@@ -9,7 +9,9 @@ use std::sync::{Mutex, MutexGuard};
 
 /// Locks `mutex`, recovering the guard if another thread panicked while holding it.
 pub fn lock<T: ?Sized>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 #[cfg(test)]
