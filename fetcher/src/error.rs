@@ -75,6 +75,9 @@ pub enum FetchError {
         path: PathBuf,
         reason: String,
     },
+    /// A verify key is set and the module's cosign signature is missing or refused.
+    #[error(transparent)]
+    Signature(#[from] crate::signature::SignatureError),
     /// The cache refused a write (read-only filesystem, no permission): it can still serve
     /// what it holds.
     #[error("cache error at {path}: cannot write ({message}); a cache this process cannot write serves only the modules it holds (--pull-policy Never)")]

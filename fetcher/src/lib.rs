@@ -33,6 +33,7 @@ pub mod reference;
 pub mod regular_file;
 pub mod serve;
 pub mod settings;
+pub mod signature;
 mod source;
 mod tls;
 mod unbox;

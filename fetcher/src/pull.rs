@@ -30,6 +30,10 @@ pub struct PullRequest {
     pub platform: Option<String>,
     /// Docker config JSON with registry credentials.
     pub pull_secret: Option<PathBuf>,
+    /// A key the module's cosign signature must verify with, beside `Settings::verify_key`
+    /// (a plugin's own); with either, only an `oci://` module is accepted, and only after its
+    /// signature is checked at the registry.
+    pub verify_key: Option<crate::signature::VerifyKey>,
     /// Where download progress goes (the CLI draws a bar on a terminal).
     pub progress: Progress,
 }
@@ -56,14 +60,21 @@ struct Pull<'a> {
     policy: PullPolicy,
     /// The resource whose version `Always` compares.
     resource: String,
+    /// A verify key applies: the cache alone cannot answer, since whether a cached module is
+    /// signed is known only at the registry.
+    verified: bool,
 }
 
 impl<'a> Pull<'a> {
-    fn new(req: &'a PullRequest) -> Result<Self, FetchError> {
+    fn new(req: &'a PullRequest, settings: &Settings) -> Result<Self, FetchError> {
         let source = Source::parse(&req.url)?;
         let key = source.key();
         let pins = Pins::new(req.sha256, &source);
         let policy = policy::effective(req.policy, &source, pins.any());
+        let verified = req.verify_key.is_some() || settings.verify_key.is_some();
+        if verified {
+            crate::signature::check_request(&source, policy)?;
+        }
         // A resource named by a URL is one resource however the URL is written.
         let resource = req
             .resource
@@ -76,11 +87,15 @@ impl<'a> Pull<'a> {
             pins,
             policy,
             resource,
+            verified,
         })
     }
 
     /// What the cache alone can answer, under the policy.
     fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
+        if self.verified {
+            return None;
+        }
         let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
             let path = idx.intact(cache, &sha, pin.is_some())?;
             Some(Pulled {
@@ -136,7 +151,7 @@ pub async fn pull(
     cache: &Cache,
     settings: &Settings,
 ) -> Result<Pulled, FetchError> {
-    let pull = Pull::new(req)?;
+    let pull = Pull::new(req, settings)?;
     let index = IndexFile::new(cache);
     let idx = index.load()?;
     if let Some(p) = pull.cached(&idx, cache) {

@@ -34,6 +34,9 @@ pub struct Settings {
     /// `WASM_CACHE_MAX_BYTES`: a purge evicts the least recently used modules no current
     /// config names until the cache's modules fit (unset: no cap).
     pub cache_max_bytes: Option<u64>,
+    /// `WASM_VERIFY_KEY` (a PEM public key file) or `--verify-key`: every module must carry a
+    /// cosign signature by this key (`crate::signature`).
+    pub verify_key: Option<crate::signature::VerifyKey>,
 }
 
 impl Settings {
@@ -91,6 +94,7 @@ impl Default for Settings {
             blocked_cidrs: Vec::new(),
             allow_foreign_layers: false,
             cache_max_bytes: None,
+            verify_key: None,
         }
     }
 }
@@ -172,6 +176,12 @@ impl Settings {
                 .map(|r| r.trim().to_string())
                 .filter(|r| !r.is_empty())
                 .collect();
+        }
+        if let Some(v) = var("WASM_VERIFY_KEY").filter(|v| !v.is_empty()) {
+            s.verify_key = Some(crate::signature::VerifyKey::read(
+                v.as_ref(),
+                "WASM_VERIFY_KEY",
+            )?);
         }
         Ok(s)
     }

@@ -3,6 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use wasm_fetcher::signature::VerifyKey;
 use wasm_fetcher::{settings, Cache, PullPolicy, PullRequest, Settings, Sha256};
 
 use super::Failure;
@@ -49,6 +50,11 @@ pub struct PullArgs {
     /// layers) before asking the registry; those URLs pass the same address guard.
     #[arg(long)]
     allow_foreign_layers: bool,
+    /// A PEM public key (ECDSA P-256, as cosign.pub): every module must be an oci:// image
+    /// carrying a cosign signature by it, checked before anything is cached
+    /// [default: $WASM_VERIFY_KEY].
+    #[arg(long, value_name = "FILE")]
+    verify_key: Option<PathBuf>,
 }
 
 /// A pull as the flags and the environment ask for it, every input read and checked.
@@ -64,6 +70,9 @@ impl PullOptions {
     pub fn from_args(args: PullArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<Self> {
         let mut settings = Settings::from_env()?;
         settings.allow_foreign_layers = args.allow_foreign_layers;
+        if let Some(key) = &args.verify_key {
+            settings.verify_key = Some(VerifyKey::read(key, "--verify-key")?);
+        }
         if let Some(ca) = &args.ca_file {
             settings.add_ca_file(ca)?;
         }
@@ -77,6 +86,7 @@ impl PullOptions {
                 resource_version: args.resource_version,
                 platform: args.platform,
                 pull_secret: args.pull_secret,
+                verify_key: None,
                 progress,
             },
             cache,

@@ -48,6 +48,12 @@ pub struct PushArgs {
     /// an object (the filter's role configuration).
     #[arg(long, value_name = "FILE", requires = "wasmplugin")]
     plugin_config: Option<PathBuf>,
+    /// Also sign the pushed image as cosign does (its signature manifest, tagged
+    /// sha256-<digest>.sig) with this PEM PKCS#8 ECDSA P-256 private key, as `openssl genpkey
+    /// -algorithm EC -pkeyopt ec_paramgen_curve:P-256` writes; cosign's encrypted keys are not
+    /// read (sign with `cosign sign --key` instead).
+    #[arg(long, value_name = "FILE")]
+    sign_key: Option<PathBuf>,
 }
 
 /// What a successful push prints.
@@ -92,6 +98,11 @@ impl PushOptions {
                 layout: args.layout,
                 check_abi: args.check_abi,
                 pull_secret: args.pull_secret,
+                sign_key: args
+                    .sign_key
+                    .as_deref()
+                    .map(wasm_fetcher::signature::SignKey::read)
+                    .transpose()?,
                 progress,
             },
             settings,

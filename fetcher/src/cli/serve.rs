@@ -49,6 +49,11 @@ pub struct ServeArgs {
     /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
+    /// A PEM public key (ECDSA P-256, as cosign.pub): every plugin's module must be an oci:// image
+    /// carrying a cosign signature by it, checked before anything is cached
+    /// [default: $WASM_VERIFY_KEY].
+    #[arg(long, value_name = "FILE")]
+    pub verify_key: Option<PathBuf>,
 }
 
 /// Runs `serve` until SIGTERM or SIGINT.
@@ -56,6 +61,12 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     let mut settings = Settings::from_env()?;
     if let Some(ca) = &args.ca_file {
         settings.add_ca_file(ca)?;
+    }
+    if let Some(key) = &args.verify_key {
+        settings.verify_key = Some(wasm_fetcher::signature::VerifyKey::read(
+            key,
+            "--verify-key",
+        )?);
     }
     let cache = Cache::open(&args.cache_dir.clone().unwrap_or_else(Cache::default_dir))?;
     let mut options = serve::Options::new(&args.plugins, &args.ecds_dir, cache, settings);

@@ -23,6 +23,11 @@ pub struct Fetching {
     /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file.
     #[arg(long)]
     ca_file: Option<PathBuf>,
+    /// A PEM public key (ECDSA P-256, as cosign.pub): every module must be an oci:// image
+    /// carrying a cosign signature by it, checked before anything is cached
+    /// [default: $WASM_VERIFY_KEY].
+    #[arg(long, value_name = "FILE")]
+    verify_key: Option<PathBuf>,
 }
 
 impl Fetching {
@@ -30,6 +35,12 @@ impl Fetching {
         let mut settings = Settings::from_env()?;
         if let Some(ca) = &self.ca_file {
             settings.add_ca_file(ca)?;
+        }
+        if let Some(key) = &self.verify_key {
+            settings.verify_key = Some(wasm_fetcher::signature::VerifyKey::read(
+                key,
+                "--verify-key",
+            )?);
         }
         let dir = self.cache_dir.clone().unwrap_or_else(Cache::default_dir);
         Ok((Cache::open(&dir)?, settings))

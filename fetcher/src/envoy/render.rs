@@ -69,6 +69,7 @@ pub fn plan(p: &WasmPlugin, options: &Options) -> PullRequest {
         resource: Some(resource_name(p)),
         resource_version: Some(p.version().to_string()),
         pull_secret,
+        verify_key: p.verify_key.clone(),
         ..Default::default()
     }
 }

@@ -6,7 +6,7 @@
 
 pub mod inspect;
 pub mod layout;
-mod upload;
+pub(crate) mod upload;
 
 use std::path::PathBuf;
 
@@ -33,6 +33,8 @@ pub struct PushRequest {
     pub pull_secret: Option<PathBuf>,
     /// Where the module's upload reports progress.
     pub progress: Progress,
+    /// Also writes a cosign signature of the pushed manifest with this key.
+    pub sign_key: Option<crate::signature::SignKey>,
 }
 
 /// What a push did.
@@ -156,16 +158,23 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
     let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
     let registry = Registry::new(&r, creds, settings).for_push();
     let d = registry.connect().await?;
-    if upload::current_digest(&d, &tag).await?.as_deref() == Some(&image.manifest_digest) {
-        return Ok(pushed(Outcome::Unchanged));
+    let outcome =
+        if upload::current_digest(&d, &tag).await?.as_deref() == Some(&image.manifest_digest) {
+            Outcome::Unchanged
+        } else {
+            for blob in &image.blobs {
+                if !upload::has_blob(&d, &blob.digest).await? {
+                    upload::put_blob(&d, blob, &req.progress).await?;
+                }
+            }
+            upload::put_manifest(&d, &tag, &image.manifest, &image.manifest_digest).await?;
+            Outcome::Pushed
+        };
+    if let Some(key) = &req.sign_key {
+        let digest = crate::verify::parse_digest(&image.manifest_digest)?;
+        crate::signature::sign(&d, &digest, key).await?;
     }
-    for blob in &image.blobs {
-        if !upload::has_blob(&d, &blob.digest).await? {
-            upload::put_blob(&d, blob, &req.progress).await?;
-        }
-    }
-    upload::put_manifest(&d, &tag, &image.manifest, &image.manifest_digest).await?;
-    Ok(pushed(Outcome::Pushed))
+    Ok(pushed(outcome))
 }
 
 /// The module file, whole, if no puller would refuse its size.

@@ -24,6 +24,14 @@ pub async fn fetch(
     let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
     let image = resolved.digests;
     let pin = pins.check(Some(&image))?;
+    let keys: Vec<_> = target
+        .settings
+        .verify_key
+        .iter()
+        .chain(req.verify_key.iter())
+        .cloned()
+        .collect();
+    crate::signature::verify(&connection, &image, &keys).await?;
     let unchanged = target
         .index
         .load()?

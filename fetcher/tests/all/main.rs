@@ -25,5 +25,6 @@ mod serve_reload;
 mod serve_support;
 mod side_inputs;
 mod sidecar;
+mod signature;
 mod source_key;
 mod support;

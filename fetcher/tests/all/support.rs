@@ -248,6 +248,7 @@ pub fn fetcher() -> Command {
         "ISTIO_WASM_MAX_BINARY_SIZE_BYTES",
         "BLOCKED_CIDRS_IN_WASM_FETCH",
         "WASM_INSECURE_REGISTRIES",
+        "WASM_VERIFY_KEY",
         "http_proxy",
         "HTTP_PROXY",
         "all_proxy",

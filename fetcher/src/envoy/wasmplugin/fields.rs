@@ -162,7 +162,6 @@ pub(super) fn tolerated(spec: &Map<String, Value>) -> Result<(), Invalid> {
             }
         }
     }
-    string(spec.get("verificationKey"), "spec.verificationKey")?;
     Ok(())
 }
 

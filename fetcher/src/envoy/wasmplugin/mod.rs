@@ -4,8 +4,9 @@
 //! accepts is one `kubectl apply` accepts, and the other way round.
 //!
 //! Workload selection (`selector`, `targetRef(s)`, `match`) is accepted and not used: a
-//! resource given here is meant for the proxy beside this fetcher. `verificationKey` is
-//! accepted and ignored, as Istio does.
+//! resource given here is meant for the proxy beside this fetcher. `verificationKey`, which
+//! Istio accepts and ignores, is read as what its name says: a PEM public key the module's
+//! cosign signature must verify with (`crate::signature`).
 
 use serde_json::{Map, Value};
 
@@ -48,6 +49,8 @@ pub struct WasmPlugin {
     pub plugin_type: PluginType,
     pub fail_strategy: FailStrategy,
     pub env: Vec<EnvVar>,
+    /// `spec.verificationKey`: the module must carry a cosign signature by this key.
+    pub verify_key: Option<crate::signature::VerifyKey>,
 }
 
 /// Where in the filter chain a plugin goes (Istio: before its own authn, authz, stats
@@ -279,6 +282,13 @@ impl WasmPlugin {
         };
         let env = vm_env(spec)?;
         tolerated(spec)?;
+        let verify_key = match string(spec.get("verificationKey"), "spec.verificationKey")? {
+            Some(pem) if !pem.is_empty() => Some(
+                crate::signature::VerifyKey::from_pem(&pem)
+                    .map_err(|e| invalid("spec.verificationKey", e))?,
+            ),
+            _ => None,
+        };
         Ok(WasmPlugin {
             name,
             namespace,
@@ -295,6 +305,7 @@ impl WasmPlugin {
             plugin_type,
             fail_strategy,
             env,
+            verify_key,
         })
     }
 

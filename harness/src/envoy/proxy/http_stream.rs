@@ -205,10 +205,11 @@ impl<'a> HttpStream<'a> {
         if self.worker().vms[vm].failed.is_some() {
             return self.fail_stream(i);
         }
-        let vm = &mut self.worker().vms[vm];
-        let s = vm
-            .http_state(ctx)
-            .expect("stream context exists while the stream runs");
+        // A stream's context lives until the stream ends; one gone here is a host bug, which
+        // fails the stream rather than the process.
+        let Some(s) = self.worker().vms[vm].http_state(ctx) else {
+            return self.fail_stream(i);
+        };
         if std::mem::take(&mut s.reset) {
             return ChainAfter::Stop(StopReason::Halt(Halt::Reset(format!(
                 "plugin {name:?} closed the stream in {phase} (proxy_close_stream): Envoy resets it and the client gets no response"

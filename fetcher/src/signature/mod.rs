@@ -1,0 +1,473 @@
+//! Cosign signatures, key-based and offline: what a module must carry before it is cached
+//! when a verify key is set, and what `push --sign-key` writes.
+//!
+//! The layout is cosign's, so either tool reads what the other wrote: the signature of the
+//! image whose manifest digest is `sha256:H` is the manifest tagged `sha256-H.sig` in the same
+//! repository; each of its layers is a simple-signing payload (JSON naming the signed digest
+//! under `critical.image.docker-manifest-digest`) whose ECDSA P-256 / SHA-256 signature, DER
+//! in base64, is the layer's `dev.cosignproject.cosign/signature` annotation. Signing again
+//! with another key adds a layer. Everything is read through the pull's own `Distribution`
+//! (the address guard, that registry's credentials, the per-read deadline), each part within
+//! a bound checked before it is read.
+
+mod keys;
+mod sign;
+
+pub use keys::{SignKey, VerifyKey, KEY_FILE_LIMIT};
+pub use sign::sign;
+
+use base64::Engine;
+use oci_client::manifest::OciDescriptor;
+use p256::ecdsa::signature::Verifier;
+use p256::ecdsa::Signature;
+use serde_json::Value;
+
+use crate::error::{shown, FetchError};
+use crate::net;
+use crate::oci::distribution::Distribution;
+use crate::verify::{parse_digest, Digest};
+
+/// The media type of a simple-signing payload layer.
+pub const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+/// The layer annotation that holds the signature.
+pub const SIGNATURE_ANNOTATION: &str = "dev.cosignproject.cosign/signature";
+/// The `critical.type` cosign writes and checks.
+pub const PAYLOAD_TYPE: &str = "cosign container image signature";
+/// A payload is a few hundred bytes of JSON; cosign's optional claims leave it far below this.
+pub const PAYLOAD_LIMIT: u64 = 64 << 10;
+/// The base64 of a DER ECDSA P-256 signature is at most 96 characters.
+pub const SIGNATURE_TEXT_LIMIT: usize = 1 << 10;
+/// Signatures read from one signature manifest (one per key that signed).
+pub const LAYERS_LIMIT: usize = 32;
+
+/// Why a module's signature was refused. Each starts with `signature` and says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("signature missing: {repository} has no cosign signature for {digest} (no manifest tagged {tag}); sign it with `wasm-fetcher push --sign-key` or `cosign sign --key`, or pull without a verify key")]
+    Missing {
+        repository: String,
+        digest: String,
+        tag: String,
+    },
+    #[error("signature malformed: {tag}: {reason}; sign the module again (`wasm-fetcher push --sign-key` or `cosign sign --key`)")]
+    Malformed { tag: String, reason: String },
+    #[error("signature oversized: {tag}: the {what} is {size} bytes, over the limit of {limit}; a cosign signature is far smaller, so this is not one: sign the module again")]
+    Oversized {
+        tag: String,
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    #[error("signature wrong: no signature in {tag} verifies with the verify key {key} (signed with another key, or its payload altered); check --verify-key (WASM_VERIFY_KEY) names the signer's public key")]
+    WrongKey { tag: String, key: String },
+    #[error("signature for another image: {tag} is validly signed but names {signed}, not {digest}; the signature was copied from another image: sign this one")]
+    OtherDigest {
+        tag: String,
+        signed: String,
+        digest: String,
+    },
+    #[error("signature cannot be checked: {url} is not oci://, and only an OCI registry holds a cosign signature; serve the module from a registry, or pin it by sha256 without a verify key")]
+    NoLocation { url: String },
+    #[error("signature cannot be checked under pull policy Never: the signature is in the registry, which Never does not reach; pull with IfNotPresent or Always")]
+    Offline,
+}
+
+/// Refuses, before anything is fetched, a pull whose signature could not be checked: a source
+/// with no registry to hold one, or a policy that forbids reaching it.
+pub fn check_request(
+    source: &crate::reference::Source,
+    policy: crate::policy::PullPolicy,
+) -> Result<(), SignatureError> {
+    use crate::reference::Source;
+    match source {
+        Source::Oci(_) if policy == crate::policy::PullPolicy::Never => {
+            Err(SignatureError::Offline)
+        }
+        Source::Oci(_) => Ok(()),
+        other => Err(SignatureError::NoLocation {
+            url: crate::reference::redact_userinfo(&shown(&other.key())),
+        }),
+    }
+}
+
+/// The tag cosign stores the signature of `digest` under.
+pub fn signature_tag(digest: &Digest) -> String {
+    format!("sha256-{}.sig", digest.0.hex())
+}
+
+/// The simple-signing payload for `digest` of the image at `reference` (`registry/repo`),
+/// as cosign writes it.
+pub fn payload(reference: &str, digest: &Digest) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "critical": {
+            "identity": {"docker-reference": reference},
+            "image": {"docker-manifest-digest": digest.to_string()},
+            "type": PAYLOAD_TYPE,
+        },
+        "optional": null,
+    }))
+    .unwrap_or_default()
+}
+
+/// One layer of a signature manifest, read and parsed as far as it could be.
+struct Entry {
+    payload: Vec<u8>,
+    signature: Signature,
+}
+
+/// Checks that the image `image` resolved to is signed by every key in `keys`: the manifest's
+/// signature, or (for an image chosen from an index) the index's, which covers the manifest by
+/// its digest. Nothing is read when `keys` is empty.
+pub async fn verify(
+    d: &Distribution,
+    image: &crate::oci::manifest::ImageDigests,
+    keys: &[VerifyKey],
+) -> Result<(), FetchError> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let first = verify_digest(d, &image.manifest, keys).await;
+    match (first, image.index) {
+        (Err(FetchError::Signature(SignatureError::Missing { .. })), Some(index)) => {
+            verify_digest(d, &index, keys).await
+        }
+        (outcome, _) => outcome,
+    }
+}
+
+async fn verify_digest(
+    d: &Distribution,
+    digest: &Digest,
+    keys: &[VerifyKey],
+) -> Result<(), FetchError> {
+    let tag = signature_tag(digest);
+    let entries = read_entries(d, digest, &tag).await?;
+    for key in keys {
+        check(key, digest, &tag, &entries)?;
+    }
+    tracing::debug!(%digest, keys = keys.len(), "cosign signature verified");
+    Ok(())
+}
+
+/// Whether one of `entries` is `key`'s signature of `digest`; if none is, the first entry's
+/// reason (a signature manifest usually holds one).
+fn check(
+    key: &VerifyKey,
+    digest: &Digest,
+    tag: &str,
+    entries: &[Result<Entry, SignatureError>],
+) -> Result<(), SignatureError> {
+    let mut first = None;
+    for entry in entries {
+        let outcome = entry
+            .as_ref()
+            .map_err(Clone::clone)
+            .and_then(|e| check_entry(key, digest, tag, e));
+        match outcome {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                first.get_or_insert(e);
+            }
+        }
+    }
+    Err(first.unwrap_or_else(|| SignatureError::Malformed {
+        tag: tag.to_string(),
+        reason: "the signature manifest has no layers".into(),
+    }))
+}
+
+/// The signature first, then the payload it covers: nothing unauthenticated is parsed.
+fn check_entry(
+    key: &VerifyKey,
+    digest: &Digest,
+    tag: &str,
+    entry: &Entry,
+) -> Result<(), SignatureError> {
+    // Go's ecdsa (cosign) and OpenSSL accept either s; RustCrypto only the low one.
+    let signature = entry.signature.normalize_s().unwrap_or(entry.signature);
+    if key.key().verify(&entry.payload, &signature).is_err() {
+        return Err(SignatureError::WrongKey {
+            tag: tag.to_string(),
+            key: key.id().to_string(),
+        });
+    }
+    let signed = signed_digest(&entry.payload).map_err(|reason| SignatureError::Malformed {
+        tag: tag.to_string(),
+        reason,
+    })?;
+    if signed != digest.to_string() {
+        return Err(SignatureError::OtherDigest {
+            tag: tag.to_string(),
+            signed: shown(&signed),
+            digest: digest.to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// `critical.image.docker-manifest-digest` of a simple-signing payload of cosign's type.
+pub fn signed_digest(payload: &[u8]) -> Result<String, String> {
+    let doc: Value = serde_json::from_slice(payload)
+        .map_err(|e| format!("the signed payload is not JSON ({e})"))?;
+    let critical = doc
+        .get("critical")
+        .ok_or("the signed payload has no \"critical\" section")?;
+    match critical.get("type").and_then(Value::as_str) {
+        Some(PAYLOAD_TYPE) => {}
+        other => {
+            return Err(format!(
+                "the signed payload's critical.type is {:?}, not {PAYLOAD_TYPE:?}",
+                other.map(shown)
+            ))
+        }
+    }
+    critical
+        .pointer("/image/docker-manifest-digest")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .ok_or_else(|| "the signed payload has no critical.image.docker-manifest-digest".into())
+}
+
+/// The signature manifest's layers, each read within its bounds or refused with its reason.
+/// Only a failure to reach the registry at all is a `FetchError` of its own.
+async fn read_entries(
+    d: &Distribution,
+    digest: &Digest,
+    tag: &str,
+) -> Result<Vec<Result<Entry, SignatureError>>, FetchError> {
+    let accept = crate::oci::manifest::MANIFESTS.join(", ");
+    let malformed = |reason: String| SignatureError::Malformed {
+        tag: tag.to_string(),
+        reason,
+    };
+    let bytes = match d.manifest(tag, &accept).await {
+        Ok((bytes, _)) => bytes,
+        Err(FetchError::NotFound { .. }) => {
+            return Err(SignatureError::Missing {
+                repository: format!("{}/{}", d.registry(), d.repository()),
+                digest: digest.to_string(),
+                tag: tag.to_string(),
+            }
+            .into())
+        }
+        Err(FetchError::ResponseTooLarge { limit, .. }) => {
+            return Err(SignatureError::Oversized {
+                tag: tag.to_string(),
+                what: "signature manifest",
+                size: limit as u64 + 1,
+                limit: limit as u64,
+            }
+            .into())
+        }
+        Err(e) => return Err(e),
+    };
+    let manifest = crate::oci::manifest::parse_manifest(&bytes)
+        .map_err(|e| malformed(format!("not an image manifest ({e})")))?;
+    if manifest.layers.len() > LAYERS_LIMIT {
+        return Err(SignatureError::Oversized {
+            tag: tag.to_string(),
+            what: "signature manifest's layer list",
+            size: manifest.layers.len() as u64,
+            limit: LAYERS_LIMIT as u64,
+        }
+        .into());
+    }
+    let mut entries = Vec::with_capacity(manifest.layers.len());
+    for layer in &manifest.layers {
+        entries.push(read_entry(d, tag, layer).await?);
+    }
+    Ok(entries)
+}
+
+/// One layer: its signature parsed, then its payload read (only if the signature parsed).
+async fn read_entry(
+    d: &Distribution,
+    tag: &str,
+    layer: &OciDescriptor,
+) -> Result<Result<Entry, SignatureError>, FetchError> {
+    let malformed = |reason: String| SignatureError::Malformed {
+        tag: tag.to_string(),
+        reason,
+    };
+    let oversized = |what, size, limit| SignatureError::Oversized {
+        tag: tag.to_string(),
+        what,
+        size,
+        limit,
+    };
+    if layer.media_type != SIMPLE_SIGNING {
+        return Ok(Err(malformed(format!(
+            "a layer has media type {:?}, not {SIMPLE_SIGNING}",
+            shown(&layer.media_type)
+        ))));
+    }
+    let Some(text) = layer
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SIGNATURE_ANNOTATION))
+    else {
+        return Ok(Err(malformed(format!(
+            "a layer has no {SIGNATURE_ANNOTATION} annotation"
+        ))));
+    };
+    if text.len() > SIGNATURE_TEXT_LIMIT {
+        return Ok(Err(oversized(
+            "signature annotation",
+            text.len() as u64,
+            SIGNATURE_TEXT_LIMIT as u64,
+        )));
+    }
+    let der = match base64::engine::general_purpose::STANDARD.decode(text.trim()) {
+        Ok(der) => der,
+        Err(e) => return Ok(Err(malformed(format!("the signature is not base64 ({e})")))),
+    };
+    let signature = match Signature::from_der(&der) {
+        Ok(s) => s,
+        Err(_) => {
+            return Ok(Err(malformed(
+                "the signature is not a DER ECDSA P-256 signature".into(),
+            )))
+        }
+    };
+    let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
+    if size > PAYLOAD_LIMIT {
+        return Ok(Err(oversized("signed payload", size, PAYLOAD_LIMIT)));
+    }
+    let blob_digest = match parse_digest(&layer.digest) {
+        Ok(digest) => digest,
+        Err(e) => return Ok(Err(malformed(e.to_string()))),
+    };
+    let resp = match d.blob(&blob_digest).await {
+        Ok(resp) => resp,
+        Err(FetchError::NotFound { .. }) => {
+            return Ok(Err(malformed(format!(
+                "its payload {blob_digest} is not in the repository"
+            ))))
+        }
+        Err(e) => return Err(e),
+    };
+    let payload = match net::read_limited(resp, size as usize, "signed payload").await {
+        Ok(p) => p,
+        Err(FetchError::ResponseTooLarge { .. }) => {
+            return Ok(Err(malformed(format!(
+                "the payload is longer than the {size} bytes its descriptor declares"
+            ))))
+        }
+        Err(e) => return Err(e),
+    };
+    if Digest(crate::verify::Sha256::of(&payload)) != blob_digest {
+        return Ok(Err(malformed(format!(
+            "the payload does not match its digest {blob_digest}"
+        ))));
+    }
+    Ok(Ok(Entry { payload, signature }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(n: u8) -> SignKey {
+        SignKey::from_scalar(&[n; 32])
+    }
+
+    fn digest(n: u8) -> Digest {
+        Digest(crate::verify::Sha256([n; 32]))
+    }
+
+    fn entry(payload: &[u8], signature_b64: &str) -> Entry {
+        let der = base64::engine::general_purpose::STANDARD
+            .decode(signature_b64)
+            .unwrap();
+        Entry {
+            payload: payload.to_vec(),
+            signature: Signature::from_der(&der).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_payload_verifies_only_with_its_key_its_bytes_and_its_digest() {
+        let signer = key(7);
+        let public = signer.verify_key().unwrap();
+        let payload = payload("127.0.0.1:5000/f", &digest(1));
+        let good = entry(&payload, &signer.sign(&payload));
+        assert_eq!(check_entry(&public, &digest(1), "t", &good), Ok(()));
+
+        let other = key(8).verify_key().unwrap();
+        assert!(matches!(
+            check_entry(&other, &digest(1), "t", &good),
+            Err(SignatureError::WrongKey { .. })
+        ));
+        let mut tampered = good.payload.clone();
+        tampered[10] ^= 1;
+        let tampered = Entry {
+            payload: tampered,
+            signature: good.signature,
+        };
+        assert!(matches!(
+            check_entry(&public, &digest(1), "t", &tampered),
+            Err(SignatureError::WrongKey { .. })
+        ));
+        let e = check_entry(&public, &digest(2), "t", &good).unwrap_err();
+        assert!(matches!(e, SignatureError::OtherDigest { .. }), "{e}");
+        assert!(e.to_string().contains(&digest(1).to_string()), "{e}");
+    }
+
+    #[test]
+    fn a_high_s_signature_as_openssl_may_write_verifies() {
+        let signer = key(9);
+        let payload = payload("r/f", &digest(3));
+        let low = entry(&payload, &signer.sign(&payload)).signature;
+        let (r, s) = (low.r(), low.s());
+        let high = Signature::from_scalars(r, -*s.as_ref()).unwrap();
+        let e = Entry {
+            payload,
+            signature: high,
+        };
+        assert_eq!(
+            check_entry(&signer.verify_key().unwrap(), &digest(3), "t", &e),
+            Ok(())
+        );
+    }
+
+    #[test]
+    fn a_payload_must_be_cosigns_and_name_a_digest() {
+        for (bad, words) in [
+            (&b"nope"[..], "not JSON"),
+            (br#"{"optional":{}}"#, "no \"critical\""),
+            (
+                br#"{"critical":{"type":"x","image":{"docker-manifest-digest":"sha256:a"}}}"#,
+                "critical.type",
+            ),
+            (
+                br#"{"critical":{"type":"cosign container image signature"}}"#,
+                "docker-manifest-digest",
+            ),
+        ] {
+            let e = signed_digest(bad).unwrap_err();
+            assert!(e.contains(words), "{e}");
+        }
+    }
+
+    #[test]
+    fn a_wasmplugins_verification_key_reaches_its_pull_and_a_bad_one_refuses_it() {
+        let pem = key(4).verify_key().unwrap().to_pem();
+        let doc = |key: &str| {
+            serde_json::json!({
+                "apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin",
+                "metadata": {"name": "p"},
+                "spec": {"url": "oci://r.example/f:1", "verificationKey": key},
+            })
+        };
+        let p = crate::wasmplugin::WasmPlugin::from_value(&doc(&pem)).unwrap();
+        let request = crate::render::plan(&p, &Default::default());
+        assert_eq!(request.verify_key, Some(VerifyKey::from_pem(&pem).unwrap()));
+        let e = crate::wasmplugin::WasmPlugin::from_value(&doc("not a key")).unwrap_err();
+        assert_eq!(e.field, "spec.verificationKey");
+        let unset = crate::wasmplugin::WasmPlugin::from_value(&doc("")).unwrap();
+        assert_eq!(
+            crate::render::plan(&unset, &Default::default()).verify_key,
+            None
+        );
+    }
+}
