@@ -8,6 +8,7 @@
 //! host status: a failed hostcall is logged and the request goes on.
 
 pub mod body_ops;
+pub mod bucket_table;
 pub mod conditions;
 pub mod config;
 pub mod header_ops;

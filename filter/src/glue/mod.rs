@@ -166,7 +166,10 @@ impl RootContext for Root {
                 (Role::Tcp(Rc::new(root)), "totals in shared data".into())
             }
             PluginConfig::RateLimit(c) => {
-                let detail = format!("burst {}, {} per second", c.burst, c.refill_per_second);
+                let detail = format!(
+                    "burst {}, {} per second, {} buckets",
+                    c.burst, c.refill_per_second, c.buckets
+                );
                 (
                     Role::RateLimit(Rc::new(rate_limit::Limiter::new(c, &self.vm))),
                     detail,
@@ -193,10 +196,8 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        match &mut self.role {
-            Role::RateLimit(l) => l.drop_idle(),
-            Role::StatsService(s) => s.on_tick(),
-            _ => {}
+        if let Role::StatsService(s) = &mut self.role {
+            s.on_tick();
         }
     }
 

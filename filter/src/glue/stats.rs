@@ -2,6 +2,12 @@
 //! queue; the singleton service (`mode: aggregate`) registers the queue, drains it whenever
 //! it is told there is something, and on each tick logs a summary and posts it to the
 //! collector. A post that fails, or is refused, puts its counts back for the next tick.
+//!
+//! Envoy's shared queue has no bound, so the records on it are counted in shared data
+//! ([`crate::stats::backlog_key`]): a worker adds one before it enqueues (a compare-and-swap),
+//! the service takes off what it dequeued. With the service slow or gone the count reaches
+//! [`crate::stats::MAX_QUEUED`] and workers drop records, counting them in
+//! `stats_records_dropped`.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -10,9 +16,9 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
-use super::{log, raw};
+use super::{log, raw, shared};
 use crate::config::VmConfig;
-use crate::stats::{Aggregate, Record, StatsConfig};
+use crate::stats::{admit, backlog_key, decode_count, Admit, Aggregate, Record, StatsConfig};
 
 /// Records taken per `on_queue_ready`, so one callback stays short; the rest wait for the
 /// next notification or tick.
@@ -21,8 +27,11 @@ const MAX_DRAIN: usize = 10_000;
 pub struct Recorder {
     vm_id: String,
     queue_name: String,
+    backlog: String,
     queue: Cell<Option<u32>>,
     told_missing: Cell<bool>,
+    told_full: Cell<bool>,
+    dropped: Option<u32>,
 }
 
 impl Recorder {
@@ -30,8 +39,45 @@ impl Recorder {
         Self {
             vm_id: raw::property_text(&["plugin_vm_id"]).unwrap_or_default(),
             queue_name: vm.queue_name.clone(),
+            backlog: backlog_key(&vm.shared_data_prefix, &vm.queue_name),
             queue: Cell::new(None),
             told_missing: Cell::new(false),
+            told_full: Cell::new(false),
+            dropped: raw::define_counter("stats_records_dropped").ok(),
+        }
+    }
+
+    fn drop_record(&self) {
+        if let Some(id) = self.dropped {
+            raw::increment(id, 1);
+        }
+    }
+
+    /// Counts one more record on the queue; `false` (and the record is dropped) when the
+    /// queue is full or the count cannot be kept.
+    fn reserve(&self) -> bool {
+        let admitted = shared::update(&self.backlog, |old| match admit(decode_count(old)?) {
+            Admit::Queue(n) => Ok((n.to_string(), true)),
+            Admit::Full => Err(format!(
+                "the queue holds {} records (is the stats-aggregator service keeping up?)",
+                crate::stats::MAX_QUEUED
+            )),
+        });
+        match admitted {
+            Ok(_) => {
+                self.told_full.set(false);
+                true
+            }
+            Err(e) => {
+                if !self.told_full.replace(true) {
+                    log!(
+                        Warn,
+                        "stats records for queue {:?} dropped, counted in stats_records_dropped: {e}",
+                        self.queue_name
+                    );
+                }
+                false
+            }
         }
     }
 
@@ -60,9 +106,19 @@ impl Recorder {
     }
 
     fn send(&self, record: &Record) {
-        let Some(q) = self.queue() else { return };
+        let Some(q) = self.queue() else {
+            self.drop_record();
+            return;
+        };
+        if !self.reserve() {
+            self.drop_record();
+            return;
+        }
         let status = raw::enqueue(q, record.encode().as_bytes());
         if status != raw::OK {
+            self.drop_record();
+            // The reserved place is given back.
+            let _ = take_off(&self.backlog, 1);
             // Resolved again on the next stream (the service may have been restarted).
             self.queue.set(None);
             log!(
@@ -113,9 +169,17 @@ impl HttpContext for RecordFilter {
     }
 }
 
+/// Takes `n` records off the backlog count.
+fn take_off(backlog: &str, n: u64) -> Result<(), String> {
+    shared::update(backlog, |old| {
+        Ok((decode_count(old)?.saturating_sub(n).to_string(), ()))
+    })
+}
+
 pub struct Service {
     config: StatsConfig,
     queue: u32,
+    backlog: String,
     counts: Aggregate,
     /// The summary being posted: its call's token and counts.
     posting: Option<(u32, Aggregate)>,
@@ -143,6 +207,7 @@ impl Service {
         Ok(Self {
             config,
             queue,
+            backlog: backlog_key(&vm.shared_data_prefix, &vm.queue_name),
             counts: Aggregate::default(),
             posting: None,
         })
@@ -152,13 +217,16 @@ impl Service {
         if queue != self.queue {
             return;
         }
-        let mut bad = 0;
+        let (mut bad, mut taken) = (0, 0u64);
         for _ in 0..MAX_DRAIN {
             match raw::dequeue(queue) {
-                Ok(Some(bytes)) => match Record::decode(&bytes) {
-                    Ok(r) => self.counts.add(&r),
-                    Err(_) => bad += 1,
-                },
+                Ok(Some(bytes)) => {
+                    taken += 1;
+                    match Record::decode(&bytes) {
+                        Ok(r) => self.counts.add(&r),
+                        Err(_) => bad += 1,
+                    }
+                }
                 Ok(None) => break,
                 Err(status) => {
                     log!(Warn, "dequeueing stats failed with host status {status}");
@@ -168,6 +236,14 @@ impl Service {
         }
         if bad > 0 {
             log!(Warn, "stats-aggregator: {bad} unreadable records skipped");
+        }
+        if taken > 0 {
+            if let Err(e) = take_off(&self.backlog, taken) {
+                log!(
+                    Warn,
+                    "stats-aggregator: the queue's record count is off: {e}"
+                );
+            }
         }
     }
 

@@ -3,6 +3,7 @@
 //! contexts every role shares, the shipped configurations and the scenarios.
 
 mod body;
+mod bounds;
 mod contexts;
 mod docs;
 mod envoy;
