@@ -7,6 +7,7 @@
 //! reads buffers, edits maps and talks to shared data and queues. The glue never unwraps a
 //! host status: a failed hostcall is logged and the request goes on.
 
+pub mod body_flow;
 pub mod body_ops;
 pub mod bucket_table;
 pub mod conditions;
