@@ -13,6 +13,7 @@ pub mod bucket_table;
 pub mod conditions;
 pub mod config;
 pub mod header_ops;
+pub mod metrics;
 pub mod rate_limit;
 pub mod redact;
 pub mod stats;

@@ -173,6 +173,12 @@ pub fn backlog_key(prefix: &str, queue: &str) -> String {
     format!("{prefix}stats/{queue}/queued")
 }
 
+/// The shared-data key holding the service's latest summary (the JSON it logs and posts,
+/// for the window that ended at its last tick), for any worker VM to read.
+pub fn summary_key(prefix: &str, queue: &str) -> String {
+    format!("{prefix}stats/{queue}/summary")
+}
+
 /// Whether one more record may go on the queue, given the backlog counter's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Admit {
@@ -348,6 +354,7 @@ mod tests {
         assert_eq!(admit(MAX_QUEUED - 1), Admit::Queue(MAX_QUEUED));
         assert_eq!(admit(MAX_QUEUED), Admit::Full);
         assert_eq!(backlog_key("p/", "q"), "p/stats/q/queued");
+        assert_eq!(summary_key("p/", "q"), "p/stats/q/summary");
     }
 
     #[test]

@@ -1,13 +1,16 @@
 //! `http-body-operation` on a stream: the glue that executes [`crate::body_flow`]'s steps.
 //! It reads what a decision needs (`content-length`, `content-encoding`, the whole body at
 //! its end), asks the stream's [`BodyFlow`], and does what it answers: a local reply, a
-//! response turned into a 502, a reset, a body written back, or nothing.
+//! response turned into a 502, a reset, a body written back, or nothing. Counted: bodies
+//! rewritten, passed unchanged, and over a limit (`rewritten_total`, `passed_total`,
+//! `over_limit_total`), and body bytes each way (`request_bytes_total`, `response_bytes_total`).
 
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::metrics::{Counter, Metrics};
 use super::{log, raw};
 use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
 use crate::body_ops::BodyOperation;
@@ -26,23 +29,54 @@ fn body_buffer(which: Side) -> u32 {
     }
 }
 
+pub struct BodyRoot {
+    ops: BodyOperation,
+    rewritten: Counter,
+    passed: Counter,
+    over_limit: Counter,
+    request_bytes: Counter,
+    response_bytes: Counter,
+}
+
+impl BodyRoot {
+    pub fn new(ops: BodyOperation) -> Self {
+        let m = Metrics::new("http-body-operation");
+        Self {
+            ops,
+            rewritten: m.counter("rewritten_total"),
+            passed: m.counter("passed_total"),
+            over_limit: m.counter("over_limit_total"),
+            request_bytes: m.counter("request_bytes_total"),
+            response_bytes: m.counter("response_bytes_total"),
+        }
+    }
+
+    fn bytes(&self, which: Side, n: usize) {
+        match which {
+            Side::Request => self.request_bytes.add(n as u64),
+            Side::Response => self.response_bytes.add(n as u64),
+        }
+    }
+}
+
 pub struct BodyFilter {
-    ops: Rc<BodyOperation>,
+    root: Rc<BodyRoot>,
     flow: BodyFlow,
     /// Set when the response became a 502: the text its body is replaced with.
     replacement: Option<String>,
 }
 
 impl BodyFilter {
-    pub fn new(ops: Rc<BodyOperation>) -> Self {
+    pub fn new(root: Rc<BodyRoot>) -> Self {
         Self {
-            ops,
+            root,
             flow: BodyFlow::default(),
             replacement: None,
         }
     }
 
     fn refuse(&mut self, which: Side, why: &str) -> Action {
+        self.root.over_limit.add(1);
         let (status, details) = which.refusal();
         log!(Info, "{} refused with {status}: {why}", which.name());
         let sent = raw::send_local_response(status, details, why.as_bytes(), &[]);
@@ -58,6 +92,7 @@ impl BodyFilter {
     /// cannot do this: Envoy resets a stream whose response a Wasm filter replaces at this
     /// point.)
     fn replace_response(&mut self, why: String) -> Action {
+        self.root.over_limit.add(1);
         log!(Info, "response refused with 502: {why}");
         for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
             let status = raw::replace_header(raw::RESPONSE_HEADERS, name, value);
@@ -80,6 +115,7 @@ impl BodyFilter {
     /// A response that cannot be sent as asked once its headers are on their way: the
     /// stream is reset (a local reply at this point resets it too, without saying why).
     fn reset_response(&mut self, why: &str) -> Action {
+        self.root.over_limit.add(1);
         log!(
             Info,
             "response {why} after its headers were sent: stream reset"
@@ -102,12 +138,13 @@ impl BodyFilter {
         let encoding = || raw::header_text(map, "content-encoding");
         match self
             .flow
-            .headers(&self.ops, which, end_of_stream, declared, encoding)
+            .headers(&self.root.ops, which, end_of_stream, declared, encoding)
         {
             HeadersStep::Continue => Action::Continue,
             HeadersStep::Refuse(why) => self.refuse(which, &why),
             HeadersStep::ReplaceResponse(why) => self.replace_response(why),
             HeadersStep::PassEncoded(encoding) => {
+                self.root.passed.add(1);
                 log!(
                     Info,
                     "{} body is in content-encoding {encoding:?}: passed on unmodified",
@@ -132,13 +169,18 @@ impl BodyFilter {
     fn on_body(&mut self, which: Side, body_size: usize, end_of_stream: bool) -> Action {
         match self
             .flow
-            .body(&self.ops, which, body_size as u64, end_of_stream)
+            .body(&self.root.ops, which, body_size as u64, end_of_stream)
         {
             BodyStep::Stop => Action::Pause,
             BodyStep::Refuse(why) => self.refuse(which, &why),
             BodyStep::ResetResponse(why) => self.reset_response(&why),
-            BodyStep::Pass => Action::Continue,
+            BodyStep::Pass => {
+                self.root.bytes(which, body_size);
+                Action::Continue
+            }
             BodyStep::PassOverflowing(limit) => {
+                self.root.bytes(which, body_size);
+                self.root.over_limit.add(1);
                 log!(
                     Warn,
                     "{} body over max_buffer_bytes ({limit}): passed on unmodified",
@@ -164,10 +206,15 @@ impl BodyFilter {
                 return Action::Continue;
             }
         };
-        match self.flow.rewrite(&self.ops, which, &body) {
-            RewriteStep::Keep => Action::Continue,
+        self.root.bytes(which, body.len());
+        match self.flow.rewrite(&self.root.ops, which, &body) {
+            RewriteStep::Keep => {
+                self.root.passed.add(1);
+                Action::Continue
+            }
             RewriteStep::Write(new, what) => {
                 drop(body);
+                self.root.rewritten.add(1);
                 let status = raw::set_buffer(body_buffer(which), body_size, &new);
                 if status == raw::OK {
                     log!(Debug, "{} body rewritten: {what}", which.name());
@@ -181,6 +228,7 @@ impl BodyFilter {
                 Action::Continue
             }
             RewriteStep::PassNotJson(e) => {
+                self.root.passed.add(1);
                 log!(
                     Info,
                     "{} body is not JSON ({e}): passed on unmodified",
@@ -189,6 +237,7 @@ impl BodyFilter {
                 Action::Continue
             }
             RewriteStep::PassTooLarge(why) => {
+                self.root.over_limit.add(1);
                 log!(Warn, "{} {why}: passed on unmodified", which.name());
                 Action::Continue
             }
@@ -198,7 +247,7 @@ impl BodyFilter {
     }
 
     fn on_trailers(&mut self, which: Side) -> Action {
-        match self.flow.trailers(&self.ops, which) {
+        match self.flow.trailers(&self.root.ops, which) {
             None => Action::Pause,
             Some(true) => {
                 log!(
@@ -217,7 +266,7 @@ impl Context for BodyFilter {}
 
 impl HttpContext for BodyFilter {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
-        if self.ops.response.rewrites() {
+        if self.root.ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
             let status = raw::remove_header(raw::REQUEST_HEADERS, "accept-encoding");
             if status != raw::OK {

@@ -2,13 +2,16 @@
 //! fixed by configuration; see [`crate::bucket_table`]), take a token from it with a
 //! compare-and-swap on that entry (so workers never hand out the same token twice), and
 //! answer 429 with `retry-after` when there is none. Idle entries are taken over by new keys
-//! as they come, so nothing sweeps and no worker keeps a list of keys.
+//! as they come, so nothing sweeps and no worker keeps a list of keys. Counted: requests
+//! allowed and limited (`allowed_total`, `limited_total`), those the overflow bucket decided
+//! (`overflow_total`) and those let through because shared data failed (`failed_open_total`).
 
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::metrics::{Counter, Metrics};
 use super::{log, raw, shared};
 use crate::bucket_table::{classify, fingerprint, slot_key, slots, Entry, Slot};
 use crate::config::VmConfig;
@@ -18,7 +21,10 @@ pub struct Limiter {
     config: RateLimit,
     prefix: String,
     plugin: String,
-    limited: Option<u32>,
+    allowed: Counter,
+    limited: Counter,
+    overflow: Counter,
+    failed_open: Counter,
 }
 
 /// How a take ended, when it did not end in a decision.
@@ -30,13 +36,19 @@ enum Outcome {
 
 impl Limiter {
     pub fn new(config: RateLimit, vm: &VmConfig) -> Self {
-        let plugin = raw::property_text(&["plugin_name"]).unwrap_or_else(|| "rate-limit".into());
-        let limited = raw::define_counter("rate_limit_limited").ok();
+        let m = Metrics::new("rate-limit");
+        let plugin = match m.plugin() {
+            "" => "rate-limit".to_string(),
+            name => name.to_string(),
+        };
         let limiter = Self {
             config,
             prefix: vm.shared_data_prefix.clone(),
             plugin,
-            limited,
+            allowed: m.counter("allowed_total"),
+            limited: m.counter("limited_total"),
+            overflow: m.counter("overflow_total"),
+            failed_open: m.counter("failed_open_total"),
         };
         limiter.create_table();
         limiter
@@ -87,10 +99,12 @@ impl Limiter {
                 Ok(Outcome::Raced) => {}
                 Err(e) => {
                     log!(Warn, "rate limit not applied: {e}");
+                    self.failed_open.add(1);
                     return Decision::Allowed { remaining: 0 };
                 }
             }
         }
+        self.failed_open.add(1);
         log!(
             Warn,
             "rate limit not applied: gave up after {} compare-and-swap attempts (other workers kept changing the key's entries)",
@@ -135,6 +149,7 @@ impl Limiter {
             return self.write(&key, fp, None, cas, now);
         }
         let key = slot_key(&self.prefix, &self.plugin, None);
+        self.overflow.add(1);
         shared::update(&key, |old| {
             let bucket = Entry::decode(old)?.map(|e| e.bucket);
             let (bucket, decision) = self.config.take(bucket, now);
@@ -188,11 +203,12 @@ impl HttpContext for LimitFilter {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         let key = self.limiter.key().unwrap_or_default();
         match self.limiter.take(&key) {
-            Decision::Allowed { .. } => Action::Continue,
+            Decision::Allowed { .. } => {
+                self.limiter.allowed.add(1);
+                Action::Continue
+            }
             Decision::Limited { retry_after_secs } => {
-                if let Some(id) = self.limiter.limited {
-                    raw::increment(id, 1);
-                }
+                self.limiter.limited.add(1);
                 log!(Debug, "rate limited: {key}");
                 let retry = retry_after_secs.to_string();
                 let status = raw::send_local_response(

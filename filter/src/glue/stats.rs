@@ -7,7 +7,10 @@
 //! ([`crate::stats::backlog_key`]): a worker adds one before it enqueues (a compare-and-swap),
 //! the service takes off what it dequeued. With the service slow or gone the count reaches
 //! [`crate::stats::MAX_QUEUED`] and workers drop records, counting them in
-//! `stats_records_dropped`.
+//! `records_dropped_total`.
+//!
+//! Each tick the service also stores its summary in shared data
+//! ([`crate::stats::summary_key`]), where every worker VM can read the aggregate.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -16,9 +19,12 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::metrics::{Counter, Metrics};
 use super::{log, raw, shared};
 use crate::config::VmConfig;
-use crate::stats::{admit, backlog_key, decode_count, Admit, Aggregate, Record, StatsConfig};
+use crate::stats::{
+    admit, backlog_key, decode_count, summary_key, Admit, Aggregate, Record, StatsConfig,
+};
 
 /// Records taken per `on_queue_ready`, so one callback stays short; the rest wait for the
 /// next notification or tick.
@@ -31,11 +37,13 @@ pub struct Recorder {
     queue: Cell<Option<u32>>,
     told_missing: Cell<bool>,
     told_full: Cell<bool>,
-    dropped: Option<u32>,
+    queued: Counter,
+    dropped: Counter,
 }
 
 impl Recorder {
     pub fn new(vm: &VmConfig) -> Self {
+        let metrics = Metrics::new("stats-aggregator");
         Self {
             vm_id: raw::property_text(&["plugin_vm_id"]).unwrap_or_default(),
             queue_name: vm.queue_name.clone(),
@@ -43,14 +51,13 @@ impl Recorder {
             queue: Cell::new(None),
             told_missing: Cell::new(false),
             told_full: Cell::new(false),
-            dropped: raw::define_counter("stats_records_dropped").ok(),
+            queued: metrics.counter("records_queued_total"),
+            dropped: metrics.counter("records_dropped_total"),
         }
     }
 
     fn drop_record(&self) {
-        if let Some(id) = self.dropped {
-            raw::increment(id, 1);
-        }
+        self.dropped.add(1);
     }
 
     /// Counts one more record on the queue; `false` (and the record is dropped) when the
@@ -72,7 +79,7 @@ impl Recorder {
                 if !self.told_full.replace(true) {
                     log!(
                         Warn,
-                        "stats records for queue {:?} dropped, counted in stats_records_dropped: {e}",
+                        "stats records for queue {:?} dropped, counted in records_dropped_total: {e}",
                         self.queue_name
                     );
                 }
@@ -125,7 +132,9 @@ impl Recorder {
                 Debug,
                 "enqueueing a stats record failed with host status {status}"
             );
+            return;
         }
+        self.queued.add(1);
     }
 }
 
@@ -180,6 +189,10 @@ pub struct Service {
     config: StatsConfig,
     queue: u32,
     backlog: String,
+    summary: String,
+    received: Counter,
+    posted: Counter,
+    post_failures: Counter,
     counts: Aggregate,
     /// The summary being posted: its call's token and counts.
     posting: Option<(u32, Aggregate)>,
@@ -204,10 +217,15 @@ impl Service {
             "stats-aggregator: registered queue {:?}",
             vm.queue_name
         );
+        let metrics = Metrics::new("stats-aggregator");
         Ok(Self {
             config,
             queue,
             backlog: backlog_key(&vm.shared_data_prefix, &vm.queue_name),
+            summary: summary_key(&vm.shared_data_prefix, &vm.queue_name),
+            received: metrics.counter("records_received_total"),
+            posted: metrics.counter("summaries_posted_total"),
+            post_failures: metrics.counter("post_failures_total"),
             counts: Aggregate::default(),
             posting: None,
         })
@@ -237,6 +255,7 @@ impl Service {
         if bad > 0 {
             log!(Warn, "stats-aggregator: {bad} unreadable records skipped");
         }
+        self.received.add(taken);
         if taken > 0 {
             if let Err(e) = take_off(&self.backlog, taken) {
                 log!(
@@ -249,7 +268,16 @@ impl Service {
 
     pub fn on_tick(&mut self) {
         self.drain(self.queue);
-        log!(Info, "stats summary: {}", self.counts.summary());
+        let summary = self.counts.summary();
+        log!(Info, "stats summary: {summary}");
+        // One writer (the singleton): an unconditional write, never a race.
+        let status = raw::set_shared_data(&self.summary, summary.as_bytes(), 0);
+        if status != raw::OK {
+            log!(
+                Warn,
+                "stats-aggregator: storing the summary failed with host status {status}"
+            );
+        }
         let Some(collector) = &self.config.collector else {
             self.counts = Aggregate::default();
             return;
@@ -283,6 +311,7 @@ impl Service {
                 self.posting = Some((token, std::mem::take(&mut self.counts)));
             }
             Err(status) => {
+                self.post_failures.add(1);
                 log!(
                     Warn,
                     "stats-aggregator: posting to cluster {:?} failed ({status:?}); the counts carry over to the next tick",
@@ -315,6 +344,7 @@ impl Service {
         };
         match status.as_deref() {
             Some(s) if s.starts_with('2') => {
+                self.posted.add(1);
                 log!(
                     Info,
                     "stats-aggregator: summary of {} requests posted to {cluster:?} ({s})",
@@ -322,6 +352,7 @@ impl Service {
                 );
             }
             other => {
+                self.post_failures.add(1);
                 log!(
                     Warn,
                     "stats-aggregator: collector {cluster:?} answered {}; the {} requests carry over to the next tick",

@@ -120,5 +120,8 @@ fn distinct_keys_beyond_the_table_share_the_overflow_bucket_in_real_envoy() {
         .collect();
     let ok = codes.iter().filter(|c| **c == Some(200)).count();
     assert_eq!(ok, 4 + 1, "{codes:?}");
-    assert_eq!(real.stat("wasmcustom.rate_limit_limited"), Some(35));
+    assert_eq!(
+        real.stat("wasmcustom.wasm_filter.plugin.rate-limit.role.rate-limit.limited_total"),
+        Some(35)
+    );
 }

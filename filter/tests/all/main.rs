@@ -8,6 +8,7 @@ mod contexts;
 mod docs;
 mod envoy;
 mod headers;
+mod metrics;
 mod rate_limit;
 mod remote;
 mod scenarios;

@@ -50,7 +50,10 @@ fn two_workers_take_from_one_bucket() {
     proxy.advance(Duration::from_secs(1));
     assert_eq!(send(&mut proxy, 1, &alice).response_status(), Some(200));
     assert_eq!(send(&mut proxy, 0, &alice).response_status(), Some(429));
-    assert_eq!(proxy.metric("rate_limit_limited"), Some(3));
+    assert_eq!(
+        proxy.metric("wasm_filter.plugin.limit.role.rate-limit.limited_total"),
+        Some(3)
+    );
 }
 
 #[test]
