@@ -125,7 +125,7 @@ mod tests {
 
     fn limit() -> RateLimit {
         match PluginConfig::parse(
-            br#"{"role":"rate-limit","key":{"header":"k"},"burst":2,"refill_per_second":1,"idle_seconds":10,"buckets":64}"#,
+            br#"{"role":"rate-limit","key":{"header":"k"},"burst":2,"refill_per_second":0.1,"idle_seconds":10,"buckets":64}"#,
         )
         .unwrap()
         {
@@ -212,7 +212,8 @@ mod tests {
             classify(&l, Some(other.as_bytes()), mine, 10 * S),
             Slot::Idle
         );
-        // Idle but still refilling: taking it over would hand its key a burst early.
+        // Idle but still refilling (20 s to refill): taking it over would hand its key a
+        // burst early.
         assert_eq!(
             classify(&l, Some(drained.as_bytes()), mine, 10 * S),
             Slot::Busy

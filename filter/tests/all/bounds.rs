@@ -34,12 +34,12 @@ fn a_body_a_mask_would_multiply_leaves_the_vm_and_every_role_working() {
             ),
             (r#""mask": "[redacted]""#, &format!(r#""mask": "{mask}""#)),
             (
-                "  - name: bodies\n",
-                "  - name: bodies\n    per_connection_buffer_limit_bytes: 67108864\n",
+                "\n  - name: bodies\n    address:",
+                "\n  - name: bodies\n    per_connection_buffer_limit_bytes: 67108864\n    address:",
             ),
             (
-                "  - name: backend\n",
-                "  - name: backend\n    per_connection_buffer_limit_bytes: 67108864\n",
+                "\n  - name: backend\n    connect_timeout: 1s",
+                "\n  - name: backend\n    per_connection_buffer_limit_bytes: 67108864\n    connect_timeout: 1s",
             ),
         ],
     );
@@ -111,7 +111,7 @@ fn distinct_keys_beyond_the_table_share_the_overflow_bucket_in_real_envoy() {
             let ex = real
                 .send(
                     Some("headers"),
-                    &Request::get("/healthz").header("x-api-key", &format!("k{i}")),
+                    &Request::get("/healthz").header("x-api-key", format!("k{i}")),
                     &UpstreamReply::new(200),
                 )
                 .unwrap();

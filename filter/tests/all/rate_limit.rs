@@ -109,7 +109,7 @@ fn endless_distinct_keys_stay_in_the_table_and_share_the_overflow_bucket() {
         let ex = send(
             &mut proxy,
             i % 2,
-            &Request::get("/").header("x-api-key", &key),
+            &Request::get("/").header("x-api-key", key.as_str()),
         );
         if ex.response_status() == Some(200) {
             ok += 1;
