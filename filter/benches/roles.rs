@@ -6,7 +6,10 @@
 //!    nothing in each callback (`noop.wat`), with Envoy's Lua filter and with its native
 //!    `header_mutation` filter making the header role's edits; the listeners taken in turn
 //!    within one run so load changes hit all alike. Then Envoy's resident memory with each
-//!    alone. `WASM_FILTER_BENCH_WORKERS=1,2` picks the worker counts.
+//!    alone. `WASM_FILTER_BENCH_WORKERS=1,2` picks the worker counts. With binaryen's
+//!    `wasm-opt` on PATH, the header role's module after `wasm-opt -Oz` is measured too.
+//!    Then Envoy's RSS before and after a header-keyed rate limit sees 100 000 distinct keys
+//!    (`WASM_FILTER_BENCH_KEYS=1000000` for a million).
 //! 2. The harness: time per request for each role.
 //! 3. Guest linear memory per worker VM after 10k and 100k requests through each role (the
 //!    filter logs its memory each time it grows).
@@ -190,6 +193,23 @@ fn main() {
             filters: vec![envoy::native_headers()],
         },
     ];
+    // The same module through binaryen's `wasm-opt -Oz` (names stripped), when it is
+    // installed: whether a smaller module costs Envoy less memory.
+    let optimized = dir.path().join("wasm-opt-oz.wasm");
+    let wasm_opt = std::process::Command::new("wasm-opt")
+        .arg("-Oz")
+        .arg("--strip-debug")
+        .arg(&module)
+        .arg("-o")
+        .arg(&optimized)
+        .status()
+        .is_ok_and(|s| s.success());
+    if wasm_opt {
+        variants.push(Variant {
+            name: "header role, wasm-opt -Oz".into(),
+            filters: vec![envoy::wasm_plugin("oz", &roles[0].config, &optimized)],
+        });
+    }
     for (i, r) in roles.iter().enumerate() {
         variants.push(Variant {
             name: r.name.into(),
@@ -209,6 +229,27 @@ fn main() {
                     None => println!("  (Envoy did not answer)"),
                     Some(m) => report(&variants, &m, n, &mut check),
                 }
+            }
+        }
+    }
+
+    let keys: usize = std::env::var("WASM_FILTER_BENCH_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    if let Some(bin) = envoy::envoy_bin() {
+        println!("== real Envoy, 1 worker: RSS with a header-keyed rate limit across {keys} distinct keys");
+        match envoy::rss_across_keys(&bin, dir.path(), &module, keys) {
+            None => println!("  (Envoy did not answer)"),
+            Some((before, after)) => {
+                println!("  {before:.1} MiB after one key, {after:.1} MiB after {keys} keys");
+                check(
+                    format!(
+                        "Envoy RSS grew {:.1} MiB across {keys} keys (target: under 2 MiB)",
+                        after - before
+                    ),
+                    after - before < 2.0,
+                );
             }
         }
     }

@@ -13,9 +13,9 @@ use serde_json::{json, Value};
 /// Requests per connection per round, rounds, and warm-up requests per connection.
 const BATCH: usize = 200;
 const ROUNDS: usize = 10;
-const WARM_UP: usize = 1000;
+const WARM_UP: usize = 500;
 /// Requests per connection before Envoy's memory is read.
-const RSS_WARM_UP: usize = 2000;
+const RSS_WARM_UP: usize = 1000;
 
 pub const JSON_REPLY: &str = r#"{"user":"al","password":"hunter2","items":[1,2,3]}"#;
 const REQUEST: &[u8] =
@@ -350,4 +350,38 @@ pub fn measure(
         });
     }
     Some(out)
+}
+
+/// Envoy's RSS (MiB) with a header-keyed rate limit at one worker: after 1 000 requests with
+/// one key, then after `keys` requests each with a new key (spread over 4 connections).
+pub fn rss_across_keys(envoy: &Path, dir: &Path, module: &Path, keys: usize) -> Option<(f64, f64)> {
+    let config = json!({"role": "rate-limit", "key": {"header": "x-api-key"},
+        "burst": 1_000_000, "refill_per_second": 1_000_000});
+    let variant = Variant {
+        name: "keys".into(),
+        filters: vec![wasm_plugin("keys", &config, module)],
+    };
+    let backend = upstream();
+    let port = free_port();
+    let running = Envoy::start(envoy, dir, &[&variant], &[port], backend, 1)?;
+    let mut conns = connect(port, 4)?;
+    batch(&mut conns[..1], 1000)?;
+    let before = running.rss_mib();
+    let per_conn = keys.div_ceil(conns.len());
+    std::thread::scope(|s| {
+        for (c, (reader, writer)) in conns.iter_mut().enumerate() {
+            s.spawn(move || {
+                for i in 0..per_conn {
+                    let request =
+                        format!("GET / HTTP/1.1\r\nhost: bench\r\nx-api-key: key-{c}-{i}\r\n\r\n");
+                    if writer.write_all(request.as_bytes()).is_err()
+                        || read_response(reader).is_none()
+                    {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    Some((before, running.rss_mib()))
 }
