@@ -1,9 +1,15 @@
 //! `make bench` for the filter: what each HTTP role costs.
 //!
-//! 1. Real Envoy 1.40 (V8, one worker, one keep-alive client connection per listener): the
-//!    median time per request through a listener running the role, against the same listener
-//!    without any filter, the listeners taken in turn within one run so load changes hit all
-//!    alike; also the floor, a module that does nothing in each callback (`noop.wat`).
+//! 1. Real Envoy 1.40 (V8) at 1, 2, 4 and 8 workers, one keep-alive client connection per
+//!    worker per listener: the median time per request and the throughput through a listener
+//!    running each role, against the same listener without any filter, with a module that does
+//!    nothing in each callback (`noop.wat`), with Envoy's Lua filter and with its native
+//!    `header_mutation` filter making the header role's edits; the listeners taken in turn
+//!    within one run so load changes hit all alike. Then Envoy's resident memory with each
+//!    alone. `WASM_FILTER_BENCH_WORKERS=1,2` picks the worker counts. With binaryen's
+//!    `wasm-opt` on PATH, the header role's module after `wasm-opt -Oz` is measured too.
+//!    Then Envoy's RSS before and after a header-keyed rate limit sees 100 000 distinct keys
+//!    (`WASM_FILTER_BENCH_KEYS=1000000` for a million).
 //! 2. The harness: time per request for each role.
 //! 3. Guest linear memory per worker VM after 10k and 100k requests through each role (the
 //!    filter logs its memory each time it grows).
@@ -14,24 +20,19 @@
 // failed run, which is what it should be. The workspace denies them in library code only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+#[path = "roles/envoy.rs"]
+mod envoy;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use envoy::{Measured, Variant, JSON_REPLY};
 use serde_json::{json, Value};
 use wasm_harness::{Proxy, Request, UpstreamReply};
 
-/// Requests per listener per round, and rounds, through real Envoy.
-const ENVOY_BATCH: usize = 200;
-const ENVOY_ROUNDS: usize = 25;
-const WARM_UP: usize = 3000;
 /// Requests per batch and batches in the harness.
 const BATCH: u32 = 2000;
 const BATCHES: usize = 11;
-
-const JSON_REPLY: &str = r#"{"user":"al","password":"hunter2","items":[1,2,3]}"#;
 
 struct Role {
     name: &'static str,
@@ -149,199 +150,6 @@ fn memory_after(config: &Value) -> (u64, u64) {
     (at_10k, memory_kib(&proxy))
 }
 
-// ---- real Envoy -----------------------------------------------------------------------
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// A keep-alive upstream answering every request with `JSON_REPLY`.
-fn upstream() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let _ = conn.set_nodelay(true);
-                let mut reader = BufReader::new(conn.try_clone().unwrap());
-                let mut writer = conn;
-                let answer = format!(
-                    "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{JSON_REPLY}",
-                    JSON_REPLY.len()
-                );
-                while let Some(len) = read_head(&mut reader) {
-                    let mut body = vec![0; len.unwrap_or(0)];
-                    if reader.read_exact(&mut body).is_err()
-                        || writer.write_all(answer.as_bytes()).is_err()
-                    {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-/// Reads a message head; `Some(content-length)` (None: chunked), `None` at end of stream.
-fn read_head(r: &mut impl BufRead) -> Option<Option<usize>> {
-    let mut len = Some(0);
-    let mut line = String::new();
-    loop {
-        line.clear();
-        if r.read_line(&mut line).ok()? == 0 {
-            return None;
-        }
-        let l = line.trim_end().to_ascii_lowercase();
-        if l.is_empty() {
-            return Some(len);
-        }
-        if let Some(v) = l.strip_prefix("content-length:") {
-            len = v.trim().parse().ok();
-        } else if l.starts_with("transfer-encoding:") && l.contains("chunked") {
-            len = None;
-        }
-    }
-}
-
-fn read_response(r: &mut impl BufRead) -> Option<()> {
-    match read_head(r)? {
-        Some(n) => {
-            let mut body = vec![0; n];
-            r.read_exact(&mut body).ok()
-        }
-        None => loop {
-            let mut size = String::new();
-            r.read_line(&mut size).ok()?;
-            let n = usize::from_str_radix(size.trim(), 16).ok()?;
-            let mut chunk = vec![0; n + 2];
-            r.read_exact(&mut chunk).ok()?;
-            if n == 0 {
-                return Some(());
-            }
-        },
-    }
-}
-
-fn plugin(name: &str, config: &Value, code: &Path) -> Value {
-    json!({"name": "envoy.filters.http.wasm", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
-        "config": {"name": name, "root_id": name,
-            "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config.to_string()},
-            "vm_config": {"vm_id": name, "runtime": "envoy.wasm.runtime.v8",
-                "code": {"local": {"filename": code.display().to_string()}}}}}})
-}
-
-fn listener(name: &str, port: u16, filters: Vec<Value>) -> Value {
-    let mut chain = filters;
-    chain.push(
-        json!({"name": "envoy.filters.http.router", "typed_config": {
-        "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}}),
-    );
-    json!({"name": name, "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
-        "filter_chains": [{"filters": [{"name": "envoy.filters.network.http_connection_manager", "typed_config": {
-            "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-            "stat_prefix": name,
-            "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
-                "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}]}]},
-            "http_filters": chain}}]}]})
-}
-
-struct Envoy(Child);
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Median microseconds per request and requests per second, per listener, the listeners
-/// taken in turn `ENVOY_ROUNDS` times.
-fn envoy_latencies(dir: &Path, variants: &[(String, Vec<Value>)]) -> Option<Vec<(f64, f64)>> {
-    let envoy = wasm_harness::real_envoy::find_envoy().ok()?;
-    let backend = upstream();
-    let ports: Vec<u16> = variants.iter().map(|_| free_port()).collect();
-    let listeners: Vec<Value> = variants
-        .iter()
-        .zip(&ports)
-        .map(|((name, filters), port)| listener(name, *port, filters.clone()))
-        .collect();
-    let bootstrap = json!({"static_resources": {"listeners": listeners, "clusters": [{
-        "name": "backend", "connect_timeout": "1s", "type": "STATIC",
-        "load_assignment": {"cluster_name": "backend", "endpoints": [{"lb_endpoints": [{"endpoint":
-            {"address": {"socket_address": {"address": "127.0.0.1", "port_value": backend}}}}]}]}}]}});
-    let path = dir.join("bench.json");
-    std::fs::write(&path, bootstrap.to_string()).ok()?;
-    let _envoy = Envoy(
-        Command::new(envoy)
-            .arg("-c")
-            .arg(&path)
-            .args([
-                "--concurrency",
-                "1",
-                "--disable-hot-restart",
-                "-l",
-                "warning",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok()?,
-    );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let mut clients = Vec::new();
-    for port in &ports {
-        let conn = loop {
-            match TcpStream::connect(("127.0.0.1", *port)) {
-                Ok(c) => break c,
-                Err(_) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(100))
-                }
-                Err(e) => panic!("envoy did not listen on {port}: {e}"),
-            }
-        };
-        conn.set_nodelay(true).ok()?;
-        conn.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-        clients.push((BufReader::new(conn.try_clone().ok()?), conn));
-    }
-    let request = b"GET /api/items HTTP/1.1\r\nhost: bench\r\nx-internal-secret: s3cret\r\n\r\n";
-    // Warm up: V8 compiles a module's functions quickly first and optimizes the hot ones
-    // later, so the figures are taken once every listener's code has run a while.
-    for (reader, writer) in clients.iter_mut() {
-        for _ in 0..WARM_UP {
-            writer.write_all(request).ok()?;
-            read_response(reader)?;
-        }
-    }
-    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
-    let mut totals = vec![Duration::ZERO; variants.len()];
-    for _ in 0..ENVOY_ROUNDS {
-        for (i, (reader, writer)) in clients.iter_mut().enumerate() {
-            let batch_start = Instant::now();
-            for _ in 0..ENVOY_BATCH {
-                let start = Instant::now();
-                writer.write_all(request).ok()?;
-                read_response(reader)?;
-                times[i].push(start.elapsed());
-            }
-            totals[i] += batch_start.elapsed();
-        }
-    }
-    let n = (ENVOY_BATCH * ENVOY_ROUNDS) as f64;
-    Some(
-        times
-            .into_iter()
-            .zip(totals)
-            .map(|(t, total)| (us(median(t)), n / total.as_secs_f64()))
-            .collect(),
-    )
-}
-
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -356,7 +164,6 @@ fn main() {
         }
     };
 
-    println!("== real Envoy (V8, 1 worker, 1 keep-alive connection per listener, {ENVOY_ROUNDS} alternating rounds of {ENVOY_BATCH})");
     let dir = tempfile::tempdir().unwrap();
     let noop = dir.path().join("noop.wasm");
     std::fs::write(
@@ -365,55 +172,88 @@ fn main() {
     )
     .unwrap();
     let mut variants = vec![
-        ("no-filter".to_string(), Vec::new()),
-        (
-            "floor".to_string(),
-            vec![plugin("floor", &json!({}), &noop)],
-        ),
-        (
-            "sdk-floor".to_string(),
-            vec![plugin(
-                "sdk-floor",
+        Variant {
+            name: "no filter".into(),
+            filters: Vec::new(),
+        },
+        Variant {
+            name: "do-nothing module".into(),
+            filters: vec![envoy::wasm_plugin("floor", &json!({}), &noop)],
+        },
+        Variant {
+            name: "our module, no edits".into(),
+            filters: vec![envoy::wasm_plugin(
+                "no-edits",
                 &json!({"role": "http-header-operation"}),
                 &module,
             )],
-        ),
+        },
+        Variant {
+            name: "Lua (header edits)".into(),
+            filters: vec![envoy::lua_headers()],
+        },
+        Variant {
+            name: "header_mutation (native)".into(),
+            filters: vec![envoy::native_headers()],
+        },
     ];
-    for (i, r) in roles.iter().enumerate() {
-        variants.push((
-            format!("role{i}"),
-            vec![plugin(&format!("role{i}"), &r.config, &module)],
-        ));
+    // The same module through binaryen's `wasm-opt -Oz` (names stripped), when it is
+    // installed: whether a smaller module costs Envoy less memory.
+    let optimized = dir.path().join("wasm-opt-oz.wasm");
+    let wasm_opt = std::process::Command::new("wasm-opt")
+        .arg("-Oz")
+        .arg("--strip-debug")
+        .arg(&module)
+        .arg("-o")
+        .arg(&optimized)
+        .status()
+        .is_ok_and(|s| s.success());
+    if wasm_opt {
+        variants.push(Variant {
+            name: "header role, wasm-opt -Oz".into(),
+            filters: vec![envoy::wasm_plugin("oz", &roles[0].config, &optimized)],
+        });
     }
-    match envoy_latencies(dir.path(), &variants) {
-        None => println!("  (skipped: real Envoy not found or not answering; `make envoy`)"),
-        Some(results) => {
-            assert_eq!(results.len(), variants.len());
-            let (base_us, base_rps) = results[0];
-            println!("  no filter: median {base_us:.1} us, {base_rps:.0} req/s");
-            let floor = results[1].0 - base_us;
-            println!(
-                "  floor (noop module): +{floor:.1} us, throughput x{:.2}",
-                results[1].1 / base_rps
-            );
-            println!(
-                "  the module with no work (header role, no ops): +{:.1} us, throughput x{:.2}",
-                results[2].0 - base_us,
-                results[2].1 / base_rps
-            );
-            for (r, (t, rps)) in roles.iter().zip(&results[3..]) {
-                let added = t - base_us;
-                println!(
-                    "  {:<28} +{added:.1} us (floor +{floor:.1}), throughput x{:.2}",
-                    r.name,
-                    rps / base_rps
-                );
-                if r.name == "http-header-operation" {
-                    check(
-                        format!("header role adds {added:.1} us: within 5 us of the floor ({floor:.1} us) and at most 15 us"),
-                        added <= floor + 5.0 && added <= 15.0,
-                    );
+    for (i, r) in roles.iter().enumerate() {
+        variants.push(Variant {
+            name: r.name.into(),
+            filters: vec![envoy::wasm_plugin(&format!("role{i}"), &r.config, &module)],
+        });
+    }
+    let workers: Vec<usize> = std::env::var("WASM_FILTER_BENCH_WORKERS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 2, 4, 8]);
+    match envoy::envoy_bin() {
+        None => println!("== real Envoy: skipped (not found; `make envoy` or ENVOY_BIN)"),
+        Some(bin) => {
+            for &n in &workers {
+                println!("== real Envoy 1.40 (V8), {n} worker(s), {n} keep-alive connection(s) per listener");
+                match envoy::measure(&bin, dir.path(), &variants, n) {
+                    None => println!("  (Envoy did not answer)"),
+                    Some(m) => report(&variants, &m, n, &mut check),
                 }
+            }
+        }
+    }
+
+    let keys: usize = std::env::var("WASM_FILTER_BENCH_KEYS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
+    if let Some(bin) = envoy::envoy_bin() {
+        println!("== real Envoy, 1 worker: RSS with a header-keyed rate limit across {keys} distinct keys");
+        match envoy::rss_across_keys(&bin, dir.path(), &module, keys) {
+            None => println!("  (Envoy did not answer)"),
+            Some((before, after)) => {
+                println!("  {before:.1} MiB after one key, {after:.1} MiB after {keys} keys");
+                check(
+                    format!(
+                        "Envoy RSS grew {:.1} MiB across {keys} keys (target: under 2 MiB)",
+                        after - before
+                    ),
+                    after - before < 2.0,
+                );
             }
         }
     }
@@ -446,6 +286,59 @@ fn main() {
         );
     }
     finish(&missed);
+}
+
+/// One worker count's table, and the targets: the header role at most Lua's added time, and
+/// Envoy's memory with the module at one worker within 8 MiB of the do-nothing module's.
+fn report(
+    variants: &[Variant],
+    m: &[Measured],
+    workers: usize,
+    check: &mut impl FnMut(String, bool),
+) {
+    let base = m[0];
+    println!(
+        "  {:<28} {:>10} {:>10} {:>12} {:>9}",
+        "", "median us", "added us", "req/s", "RSS MiB"
+    );
+    for (v, r) in variants.iter().zip(m) {
+        println!(
+            "  {:<28} {:>10.1} {:>+10.1} {:>12.0} {:>9.1}",
+            v.name,
+            r.median_us,
+            r.median_us - base.median_us,
+            r.rps,
+            r.rss_mib
+        );
+    }
+    let added = |name: &str| {
+        variants
+            .iter()
+            .position(|v| v.name == name)
+            .map(|i| m[i].median_us - base.median_us)
+    };
+    if let (Some(header), Some(lua)) = (added("http-header-operation"), added("Lua (header edits)"))
+    {
+        check(
+            format!("{workers} worker(s): header role adds {header:.1} us, Lua {lua:.1} us (target: at most Lua's)"),
+            header <= lua,
+        );
+    }
+    if workers == 1 {
+        let rss = |name: &str| {
+            variants
+                .iter()
+                .position(|v| v.name == name)
+                .map(|i| m[i].rss_mib)
+        };
+        if let (Some(ours), Some(floor)) = (rss("http-header-operation"), rss("do-nothing module"))
+        {
+            check(
+                format!("1 worker: Envoy RSS with the module {ours:.1} MiB, do-nothing module {floor:.1} MiB (target: within 8 MiB)"),
+                ours - floor <= 8.0,
+            );
+        }
+    }
 }
 
 fn finish(missed: &[String]) -> ! {

@@ -37,6 +37,9 @@ fn default_max_buffer() -> u64 {
 /// one stream may pin.
 pub const MAX_BUFFER_LIMIT: u64 = 64 * 1024 * 1024;
 
+/// A mask is a marker, not content: a long one only multiplies bodies.
+pub const MAX_MASK_BYTES: usize = 1024;
+
 /// What to do with a body to rewrite that outgrows `max_buffer_bytes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -146,6 +149,12 @@ impl BodySide {
             if r.keys.iter().any(String::is_empty) {
                 return Err(format!("{at}.redact_json.keys: a key must not be empty"));
             }
+            if r.mask.len() > MAX_MASK_BYTES {
+                return Err(format!(
+                    "{at}.redact_json.mask: {} bytes, over the {MAX_MASK_BYTES}-byte limit",
+                    r.mask.len()
+                ));
+            }
         }
         for (i, r) in self.replace.iter().enumerate() {
             if r.from.is_empty() {
@@ -167,10 +176,10 @@ impl BodySide {
         let mut done = Vec::new();
         let mut current: Option<Vec<u8>> = None;
         if let Some(r) = &self.redact_json {
-            match redact(body, &r.keys, &r.mask) {
+            match redact(body, &r.keys, &r.mask, limit) {
                 Redacted::NotJson(e) => return Rewrite::NotJson(e),
                 Redacted::Unchanged => {}
-                Redacted::Changed(b, _) if b.len() > limit => return Rewrite::TooLarge(limit),
+                Redacted::TooLarge(_) => return Rewrite::TooLarge(limit),
                 Redacted::Changed(b, n) => {
                     done.push(format!("{n} values redacted"));
                     current = Some(b);
@@ -262,6 +271,10 @@ mod tests {
 
     #[test]
     fn bad_configurations_name_the_field() {
+        let long_mask = format!(
+            r#"{{"request":{{"redact_json":{{"keys":["k"],"mask":"{}"}}}}}}"#,
+            "m".repeat(1025)
+        );
         for (json, want) in [
             (r#"{"max_buffer_bytes":0}"#, "max_buffer_bytes 0"),
             (r#"{"max_buffer_bytes":99999999999}"#, "max_buffer_bytes"),
@@ -280,6 +293,7 @@ mod tests {
                 "request.replace[0].from",
             ),
             (r#"{"on_overflow":"drop"}"#, "unknown variant `drop`"),
+            (long_mask.as_str(), "request.redact_json.mask: 1025 bytes"),
             (r#"{"response":{"redact":{}}}"#, "unknown field `redact`"),
             (r#"{"max_buffer_bytes":-1}"#, "invalid value"),
         ] {

@@ -7,10 +7,13 @@
 //! reads buffers, edits maps and talks to shared data and queues. The glue never unwraps a
 //! host status: a failed hostcall is logged and the request goes on.
 
+pub mod body_flow;
 pub mod body_ops;
+pub mod bucket_table;
 pub mod conditions;
 pub mod config;
 pub mod header_ops;
+pub mod metrics;
 pub mod rate_limit;
 pub mod redact;
 pub mod stats;

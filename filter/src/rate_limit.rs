@@ -5,8 +5,8 @@
 //!
 //! Tokens are counted in thousandths so a fractional refill rate (0.5 per second) is exact
 //! enough without floating point in the stored state. A bucket is stored as text,
-//! `<milli-tokens> <last-update-ns>`; an empty value is a bucket dropped for being idle (the
-//! ABI has no delete, so the key stays, with nothing behind it).
+//! `<milli-tokens> <last-update-ns>`, inside a table entry of [`crate::bucket_table`], whose
+//! size the configuration fixes.
 
 use serde::Deserialize;
 
@@ -18,9 +18,17 @@ pub struct RateLimit {
     pub burst: u32,
     /// Tokens added back per second (fractions allowed, e.g. 0.5).
     pub refill_per_second: f64,
-    /// A bucket unused this long is dropped on the next tick.
+    /// A bucket unused this long (and refilled) may be taken over by another key.
     #[serde(default = "default_idle")]
     pub idle_seconds: u32,
+    /// Table entries in shared data: keys active within `idle_seconds` beyond this share
+    /// an overflow bucket. It bounds Envoy's memory, whatever keys clients send.
+    #[serde(default = "default_buckets")]
+    pub buckets: u32,
+}
+
+fn default_buckets() -> u32 {
+    crate::bucket_table::DEFAULT_BUCKETS
 }
 
 fn default_idle() -> u32 {
@@ -32,16 +40,11 @@ fn default_idle() -> u32 {
 #[serde(rename_all = "kebab-case", deny_unknown_fields)]
 pub enum KeySource {
     /// `{"header": "x-api-key"}`: that request header's value; requests without it share
-    /// the bucket named `-`.
+    /// one bucket.
     Header(String),
     /// `"client-address"`: the client's IP address (`source.address`, port left out).
     ClientAddress,
 }
-
-/// Keys longer than this are cut, so a client cannot make the shared-data keys huge.
-pub const MAX_KEY_LEN: usize = 256;
-/// The bucket of requests that have no key.
-pub const NO_KEY: &str = "-";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
@@ -77,6 +80,13 @@ impl RateLimit {
         }
         if self.idle_seconds == 0 {
             return Err("idle_seconds: must be at least 1".into());
+        }
+        let max = crate::bucket_table::MAX_BUCKETS;
+        if self.buckets == 0 || self.buckets > max {
+            return Err(format!(
+                "buckets {}: must be between 1 and {max}",
+                self.buckets
+            ));
         }
         Ok(())
     }
@@ -175,18 +185,6 @@ impl Bucket {
     pub fn is_idle(&self, now_ns: u64, idle_ns: u64) -> bool {
         now_ns.saturating_sub(self.updated_ns) >= idle_ns
     }
-}
-
-/// The shared-data key of a bucket: the VM's prefix, the plugin's name (two rate-limit
-/// plugins in one VM keep separate buckets), the key cut to [`MAX_KEY_LEN`] bytes.
-pub fn bucket_key(prefix: &str, plugin: &str, key: &str) -> String {
-    let mut end = key.len().min(MAX_KEY_LEN);
-    while !key.is_char_boundary(end) {
-        end -= 1;
-    }
-    let key = key.get(..end).unwrap_or_default();
-    let key = if key.is_empty() { NO_KEY } else { key };
-    format!("{prefix}rate-limit/{plugin}/{key}")
 }
 
 /// `127.0.0.1:40001` -> `127.0.0.1`, `[::1]:5000` -> `::1`; an address without a port is
@@ -350,16 +348,6 @@ mod tests {
     }
 
     #[test]
-    fn keys_are_prefixed_bounded_and_never_empty() {
-        assert_eq!(bucket_key("p/", "rl", "alice"), "p/rate-limit/rl/alice");
-        assert_eq!(bucket_key("p/", "rl", ""), "p/rate-limit/rl/-");
-        let long = "é".repeat(200);
-        let k = bucket_key("", "rl", &long);
-        assert!(k.len() <= "rate-limit/rl/".len() + MAX_KEY_LEN);
-        assert!(k.ends_with('é'));
-    }
-
-    #[test]
     fn ports_are_stripped() {
         assert_eq!(strip_port("127.0.0.1:40001"), "127.0.0.1");
         assert_eq!(strip_port("[::1]:5000"), "::1");
@@ -391,6 +379,14 @@ mod tests {
                 "unknown variant `ip`",
             ),
             (r#""burst":1,"refill_per_second":1"#, "missing field `key`"),
+            (
+                r#""key":"client-address","burst":1,"refill_per_second":1,"buckets":0"#,
+                "buckets 0",
+            ),
+            (
+                r#""key":"client-address","burst":1,"refill_per_second":1,"buckets":2000000"#,
+                "buckets 2000000",
+            ),
             (
                 r#""key":"client-address","burst":1,"refill_per_second":1,"per":1"#,
                 "unknown field `per`",

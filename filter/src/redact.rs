@@ -13,54 +13,96 @@ pub enum Redacted {
     Changed(Vec<u8>, usize),
     /// Not JSON; the reason, for the log.
     NotJson(String),
+    /// The redacted body would be this many bytes, over the limit: nothing was built.
+    TooLarge(usize),
 }
 
 /// Masks the value of every key in `keys`, at any depth, with `mask` (written as a JSON
 /// string). The whole value is replaced, whatever its type, so nothing of it leaks.
-pub fn redact(body: &[u8], keys: &BTreeSet<String>, mask: &str) -> Redacted {
+///
+/// The result is never allocated past `limit` bytes: a first walk only counts what the
+/// output would be (a short mask over many short values can multiply a body), and the second
+/// writes it into a buffer of exactly that size. Neither keeps a list of what to mask, so
+/// memory stays the body plus the output, whatever the body holds.
+pub fn redact(body: &[u8], keys: &BTreeSet<String>, mask: &str, limit: usize) -> Redacted {
     // serde_json checks the syntax, so the scanner below walks a document known to be
     // valid; it bounds the nesting itself, to stay well within the guest's stack.
     if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
         return Redacted::NotJson(e.to_string());
     }
-    let mut scan = Scanner {
-        b: body,
-        i: 0,
-        keys,
-        spans: Vec::new(),
-        depth: 0,
-    };
-    if scan.value().is_none() {
+    let mask = serde_json::Value::String(mask.to_string()).to_string();
+    let mut plan = Scanner::new(body, keys, mask.as_bytes(), None);
+    if plan.value().is_none() {
         return Redacted::NotJson(format!("nested deeper than {MAX_DEPTH} levels"));
     }
-    if scan.spans.is_empty() {
+    if plan.masked == 0 {
         return Redacted::Unchanged;
     }
-    let mask = serde_json::Value::String(mask.to_string()).to_string();
-    let mut out = Vec::with_capacity(body.len());
-    let mut at = 0;
-    for &(start, end) in &scan.spans {
-        out.extend_from_slice(body.get(at..start).unwrap_or_default());
-        out.extend_from_slice(mask.as_bytes());
-        at = end;
+    if plan.out_len > limit {
+        return Redacted::TooLarge(plan.out_len);
     }
-    out.extend_from_slice(body.get(at..).unwrap_or_default());
-    Redacted::Changed(out, scan.spans.len())
+    let mut out = Vec::with_capacity(plan.out_len);
+    let mut write = Scanner::new(body, keys, mask.as_bytes(), Some(&mut out));
+    if write.value().is_none() {
+        return Redacted::NotJson(format!("nested deeper than {MAX_DEPTH} levels"));
+    }
+    let (masked, copied) = (write.masked, write.copied);
+    out.extend_from_slice(body.get(copied..).unwrap_or_default());
+    Redacted::Changed(out, masked)
 }
 
-struct Scanner<'a> {
+struct Scanner<'a, 'o> {
     b: &'a [u8],
     i: usize,
     keys: &'a BTreeSet<String>,
-    /// Byte ranges of values to mask, in document order, never overlapping.
-    spans: Vec<(usize, usize)>,
+    mask: &'a [u8],
+    /// Where the output goes on the writing walk; `None` while planning.
+    out: Option<&'o mut Vec<u8>>,
+    /// Body bytes up to here are in `out` (or counted).
+    copied: usize,
+    /// The output's size once the walk is done.
+    out_len: usize,
+    masked: usize,
+    /// Inside a value being masked: keys in it are not looked at.
+    masking: bool,
     depth: usize,
 }
 
 /// Objects and arrays nested deeper than this are refused (serde_json's own default).
 pub const MAX_DEPTH: usize = 128;
 
-impl Scanner<'_> {
+impl<'a, 'o> Scanner<'a, 'o> {
+    fn new(
+        b: &'a [u8],
+        keys: &'a BTreeSet<String>,
+        mask: &'a [u8],
+        out: Option<&'o mut Vec<u8>>,
+    ) -> Self {
+        Self {
+            b,
+            i: 0,
+            keys,
+            mask,
+            out,
+            copied: 0,
+            out_len: b.len(),
+            masked: 0,
+            masking: false,
+            depth: 0,
+        }
+    }
+
+    /// The value at `start..end` is replaced by the mask.
+    fn mask_span(&mut self, start: usize, end: usize) {
+        self.masked += 1;
+        self.out_len = self.out_len - (end - start) + self.mask.len();
+        if let Some(out) = self.out.as_deref_mut() {
+            out.extend_from_slice(self.b.get(self.copied..start).unwrap_or_default());
+            out.extend_from_slice(self.mask);
+        }
+        self.copied = end;
+    }
+
     fn peek(&self) -> Option<u8> {
         self.b.get(self.i).copied()
     }
@@ -141,12 +183,13 @@ impl Scanner<'_> {
             self.eat(b':')?;
             self.ws();
             let value_start = self.i;
-            if self.listed(start, end) {
+            if !self.masking && self.listed(start, end) {
                 // Skip it without looking for keys inside: the whole value goes.
-                let before = self.spans.len();
-                self.value()?;
-                self.spans.truncate(before);
-                self.spans.push((value_start, self.i));
+                self.masking = true;
+                let walked = self.value();
+                self.masking = false;
+                walked?;
+                self.mask_span(value_start, self.i);
             } else {
                 self.value()?;
             }
@@ -201,6 +244,8 @@ mod tests {
         k.iter().map(|s| s.to_string()).collect()
     }
 
+    const L: usize = 1 << 20;
+
     fn text(r: Redacted) -> String {
         match r {
             Redacted::Changed(b, _) => String::from_utf8(b).unwrap(),
@@ -213,7 +258,7 @@ mod tests {
         let body =
             br#"{ "user": {"name": "al", "password": "x", "cards": [{"pan": 4111, "exp": "1/30"}]},
   "password" : {"nested": true}, "z": 1.50e2 }"#;
-        let out = text(redact(body, &keys(&["password", "pan"]), "***"));
+        let out = text(redact(body, &keys(&["password", "pan"]), "***", L));
         assert_eq!(
             out,
             r#"{ "user": {"name": "al", "password": "***", "cards": [{"pan": "***", "exp": "1/30"}]},
@@ -227,6 +272,7 @@ mod tests {
             br#"[{"a":1},{"a":[1,2]},{"b":{"a":null}}]"#,
             &keys(&["a"]),
             "-",
+            L,
         ) {
             Redacted::Changed(b, n) => {
                 assert_eq!(n, 3);
@@ -235,10 +281,10 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert_eq!(
-            redact(br#"{"b": "a"}"#, &keys(&["a"]), "-"),
+            redact(br#"{"b": "a"}"#, &keys(&["a"]), "-", L),
             Redacted::Unchanged
         );
-        assert_eq!(redact(b"42", &keys(&["a"]), "-"), Redacted::Unchanged);
+        assert_eq!(redact(b"42", &keys(&["a"]), "-", L), Redacted::Unchanged);
     }
 
     #[test]
@@ -247,6 +293,7 @@ mod tests {
             br#"{"pass\u0077ord": "x", "q\"": "y"}"#,
             &keys(&["password"]),
             "a\"b",
+            L,
         ));
         assert_eq!(out, r#"{"pass\u0077ord": "a\"b", "q\"": "y"}"#);
     }
@@ -255,14 +302,38 @@ mod tests {
     fn not_json_is_reported() {
         for body in [&b"hello"[..], b"{\"a\":", b"", b"{\"a\":1} trailing"] {
             assert!(
-                matches!(redact(body, &keys(&["a"]), "-"), Redacted::NotJson(_)),
+                matches!(redact(body, &keys(&["a"]), "-", L), Redacted::NotJson(_)),
                 "{body:?}"
             );
         }
         let deep = "[".repeat(200) + &"]".repeat(200);
         assert!(matches!(
-            redact(deep.as_bytes(), &keys(&["a"]), "-"),
+            redact(deep.as_bytes(), &keys(&["a"]), "-", L),
             Redacted::NotJson(_)
         ));
+    }
+
+    #[test]
+    fn a_mask_multiplying_the_body_stops_at_the_limit_before_building_it() {
+        // 7-byte values masked with 400 bytes: 57 times the body.
+        let body = format!("[{}{{\"k\":1}}]", "{\"k\":1},".repeat(10_000));
+        let mask = "m".repeat(400);
+        let want = body.len() + 10_001 * (402 - 1);
+        assert_eq!(
+            redact(body.as_bytes(), &keys(&["k"]), &mask, want - 1),
+            Redacted::TooLarge(want)
+        );
+        match redact(body.as_bytes(), &keys(&["k"]), &mask, want) {
+            Redacted::Changed(b, n) => {
+                assert_eq!((b.len(), b.capacity(), n), (want, want, 10_001));
+            }
+            other => panic!("{other:?}"),
+        }
+        // Shrinking redactions are counted as such: a body over the limit may come out under it.
+        let long = format!(r#"{{"k":"{}"}}"#, "x".repeat(1000));
+        assert_eq!(
+            text(redact(long.as_bytes(), &keys(&["k"]), "-", 100)),
+            r#"{"k":"-"}"#
+        );
     }
 }

@@ -162,6 +162,51 @@ impl Record {
     }
 }
 
+/// Records on the queue at once, across every worker. Envoy's shared queue has no bound of
+/// its own, so with the service slow or gone each worker would keep adding to it: past this,
+/// records are dropped and counted. About 100 bytes each in Envoy's memory.
+pub const MAX_QUEUED: u64 = 10_000;
+
+/// The shared-data key counting the records on the queue: workers add one per record they
+/// enqueue, the service takes off what it dequeued.
+pub fn backlog_key(prefix: &str, queue: &str) -> String {
+    format!("{prefix}stats/{queue}/queued")
+}
+
+/// The shared-data key holding the service's latest summary (the JSON it logs and posts,
+/// for the window that ended at its last tick), for any worker VM to read.
+pub fn summary_key(prefix: &str, queue: &str) -> String {
+    format!("{prefix}stats/{queue}/summary")
+}
+
+/// Whether one more record may go on the queue, given the backlog counter's value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admit {
+    /// Yes: store this count, then enqueue.
+    Queue(u64),
+    /// The queue holds [`MAX_QUEUED`] records: drop this one.
+    Full,
+}
+
+/// The backlog counter as text; absent or empty is zero.
+pub fn decode_count(value: Option<&[u8]>) -> Result<u64, String> {
+    match value.filter(|v| !v.is_empty()) {
+        None => Ok(0),
+        Some(v) => std::str::from_utf8(v)
+            .ok()
+            .and_then(|t| t.parse().ok())
+            .ok_or_else(|| format!("backlog {:?}: not a number", String::from_utf8_lossy(v))),
+    }
+}
+
+pub fn admit(queued: u64) -> Admit {
+    if queued >= MAX_QUEUED {
+        Admit::Full
+    } else {
+        Admit::Queue(queued + 1)
+    }
+}
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Aggregate {
     pub requests: u64,
@@ -297,6 +342,19 @@ mod tests {
         assert_eq!(b.by_route["/x"][4], 2);
         assert_eq!(b.latency[7], 1);
         assert!(!b.is_empty() && Aggregate::default().is_empty());
+    }
+
+    #[test]
+    fn the_backlog_admits_up_to_its_bound() {
+        assert_eq!(decode_count(None), Ok(0));
+        assert_eq!(decode_count(Some(b"")), Ok(0));
+        assert_eq!(decode_count(Some(b"41")), Ok(41));
+        assert!(decode_count(Some(b"x")).is_err());
+        assert_eq!(admit(0), Admit::Queue(1));
+        assert_eq!(admit(MAX_QUEUED - 1), Admit::Queue(MAX_QUEUED));
+        assert_eq!(admit(MAX_QUEUED), Admit::Full);
+        assert_eq!(backlog_key("p/", "q"), "p/stats/q/queued");
+        assert_eq!(summary_key("p/", "q"), "p/stats/q/summary");
     }
 
     #[test]

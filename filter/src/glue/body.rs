@@ -1,115 +1,89 @@
-//! `http-body-operation` on a stream. A side that rewrites drops `content-length` in its
-//! headers callback (the body's new size is unknown until its end, and Envoy sends headers
-//! on before the body), holds chunks until the end of the stream, then rewrites the whole
-//! body in place.
-//!
-//! Headers cannot wait for the body: Envoy turns a paused headers callback into "stop
-//! everything", so no body callback would come. A `content-length` over the buffer is
-//! therefore refused in the headers callback (413 / 502); a body that outgrows the buffer
-//! without announcing it is caught in a body callback, where a request still gets its 413
-//! but a response's headers are already on their way, so the stream is reset.
+//! `http-body-operation` on a stream: the glue that executes [`crate::body_flow`]'s steps.
+//! It reads what a decision needs (`content-length`, `content-encoding`, the whole body at
+//! its end), asks the stream's [`BodyFlow`], and does what it answers: a local reply, a
+//! response turned into a 502, a reset, a body written back, or nothing. Counted: bodies
+//! rewritten, passed unchanged, and over a limit (`rewritten_total`, `passed_total`,
+//! `over_limit_total`), and body bytes each way (`request_bytes_total`, `response_bytes_total`).
 
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::metrics::{Counter, Metrics};
 use super::{log, raw};
-use crate::body_ops::{BodyOperation, BodySide, Overflow, Rewrite};
+use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
+use crate::body_ops::BodyOperation;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Which {
-    Request,
-    Response,
-}
-
-impl Which {
-    fn name(self) -> &'static str {
-        match self {
-            Which::Request => "request",
-            Which::Response => "response",
-        }
-    }
-    fn headers(self) -> u32 {
-        match self {
-            Which::Request => raw::REQUEST_HEADERS,
-            Which::Response => raw::RESPONSE_HEADERS,
-        }
-    }
-    fn body(self) -> u32 {
-        match self {
-            Which::Request => raw::REQUEST_BODY,
-            Which::Response => raw::RESPONSE_BODY,
-        }
-    }
-    /// The local reply when a body cannot be handled.
-    fn refusal(self) -> (u32, &'static str) {
-        match self {
-            Which::Request => (413, "request_body_too_large"),
-            Which::Response => (502, "response_body_too_large"),
-        }
+fn headers_map(which: Side) -> u32 {
+    match which {
+        Side::Request => raw::REQUEST_HEADERS,
+        Side::Response => raw::RESPONSE_HEADERS,
     }
 }
 
-#[derive(Debug, Default)]
-struct SideState {
-    /// Bytes already sent on (not held), for the request size limit.
-    passed: u64,
-    /// The rest flows untouched: past `max_buffer_bytes` with the `pass` policy, or a body
-    /// in a content-encoding (rewriting compressed bytes would corrupt them).
-    overflowed: bool,
-    /// A local reply was sent; later callbacks only stop.
-    answered: bool,
+fn body_buffer(which: Side) -> u32 {
+    match which {
+        Side::Request => raw::REQUEST_BODY,
+        Side::Response => raw::RESPONSE_BODY,
+    }
+}
+
+pub struct BodyRoot {
+    ops: BodyOperation,
+    rewritten: Counter,
+    passed: Counter,
+    over_limit: Counter,
+    request_bytes: Counter,
+    response_bytes: Counter,
+}
+
+impl BodyRoot {
+    pub fn new(ops: BodyOperation) -> Self {
+        let m = Metrics::new("http-body-operation");
+        Self {
+            ops,
+            rewritten: m.counter("rewritten_total"),
+            passed: m.counter("passed_total"),
+            over_limit: m.counter("over_limit_total"),
+            request_bytes: m.counter("request_bytes_total"),
+            response_bytes: m.counter("response_bytes_total"),
+        }
+    }
+
+    fn bytes(&self, which: Side, n: usize) {
+        match which {
+            Side::Request => self.request_bytes.add(n as u64),
+            Side::Response => self.response_bytes.add(n as u64),
+        }
+    }
 }
 
 pub struct BodyFilter {
-    ops: Rc<BodyOperation>,
-    request: SideState,
-    response: SideState,
+    root: Rc<BodyRoot>,
+    flow: BodyFlow,
     /// Set when the response became a 502: the text its body is replaced with.
     replacement: Option<String>,
 }
 
 impl BodyFilter {
-    pub fn new(ops: Rc<BodyOperation>) -> Self {
+    pub fn new(root: Rc<BodyRoot>) -> Self {
         Self {
-            ops,
-            request: SideState::default(),
-            response: SideState::default(),
+            root,
+            flow: BodyFlow::default(),
             replacement: None,
         }
     }
 
-    fn side(&self, which: Which) -> &BodySide {
-        match which {
-            Which::Request => &self.ops.request,
-            Which::Response => &self.ops.response,
-        }
-    }
-
-    fn state(&mut self, which: Which) -> &mut SideState {
-        match which {
-            Which::Request => &mut self.request,
-            Which::Response => &mut self.response,
-        }
-    }
-
-    /// This filter's own local reply is on its way back: let it through untouched.
-    fn answered(&self) -> bool {
-        self.request.answered || self.response.answered
-    }
-
-    fn refuse(&mut self, which: Which, why: &str) -> Action {
+    fn refuse(&mut self, which: Side, why: &str) -> Action {
+        self.root.over_limit.add(1);
         let (status, details) = which.refusal();
         log!(Info, "{} refused with {status}: {why}", which.name());
-        let status_sent = raw::send_local_response(status, details, why.as_bytes(), &[]);
-        if status_sent != raw::OK {
-            log!(
-                Warn,
-                "local reply {status} failed with host status {status_sent}"
-            );
+        let sent = raw::send_local_response(status, details, why.as_bytes(), &[]);
+        if sent != raw::OK {
+            log!(Warn, "local reply {status} failed with host status {sent}");
         }
-        self.state(which).answered = true;
+        self.flow.mark_answered(which);
         Action::Pause
     }
 
@@ -118,6 +92,7 @@ impl BodyFilter {
     /// cannot do this: Envoy resets a stream whose response a Wasm filter replaces at this
     /// point.)
     fn replace_response(&mut self, why: String) -> Action {
+        self.root.over_limit.add(1);
         log!(Info, "response refused with 502: {why}");
         for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
             let status = raw::replace_header(raw::RESPONSE_HEADERS, name, value);
@@ -137,155 +112,10 @@ impl BodyFilter {
         Action::Continue
     }
 
-    fn on_headers(&mut self, which: Which, end_of_stream: bool) -> Action {
-        let declared = || {
-            raw::header_text(which.headers(), "content-length")
-                .and_then(|v| v.trim().parse::<u64>().ok())
-        };
-        if which == Which::Request {
-            if let Some(max) = self.ops.request.max_bytes {
-                if let Some(len) = declared().filter(|len| *len > max) {
-                    return self.refuse(
-                        which,
-                        &format!("content-length {len} is over the {max}-byte limit"),
-                    );
-                }
-            }
-        }
-        if end_of_stream || !self.side(which).rewrites() {
-            return Action::Continue;
-        }
-        let limit = self.ops.max_buffer_bytes;
-        if self.ops.on_overflow == Overflow::Reject {
-            if let Some(len) = declared().filter(|len| *len > limit) {
-                let why = format!(
-                    "content-length {len} is over max_buffer_bytes ({limit}): the body cannot be rewritten"
-                );
-                return match which {
-                    Which::Request => self.refuse(which, &why),
-                    Which::Response => self.replace_response(why),
-                };
-            }
-        }
-        if let Some(encoding) = raw::header_text(which.headers(), "content-encoding")
-            .filter(|e| !e.trim().eq_ignore_ascii_case("identity"))
-        {
-            log!(
-                Info,
-                "{} body is in content-encoding {encoding:?}: passed on unmodified",
-                which.name()
-            );
-            self.state(which).overflowed = true;
-            return Action::Continue;
-        }
-        let status = raw::remove_header(which.headers(), "content-length");
-        if status != raw::OK {
-            log!(
-                Warn,
-                "removing {} content-length failed with host status {status}",
-                which.name()
-            );
-        }
-        Action::Continue
-    }
-
-    fn on_body(&mut self, which: Which, body_size: usize, end_of_stream: bool) -> Action {
-        if self.state(which).answered {
-            return Action::Pause;
-        }
-        let size = body_size as u64;
-        let holding = self.side(which).rewrites() && !self.state(which).overflowed;
-        if which == Which::Request {
-            if let Some(max) = self.ops.request.max_bytes {
-                let total = self.request.passed.saturating_add(size);
-                if total > max {
-                    return self.refuse(which, &format!("the body is over the {max}-byte limit"));
-                }
-            }
-        }
-        if !holding {
-            let state = self.state(which);
-            state.passed = state.passed.saturating_add(size);
-            return Action::Continue;
-        }
-        let limit = self.ops.max_buffer_bytes;
-        if size > limit {
-            return match self.ops.on_overflow {
-                Overflow::Reject if which == Which::Response => {
-                    self.reset_response(&format!("body over max_buffer_bytes ({limit})"))
-                }
-                Overflow::Reject => self.refuse(
-                    which,
-                    &format!("the body is over max_buffer_bytes ({limit}) and cannot be rewritten"),
-                ),
-                Overflow::Pass => {
-                    log!(
-                        Warn,
-                        "{} body over max_buffer_bytes ({limit}): passed on unmodified",
-                        which.name()
-                    );
-                    let state = self.state(which);
-                    state.overflowed = true;
-                    state.passed = state.passed.saturating_add(size);
-                    Action::Continue
-                }
-            };
-        }
-        if !end_of_stream {
-            return Action::Pause;
-        }
-        self.rewrite(which, body_size)
-    }
-
-    /// Rewrites the whole body in place; the action is what the body callback returns.
-    fn rewrite(&mut self, which: Which, body_size: usize) -> Action {
-        let body = match raw::buffer(which.body(), body_size) {
-            Ok(b) => b.unwrap_or_default(),
-            Err(status) => {
-                log!(
-                    Warn,
-                    "reading the {} body failed with host status {status}; passed on unmodified",
-                    which.name()
-                );
-                return Action::Continue;
-            }
-        };
-        let limit = usize::try_from(self.ops.max_buffer_bytes).unwrap_or(usize::MAX);
-        match self.side(which).rewrite(&body, limit) {
-            Rewrite::Unchanged => {}
-            Rewrite::Changed(new, what) => {
-                let status = raw::set_buffer(which.body(), body_size, &new);
-                if status == raw::OK {
-                    log!(Debug, "{} body rewritten: {what}", which.name());
-                } else {
-                    log!(Warn, "writing the {} body failed with host status {status}; passed on unmodified", which.name());
-                }
-            }
-            Rewrite::NotJson(e) => {
-                log!(
-                    Info,
-                    "{} body is not JSON ({e}): passed on unmodified",
-                    which.name()
-                );
-            }
-            Rewrite::TooLarge(limit) => {
-                let why = format!("the rewritten body would be over max_buffer_bytes ({limit})");
-                return match (self.ops.on_overflow, which) {
-                    (Overflow::Pass, _) => {
-                        log!(Warn, "{} {why}: passed on unmodified", which.name());
-                        Action::Continue
-                    }
-                    (Overflow::Reject, Which::Request) => self.refuse(which, &why),
-                    (Overflow::Reject, Which::Response) => self.reset_response(&why),
-                };
-            }
-        }
-        Action::Continue
-    }
-
     /// A response that cannot be sent as asked once its headers are on their way: the
     /// stream is reset (a local reply at this point resets it too, without saying why).
     fn reset_response(&mut self, why: &str) -> Action {
+        self.root.over_limit.add(1);
         log!(
             Info,
             "response {why} after its headers were sent: stream reset"
@@ -297,22 +127,138 @@ impl BodyFilter {
                 "resetting the stream failed with host status {status}"
             );
         }
-        self.response.answered = true;
+        self.flow.mark_answered(Side::Response);
         Action::Pause
     }
 
-    fn on_trailers(&mut self, which: Which) -> Action {
-        if self.state(which).answered {
-            return Action::Pause;
+    fn on_headers(&mut self, which: Side, end_of_stream: bool) -> Action {
+        let map = headers_map(which);
+        let declared =
+            || raw::header_text(map, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+        let encoding = || raw::header_text(map, "content-encoding");
+        match self
+            .flow
+            .headers(&self.root.ops, which, end_of_stream, declared, encoding)
+        {
+            HeadersStep::Continue => Action::Continue,
+            HeadersStep::Refuse(why) => self.refuse(which, &why),
+            HeadersStep::ReplaceResponse(why) => self.replace_response(why),
+            HeadersStep::PassEncoded(encoding) => {
+                self.root.passed.add(1);
+                log!(
+                    Info,
+                    "{} body is in content-encoding {encoding:?}: passed on unmodified",
+                    which.name()
+                );
+                Action::Continue
+            }
+            HeadersStep::Hold => {
+                let status = raw::remove_header(map, "content-length");
+                if status != raw::OK {
+                    log!(
+                        Warn,
+                        "removing {} content-length failed with host status {status}",
+                        which.name()
+                    );
+                }
+                Action::Continue
+            }
         }
-        if self.side(which).rewrites() && !self.state(which).overflowed {
-            log!(
-                Warn,
-                "{} with trailers: its body is passed on unmodified",
-                which.name()
-            );
+    }
+
+    fn on_body(&mut self, which: Side, body_size: usize, end_of_stream: bool) -> Action {
+        match self
+            .flow
+            .body(&self.root.ops, which, body_size as u64, end_of_stream)
+        {
+            BodyStep::Stop => Action::Pause,
+            BodyStep::Refuse(why) => self.refuse(which, &why),
+            BodyStep::ResetResponse(why) => self.reset_response(&why),
+            BodyStep::Pass => {
+                self.root.bytes(which, body_size);
+                Action::Continue
+            }
+            BodyStep::PassOverflowing(limit) => {
+                self.root.bytes(which, body_size);
+                self.root.over_limit.add(1);
+                log!(
+                    Warn,
+                    "{} body over max_buffer_bytes ({limit}): passed on unmodified",
+                    which.name()
+                );
+                Action::Continue
+            }
+            BodyStep::Hold => Action::Pause,
+            BodyStep::Rewrite => self.rewrite(which, body_size),
         }
-        Action::Continue
+    }
+
+    /// Rewrites the whole body in place; the action is what the body callback returns.
+    fn rewrite(&mut self, which: Side, body_size: usize) -> Action {
+        let body = match raw::buffer(body_buffer(which), body_size) {
+            Ok(b) => b.unwrap_or_default(),
+            Err(status) => {
+                log!(
+                    Warn,
+                    "reading the {} body failed with host status {status}; passed on unmodified",
+                    which.name()
+                );
+                return Action::Continue;
+            }
+        };
+        self.root.bytes(which, body.len());
+        match self.flow.rewrite(&self.root.ops, which, &body) {
+            RewriteStep::Keep => {
+                self.root.passed.add(1);
+                Action::Continue
+            }
+            RewriteStep::Write(new, what) => {
+                drop(body);
+                self.root.rewritten.add(1);
+                let status = raw::set_buffer(body_buffer(which), body_size, &new);
+                if status == raw::OK {
+                    log!(Debug, "{} body rewritten: {what}", which.name());
+                } else {
+                    log!(
+                        Warn,
+                        "writing the {} body failed with host status {status}; passed on unmodified",
+                        which.name()
+                    );
+                }
+                Action::Continue
+            }
+            RewriteStep::PassNotJson(e) => {
+                self.root.passed.add(1);
+                log!(
+                    Info,
+                    "{} body is not JSON ({e}): passed on unmodified",
+                    which.name()
+                );
+                Action::Continue
+            }
+            RewriteStep::PassTooLarge(why) => {
+                self.root.over_limit.add(1);
+                log!(Warn, "{} {why}: passed on unmodified", which.name());
+                Action::Continue
+            }
+            RewriteStep::Refuse(why) => self.refuse(which, &why),
+            RewriteStep::ResetResponse(why) => self.reset_response(&why),
+        }
+    }
+
+    fn on_trailers(&mut self, which: Side) -> Action {
+        match self.flow.trailers(&self.root.ops, which) {
+            None => Action::Pause,
+            Some(true) => {
+                log!(
+                    Warn,
+                    "{} with trailers: its body is passed on unmodified",
+                    which.name()
+                );
+                Action::Continue
+            }
+            Some(false) => Action::Continue,
+        }
     }
 }
 
@@ -320,7 +266,7 @@ impl Context for BodyFilter {}
 
 impl HttpContext for BodyFilter {
     fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
-        if self.ops.response.rewrites() {
+        if self.root.ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
             let status = raw::remove_header(raw::REQUEST_HEADERS, "accept-encoding");
             if status != raw::OK {
@@ -330,26 +276,26 @@ impl HttpContext for BodyFilter {
                 );
             }
         }
-        self.on_headers(Which::Request, end_of_stream)
+        self.on_headers(Side::Request, end_of_stream)
     }
 
     fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        self.on_body(Which::Request, body_size, end_of_stream)
+        self.on_body(Side::Request, body_size, end_of_stream)
     }
 
     fn on_http_request_trailers(&mut self, _: usize) -> Action {
-        self.on_trailers(Which::Request)
+        self.on_trailers(Side::Request)
     }
 
     fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
-        if self.answered() {
+        if self.flow.answered() {
             return Action::Continue;
         }
-        self.on_headers(Which::Response, end_of_stream)
+        self.on_headers(Side::Response, end_of_stream)
     }
 
     fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
-        if self.answered() {
+        if self.flow.answered() {
             return Action::Continue;
         }
         if let Some(why) = &self.replacement {
@@ -363,13 +309,13 @@ impl HttpContext for BodyFilter {
             }
             return Action::Continue;
         }
-        self.on_body(Which::Response, body_size, end_of_stream)
+        self.on_body(Side::Response, body_size, end_of_stream)
     }
 
     fn on_http_response_trailers(&mut self, _: usize) -> Action {
-        if self.answered() {
+        if self.flow.answered() {
             return Action::Continue;
         }
-        self.on_trailers(Which::Response)
+        self.on_trailers(Side::Response)
     }
 }

@@ -1,23 +1,42 @@
 //! `http-header-operation` on a stream: the `when` condition is read once from the request
-//! headers, then the op lists are applied through raw hostcalls.
+//! headers, then the op lists are applied through raw hostcalls. Counted: requests edited
+//! (`edited_total`) and those `when` did not match (`skipped_total`).
 
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::metrics::{Counter, Metrics};
 use super::{log, raw};
 use crate::header_ops::{Edit, HeaderOperation, Ops};
 
+pub struct HeaderRoot {
+    ops: HeaderOperation,
+    edited: Counter,
+    skipped: Counter,
+}
+
+impl HeaderRoot {
+    pub fn new(ops: HeaderOperation) -> Self {
+        let m = Metrics::new("http-header-operation");
+        Self {
+            ops,
+            edited: m.counter("edited_total"),
+            skipped: m.counter("skipped_total"),
+        }
+    }
+}
+
 pub struct HeaderFilter {
-    ops: Rc<HeaderOperation>,
+    root: Rc<HeaderRoot>,
     matched: bool,
 }
 
 impl HeaderFilter {
-    pub fn new(ops: Rc<HeaderOperation>) -> Self {
-        let matched = ops.when.is_none();
-        Self { ops, matched }
+    pub fn new(root: Rc<HeaderRoot>) -> Self {
+        let matched = root.ops.when.is_none();
+        Self { root, matched }
     }
 }
 
@@ -41,18 +60,21 @@ impl Context for HeaderFilter {}
 
 impl HttpContext for HeaderFilter {
     fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
-        if let Some(when) = &self.ops.when {
+        if let Some(when) = &self.root.ops.when {
             self.matched = when.matches(&mut |name| raw::header_text(raw::REQUEST_HEADERS, name));
         }
         if self.matched {
-            apply(raw::REQUEST_HEADERS, &self.ops.request);
+            apply(raw::REQUEST_HEADERS, &self.root.ops.request);
+            self.root.edited.add(1);
+        } else {
+            self.root.skipped.add(1);
         }
         Action::Continue
     }
 
     fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if self.matched {
-            apply(raw::RESPONSE_HEADERS, &self.ops.response);
+            apply(raw::RESPONSE_HEADERS, &self.root.ops.response);
         }
         Action::Continue
     }

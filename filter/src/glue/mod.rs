@@ -13,6 +13,7 @@
 
 mod body;
 mod headers;
+mod metrics;
 mod rate_limit;
 mod raw;
 mod shared;
@@ -75,8 +76,8 @@ const MAX_CONFIG_BYTES: usize = 1024 * 1024;
 
 enum Role {
     Unconfigured,
-    Headers(Rc<crate::header_ops::HeaderOperation>),
-    Body(Rc<crate::body_ops::BodyOperation>),
+    Headers(Rc<headers::HeaderRoot>),
+    Body(Rc<body::BodyRoot>),
     Tcp(Rc<tcp::TcpRoot>),
     RateLimit(Rc<rate_limit::Limiter>),
     StatsRecord(Rc<stats::Recorder>),
@@ -153,20 +154,23 @@ impl RootContext for Root {
                     ""
                 };
                 (
-                    Role::Headers(Rc::new(ops)),
+                    Role::Headers(Rc::new(headers::HeaderRoot::new(ops))),
                     format!("request: {req} ops, response: {resp} ops{when}"),
                 )
             }
             PluginConfig::HttpBodyOperation(ops) => {
                 let detail = ops.summary();
-                (Role::Body(Rc::new(ops)), detail)
+                (Role::Body(Rc::new(body::BodyRoot::new(ops))), detail)
             }
             PluginConfig::TcpTotalDataSizeCounter(c) => {
                 let root = tcp::TcpRoot::new(c, &self.vm);
                 (Role::Tcp(Rc::new(root)), "totals in shared data".into())
             }
             PluginConfig::RateLimit(c) => {
-                let detail = format!("burst {}, {} per second", c.burst, c.refill_per_second);
+                let detail = format!(
+                    "burst {}, {} per second, {} buckets",
+                    c.burst, c.refill_per_second, c.buckets
+                );
                 (
                     Role::RateLimit(Rc::new(rate_limit::Limiter::new(c, &self.vm))),
                     detail,
@@ -193,10 +197,8 @@ impl RootContext for Root {
     }
 
     fn on_tick(&mut self) {
-        match &mut self.role {
-            Role::RateLimit(l) => l.drop_idle(),
-            Role::StatsService(s) => s.on_tick(),
-            _ => {}
+        if let Role::StatsService(s) = &mut self.role {
+            s.on_tick();
         }
     }
 
@@ -220,7 +222,7 @@ impl RootContext for Root {
     fn create_stream_context(&self, _context_id: u32) -> Option<Box<dyn StreamContext>> {
         note_memory();
         Some(match &self.role {
-            Role::Tcp(root) => Box::new(tcp::Counter::new(root.clone())),
+            Role::Tcp(root) => Box::new(tcp::Connection::new(root.clone())),
             _ => Box::new(PassThrough),
         })
     }

@@ -1,119 +1,188 @@
-//! `rate-limit` on a stream: find the key, take a token from its bucket in shared data (a
-//! compare-and-swap update, so workers never hand out the same token twice), and answer 429
-//! with `retry-after` when there is none. The root remembers which keys its worker used and,
-//! on each tick, empties the buckets nobody used for `idle_seconds`.
+//! `rate-limit` on a stream: find the key's entry in the bucket table (shared data, a size
+//! fixed by configuration; see [`crate::bucket_table`]), take a token from it with a
+//! compare-and-swap on that entry (so workers never hand out the same token twice), and
+//! answer 429 with `retry-after` when there is none. Idle entries are taken over by new keys
+//! as they come, so nothing sweeps and no worker keeps a list of keys. Counted: requests
+//! allowed and limited (`allowed_total`, `limited_total`), those the overflow bucket decided
+//! (`overflow_total`) and those let through because shared data failed (`failed_open_total`).
 
-use std::cell::RefCell;
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
+use super::metrics::{Counter, Metrics};
 use super::{log, raw, shared};
+use crate::bucket_table::{classify, fingerprint, slot_key, slots, Entry, Slot};
 use crate::config::VmConfig;
-use crate::rate_limit::{bucket_key, strip_port, Bucket, Decision, KeySource, RateLimit};
-
-/// Keys one worker tracks for idle dropping; past this, new keys are still limited but
-/// their buckets are left for another worker (or a later tick) to drop.
-const MAX_TRACKED_KEYS: usize = 100_000;
+use crate::rate_limit::{strip_port, Bucket, Decision, KeySource, RateLimit};
 
 pub struct Limiter {
     config: RateLimit,
     prefix: String,
     plugin: String,
-    /// Shared-data key -> when this worker last used it.
-    used: RefCell<HashMap<String, u64>>,
-    limited: Option<u32>,
+    allowed: Counter,
+    limited: Counter,
+    overflow: Counter,
+    failed_open: Counter,
+}
+
+/// How a take ended, when it did not end in a decision.
+enum Outcome {
+    Decided(Decision),
+    /// Another worker changed the slot between the read and the write: look again.
+    Raced,
 }
 
 impl Limiter {
     pub fn new(config: RateLimit, vm: &VmConfig) -> Self {
-        let plugin = raw::property_text(&["plugin_name"]).unwrap_or_else(|| "rate-limit".into());
-        let period = config.idle_seconds.saturating_mul(1000);
-        let status = raw::set_tick_period_ms(period);
-        if status != raw::OK {
-            log!(
-                Warn,
-                "setting the tick period failed with host status {status}; idle buckets stay"
-            );
-        }
-        let limited = raw::define_counter("rate_limit_limited").ok();
-        Self {
+        let m = Metrics::new("rate-limit");
+        let plugin = match m.plugin() {
+            "" => "rate-limit".to_string(),
+            name => name.to_string(),
+        };
+        let limiter = Self {
             config,
             prefix: vm.shared_data_prefix.clone(),
             plugin,
-            used: RefCell::new(HashMap::new()),
-            limited,
+            allowed: m.counter("allowed_total"),
+            limited: m.counter("limited_total"),
+            overflow: m.counter("overflow_total"),
+            failed_open: m.counter("failed_open_total"),
+        };
+        limiter.create_table();
+        limiter
+    }
+
+    /// Creates every slot not there yet, empty, before this worker serves a request: a write
+    /// creating a key is unconditional (the ABI has no create-if-absent), so done later it
+    /// could wipe another worker's entry. Envoy's memory for the table is taken here, once.
+    fn create_table(&self) {
+        let mut failed = 0u32;
+        for slot in (0..self.config.buckets).map(Some).chain([None]) {
+            let key = slot_key(&self.prefix, &self.plugin, slot);
+            match raw::shared_data(&key) {
+                Ok((Some(_), _)) => {}
+                Ok((None, _)) => {
+                    if raw::set_shared_data(&key, b"", 0) != raw::OK {
+                        failed += 1;
+                    }
+                }
+                Err(_) => failed += 1,
+            }
+        }
+        if failed > 0 {
+            log!(
+                Warn,
+                "rate-limit: {failed} of {} table entries could not be created; they are created at first use",
+                self.config.buckets
+            );
         }
     }
 
-    fn key(&self) -> String {
-        let raw_key = match &self.config.key {
+    fn key(&self) -> Option<String> {
+        match &self.config.key {
             KeySource::Header(name) => raw::header_text(raw::REQUEST_HEADERS, name),
             KeySource::ClientAddress => {
                 raw::property_text(&["source", "address"]).map(|a| strip_port(&a).to_string())
             }
-        };
-        bucket_key(
-            &self.prefix,
-            &self.plugin,
-            raw_key.as_deref().unwrap_or_default(),
-        )
+        }
     }
 
-    /// Takes a token; a failure of the shared data lets the request through (and says so).
+    /// Takes a token for `key`; a failure of the shared data lets the request through (and
+    /// says so).
     fn take(&self, key: &str) -> Decision {
-        let now = raw::now_ns();
-        let result = shared::update(key, |old| {
-            let (bucket, decision) = self.config.take(Bucket::decode(old)?, now);
-            Ok((bucket.encode(), decision))
-        });
-        let mut used = self.used.borrow_mut();
-        if used.len() < MAX_TRACKED_KEYS || used.contains_key(key) {
-            used.insert(key.to_string(), now);
-        }
-        match result {
-            Ok(d) => d,
-            Err(e) => {
-                log!(Warn, "rate limit not applied: {e}");
-                Decision::Allowed { remaining: 0 }
+        let fp = fingerprint(key.as_bytes());
+        for _ in 0..shared::MAX_CAS_ATTEMPTS {
+            match self.try_take(fp) {
+                Ok(Outcome::Decided(d)) => return d,
+                Ok(Outcome::Raced) => {}
+                Err(e) => {
+                    log!(Warn, "rate limit not applied: {e}");
+                    self.failed_open.add(1);
+                    return Decision::Allowed { remaining: 0 };
+                }
             }
         }
+        self.failed_open.add(1);
+        log!(
+            Warn,
+            "rate limit not applied: gave up after {} compare-and-swap attempts (other workers kept changing the key's entries)",
+            shared::MAX_CAS_ATTEMPTS
+        );
+        Decision::Allowed { remaining: 0 }
     }
 
-    /// Empties the buckets this worker used that have been idle long enough, unless another
-    /// worker used them since (its write changes the CAS token, so the drop fails).
-    pub fn drop_idle(&self) {
+    /// One walk of the key's slots: its own entry if it has one, else the first slot free
+    /// or idle, else the overflow bucket.
+    fn try_take(&self, fp: u64) -> Result<Outcome, String> {
         let now = raw::now_ns();
-        let idle = self.config.idle_ns();
-        let mut dropped = 0;
-        self.used.borrow_mut().retain(|key, last| {
-            if now.saturating_sub(*last) < idle {
-                return true;
+        let mut claim: Option<(String, u32)> = None;
+        for slot in slots(fp, self.config.buckets) {
+            let key = slot_key(&self.prefix, &self.plugin, Some(slot));
+            let (value, cas) = raw::shared_data(&key)
+                .map_err(|s| format!("reading shared data {key:?} failed with host status {s}"))?;
+            match classify(&self.config, value.as_deref(), fp, now) {
+                Slot::Mine(bucket) => return self.write(&key, fp, Some(bucket), cas, now),
+                Slot::Free if value.is_none() => {
+                    // Not created at start-up (it failed then): create it, then claim it
+                    // with a real token on the next walk.
+                    if claim.is_none() {
+                        let status = raw::set_shared_data(&key, b"", 0);
+                        if status != raw::OK {
+                            return Err(format!(
+                                "creating shared data {key:?} failed with host status {status}"
+                            ));
+                        }
+                        return Ok(Outcome::Raced);
+                    }
+                }
+                Slot::Free | Slot::Idle => {
+                    if claim.is_none() {
+                        claim = Some((key, cas));
+                    }
+                }
+                Slot::Busy => {}
             }
-            let Ok((value, cas)) = raw::shared_data(key) else {
-                return true;
+        }
+        if let Some((key, cas)) = claim {
+            return self.write(&key, fp, None, cas, now);
+        }
+        let key = slot_key(&self.prefix, &self.plugin, None);
+        self.overflow.add(1);
+        shared::update(&key, |old| {
+            let bucket = Entry::decode(old)?.map(|e| e.bucket);
+            let (bucket, decision) = self.config.take(bucket, now);
+            let entry = Entry {
+                fingerprint: 0,
+                bucket,
             };
-            // Already empty, or unreadable: nothing to drop.
-            let Ok(Some(bucket)) = Bucket::decode(value.as_deref()) else {
-                return false;
-            };
-            // Another worker used it since: that worker tracks it now.
-            if !bucket.is_idle(now, idle) {
-                return false;
-            }
-            // Still refilling: emptying it would hand out a full burst early.
-            if !self.config.droppable(&bucket, now) {
-                return true;
-            }
-            if raw::set_shared_data(key, b"", cas) == raw::OK {
-                dropped += 1;
-            }
-            false
-        });
-        if dropped > 0 {
-            log!(Info, "rate-limit: dropped {dropped} idle buckets");
+            Ok((entry.encode(), decision))
+        })
+        .map(Outcome::Decided)
+    }
+
+    /// Takes a token from `bucket` (a fresh one when claiming) and stores the entry if the
+    /// slot's token is still `cas`.
+    fn write(
+        &self,
+        key: &str,
+        fp: u64,
+        bucket: Option<Bucket>,
+        cas: u32,
+        now: u64,
+    ) -> Result<Outcome, String> {
+        let (bucket, decision) = self.config.take(bucket, now);
+        let entry = Entry {
+            fingerprint: fp,
+            bucket,
+        };
+        match raw::set_shared_data(key, entry.encode().as_bytes(), cas) {
+            raw::OK => Ok(Outcome::Decided(decision)),
+            raw::CAS_MISMATCH => Ok(Outcome::Raced),
+            status => Err(format!(
+                "writing shared data {key:?} failed with host status {status}"
+            )),
         }
     }
 }
@@ -132,13 +201,14 @@ impl Context for LimitFilter {}
 
 impl HttpContext for LimitFilter {
     fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        let key = self.limiter.key();
+        let key = self.limiter.key().unwrap_or_default();
         match self.limiter.take(&key) {
-            Decision::Allowed { .. } => Action::Continue,
+            Decision::Allowed { .. } => {
+                self.limiter.allowed.add(1);
+                Action::Continue
+            }
             Decision::Limited { retry_after_secs } => {
-                if let Some(id) = self.limiter.limited {
-                    raw::increment(id, 1);
-                }
+                self.limiter.limited.add(1);
                 log!(Debug, "rate limited: {key}");
                 let retry = retry_after_secs.to_string();
                 let status = raw::send_local_response(

@@ -2,6 +2,15 @@
 //! queue; the singleton service (`mode: aggregate`) registers the queue, drains it whenever
 //! it is told there is something, and on each tick logs a summary and posts it to the
 //! collector. A post that fails, or is refused, puts its counts back for the next tick.
+//!
+//! Envoy's shared queue has no bound, so the records on it are counted in shared data
+//! ([`crate::stats::backlog_key`]): a worker adds one before it enqueues (a compare-and-swap),
+//! the service takes off what it dequeued. With the service slow or gone the count reaches
+//! [`crate::stats::MAX_QUEUED`] and workers drop records, counting them in
+//! `records_dropped_total`.
+//!
+//! Each tick the service also stores its summary in shared data
+//! ([`crate::stats::summary_key`]), where every worker VM can read the aggregate.
 
 use std::cell::Cell;
 use std::rc::Rc;
@@ -10,9 +19,12 @@ use std::time::Duration;
 use proxy_wasm::traits::{Context, HttpContext};
 use proxy_wasm::types::Action;
 
-use super::{log, raw};
+use super::metrics::{Counter, Metrics};
+use super::{log, raw, shared};
 use crate::config::VmConfig;
-use crate::stats::{Aggregate, Record, StatsConfig};
+use crate::stats::{
+    admit, backlog_key, decode_count, summary_key, Admit, Aggregate, Record, StatsConfig,
+};
 
 /// Records taken per `on_queue_ready`, so one callback stays short; the rest wait for the
 /// next notification or tick.
@@ -21,17 +33,58 @@ const MAX_DRAIN: usize = 10_000;
 pub struct Recorder {
     vm_id: String,
     queue_name: String,
+    backlog: String,
     queue: Cell<Option<u32>>,
     told_missing: Cell<bool>,
+    told_full: Cell<bool>,
+    queued: Counter,
+    dropped: Counter,
 }
 
 impl Recorder {
     pub fn new(vm: &VmConfig) -> Self {
+        let metrics = Metrics::new("stats-aggregator");
         Self {
             vm_id: raw::property_text(&["plugin_vm_id"]).unwrap_or_default(),
             queue_name: vm.queue_name.clone(),
+            backlog: backlog_key(&vm.shared_data_prefix, &vm.queue_name),
             queue: Cell::new(None),
             told_missing: Cell::new(false),
+            told_full: Cell::new(false),
+            queued: metrics.counter("records_queued_total"),
+            dropped: metrics.counter("records_dropped_total"),
+        }
+    }
+
+    fn drop_record(&self) {
+        self.dropped.add(1);
+    }
+
+    /// Counts one more record on the queue; `false` (and the record is dropped) when the
+    /// queue is full or the count cannot be kept.
+    fn reserve(&self) -> bool {
+        let admitted = shared::update(&self.backlog, |old| match admit(decode_count(old)?) {
+            Admit::Queue(n) => Ok((n.to_string(), true)),
+            Admit::Full => Err(format!(
+                "the queue holds {} records (is the stats-aggregator service keeping up?)",
+                crate::stats::MAX_QUEUED
+            )),
+        });
+        match admitted {
+            Ok(_) => {
+                self.told_full.set(false);
+                true
+            }
+            Err(e) => {
+                if !self.told_full.replace(true) {
+                    log!(
+                        Warn,
+                        "stats records for queue {:?} dropped, counted in records_dropped_total: {e}",
+                        self.queue_name
+                    );
+                }
+                false
+            }
         }
     }
 
@@ -60,16 +113,28 @@ impl Recorder {
     }
 
     fn send(&self, record: &Record) {
-        let Some(q) = self.queue() else { return };
+        let Some(q) = self.queue() else {
+            self.drop_record();
+            return;
+        };
+        if !self.reserve() {
+            self.drop_record();
+            return;
+        }
         let status = raw::enqueue(q, record.encode().as_bytes());
         if status != raw::OK {
+            self.drop_record();
+            // The reserved place is given back.
+            let _ = take_off(&self.backlog, 1);
             // Resolved again on the next stream (the service may have been restarted).
             self.queue.set(None);
             log!(
                 Debug,
                 "enqueueing a stats record failed with host status {status}"
             );
+            return;
         }
+        self.queued.add(1);
     }
 }
 
@@ -113,9 +178,21 @@ impl HttpContext for RecordFilter {
     }
 }
 
+/// Takes `n` records off the backlog count.
+fn take_off(backlog: &str, n: u64) -> Result<(), String> {
+    shared::update(backlog, |old| {
+        Ok((decode_count(old)?.saturating_sub(n).to_string(), ()))
+    })
+}
+
 pub struct Service {
     config: StatsConfig,
     queue: u32,
+    backlog: String,
+    summary: String,
+    received: Counter,
+    posted: Counter,
+    post_failures: Counter,
     counts: Aggregate,
     /// The summary being posted: its call's token and counts.
     posting: Option<(u32, Aggregate)>,
@@ -140,9 +217,15 @@ impl Service {
             "stats-aggregator: registered queue {:?}",
             vm.queue_name
         );
+        let metrics = Metrics::new("stats-aggregator");
         Ok(Self {
             config,
             queue,
+            backlog: backlog_key(&vm.shared_data_prefix, &vm.queue_name),
+            summary: summary_key(&vm.shared_data_prefix, &vm.queue_name),
+            received: metrics.counter("records_received_total"),
+            posted: metrics.counter("summaries_posted_total"),
+            post_failures: metrics.counter("post_failures_total"),
             counts: Aggregate::default(),
             posting: None,
         })
@@ -152,13 +235,16 @@ impl Service {
         if queue != self.queue {
             return;
         }
-        let mut bad = 0;
+        let (mut bad, mut taken) = (0, 0u64);
         for _ in 0..MAX_DRAIN {
             match raw::dequeue(queue) {
-                Ok(Some(bytes)) => match Record::decode(&bytes) {
-                    Ok(r) => self.counts.add(&r),
-                    Err(_) => bad += 1,
-                },
+                Ok(Some(bytes)) => {
+                    taken += 1;
+                    match Record::decode(&bytes) {
+                        Ok(r) => self.counts.add(&r),
+                        Err(_) => bad += 1,
+                    }
+                }
                 Ok(None) => break,
                 Err(status) => {
                     log!(Warn, "dequeueing stats failed with host status {status}");
@@ -169,11 +255,29 @@ impl Service {
         if bad > 0 {
             log!(Warn, "stats-aggregator: {bad} unreadable records skipped");
         }
+        self.received.add(taken);
+        if taken > 0 {
+            if let Err(e) = take_off(&self.backlog, taken) {
+                log!(
+                    Warn,
+                    "stats-aggregator: the queue's record count is off: {e}"
+                );
+            }
+        }
     }
 
     pub fn on_tick(&mut self) {
         self.drain(self.queue);
-        log!(Info, "stats summary: {}", self.counts.summary());
+        let summary = self.counts.summary();
+        log!(Info, "stats summary: {summary}");
+        // One writer (the singleton): an unconditional write, never a race.
+        let status = raw::set_shared_data(&self.summary, summary.as_bytes(), 0);
+        if status != raw::OK {
+            log!(
+                Warn,
+                "stats-aggregator: storing the summary failed with host status {status}"
+            );
+        }
         let Some(collector) = &self.config.collector else {
             self.counts = Aggregate::default();
             return;
@@ -207,6 +311,7 @@ impl Service {
                 self.posting = Some((token, std::mem::take(&mut self.counts)));
             }
             Err(status) => {
+                self.post_failures.add(1);
                 log!(
                     Warn,
                     "stats-aggregator: posting to cluster {:?} failed ({status:?}); the counts carry over to the next tick",
@@ -239,6 +344,7 @@ impl Service {
         };
         match status.as_deref() {
             Some(s) if s.starts_with('2') => {
+                self.posted.add(1);
                 log!(
                     Info,
                     "stats-aggregator: summary of {} requests posted to {cluster:?} ({s})",
@@ -246,6 +352,7 @@ impl Service {
                 );
             }
             other => {
+                self.post_failures.add(1);
                 log!(
                     Warn,
                     "stats-aggregator: collector {cluster:?} answered {}; the {} requests carry over to the next tick",

@@ -6,58 +6,39 @@ use std::rc::Rc;
 use proxy_wasm::traits::{Context, StreamContext};
 use proxy_wasm::types::Action;
 
-use super::{log, raw, shared};
+use super::metrics::{Counter, Metrics};
+use super::{log, shared};
 use crate::config::VmConfig;
 use crate::tcp_count::{TcpCounter, Totals, TOTALS_KEY};
 
 pub struct TcpRoot {
     config: TcpCounter,
     key: String,
-    bytes_in: Option<u32>,
-    bytes_out: Option<u32>,
-    connections: Option<u32>,
-}
-
-fn counter(name: &str) -> Option<u32> {
-    match raw::define_counter(name) {
-        Ok(id) => Some(id),
-        Err(status) => {
-            log!(
-                Warn,
-                "defining metric {name} failed with host status {status}; not counted there"
-            );
-            None
-        }
-    }
-}
-
-fn bump(metric: Option<u32>, by: u64) {
-    if let Some(id) = metric {
-        if by > 0 {
-            raw::increment(id, by);
-        }
-    }
+    bytes_in: Counter,
+    bytes_out: Counter,
+    connections: Counter,
 }
 
 impl TcpRoot {
     pub fn new(config: TcpCounter, vm: &VmConfig) -> Self {
+        let m = Metrics::new("tcp-total-data-size-counter");
         Self {
             config,
             key: format!("{}{TOTALS_KEY}", vm.shared_data_prefix),
-            bytes_in: counter("tcp_bytes_in"),
-            bytes_out: counter("tcp_bytes_out"),
-            connections: counter("tcp_connections"),
+            bytes_in: m.counter("bytes_in_total"),
+            bytes_out: m.counter("bytes_out_total"),
+            connections: m.counter("connections_total"),
         }
     }
 }
 
-pub struct Counter {
+pub struct Connection {
     root: Rc<TcpRoot>,
     bytes_in: u64,
     bytes_out: u64,
 }
 
-impl Counter {
+impl Connection {
     pub fn new(root: Rc<TcpRoot>) -> Self {
         Self {
             root,
@@ -67,18 +48,18 @@ impl Counter {
     }
 }
 
-impl Context for Counter {}
+impl Context for Connection {}
 
-impl StreamContext for Counter {
+impl StreamContext for Connection {
     fn on_downstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
         self.bytes_in = self.bytes_in.saturating_add(data_size as u64);
-        bump(self.root.bytes_in, data_size as u64);
+        self.root.bytes_in.add(data_size as u64);
         Action::Continue
     }
 
     fn on_upstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
         self.bytes_out = self.bytes_out.saturating_add(data_size as u64);
-        bump(self.root.bytes_out, data_size as u64);
+        self.root.bytes_out.add(data_size as u64);
         Action::Continue
     }
 
@@ -87,7 +68,7 @@ impl StreamContext for Counter {
         if self.root.config.log_connections {
             log!(Info, "tcp connection closed: in={bytes_in} out={bytes_out}");
         }
-        bump(self.root.connections, 1);
+        self.root.connections.add(1);
         let result = shared::update(&self.root.key, |old| {
             let totals = Totals::decode(old)?.add_connection(bytes_in, bytes_out);
             Ok((totals.encode(), totals))

@@ -167,9 +167,9 @@ fn tcp_totals_and_rate_limit_in_real_envoy() {
         closed.iter().any(|l| l.ends_with("in=10 out=1")),
         "{closed:?}"
     );
-    assert_eq!(real.stat("wasmcustom.tcp_bytes_in"), Some(15));
-    assert_eq!(real.stat("wasmcustom.tcp_bytes_out"), Some(3));
-    assert_eq!(real.stat("wasmcustom.tcp_connections"), Some(2));
+    assert_eq!(real.stat("wasmcustom.wasm_filter.plugin.tcp-counter.role.tcp-total-data-size-counter.bytes_in_total"), Some(15));
+    assert_eq!(real.stat("wasmcustom.wasm_filter.plugin.tcp-counter.role.tcp-total-data-size-counter.bytes_out_total"), Some(3));
+    assert_eq!(real.stat("wasmcustom.wasm_filter.plugin.tcp-counter.role.tcp-total-data-size-counter.connections_total"), Some(2));
 
     // Three tokens for 127.0.0.1, whichever worker each connection lands on.
     let statuses: Vec<_> = (0..5)
@@ -188,7 +188,10 @@ fn tcp_totals_and_rate_limit_in_real_envoy() {
         [Some(200), Some(200), Some(200), Some(429), Some(429)]
     );
     assert_eq!(statuses[3].response_header("retry-after"), Some("100"));
-    assert_eq!(real.stat("wasmcustom.rate_limit_limited"), Some(2));
+    assert_eq!(
+        real.stat("wasmcustom.wasm_filter.plugin.rate-limit.role.rate-limit.limited_total"),
+        Some(2)
+    );
 }
 
 #[test]

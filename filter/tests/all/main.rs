@@ -7,10 +7,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod body;
+mod bounds;
 mod contexts;
 mod docs;
 mod envoy;
 mod headers;
+mod metrics;
 mod rate_limit;
 mod remote;
 mod scenarios;

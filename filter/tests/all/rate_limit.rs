@@ -1,12 +1,12 @@
 //! `rate-limit` in the harness: one bucket shared by every worker, 429 with `retry-after`,
-//! refill on the (virtual) clock, keys from a header or the client address, idle buckets
-//! dropped on a tick.
+//! refill on the (virtual) clock, keys from a header or the client address, a table of a
+//! fixed size whatever keys clients send, idle entries taken over by new keys.
 
 use std::time::Duration;
 
 use wasm_harness::{Exchange, Proxy, Request, UpstreamReply};
 
-use crate::support::{lines, module};
+use crate::support::module;
 
 fn limiter(config: serde_json::Value, workers: usize) -> Proxy {
     let mut config = config;
@@ -50,7 +50,10 @@ fn two_workers_take_from_one_bucket() {
     proxy.advance(Duration::from_secs(1));
     assert_eq!(send(&mut proxy, 1, &alice).response_status(), Some(200));
     assert_eq!(send(&mut proxy, 0, &alice).response_status(), Some(429));
-    assert_eq!(proxy.metric("rate_limit_limited"), Some(3));
+    assert_eq!(
+        proxy.metric("wasm_filter.plugin.limit.role.rate-limit.limited_total"),
+        Some(3)
+    );
 }
 
 #[test]
@@ -67,49 +70,111 @@ fn the_client_address_is_the_key_without_its_port() {
     let second = send(&mut proxy, 0, &Request::get("/"));
     assert_eq!(second.response_status(), Some(429));
     assert_eq!(second.response_header("retry-after"), Some("2"));
-    let bucket = proxy
-        .shared_data("wasm-filter", "wasm-filter/rate-limit/limit/127.0.0.1")
-        .unwrap();
-    assert!(String::from_utf8_lossy(&bucket).starts_with("0 "));
+    // The entry names the key by its fingerprint, never by the client's value.
+    let entries = table(&proxy, 16_384);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert!(entries[0].contains(" 0 "), "{entries:?}");
+}
+
+/// The non-empty entries of the `limit` plugin's table, which must hold `buckets` slots
+/// and not one more.
+fn table(proxy: &Proxy, buckets: u32) -> Vec<String> {
+    let slot =
+        |i: String| proxy.shared_data("wasm-filter", &format!("wasm-filter/rate-limit/limit/{i}"));
+    assert!(
+        slot((buckets - 1).to_string()).is_some(),
+        "the table is created whole"
+    );
+    assert!(
+        slot(buckets.to_string()).is_none(),
+        "the table has {buckets} slots"
+    );
+    (0..buckets)
+        .filter_map(|i| slot(i.to_string()))
+        .chain(slot("overflow".into()))
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(&v).into_owned())
+        .collect()
 }
 
 #[test]
-fn idle_buckets_are_dropped_on_a_tick() {
+fn endless_distinct_keys_stay_in_the_table_and_share_the_overflow_bucket() {
     let mut proxy = limiter(
-        serde_json::json!({"key": {"header": "x-api-key"}, "burst": 2, "refill_per_second": 1, "idle_seconds": 5}),
-        1,
+        serde_json::json!({"key": {"header": "x-api-key"}, "burst": 1, "refill_per_second": 0.001, "buckets": 8}),
+        2,
     );
-    send(&mut proxy, 0, &Request::get("/").header("x-api-key", "k"));
-    proxy.advance(Duration::from_secs(5));
-    assert_eq!(lines(&proxy, "dropped 1 idle buckets").len(), 1);
-    let key = "wasm-filter/rate-limit/limit/k";
-    assert_eq!(
-        proxy.shared_data("wasm-filter", key).as_deref(),
-        Some(&b""[..])
-    );
-    // A dropped bucket starts full again.
-    let ex = send(&mut proxy, 0, &Request::get("/").header("x-api-key", "k"));
-    assert_eq!(ex.response_status(), Some(200));
+    let mut ok = 0;
+    for i in 0..200 {
+        let key = format!("client-{i}");
+        let ex = send(
+            &mut proxy,
+            i % 2,
+            &Request::get("/").header("x-api-key", key.as_str()),
+        );
+        if ex.response_status() == Some(200) {
+            ok += 1;
+        }
+        assert_eq!(
+            proxy.shared_data(
+                "wasm-filter",
+                &format!("wasm-filter/rate-limit/limit/{key}")
+            ),
+            None
+        );
+    }
+    // Eight keys hold the eight entries; the 192 others share the overflow bucket's one token.
+    assert_eq!(ok, 8 + 1);
+    assert_eq!(table(&proxy, 8).len(), 8 + 1);
+    // A key that has an entry keeps it: its bucket is its own.
+    let first = Request::get("/").header("x-api-key", "client-0");
+    assert_eq!(send(&mut proxy, 0, &first).response_status(), Some(429));
 }
 
 #[test]
-fn an_idle_bucket_still_refilling_is_not_emptied() {
-    // 3 tokens at 0.1 per second: 30 s to refill, idle after 5 s.
+fn an_idle_full_entry_is_taken_over_by_a_new_key() {
     let mut proxy = limiter(
-        serde_json::json!({"key": {"header": "x-api-key"}, "burst": 3, "refill_per_second": 0.1, "idle_seconds": 5}),
+        serde_json::json!({"key": {"header": "x-api-key"}, "burst": 2, "refill_per_second": 1, "idle_seconds": 5, "buckets": 1}),
         1,
     );
     let k = Request::get("/").header("x-api-key", "k");
+    let other = Request::get("/").header("x-api-key", "other");
+    assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(200));
+    // The one entry is k's: other gets the overflow bucket.
+    assert_eq!(send(&mut proxy, 0, &other).response_status(), Some(200));
+    assert_eq!(send(&mut proxy, 0, &other).response_status(), Some(200));
+    assert_eq!(send(&mut proxy, 0, &other).response_status(), Some(429));
+    proxy.advance(Duration::from_secs(5));
+    // k's bucket is idle and full again: other takes the entry over with a full bucket.
+    for _ in 0..2 {
+        assert_eq!(send(&mut proxy, 0, &other).response_status(), Some(200));
+    }
+    assert_eq!(send(&mut proxy, 0, &other).response_status(), Some(429));
+    let entries = table(&proxy, 1);
+    assert!(entries[0].contains(" 0 "), "{entries:?}");
+    // k comes back to a fresh bucket (its own was full when it was taken): the overflow one.
+    assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(200));
+}
+
+#[test]
+fn an_idle_entry_still_refilling_is_not_taken_over() {
+    // 3 tokens at 0.1 per second: 30 s to refill, idle after 5 s.
+    let mut proxy = limiter(
+        serde_json::json!({"key": {"header": "x-api-key"}, "burst": 3, "refill_per_second": 0.1, "idle_seconds": 5, "buckets": 1}),
+        1,
+    );
+    let k = Request::get("/").header("x-api-key", "k");
+    let other = Request::get("/").header("x-api-key", "other");
     for _ in 0..3 {
         assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(200));
     }
     assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(429));
     proxy.advance(Duration::from_secs(11));
-    assert!(lines(&proxy, "idle buckets").is_empty());
-    // 11 s earned one token, not the burst an emptied (fresh) bucket would give.
+    // Taking the entry would hand k a full burst at its next request: other overflows.
+    for _ in 0..3 {
+        assert_eq!(send(&mut proxy, 0, &other).response_status(), Some(200));
+    }
+    assert_eq!(send(&mut proxy, 0, &other).response_status(), Some(429));
+    // 11 s earned k one token, not the burst a fresh bucket would give.
     assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(200));
     assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(429));
-    // Once refilled and idle, it is emptied on a tick.
-    proxy.advance(Duration::from_secs(40));
-    assert_eq!(lines(&proxy, "dropped 1 idle buckets").len(), 1);
 }

@@ -70,6 +70,32 @@ fn records_from_every_worker_reach_the_singleton_and_a_failed_post_carries_over(
     assert_eq!(proxy.call_records().len(), 1);
     let posted = String::from_utf8_lossy(&proxy.call_records()[0].body).into_owned();
     assert_eq!(format!("stats summary: {posted}"), want);
+    // Every worker VM can read the summary the singleton stored in shared data.
+    let stored = proxy
+        .shared_data("wasm-filter", "wasm-filter/stats/wasm-filter.stats/summary")
+        .unwrap();
+    assert_eq!(
+        format!("stats summary: {}", String::from_utf8_lossy(&stored)),
+        want
+    );
+    // Drained: nothing is counted as waiting on the queue.
+    let queued = proxy
+        .shared_data("wasm-filter", "wasm-filter/stats/wasm-filter.stats/queued")
+        .unwrap();
+    assert_eq!(queued, b"0");
+    let metric = |m: &str| proxy.metric(&format!("wasm_filter.plugin.{m}"));
+    assert_eq!(
+        metric("stats-recorder.role.stats-aggregator.records_queued_total"),
+        Some(3)
+    );
+    assert_eq!(
+        metric("stats-aggregator.role.stats-aggregator.records_received_total"),
+        Some(3)
+    );
+    assert_eq!(
+        metric("stats-aggregator.role.stats-aggregator.post_failures_total"),
+        Some(1)
+    );
 
     // One more request, then the collector is back: the next summary has all four.
     proxy
@@ -109,4 +135,26 @@ fn records_from_every_worker_reach_the_singleton_and_a_failed_post_carries_over(
         "{lines:#?}"
     );
     assert!(proxy.take_errors().is_empty());
+}
+
+/// With no service, records have nowhere to go: each is dropped and counted, and the log
+/// says why once.
+#[test]
+fn records_with_no_service_are_dropped_and_counted() {
+    let mut proxy = Proxy::for_module(crate::support::module())
+        .configuration(r#"{"role": "stats-aggregator", "mode": "record"}"#)
+        .name("rec")
+        .vm_id("wasm-filter")
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        proxy
+            .send(None, Some(0), &Request::get("/"), &mut |_| {
+                UpstreamReply::new(200)
+            })
+            .unwrap();
+    }
+    let name = "wasm_filter.plugin.rec.role.stats-aggregator.records_dropped_total";
+    assert_eq!(proxy.metric(name), Some(5));
+    assert_eq!(crate::support::lines(&proxy, "is not registered").len(), 1);
 }

@@ -58,7 +58,17 @@ fn each_connection_is_logged_and_totals_are_summed_across_workers() {
         String::from_utf8_lossy(&totals),
         "in=18 out=3 connections=2"
     );
-    assert_eq!(proxy.metric("tcp_bytes_in"), Some(18));
-    assert_eq!(proxy.metric("tcp_bytes_out"), Some(3));
-    assert_eq!(proxy.metric("tcp_connections"), Some(2));
+    assert_eq!(
+        proxy.metric("wasm_filter.plugin.plugin.role.tcp-total-data-size-counter.bytes_in_total"),
+        Some(18)
+    );
+    assert_eq!(
+        proxy.metric("wasm_filter.plugin.plugin.role.tcp-total-data-size-counter.bytes_out_total"),
+        Some(3)
+    );
+    assert_eq!(
+        proxy
+            .metric("wasm_filter.plugin.plugin.role.tcp-total-data-size-counter.connections_total"),
+        Some(2)
+    );
 }
