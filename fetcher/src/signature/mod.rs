@@ -459,14 +459,14 @@ mod tests {
                 "spec": {"url": "oci://r.example/f:1", "verificationKey": key},
             })
         };
-        let p = crate::wasmplugin::WasmPlugin::from_value(&doc(&pem)).unwrap();
-        let request = crate::render::plan(&p, &Default::default());
+        let p = crate::envoy::wasmplugin::WasmPlugin::from_value(&doc(&pem)).unwrap();
+        let request = crate::envoy::render::plan(&p, &Default::default());
         assert_eq!(request.verify_key, Some(VerifyKey::from_pem(&pem).unwrap()));
-        let e = crate::wasmplugin::WasmPlugin::from_value(&doc("not a key")).unwrap_err();
+        let e = crate::envoy::wasmplugin::WasmPlugin::from_value(&doc("not a key")).unwrap_err();
         assert_eq!(e.field, "spec.verificationKey");
-        let unset = crate::wasmplugin::WasmPlugin::from_value(&doc("")).unwrap();
+        let unset = crate::envoy::wasmplugin::WasmPlugin::from_value(&doc("")).unwrap();
         assert_eq!(
-            crate::render::plan(&unset, &Default::default()).verify_key,
+            crate::envoy::render::plan(&unset, &Default::default()).verify_key,
             None
         );
     }
