@@ -313,6 +313,7 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::signature::SignKey;
 
     fn plugin(extra: &str) -> WasmPlugin {
         let text = format!(
@@ -493,5 +494,30 @@ mod tests {
         assert_eq!(names, ["ns.p.yaml"]);
         let missing = dir.path().join("no/such/dir");
         assert!(r.write_atomically(&missing).is_err());
+    }
+
+    #[test]
+    fn a_wasmplugins_verification_key_reaches_its_pull_and_a_bad_one_refuses_it() {
+        let pem = SignKey::from_scalar(&[4; 32])
+            .verify_key()
+            .unwrap()
+            .to_pem();
+        let doc = |key: &str| {
+            serde_json::json!({
+                "apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin",
+                "metadata": {"name": "p"},
+                "spec": {"url": "oci://r.example/f:1", "verificationKey": key},
+            })
+        };
+        let p = WasmPlugin::from_value(&doc(&pem)).unwrap();
+        let request = plan(&p, &Default::default());
+        assert_eq!(
+            request.verify_key,
+            Some(crate::signature::VerifyKey::from_pem(&pem).unwrap())
+        );
+        let e = WasmPlugin::from_value(&doc("not a key")).unwrap_err();
+        assert_eq!(e.field, "spec.verificationKey");
+        let unset = WasmPlugin::from_value(&doc("")).unwrap();
+        assert_eq!(plan(&unset, &Default::default()).verify_key, None);
     }
 }

@@ -95,7 +95,7 @@ impl std::fmt::Debug for SignKey {
 
 impl SignKey {
     #[cfg(test)]
-    pub(super) fn from_scalar(bytes: &[u8; 32]) -> Self {
+    pub(crate) fn from_scalar(bytes: &[u8; 32]) -> Self {
         Self(SigningKey::from_slice(bytes).expect("a valid scalar"))
     }
 

@@ -448,26 +448,4 @@ mod tests {
             assert!(e.contains(words), "{e}");
         }
     }
-
-    #[test]
-    fn a_wasmplugins_verification_key_reaches_its_pull_and_a_bad_one_refuses_it() {
-        let pem = key(4).verify_key().unwrap().to_pem();
-        let doc = |key: &str| {
-            serde_json::json!({
-                "apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin",
-                "metadata": {"name": "p"},
-                "spec": {"url": "oci://r.example/f:1", "verificationKey": key},
-            })
-        };
-        let p = crate::envoy::wasmplugin::WasmPlugin::from_value(&doc(&pem)).unwrap();
-        let request = crate::envoy::render::plan(&p, &Default::default());
-        assert_eq!(request.verify_key, Some(VerifyKey::from_pem(&pem).unwrap()));
-        let e = crate::envoy::wasmplugin::WasmPlugin::from_value(&doc("not a key")).unwrap_err();
-        assert_eq!(e.field, "spec.verificationKey");
-        let unset = crate::envoy::wasmplugin::WasmPlugin::from_value(&doc("")).unwrap();
-        assert_eq!(
-            crate::envoy::render::plan(&unset, &Default::default()).verify_key,
-            None
-        );
-    }
 }
