@@ -340,3 +340,20 @@ fn a_step_whose_lines_cannot_be_compared_says_why() {
     }
     assert!(!report.cases.iter().any(|c| c.logs.differs()), "{report}");
 }
+
+#[test]
+fn on_log_reads_the_maps_envoys_access_log_phase_hands_it() {
+    // Request and response headers (`:status` too) in on_log, request trailers NotFound,
+    // every map read-only; none in on_done: the shipped scenario holds both sides to it.
+    let dir = tempfile::tempdir().unwrap();
+    let s = shipped_with_binary_guest(
+        dir.path(),
+        "log-maps.yaml",
+        "log-maps.bootstrap.yaml",
+        "log-maps.wat",
+    );
+    let report = wasm_harness::run_comparison(&envoy(), &s, &options(None));
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases[0].logs, LogComparison::Same, "{report}");
+    assert!(report.cases[0].envoy_failures.is_empty(), "{report}");
+}
