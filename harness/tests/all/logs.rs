@@ -331,14 +331,28 @@ fn a_step_whose_lines_cannot_be_compared_says_why() {
     )
     .unwrap();
     let report = wasm_harness::run_comparison(&envoy(), &s, &options(None));
+    let (short, verbose) = (report.to_string(), format!("{report:#}"));
     for case in &report.cases {
         match &case.logs {
             LogComparison::Same => {}
-            LogComparison::CannotCompare(why) => assert!(why.contains("real time"), "{why}"),
+            LogComparison::CannotCompare { why, lines } => {
+                assert!(why.contains("real time"), "{why}");
+                // The report gives the reason in one short line; the lines only verbosely.
+                let said = short.lines().find(|l| l.contains(why.as_str())).unwrap();
+                assert!(said.len() < 120, "{said}");
+                for line in lines {
+                    assert!(!short.contains(line.as_str()), "{short}");
+                    assert!(verbose.contains(line.as_str()), "{verbose}");
+                }
+            }
             LogComparison::Differs(d) => panic!("an unexplained difference: {d:?}\n{report}"),
         }
     }
     assert!(!report.cases.iter().any(|c| c.logs.differs()), "{report}");
+    // The CLI's --verbose prints the longer report.
+    let cli = harness(&["run", "--envoy", "--verbose", s.to_str().unwrap()]);
+    assert_eq!(cli.status.code(), Some(0), "{}", text(&cli));
+    assert!(text(&cli).contains("scenario"), "{}", text(&cli));
 }
 
 #[test]
