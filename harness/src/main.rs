@@ -40,6 +40,10 @@ enum Command {
         /// Print a machine-readable JSON report.
         #[arg(long)]
         json: bool,
+        /// With --envoy, also print the log lines of a step that cannot be compared (the
+        /// report gives only the reason; --json always holds them).
+        #[arg(long, short = 'v')]
+        verbose: bool,
         /// Use this bootstrap instead of the one each scenario names.
         #[arg(long)]
         bootstrap: Option<PathBuf>,
@@ -80,6 +84,7 @@ fn main() -> ExitCode {
             workers,
             envoy: with_envoy,
             json,
+            verbose,
             bootstrap,
             log_level,
         } => run_all(
@@ -90,7 +95,7 @@ fn main() -> ExitCode {
                 log_level,
             },
             with_envoy,
-            json,
+            Output { json, verbose },
         ),
         Command::Validate {
             bootstrap,
@@ -108,7 +113,14 @@ fn main() -> ExitCode {
     ExitCode::from(code.exit_code() as u8)
 }
 
-fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, json: bool) -> Verdict {
+/// How `run` prints its reports.
+struct Output {
+    json: bool,
+    verbose: bool,
+}
+
+fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, output: Output) -> Verdict {
+    let Output { json, verbose } = output;
     let mut worst = Verdict::Passed;
     let mut reports = Vec::new();
     let envoy_bin = if with_envoy {
@@ -130,6 +142,8 @@ fn run_all(scenarios: &[PathBuf], opts: &RunOptions, with_envoy: bool, json: boo
         worst = worst.max(report.verdict());
         if json {
             reports.push(report);
+        } else if verbose {
+            print!("{report:#}");
         } else {
             print!("{report}");
         }

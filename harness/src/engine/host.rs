@@ -116,6 +116,17 @@ pub struct HttpStreamState {
     pub reset: bool,
     /// The stream's dynamic metadata, shared by its contexts (`metadata` property).
     pub dynamic_metadata: Arc<crate::engine::metadata::DynamicMetadata>,
+    /// Set while `proxy_on_log` runs (Envoy's access-log phase): the maps as the stream ended.
+    pub access_log: Option<AccessLogMaps>,
+}
+
+/// What Envoy's access log hands `proxy_on_log` (`Context::log`): the request headers, the
+/// response headers and trailers as the stream ended, read-only; never the request trailers.
+#[derive(Debug, Default, Clone)]
+pub struct AccessLogMaps {
+    pub request_headers: Option<Arc<HeaderMap>>,
+    pub response_headers: Option<HeaderMap>,
+    pub response_trailers: Option<HeaderMap>,
 }
 
 /// The downstream connection a stream arrived on, for the `source.*`, `destination.*` and

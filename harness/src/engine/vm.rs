@@ -411,9 +411,16 @@ impl Vm {
         }
     }
 
-    /// Envoy's stream end for HTTP: `on_log`, `on_done`, `on_delete`, then the context is gone.
-    pub fn finish_stream(&mut self, ctx: u32) {
+    /// Envoy's stream end for HTTP: `on_log` (with `log`'s maps, read-only), `on_done`,
+    /// `on_delete`, then the context is gone.
+    pub fn finish_stream(&mut self, ctx: u32, log: host::AccessLogMaps) {
+        if let Some(ContextKind::Http(s)) = self.state_mut().contexts.get_mut(&ctx) {
+            s.access_log = Some(log);
+        }
         self.call("proxy_on_log", |e| e.on_log.as_ref(), ctx, ctx as i32);
+        if let Some(ContextKind::Http(s)) = self.state_mut().contexts.get_mut(&ctx) {
+            s.access_log = None;
+        }
         self.call("proxy_on_done", |e| e.on_done.as_ref(), ctx, ctx as i32);
         self.call("proxy_on_delete", |e| e.on_delete.as_ref(), ctx, ctx as i32);
         self.state_mut().contexts.remove(&ctx);

@@ -407,10 +407,18 @@ impl fmt::Display for ComparisonReport {
             .as_ref()
             .filter(|l| **l != LogComparison::Same)
         {
-            writeln!(f, "  startup {logs}")?;
+            if f.alternate() {
+                writeln!(f, "  startup {logs:#}")?;
+            } else {
+                writeln!(f, "  startup {logs}")?;
+            }
         }
         for step in &self.cases {
-            write!(f, "{step}")?;
+            if f.alternate() {
+                write!(f, "{step:#}")?;
+            } else {
+                write!(f, "{step}")?;
+            }
         }
         let failed = self.cases.iter().filter(|c| !c.passed()).count();
         writeln!(
@@ -419,6 +427,18 @@ impl fmt::Display for ComparisonReport {
             self.cases.len() - failed,
             failed
         )
+    }
+}
+
+impl ComparedStep {
+    /// The log comparison unless the lines are the same; `{:#}` adds the lines of a step
+    /// that cannot be compared.
+    fn write_logs(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.logs {
+            LogComparison::Same => Ok(()),
+            logs if f.alternate() => writeln!(f, "       {logs:#}"),
+            logs => writeln!(f, "       {logs}"),
+        }
     }
 }
 
@@ -445,9 +465,7 @@ impl fmt::Display for ComparedStep {
                 for (what, x) in harness_failures {
                     writeln!(f, "       {what}: {x}")?;
                 }
-                if self.logs != LogComparison::Same {
-                    writeln!(f, "       {}", self.logs)?;
-                }
+                self.write_logs(f)?;
                 return Ok(());
             }
             (_, StepOutcome::Shutdown) => {
@@ -458,9 +476,7 @@ impl fmt::Display for ComparedStep {
                 for (what, x) in harness_failures.chain(envoy_failures) {
                     writeln!(f, "       {what}: {x}")?;
                 }
-                if self.logs != LogComparison::Same {
-                    writeln!(f, "       {}", self.logs)?;
-                }
+                self.write_logs(f)?;
                 return Ok(());
             }
             (StepOutcome::Connection(h), envoy) => {
@@ -499,9 +515,7 @@ impl fmt::Display for ComparedStep {
         for (what, x) in harness_failures.chain(envoy_failures).chain(differences) {
             writeln!(f, "       {what}: {x}")?;
         }
-        if self.logs != LogComparison::Same {
-            writeln!(f, "       {}", self.logs)?;
-        }
+        self.write_logs(f)?;
         Ok(())
     }
 }

@@ -331,12 +331,43 @@ fn a_step_whose_lines_cannot_be_compared_says_why() {
     )
     .unwrap();
     let report = wasm_harness::run_comparison(&envoy(), &s, &options(None));
+    let (short, verbose) = (report.to_string(), format!("{report:#}"));
     for case in &report.cases {
         match &case.logs {
             LogComparison::Same => {}
-            LogComparison::CannotCompare(why) => assert!(why.contains("real time"), "{why}"),
+            LogComparison::CannotCompare { why, lines } => {
+                assert!(why.contains("real time"), "{why}");
+                // The report gives the reason in one short line; the lines only verbosely.
+                let said = short.lines().find(|l| l.contains(why.as_str())).unwrap();
+                assert!(said.len() < 120, "{said}");
+                for line in lines {
+                    assert!(!short.contains(line.as_str()), "{short}");
+                    assert!(verbose.contains(line.as_str()), "{verbose}");
+                }
+            }
             LogComparison::Differs(d) => panic!("an unexplained difference: {d:?}\n{report}"),
         }
     }
     assert!(!report.cases.iter().any(|c| c.logs.differs()), "{report}");
+    // The CLI's --verbose prints the longer report.
+    let cli = harness(&["run", "--envoy", "--verbose", s.to_str().unwrap()]);
+    assert_eq!(cli.status.code(), Some(0), "{}", text(&cli));
+    assert!(text(&cli).contains("scenario"), "{}", text(&cli));
+}
+
+#[test]
+fn on_log_reads_the_maps_envoys_access_log_phase_hands_it() {
+    // Request and response headers (`:status` too) in on_log, request trailers NotFound,
+    // every map read-only; none in on_done: the shipped scenario holds both sides to it.
+    let dir = tempfile::tempdir().unwrap();
+    let s = shipped_with_binary_guest(
+        dir.path(),
+        "log-maps.yaml",
+        "log-maps.bootstrap.yaml",
+        "log-maps.wat",
+    );
+    let report = wasm_harness::run_comparison(&envoy(), &s, &options(None));
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.cases[0].logs, LogComparison::Same, "{report}");
+    assert!(report.cases[0].envoy_failures.is_empty(), "{report}");
 }

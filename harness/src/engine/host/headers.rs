@@ -1,6 +1,8 @@
 //! Header, trailer and metadata maps (`proxy_*_header_map_*`) with Envoy's availability rules:
 //! a map exists only while Envoy would hand it to the filter; reading a missing map gives an
 //! empty list (pairs) or `BadArgument` (single value), writing it gives `BadArgument`.
+//! In `proxy_on_log` (Envoy's access-log phase) the maps the stream ended with are read-only,
+//! and a missing one answers `NotFound`.
 
 use wasmtime::{Caller, Linker};
 
@@ -22,6 +24,14 @@ fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
         ContextKind::Http(s) => s,
         _ => return None,
     };
+    if let Some(log) = &s.access_log {
+        return match ty {
+            MapType::RequestHeaders => log.request_headers.as_deref(),
+            MapType::ResponseHeaders => log.response_headers.as_ref(),
+            MapType::ResponseTrailers => log.response_trailers.as_ref(),
+            _ => None,
+        };
+    }
     match ty {
         MapType::RequestHeaders => s.request_headers.as_ref(),
         MapType::RequestTrailers => s.request_trailers.as_ref(),
@@ -29,6 +39,11 @@ fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
         MapType::ResponseTrailers => s.response_trailers.as_ref(),
         _ => None,
     }
+}
+
+/// Whether the current context is in Envoy's access-log phase (`proxy_on_log` of a stream).
+fn in_access_log(state: &HostState) -> bool {
+    matches!(state.contexts.get(&state.context_id()), Some(ContextKind::Http(s)) if s.access_log.is_some())
 }
 
 fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
@@ -96,7 +111,15 @@ fn proxy_get_header_map_value(
     hostcall(|| {
         let ty = map_type(ty)?;
         let value = memory::with_str(&mut caller, key_ptr, key_size, |key, state| {
-            let map = map_ref(state, ty).ok_or(Status::BadArgument)?;
+            let map = match map_ref(state, ty) {
+                Some(map) => map,
+                // Envoy: a map may be absent in the access-log phase; that is no misuse.
+                None if in_access_log(state) && state.abi == AbiVersion::V0_1_0 => {
+                    return Ok(Vec::new())
+                }
+                None if in_access_log(state) => return Err(Status::NotFound),
+                None => return Err(Status::BadArgument),
+            };
             match get(map, key) {
                 Some(v) => Ok(v.to_vec()),
                 // ABI 0.1.0 modules get an empty value instead of NotFound.

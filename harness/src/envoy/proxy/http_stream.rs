@@ -259,7 +259,7 @@ impl<'a> HttpStream<'a> {
             Err(Halt::Stalled(why)) => exchange.stalled = Some(why),
             Err(Halt::Reset(why)) => exchange.reset = Some(why),
         }
-        self.finish();
+        self.finish(exchange.response.as_ref());
         if let (Some(seen), Some(shared)) = (exchange.upstream.as_mut(), self.request.take()) {
             seen.headers = Arc::unwrap_or_clone(shared);
         }
@@ -414,10 +414,18 @@ impl<'a> HttpStream<'a> {
         Ok(response)
     }
 
-    /// Stream end: `on_log`, `on_done`, `on_delete` on every filter's context.
-    fn finish(&mut self) {
+    /// Stream end: `on_log` (reading the request headers and the response the client got),
+    /// `on_done`, `on_delete` on every filter's context.
+    fn finish(&mut self, response: Option<&Response>) {
+        let log = host::AccessLogMaps {
+            request_headers: self.request.clone(),
+            response_headers: response.map(|r| r.headers.clone()),
+            response_trailers: response
+                .filter(|r| !r.trailers.is_empty())
+                .map(|r| r.trailers.clone()),
+        };
         for c in std::mem::take(&mut self.contexts).into_iter().flatten() {
-            self.worker().vms[c.0].finish_stream(c.1);
+            self.worker().vms[c.0].finish_stream(c.1, log.clone());
             self.threads.deliver_posted();
         }
     }

@@ -5,8 +5,9 @@
 //! are compared: the guest's (`wasm log ...`) and a VM failure's first line (its backtrace's
 //! depth is the engine's own); the harness's notes about itself are never in Envoy's log.
 //!
-//! A step whose lines cannot be compared says why ([`LogComparison::CannotCompare`]): a
-//! difference is either explained there or reported as one, never left unexplained.
+//! A step whose lines cannot be compared says why ([`LogComparison::CannotCompare`]) in one
+//! short line, and keeps the differences for `--verbose` and `--json`: a difference is either
+//! explained there or reported as one, never left unexplained.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -26,8 +27,9 @@ pub enum LogComparison {
     Same,
     /// Where the two logs disagree.
     Differs(Vec<String>),
-    /// Why this step's lines cannot be compared (something the harness does not emulate).
-    CannotCompare(String),
+    /// Why this step's lines cannot be compared (something the harness does not emulate),
+    /// in one short line, and where the two logs disagree (shown with `--verbose`).
+    CannotCompare { why: String, lines: Vec<String> },
 }
 
 impl LogComparison {
@@ -41,7 +43,16 @@ impl fmt::Display for LogComparison {
         match self {
             Self::Same => f.write_str("logs: the same on every thread"),
             Self::Differs(d) => write!(f, "logs differ: {}", d.join("; ")),
-            Self::CannotCompare(why) => write!(f, "logs: cannot compare because {why}"),
+            Self::CannotCompare { why, lines } => {
+                write!(f, "logs: cannot compare: {why}")?;
+                // `{:#}` (the CLI's `--verbose`): each difference on its own line.
+                if f.alternate() {
+                    for line in lines {
+                        write!(f, "\n         {line}")?;
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -120,44 +131,49 @@ pub fn compare(
     conditions: Conditions,
 ) -> LogComparison {
     if let Some(note) = harness.iter().find(|r| r.source == LogSource::Harness) {
-        return LogComparison::CannotCompare(format!(
-            "the harness wrote {:?}: what the guest does after that is not emulated",
-            note.message
-        ));
+        return LogComparison::CannotCompare {
+            why: format!(
+                "the harness wrote {:?}: what the guest does after that is not emulated",
+                first_line(&note.message)
+            ),
+            lines: Vec::new(),
+        };
     }
     if let Some(r) = harness
         .iter()
         .find(|r| r.source == LogSource::Vm && r.message.contains("the harness's deadline"))
     {
-        return LogComparison::CannotCompare(format!(
-            "{}: Envoy has no such deadline and would still be running it",
-            first_line(&r.message)
-        ));
+        return LogComparison::CannotCompare {
+            why: format!(
+                "{}: Envoy has no such deadline and would still be running it",
+                first_line(&r.message)
+            ),
+            lines: Vec::new(),
+        };
     }
     let differences = differ(&harness_lines(harness), &envoy_lines(envoy, reader));
-    match (differences.is_empty(), conditions) {
-        (true, _) => LogComparison::Same,
-        (false, Conditions::Quiet) => LogComparison::Differs(differences),
-        (false, Conditions::Bodies) => LogComparison::CannotCompare(format!(
-            "the step carries a body: Envoy's HTTP/1 codec hands it to the filters in the pieces it reads from the socket, then the end of stream on its own, which the harness does not emulate ({})",
-            differences.join("; ")
-        )),
-        (false, Conditions::Workers) => LogComparison::CannotCompare(format!(
-            "with several workers Envoy's kernel, not the harness's round robin, picks each connection's worker, so a worker's VM has seen other requests before this one (run with one worker to compare exactly) ({})",
-            differences.join("; ")
-        )),
-        (false, Conditions::UnorderedMetadata) => LogComparison::CannotCompare(format!(
-            "the request seeds dynamic metadata with a map of several entries: Envoy lists a protobuf map's entries in no fixed order, the harness in key order ({})",
-            differences.join("; ")
-        )),
-        (false, Conditions::Ticking) => LogComparison::CannotCompare(format!(
-            "a timer is armed and Envoy's ticks run in real time, so its tick lines fall into any step ({})",
-            differences.join("; ")
-        )),
-        (false, Conditions::Advance) => LogComparison::CannotCompare(format!(
-            "Envoy's timers run in real time from its own start, not on the harness's virtual clock, so its ticks in this wait need not match ({})",
-            differences.join("; ")
-        )),
+    if differences.is_empty() {
+        return LogComparison::Same;
+    }
+    let why = match conditions {
+        Conditions::Quiet => return LogComparison::Differs(differences),
+        Conditions::Bodies => {
+            "the step carries a body, which Envoy's HTTP/1 codec hands to the filters in the pieces it reads"
+        }
+        Conditions::Workers => {
+            "several workers: Envoy's kernel picks each connection's worker (one worker compares exactly)"
+        }
+        Conditions::UnorderedMetadata => {
+            "the request's dynamic metadata holds a map of several entries, which Envoy lists in no fixed order"
+        }
+        Conditions::Ticking => "a timer is armed and Envoy's ticks run in real time",
+        Conditions::Advance => {
+            "Envoy's timers run in real time, not on the harness's virtual clock"
+        }
+    };
+    LogComparison::CannotCompare {
+        why: why.to_string(),
+        lines: differences,
     }
 }
 
@@ -276,9 +292,37 @@ mod tests {
         let other = [envoy(7, "wasm log vm: b")];
         assert!(compare(&harness, &other, &reader, Conditions::Quiet).differs());
         match compare(&harness, &other, &reader, Conditions::Advance) {
-            LogComparison::CannotCompare(why) => assert!(why.contains("real time"), "{why}"),
+            LogComparison::CannotCompare { why, lines } => {
+                assert!(why.contains("real time"), "{why}");
+                assert!(!lines.is_empty());
+            }
             c => panic!("{c:?}"),
         }
+    }
+
+    #[test]
+    fn a_step_that_cannot_be_compared_gives_its_reason_in_one_line_and_its_lines_on_request() {
+        let reader = EnvoyLogReader::new(std::path::Path::new("/nonexistent"));
+        let harness = [record(Some(0), LogSource::Guest, &"x".repeat(400))];
+        let c = compare(&harness, &[], &reader, Conditions::Bodies);
+        let short = c.to_string();
+        assert!(!short.contains('\n') && short.len() < 120, "{short}");
+        assert!(!short.contains("xxxx"), "{short}");
+        let verbose = format!("{c:#}");
+        assert!(verbose.starts_with(&short), "{verbose}");
+        assert!(
+            verbose
+                .lines()
+                .skip(1)
+                .any(|l| l.contains(&"x".repeat(400))),
+            "{verbose}"
+        );
+        let json = serde_json::to_value(&c).unwrap();
+        let lines = &json["cannot_compare"]["lines"];
+        assert!(
+            lines[0].as_str().unwrap().contains(&"x".repeat(400)),
+            "{json}"
+        );
     }
 
     #[test]
@@ -290,7 +334,7 @@ mod tests {
             "wasm-harness: gRPC streams are not emulated",
         )];
         match compare(&harness, &[], &reader, Conditions::Quiet) {
-            LogComparison::CannotCompare(why) => {
+            LogComparison::CannotCompare { why, .. } => {
                 assert!(why.contains("gRPC streams are not emulated"), "{why}")
             }
             c => panic!("{c:?}"),
