@@ -437,10 +437,17 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         return;
     };
     let opts = &shared.options;
-    let plugins = match &content {
-        Content::Unreadable(reason) => Err(reason.clone()),
-        Content::Text { text, .. } => WasmPlugin::parse_all(text)
-            .map_err(|e| format!("{}: {}", path.display(), crate::error::chain(&e))),
+    let plugins = match content {
+        Content::Unreadable(reason) => Err(reason),
+        // Off the runtime's one thread, which also answers the kubelet's probes.
+        Content::Text { text, .. } => {
+            match tokio::task::spawn_blocking(move || WasmPlugin::parse_all(&text)).await {
+                Ok(parsed) => {
+                    parsed.map_err(|e| format!("{}: {}", path.display(), crate::error::chain(&e)))
+                }
+                Err(e) => Err(format!("{}: reading it failed: {e}", path.display())),
+            }
+        }
     };
     let plugins = match plugins {
         Ok(p) => p,

@@ -20,6 +20,7 @@ mod push;
 mod real_envoy;
 mod registry;
 mod rewrite;
+mod serve_hostile;
 mod serve_lifecycle;
 mod serve_reload;
 mod serve_support;
