@@ -77,7 +77,7 @@ pub enum FetchError {
     },
     /// A verify key is set and the module's cosign signature is missing or refused.
     #[error(transparent)]
-    Signature(#[from] crate::signature::SignatureError),
+    Signature(#[from] SignatureError),
     /// The cache refused a write (read-only filesystem, no permission): it can still serve
     /// what it holds.
     #[error("cache error at {path}: cannot write ({message}); a cache this process cannot write serves only the modules it holds (--pull-policy Never)")]
@@ -149,4 +149,36 @@ pub fn untrusted_certificate(
         }),
         _ => None,
     }
+}
+
+/// Why a module's signature was refused. Each starts with `signature` and says what to do.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SignatureError {
+    #[error("signature missing: {repository} has no cosign signature for {digest} (no manifest tagged {tag}); sign it with `wasm-fetcher push --sign-key` or `cosign sign --key`, or pull without a verify key")]
+    Missing {
+        repository: String,
+        digest: String,
+        tag: String,
+    },
+    #[error("signature malformed: {tag}: {reason}; sign the module again (`wasm-fetcher push --sign-key` or `cosign sign --key`)")]
+    Malformed { tag: String, reason: String },
+    #[error("signature oversized: {tag}: the {what} is {size} bytes, over the limit of {limit}; a cosign signature is far smaller, so this is not one: sign the module again")]
+    Oversized {
+        tag: String,
+        what: &'static str,
+        size: u64,
+        limit: u64,
+    },
+    #[error("signature wrong: no signature in {tag} verifies with the verify key {key} (signed with another key, or its payload altered); check --verify-key (WASM_VERIFY_KEY) names the signer's public key")]
+    WrongKey { tag: String, key: String },
+    #[error("signature for another image: {tag} is validly signed but names {signed}, not {digest}; the signature was copied from another image: sign this one")]
+    OtherDigest {
+        tag: String,
+        signed: String,
+        digest: String,
+    },
+    #[error("signature cannot be checked: {url} is not oci://, and only an OCI registry holds a cosign signature; serve the module from a registry, or pin it by sha256 without a verify key")]
+    NoLocation { url: String },
+    #[error("signature cannot be checked under pull policy Never: the signature is in the registry, which Never does not reach; pull with IfNotPresent or Always")]
+    Offline,
 }

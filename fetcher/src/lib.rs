@@ -21,6 +21,7 @@ pub mod envoy;
 pub mod error;
 mod guard;
 mod index;
+mod keys;
 mod lifecycle;
 mod net;
 mod oci;

@@ -36,7 +36,7 @@ pub struct Settings {
     pub cache_max_bytes: Option<u64>,
     /// `WASM_VERIFY_KEY` (a PEM public key file) or `--verify-key`: every module must carry a
     /// cosign signature by this key (`crate::signature`).
-    pub verify_key: Option<crate::signature::VerifyKey>,
+    pub verify_key: Option<crate::keys::VerifyKey>,
 }
 
 impl Settings {
@@ -178,10 +178,7 @@ impl Settings {
                 .collect();
         }
         if let Some(v) = var("WASM_VERIFY_KEY").filter(|v| !v.is_empty()) {
-            s.verify_key = Some(crate::signature::VerifyKey::read(
-                v.as_ref(),
-                "WASM_VERIFY_KEY",
-            )?);
+            s.verify_key = Some(crate::keys::VerifyKey::read(v.as_ref(), "WASM_VERIFY_KEY")?);
         }
         Ok(s)
     }

@@ -6,6 +6,7 @@
 
 pub mod inspect;
 pub mod layout;
+mod sign;
 pub(crate) mod upload;
 
 use std::path::PathBuf;
@@ -34,7 +35,7 @@ pub struct PushRequest {
     /// Where the module's upload reports progress.
     pub progress: Progress,
     /// Also writes a cosign signature of the pushed manifest with this key.
-    pub sign_key: Option<crate::signature::SignKey>,
+    pub sign_key: Option<crate::keys::SignKey>,
 }
 
 /// What a push did.
@@ -172,7 +173,7 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
         };
     if let Some(key) = &req.sign_key {
         let digest = crate::verify::parse_digest(&image.manifest_digest)?;
-        crate::signature::sign(&d, &digest, key).await?;
+        sign::sign(&d, &digest, key).await?;
     }
     Ok(pushed(outcome))
 }

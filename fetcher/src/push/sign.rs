@@ -2,9 +2,12 @@
 
 use serde_json::Value;
 
-use super::{payload, signature_tag, SignKey, LAYERS_LIMIT, SIGNATURE_ANNOTATION, SIMPLE_SIGNING};
 use crate::error::FetchError;
+use crate::keys::SignKey;
 use crate::oci::distribution::Distribution;
+use crate::signature::{
+    payload, signature_tag, LAYERS_LIMIT, SIGNATURE_ANNOTATION, SIMPLE_SIGNING,
+};
 use crate::verify::Digest;
 
 /// Writes `key`'s signature of `digest` (the image just pushed to `d`'s repository) under the
@@ -14,9 +17,9 @@ pub async fn sign(
     d: &Distribution,
     digest: &Digest,
     key: &SignKey,
-) -> Result<(), crate::push::PushError> {
-    use crate::push::layout::Blob;
-    use crate::push::upload;
+) -> Result<(), super::PushError> {
+    use super::layout::Blob;
+    use super::upload;
     let tag = signature_tag(digest);
     let reference = format!("{}/{}", d.registry(), d.repository());
     let payload = payload(&reference, digest);
