@@ -159,7 +159,7 @@ fn per_request(label: &str, bootstrap: Bootstrap, adds: &str) -> (Duration, f64)
     // the upstream must see the header the filter adds to requests.
     let exchange = proxy.send(None, None, &request, &mut upstream).unwrap();
     assert!(
-        exchange.response.as_ref().is_some_and(|r| r.status == 200)
+        exchange.response().is_some_and(|r| r.status == 200)
             && exchange.upstream_header(adds).is_some(),
         "{label} did not add {adds}: {exchange:?}"
     );
@@ -202,7 +202,7 @@ fn big_bodies() -> f64 {
     let exchange = proxy.send(None, None, &request, &mut upstream).unwrap();
     let peak = PEAK.load(Relaxed) - base;
     assert_eq!(
-        exchange.response.as_ref().map(|r| r.body.len()),
+        exchange.response().map(|r| r.body.len()),
         Some(BIG_BODY),
         "the response lost its body"
     );

@@ -58,7 +58,8 @@ pub use engine::host::{HeaderMap, LogRecord};
 pub use envoy::bootstrap::FailurePolicy;
 pub use envoy::builder::ProxyBuilder;
 pub use envoy::http::{
-    CallRecord, Exchange, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
+    CallRecord, Exchange, LocalReplySource, Request, Response, SeenRequest, StreamEnd,
+    UpstreamReply,
 };
 pub use envoy::proxy::{Proxy, ProxyOptions, StartError, TcpEvent, TcpOutcome};
 pub use envoy::traffic::TrafficError;

@@ -57,7 +57,7 @@ fn json_fields_are_redacted_across_chunks_and_content_length_dropped() {
         br#" "link": "https://internal.example/"}"#.to_vec(),
     ];
     let ex = proxy.round_trip(&Request::get("/me"), reply).unwrap();
-    let r = ex.response.as_ref().unwrap();
+    let r = ex.response().unwrap();
     assert_eq!(
         String::from_utf8_lossy(&r.body),
         r#"{"user": {"name": "al", "password": "[redacted]"}, "token": "[redacted]", "link": "https://example.com/"}"#
@@ -75,7 +75,7 @@ fn a_body_that_is_not_json_passes_through_and_is_logged() {
             UpstreamReply::new(200).body("<html>a</html>"),
         )
         .unwrap();
-    assert_eq!(ex.response.as_ref().unwrap().body, b"<html>a</html>");
+    assert_eq!(ex.response().unwrap().body, b"<html>a</html>");
     assert_eq!(lines(&proxy, "response body is not JSON").len(), 1);
     assert!(proxy.take_errors().is_empty());
 }
@@ -97,7 +97,7 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
         )
         .unwrap();
     assert_eq!(ex.upstream.as_ref().unwrap().body, b"aaaaaaaaaaaa");
-    assert_eq!(ex.response.as_ref().unwrap().body, b"aaaaaaaaaaaa");
+    assert_eq!(ex.response().unwrap().body, b"aaaaaaaaaaaa");
     assert_eq!(
         lines(&pass, "over max_buffer_bytes (10): passed on unmodified").len(),
         2
@@ -106,7 +106,7 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
         .round_trip(&Request::post("/", "aa"), UpstreamReply::new(200).body("a"))
         .unwrap();
     assert_eq!(ex.upstream.as_ref().unwrap().body, b"bb");
-    assert_eq!(ex.response.as_ref().unwrap().body, b"b");
+    assert_eq!(ex.response().unwrap().body, b"b");
 
     let mut reject = body_ops(config("reject"));
     let ex = reject
@@ -133,7 +133,7 @@ fn overflow_passes_unmodified_or_is_refused_as_configured() {
     let ex = reject.round_trip(&Request::get("/"), reply).unwrap();
     assert_eq!(ex.response_status(), Some(502), "{ex:?}");
     assert_eq!(
-        String::from_utf8_lossy(&ex.response.as_ref().unwrap().body),
+        String::from_utf8_lossy(&ex.response().unwrap().body),
         "content-length 12 is over max_buffer_bytes (10): the body cannot be rewritten"
     );
     // The plain-text reason is not labelled with the upstream body's encoding.
@@ -190,7 +190,7 @@ fn encoded_bodies_are_not_rewritten_and_responses_are_asked_for_unencoded() {
     let ex = proxy.round_trip(&request, reply).unwrap();
     assert_eq!(ex.upstream_header("accept-encoding"), None);
     assert_eq!(ex.upstream.as_ref().unwrap().body, compressed);
-    assert_eq!(ex.response.as_ref().unwrap().body, compressed);
+    assert_eq!(ex.response().unwrap().body, compressed);
     assert_eq!(
         ex.response_header("content-length"),
         Some(compressed.len().to_string().as_str())

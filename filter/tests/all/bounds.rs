@@ -60,7 +60,7 @@ fn a_body_a_mask_would_multiply_leaves_the_vm_and_every_role_working() {
         )
         .unwrap();
     assert_eq!(ex.response_status(), Some(200), "{}", real.log_tail());
-    let body = &ex.response.as_ref().unwrap().body;
+    let body = &ex.response().unwrap().body;
     assert_eq!(body.len(), huge.len(), "passed on unmodified");
     let over = crate::support::envoy_lines(&real, "over max_buffer_bytes (33554432)", 1);
     assert_eq!(over.len(), 1, "{}", real.log_tail());
@@ -75,7 +75,7 @@ fn a_body_a_mask_would_multiply_leaves_the_vm_and_every_role_working() {
                 .body(r#"{"password":"p"}"#),
         )
         .unwrap();
-    let body = String::from_utf8_lossy(&ex.response.as_ref().unwrap().body).into_owned();
+    let body = String::from_utf8_lossy(&ex.response().unwrap().body).into_owned();
     assert_eq!(body, format!(r#"{{"password":"{mask}"}}"#));
     let ex = real
         .send(

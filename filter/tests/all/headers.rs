@@ -54,7 +54,7 @@ fn request_and_response_headers_are_removed_set_and_added_in_that_order() {
     // Removing `server` is not enough: Envoy's connection manager writes its own after the
     // filters (server_header_transformation OVERWRITE), and the harness does as Envoy does.
     assert_eq!(exchange.response_header("server"), Some("envoy"));
-    assert_eq!(exchange.response.as_ref().unwrap().body, b"[]");
+    assert_eq!(exchange.response().unwrap().body, b"[]");
 }
 
 #[test]

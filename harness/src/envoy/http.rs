@@ -210,33 +210,67 @@ pub struct Response {
 }
 
 /// Everything one request did.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone)]
 pub struct Exchange {
     pub worker: usize,
     pub upstream: Option<SeenRequest>,
-    pub response: Option<Response>,
+    pub end: StreamEnd,
     pub local_reply: Option<LocalReplySource>,
-    /// Set when a plugin paused the stream and nothing resumed it: Envoy would hold the
-    /// request until a timeout fired.
-    pub stalled: Option<String>,
-    /// Set when the stream was reset (a plugin closed it): the client got no response.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reset: Option<String>,
     /// Things a filter author should know about this exchange (a body whose size no longer
     /// matches its `content-length`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
 }
 
+/// How a stream ended for the client: exactly one of these happens.
+#[derive(Debug, Clone)]
+pub enum StreamEnd {
+    /// The client got this response.
+    Answered(Response),
+    /// A plugin paused the stream and nothing resumed it: Envoy would hold the request until
+    /// a timeout fired.
+    Stalled(String),
+    /// The stream was reset (a plugin closed it): the client got no response.
+    Reset(String),
+}
+
 impl Exchange {
+    /// The response the client got (`None` if the stream stalled or was reset).
+    pub fn response(&self) -> Option<&Response> {
+        match &self.end {
+            StreamEnd::Answered(r) => Some(r),
+            StreamEnd::Stalled(_) | StreamEnd::Reset(_) => None,
+        }
+    }
+
+    /// Why the stream stalled, if it did.
+    pub fn stalled(&self) -> Option<&str> {
+        match &self.end {
+            StreamEnd::Stalled(why) => Some(why),
+            StreamEnd::Answered(_) | StreamEnd::Reset(_) => None,
+        }
+    }
+
+    /// Why the stream was reset, if it was.
+    pub fn reset(&self) -> Option<&str> {
+        match &self.end {
+            StreamEnd::Reset(why) => Some(why),
+            StreamEnd::Answered(_) | StreamEnd::Stalled(_) => None,
+        }
+    }
+
     /// The status the client got (`None` if the stream stalled or was reset).
     pub fn response_status(&self) -> Option<u16> {
-        self.response.as_ref().map(|r| r.status)
+        self.response().map(|r| r.status)
+    }
+
+    /// The body the client got (empty if the stream stalled or was reset).
+    pub fn response_body(&self) -> &[u8] {
+        self.response().map_or(&[], |r| &r.body)
     }
 
     /// A header of the response the client got, as text (first value; case-insensitive).
     pub fn response_header(&self, name: &str) -> Option<&str> {
-        let r = self.response.as_ref()?;
+        let r = self.response()?;
         header(&r.headers, name).and_then(|v| std::str::from_utf8(v).ok())
     }
 
@@ -245,6 +279,35 @@ impl Exchange {
     pub fn upstream_header(&self, name: &str) -> Option<&str> {
         let u = self.upstream.as_ref()?;
         header(&u.headers, name).and_then(|v| std::str::from_utf8(v).ok())
+    }
+}
+
+/// The report's shape: `response` and `stalled` always present (null when they did not
+/// happen), `reset` only when it did, so readers of `--json` see one layout.
+impl Serialize for Exchange {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Shape<'a> {
+            worker: usize,
+            upstream: &'a Option<SeenRequest>,
+            response: Option<&'a Response>,
+            local_reply: &'a Option<LocalReplySource>,
+            stalled: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            reset: Option<&'a str>,
+            #[serde(skip_serializing_if = "<[String]>::is_empty")]
+            notes: &'a [String],
+        }
+        Shape {
+            worker: self.worker,
+            upstream: &self.upstream,
+            response: self.response(),
+            local_reply: &self.local_reply,
+            stalled: self.stalled(),
+            reset: self.reset(),
+            notes: &self.notes,
+        }
+        .serialize(s)
     }
 }
 

@@ -493,7 +493,7 @@ impl fmt::Display for ComparedStep {
                 writeln!(f, "       harness: {} | envoy: {envoy}", bytes(h))?;
             }
             (harness, envoy) => {
-                let status = |ex: Option<&Exchange>| match ex.and_then(|e| e.response.as_ref()) {
+                let status = |ex: Option<&Exchange>| match ex.and_then(|e| e.response()) {
                     Some(r) => format!("{} {:?}", r.status, String::from_utf8_lossy(&r.body)),
                     None => "no response".into(),
                 };

@@ -25,7 +25,8 @@ use serde_json::Value;
 use wasm_common::sync::lock;
 
 use crate::envoy::http::{
-    CallRecord, CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, UpstreamReply,
+    CallRecord, CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, StreamEnd,
+    UpstreamReply,
 };
 use crate::envoy::http1;
 use crate::envoy::traffic::TrafficError;
@@ -339,12 +340,11 @@ impl RealEnvoy {
             })
             .collect();
         let request = &metadata::with_headers(request, &self.metadata_keys)?;
-        let (response, reset) = match http1_exchange(port, request) {
-            Ok(r) => (Some(r), None),
-            Err(http1::Http1Error::Closed) => (
-                None,
-                Some("envoy closed the connection without a response".to_string()),
-            ),
+        let end = match http1_exchange(port, request) {
+            Ok(r) => StreamEnd::Answered(r),
+            Err(http1::Http1Error::Closed) => {
+                StreamEnd::Reset("envoy closed the connection without a response".to_string())
+            }
             Err(e) => return Err(TrafficError::EnvoyRequest(e)),
         };
         let mut seen: Vec<(u64, SeenRequest)> = Vec::new();
@@ -366,10 +366,8 @@ impl RealEnvoy {
             Exchange {
                 worker: 0,
                 upstream,
-                response,
+                end,
                 local_reply: None,
-                stalled: None,
-                reset,
                 notes: Vec::new(),
             },
             records,

@@ -185,10 +185,10 @@ impl fmt::Display for StepReport {
         match &self.outcome {
             StepOutcome::Request(ex) => {
                 writeln!(f, "  {mark} {name} (worker {})", ex.worker)?;
-                if let Some(why) = &ex.reset {
+                if let Some(why) = ex.reset() {
                     writeln!(f, "       reset: {why}")?;
                 }
-                if let Some(resp) = &ex.response {
+                if let Some(resp) = ex.response() {
                     writeln!(
                         f,
                         "       response: {} {}",

@@ -178,7 +178,7 @@ fn a_typed_struct_bootstrap_runs_the_same_in_the_harness_and_in_envoy() {
     );
     let direct = report.cases[1].envoy.exchange().unwrap();
     assert_eq!(
-        direct.response.as_ref().unwrap().body,
+        direct.response().unwrap().body,
         b"Hello from the direct response\n"
     );
 }

@@ -26,7 +26,7 @@ fn harness_and_envoy_agree_on_the_demo() {
     for case in &report.cases {
         assert!(case.differences.is_empty(), "{report}");
         let seen = case.envoy.exchange().unwrap();
-        assert!(seen.response.is_some());
+        assert!(seen.response().is_some());
     }
 }
 
@@ -135,7 +135,7 @@ fn an_advance_step_keeps_harness_and_envoy_steps_aligned() {
     );
     // The request after the advance is compared with Envoy's answer to that same request.
     let post = report.cases[2].envoy.exchange().unwrap();
-    assert_eq!(post.response.as_ref().unwrap().status, 201, "{report}");
+    assert_eq!(post.response().unwrap().status, 201, "{report}");
     assert!(report
         .to_string()
         .contains("envoy: waited 200ms of real time"));

@@ -41,7 +41,7 @@ fn get(proxy: &mut Proxy, worker: usize) -> u16 {
             ..Default::default()
         })
         .unwrap();
-    ex.response.unwrap().status
+    ex.response().unwrap().status
 }
 
 #[test]

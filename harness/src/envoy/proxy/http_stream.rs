@@ -15,7 +15,7 @@ use crate::engine::host::{self, LocalReply};
 use crate::engine::vm::Vm;
 use crate::envoy::bootstrap::{Bootstrap, FailurePolicy, HttpConnectionManager, WasmPlugin};
 use crate::envoy::http::{
-    Exchange, HeaderMap, LocalReplySource, Request, Response, SeenRequest, UpstreamReply,
+    Exchange, HeaderMap, LocalReplySource, Request, Response, SeenRequest, StreamEnd, UpstreamReply,
 };
 
 /// One HTTP stream on worker `w`. It holds every thread because what a callback enqueues is
@@ -112,6 +112,14 @@ enum Halt {
     Stalled(String),
     /// A plugin closed the stream (`proxy_close_stream`): Envoy resets it, no response.
     Reset(String),
+}
+
+/// What a stream records on its way besides how it ends.
+#[derive(Default)]
+struct Trace {
+    upstream: Option<SeenRequest>,
+    local_reply: Option<LocalReplySource>,
+    notes: Vec<String>,
 }
 
 impl<'a> HttpStream<'a> {
@@ -245,25 +253,26 @@ impl<'a> HttpStream<'a> {
         number: usize,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
     ) -> Exchange {
-        let mut exchange = Exchange {
-            worker: self.w,
-            upstream: None,
-            response: None,
-            local_reply: None,
-            stalled: None,
-            reset: None,
-            notes: Vec::new(),
+        let mut trace = Trace::default();
+        let end = match self.exchange(request, number, upstream, &mut trace) {
+            Ok(response) => StreamEnd::Answered(response),
+            Err(Halt::Stalled(why)) => StreamEnd::Stalled(why),
+            Err(Halt::Reset(why)) => StreamEnd::Reset(why),
         };
-        match self.exchange(request, number, upstream, &mut exchange) {
-            Ok(response) => exchange.response = Some(response),
-            Err(Halt::Stalled(why)) => exchange.stalled = Some(why),
-            Err(Halt::Reset(why)) => exchange.reset = Some(why),
-        }
-        self.finish(exchange.response.as_ref());
-        if let (Some(seen), Some(shared)) = (exchange.upstream.as_mut(), self.request.take()) {
+        self.finish(match &end {
+            StreamEnd::Answered(response) => Some(response),
+            _ => None,
+        });
+        if let (Some(seen), Some(shared)) = (trace.upstream.as_mut(), self.request.take()) {
             seen.headers = Arc::unwrap_or_clone(shared);
         }
-        exchange
+        Exchange {
+            worker: self.w,
+            upstream: trace.upstream,
+            end,
+            local_reply: trace.local_reply,
+            notes: trace.notes,
+        }
     }
 
     /// Lends the request's headers to every context of the stream: Envoy's filters all read
@@ -293,13 +302,13 @@ impl<'a> HttpStream<'a> {
     }
 
     /// Decode, route and forward, encode: the response the client gets, or why it gets none.
-    /// Who answered and the framing notes go into `exchange` on the way.
+    /// Who answered and the framing notes go into `trace` on the way.
     fn exchange(
         &mut self,
         request: &Request,
         number: usize,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
-        exchange: &mut Exchange,
+        trace: &mut Trace,
     ) -> Result<Response, Halt> {
         self.setup(&Arc::new(request.dynamic_metadata.clone()));
         let n = self.contexts.len();
@@ -319,11 +328,11 @@ impl<'a> HttpStream<'a> {
         let (response, encode_from) = match decoded {
             Err((_, StopReason::Halt(halt))) => return Err(halt),
             Err((i, StopReason::LocalReply(source, reply))) => {
-                exchange.local_reply = Some(source);
+                trace.local_reply = Some(source);
                 (router::local_reply_response(&reply, grpc), i)
             }
             Ok((body, trailers)) => {
-                let response = self.route_and_forward(body, trailers, grpc, upstream, exchange)?;
+                let response = self.route_and_forward(body, trailers, grpc, upstream, trace)?;
                 (response, n.saturating_sub(1))
             }
         };
@@ -354,7 +363,7 @@ impl<'a> HttpStream<'a> {
             Err((_, StopReason::Halt(halt))) => return Err(halt),
             // Envoy can still replace the response before its headers went out.
             Err((_, StopReason::LocalReply(source, reply))) => {
-                exchange.local_reply = Some(source);
+                trace.local_reply = Some(source);
                 let r = router::local_reply_response(&reply, grpc);
                 // It does not pass through the filters again.
                 Response {
@@ -369,7 +378,7 @@ impl<'a> HttpStream<'a> {
             &mut response.headers,
             &mut response.body,
             "client",
-            &mut exchange.notes,
+            &mut trace.notes,
         )?;
         router::finalize_downstream(&mut response);
         Ok(response)
@@ -384,18 +393,18 @@ impl<'a> HttpStream<'a> {
         trailers: Option<HeaderMap>,
         grpc: bool,
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
-        exchange: &mut Exchange,
+        trace: &mut Trace,
     ) -> Result<Outgoing, Halt> {
         let mut headers = self.unshare_request();
         let routes = &self.hcm.routes;
         let response = match router::route(self.bootstrap, routes, &mut headers, grpc) {
             Routed::Reply(source, reply) => {
-                exchange.local_reply = Some(source);
+                trace.local_reply = Some(source);
                 reply
             }
             Routed::Upstream(cluster) => {
                 let mut body = body;
-                frame(&mut headers, &mut body, "upstream", &mut exchange.notes)?;
+                frame(&mut headers, &mut body, "upstream", &mut trace.notes)?;
                 let protocol = router::upstream_protocol(self.bootstrap, &cluster);
                 let mut seen = SeenRequest {
                     cluster,
@@ -406,7 +415,7 @@ impl<'a> HttpStream<'a> {
                 let reply = upstream(&seen);
                 // The contexts read the headers until their end; `run` returns them.
                 headers = std::mem::take(&mut seen.headers);
-                exchange.upstream = Some(seen);
+                trace.upstream = Some(seen);
                 router::upstream_response(reply, protocol)
             }
         };

@@ -77,7 +77,7 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
         (None, Some(_)) => out.push("envoy reached the upstream, the harness did not".into()),
         (None, None) => {}
     }
-    match (&harness.response, &envoy.response) {
+    match (harness.response(), envoy.response()) {
         (Some(h), Some(e)) => {
             if h.status != e.status {
                 out.push(format!(

@@ -161,11 +161,11 @@ pub struct CallExpect {
 /// person: what was expected and what was seen.
 pub fn check_exchange(expect: &Expect, ex: &Exchange, logs: &WrittenLog) -> Vec<String> {
     let mut failures = Vec::new();
-    if let Some(why) = &ex.stalled {
+    if let Some(why) = ex.stalled() {
         failures.push(format!("the request never completed: {why}"));
         return failures;
     }
-    match (expect.reset, &ex.reset) {
+    match (expect.reset, ex.reset()) {
         (Some(true), None) => {
             failures.push("expected the stream to be reset, but it was not".into())
         }
@@ -199,7 +199,7 @@ pub fn check_exchange(expect: &Expect, ex: &Exchange, logs: &WrittenLog) -> Vec<
         check_message("upstream request", &want.0, &seen, &mut failures);
     }
     if let Some(want) = &expect.response {
-        match &ex.response {
+        match ex.response() {
             None => failures.push("expected a response, but none was sent".into()),
             Some(resp) => {
                 let seen = Message {
@@ -528,15 +528,13 @@ mod tests {
                 body: b"other".to_vec(),
                 trailers: Vec::new(),
             }),
-            response: Some(http::Response {
+            end: http::StreamEnd::Answered(http::Response {
                 status: 503,
                 headers,
                 body: b"other".to_vec(),
                 trailers: Vec::new(),
             }),
             local_reply: None,
-            stalled: None,
-            reset: None,
             notes: Vec::new(),
         };
         let failures = check_exchange(&expect, &ex, &WrittenLog::harness(&[]));
