@@ -113,16 +113,11 @@ fn bootstrap_file(code: Option<&str>) -> (tempfile::TempDir, PathBuf) {
 }
 
 fn request() -> Request {
-    Request {
-        method: "GET".into(),
-        path: "/api/items".into(),
-        authority: "demo.local".into(),
-        headers: vec![
-            ("x-internal-secret".into(), b"s3cret".to_vec()),
-            ("user-agent".into(), b"bench".to_vec()),
-        ],
-        ..Default::default()
-    }
+    let mut request = Request::get("/api/items")
+        .header("x-internal-secret", "s3cret")
+        .header("user-agent", "bench");
+    request.authority = "demo.local".into();
+    request
 }
 
 /// The same request through real Envoy (one worker, V8) and a loopback upstream, for scale:
@@ -131,11 +126,7 @@ fn envoy_round_trip() -> Option<Duration> {
     let envoy = wasm_harness::real_envoy::find_envoy().ok()?;
     let (_dir, path) = bootstrap_file(None);
     let mut real = wasm_harness::real_envoy::RealEnvoy::start(&envoy, &path, 1).ok()?;
-    let reply = UpstreamReply {
-        status: 200,
-        headers: vec![("x-backend-version".into(), b"7".to_vec())],
-        ..Default::default()
-    };
+    let reply = UpstreamReply::new(200).header("x-backend-version", "7");
     let mut times = Vec::new();
     for _ in 0..201 {
         let start = Instant::now();
@@ -150,10 +141,8 @@ fn envoy_round_trip() -> Option<Duration> {
 fn per_request(label: &str, bootstrap: Bootstrap, adds: &str) -> (Duration, f64) {
     let mut proxy = Proxy::new(bootstrap, &ProxyOptions::with_workers(1)).unwrap();
     let request = request();
-    let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
-        status: 200,
-        headers: vec![("x-backend-version".into(), b"7".to_vec())],
-        ..Default::default()
+    let mut upstream = |_: &wasm_harness::http::SeenRequest| {
+        UpstreamReply::new(200).header("x-backend-version", "7")
     };
     // Warm up, and check the filter did its work (a bench of a broken filter is no bench):
     // the upstream must see the header the filter adds to requests.
@@ -188,15 +177,10 @@ const BIG_BODY: usize = 100 << 20;
 /// body the upstream saw and the response's, two bodies that are the point of the exchange.
 fn big_bodies() -> f64 {
     let mut proxy = Proxy::new(bootstrap(None), &ProxyOptions::with_workers(1)).unwrap();
-    let request = Request {
-        body: vec![b'q'; BIG_BODY],
-        ..request()
-    };
-    let mut upstream = |_: &wasm_harness::http::SeenRequest| UpstreamReply {
-        status: 200,
-        body: vec![b'r'; BIG_BODY],
-        ..Default::default()
-    };
+    let mut request = request();
+    request.body = vec![b'q'; BIG_BODY];
+    let mut upstream =
+        |_: &wasm_harness::http::SeenRequest| UpstreamReply::new(200).body(vec![b'r'; BIG_BODY]);
     let base = LIVE.load(Relaxed);
     PEAK.store(base, Relaxed);
     let exchange = proxy.send(None, None, &request, &mut upstream).unwrap();

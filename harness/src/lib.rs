@@ -58,7 +58,7 @@ pub use engine::host::{HeaderMap, LogRecord};
 pub use envoy::bootstrap::FailurePolicy;
 pub use envoy::builder::ProxyBuilder;
 pub use envoy::http::{
-    CallRecord, Exchange, LocalReplySource, Request, Response, SeenRequest, StreamEnd,
+    CallRecord, Exchange, LocalReplySource, Message, Request, Response, SeenRequest, StreamEnd,
     UpstreamReply,
 };
 pub use envoy::proxy::{Proxy, ProxyOptions, StartError, TcpEvent, TcpOutcome};

@@ -7,27 +7,72 @@ use serde::{Serialize, Serializer};
 pub use crate::engine::header_map::{self as headers, HeaderMap};
 pub use crate::engine::metadata::{self, DynamicMetadata};
 
+/// What every HTTP message carries after its first line: the header block, the body as it
+/// arrives, and the trailers. Requests, upstream replies, what the upstream saw and what the
+/// client got share it, so one reader of a body or a header serves all four.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Message {
+    /// Headers, names lower-cased (as HTTP/2 and Envoy have them). A request a client sends
+    /// has no pseudo-headers here (its first line is its own fields); what an upstream saw
+    /// has them all (`:method`, `:path`, `:authority`).
+    pub headers: HeaderMap,
+    /// The body, arriving as one chunk.
+    #[serde(serialize_with = "bytes_as_text")]
+    pub body: Vec<u8>,
+    /// More of the body, arriving chunk by chunk after `body` (each is one body callback at
+    /// the first filter). Only what a client or an upstream sends has them.
+    #[serde(
+        skip_serializing_if = "Vec::is_empty",
+        serialize_with = "chunks_as_text"
+    )]
+    pub body_chunks: Vec<Vec<u8>>,
+    /// Trailers after the body (as an HTTP/2 peer or a gRPC call sends them). What an upstream
+    /// saw has them as the router forwards them: none over HTTP/1.1 unless the cluster
+    /// enables trailers.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub trailers: HeaderMap,
+}
+
+impl Message {
+    /// The body as it arrives: `body` (if any), then `body_chunks`.
+    pub fn chunks(&self) -> Vec<Vec<u8>> {
+        chunks(&self.body, &self.body_chunks)
+    }
+
+    /// The whole body.
+    pub fn full_body(&self) -> Vec<u8> {
+        self.chunks().concat()
+    }
+}
+
+/// Each message type reads and writes its [`Message`] part as its own fields
+/// (`request.headers`, `response.body`): the part is what the four have in common, not a
+/// thing a reader should have to name.
+macro_rules! message_parts {
+    ($($t:ty),*) => {$(
+        impl std::ops::Deref for $t {
+            type Target = Message;
+            fn deref(&self) -> &Message {
+                &self.message
+            }
+        }
+        impl std::ops::DerefMut for $t {
+            fn deref_mut(&mut self) -> &mut Message {
+                &mut self.message
+            }
+        }
+    )*};
+}
+message_parts!(Request, UpstreamReply, SeenRequest, Response);
+
 /// A request as a client sends it to a listener.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Request {
     pub method: String,
     pub path: String,
     pub authority: String,
-    /// Regular headers (no pseudo-headers), names lower-cased.
-    pub headers: HeaderMap,
-    /// The body, arriving as one chunk.
-    #[serde(serialize_with = "bytes_as_text")]
-    pub body: Vec<u8>,
-    /// More of the body, arriving chunk by chunk after `body` (each is one
-    /// `on_http_request_body` call at the first filter).
-    #[serde(
-        skip_serializing_if = "Vec::is_empty",
-        serialize_with = "chunks_as_text"
-    )]
-    pub body_chunks: Vec<Vec<u8>>,
-    /// Trailers after the body (as an HTTP/2 client or a gRPC call sends them).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub trailers: HeaderMap,
+    #[serde(flatten)]
+    pub message: Message,
     /// Dynamic metadata the stream carries before the Wasm filters run (as a filter ahead
     /// of them would set it), read through the `metadata` property.
     #[serde(skip_serializing_if = "DynamicMetadata::is_empty")]
@@ -42,10 +87,9 @@ impl Request {
 
     /// A POST for `path` with `body` as one chunk.
     pub fn post(path: impl Into<String>, body: impl Into<Vec<u8>>) -> Self {
-        Self {
-            body: body.into(),
-            ..Self::new("POST", path)
-        }
+        let mut request = Self::new("POST", path);
+        request.body = body.into();
+        request
     }
 
     pub fn new(method: impl Into<String>, path: impl Into<String>) -> Self {
@@ -70,16 +114,6 @@ impl Request {
             .or_default()
             .insert(key.to_string(), value);
         self
-    }
-
-    /// The body as it arrives: `body` (if any), then `body_chunks`.
-    pub fn chunks(&self) -> Vec<Vec<u8>> {
-        chunks(&self.body, &self.body_chunks)
-    }
-
-    /// The whole body.
-    pub fn full_body(&self) -> Vec<u8> {
-        self.chunks().concat()
     }
 }
 
@@ -128,17 +162,8 @@ fn chunks(body: &[u8], more: &[Vec<u8>]) -> Vec<Vec<u8>> {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct UpstreamReply {
     pub status: u16,
-    pub headers: HeaderMap,
-    #[serde(serialize_with = "bytes_as_text")]
-    pub body: Vec<u8>,
-    /// More of the body, chunk by chunk after `body`.
-    #[serde(
-        skip_serializing_if = "Vec::is_empty",
-        serialize_with = "chunks_as_text"
-    )]
-    pub body_chunks: Vec<Vec<u8>>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub trailers: HeaderMap,
+    #[serde(flatten)]
+    pub message: Message,
 }
 
 impl UpstreamReply {
@@ -161,25 +186,14 @@ impl UpstreamReply {
         self.body = body.into();
         self
     }
-
-    /// The body as it arrives: `body` (if any), then `body_chunks`.
-    pub fn chunks(&self) -> Vec<Vec<u8>> {
-        chunks(&self.body, &self.body_chunks)
-    }
 }
 
 /// The request as it reached the upstream.
 #[derive(Debug, Clone, Serialize)]
 pub struct SeenRequest {
     pub cluster: String,
-    /// All headers including pseudo-headers (`:method`, `:path`, `:authority`).
-    pub headers: HeaderMap,
-    #[serde(serialize_with = "bytes_as_text")]
-    pub body: Vec<u8>,
-    /// Request trailers as the router forwards them: none over HTTP/1.1 unless the cluster
-    /// enables trailers.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub trailers: HeaderMap,
+    #[serde(flatten)]
+    pub message: Message,
 }
 
 /// Who produced a response that did not come from an upstream.
@@ -202,11 +216,8 @@ pub enum LocalReplySource {
 #[derive(Debug, Clone, Serialize)]
 pub struct Response {
     pub status: u16,
-    pub headers: HeaderMap,
-    #[serde(serialize_with = "bytes_as_text")]
-    pub body: Vec<u8>,
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub trailers: HeaderMap,
+    #[serde(flatten)]
+    pub message: Message,
 }
 
 /// Everything one request did.
@@ -413,10 +424,8 @@ mod tests {
 
     #[test]
     fn bodies_are_text_in_reports_and_base64_when_not_utf8() {
-        let reply = UpstreamReply {
-            body_chunks: vec![vec![0xff, 0x00]],
-            ..UpstreamReply::new(200).body("hello")
-        };
+        let mut reply = UpstreamReply::new(200).body("hello");
+        reply.body_chunks = vec![vec![0xff, 0x00]];
         let json = serde_json::to_value(&reply).unwrap();
         assert_eq!(json["body"], "hello");
         assert_eq!(json["body_chunks"][0]["base64"], "/wA=");

@@ -11,7 +11,7 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::envoy::http::{HeaderMap, Response};
+use crate::envoy::http::{self, HeaderMap, Response};
 
 mod server;
 
@@ -355,9 +355,12 @@ fn parse_response(message: Message) -> Result<Response, Http1Error> {
     );
     Ok(Response {
         status,
-        headers,
-        body: message.body,
-        trailers: message.trailers,
+        message: http::Message {
+            headers,
+            body: message.body,
+            trailers: message.trailers,
+            ..http::Message::default()
+        },
     })
 }
 

@@ -427,19 +427,20 @@ const GRPC_CLIENT_HEADERS: &[&str] = &[
 /// A callout as its upstream saw it, in the harness's record shape: an HTTP call's headers
 /// and body; a gRPC call's `:path` and metadata, and its message without the 5-byte frame.
 fn call_record(seen: SeenRequest) -> CallRecord {
-    if is_grpc(&seen.headers) {
-        let headers = seen
+    let SeenRequest { cluster, message } = seen;
+    if is_grpc(&message.headers) {
+        let headers = message
             .headers
             .into_iter()
             .filter(|(k, _)| !GRPC_CLIENT_HEADERS.contains(&k.as_str()))
             .collect();
-        let body = match seen.body.get(5..) {
-            Some(message) if seen.body[0] == 0 => message.to_vec(),
-            _ => seen.body,
+        let body = match message.body.get(5..) {
+            Some(grpc_message) if message.body[0] == 0 => grpc_message.to_vec(),
+            _ => message.body,
         };
         return CallRecord {
             kind: "grpc",
-            cluster: seen.cluster,
+            cluster,
             worker: None,
             headers,
             body,
@@ -448,10 +449,10 @@ fn call_record(seen: SeenRequest) -> CallRecord {
     }
     CallRecord {
         kind: "http",
-        cluster: seen.cluster,
+        cluster,
         worker: None,
-        headers: seen.headers,
-        body: seen.body,
+        headers: message.headers,
+        body: message.body,
         answer: "real envoy".into(),
     }
 }

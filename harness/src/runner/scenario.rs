@@ -50,7 +50,7 @@ pub mod expect;
 pub use callouts::{GrpcCallSpec, HttpCallSpec};
 
 use crate::engine::host::HeaderMap;
-use crate::envoy::http::{Request, UpstreamReply};
+use crate::envoy::http::{Message, Request, UpstreamReply};
 use expect::{ConnectionExpect, Expect, LogExpect};
 
 #[derive(Debug, thiserror::Error)]
@@ -489,15 +489,17 @@ impl RequestCase {
             method: self.request.method.clone(),
             path: self.request.path.clone(),
             authority: self.request.authority.clone(),
-            headers: self.request.headers.to_map(),
-            body: self.request.body.clone().into_bytes(),
-            body_chunks: self
-                .request
-                .body_chunks
-                .iter()
-                .map(|c| c.clone().into_bytes())
-                .collect(),
-            trailers: self.request.trailers.to_map(),
+            message: Message {
+                headers: self.request.headers.to_map(),
+                body: self.request.body.clone().into_bytes(),
+                body_chunks: self
+                    .request
+                    .body_chunks
+                    .iter()
+                    .map(|c| c.clone().into_bytes())
+                    .collect(),
+                trailers: self.request.trailers.to_map(),
+            },
             dynamic_metadata: self.request.dynamic_metadata.clone(),
         }
     }
@@ -511,14 +513,16 @@ impl UpstreamSpec {
     pub fn to_reply(&self) -> UpstreamReply {
         UpstreamReply {
             status: self.status,
-            headers: self.headers.to_map(),
-            body: self.body.clone().into_bytes(),
-            body_chunks: self
-                .body_chunks
-                .iter()
-                .map(|c| c.clone().into_bytes())
-                .collect(),
-            trailers: self.trailers.to_map(),
+            message: Message {
+                headers: self.headers.to_map(),
+                body: self.body.clone().into_bytes(),
+                body_chunks: self
+                    .body_chunks
+                    .iter()
+                    .map(|c| c.clone().into_bytes())
+                    .collect(),
+                trailers: self.trailers.to_map(),
+            },
         }
     }
 }

@@ -177,7 +177,6 @@ fn real_envoy_counts_custom_metrics_proxy_wide_too() {
         method: "GET".into(),
         path: "/".into(),
         authority: "demo.local".into(),
-        headers: Vec::new(),
         ..Default::default()
     };
     let reply = UpstreamReply {

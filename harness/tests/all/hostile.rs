@@ -487,7 +487,7 @@ fn a_guest_adding_headers_in_a_loop_is_refused_at_the_map_limit() {
         lines.iter().any(|l| l.contains("would pass the harness's limit of 8192 entries or 16777216 bytes")),
         "{lines:?}"
     );
-    let seen = ex.upstream.unwrap().headers;
+    let seen = ex.upstream.unwrap().message.headers;
     let flood = seen.iter().filter(|(k, _)| k == "x-flood").count();
     assert!((8000..=8192).contains(&flood), "{flood} x-flood headers");
 }

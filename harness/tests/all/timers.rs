@@ -32,7 +32,6 @@ fn get(proxy: &mut Proxy, worker: usize) -> u16 {
         method: "GET".into(),
         path: "/".into(),
         authority: "demo.local".into(),
-        headers: vec![],
         ..Default::default()
     };
     let ex = proxy

@@ -228,16 +228,13 @@ impl Callouts {
         }
         match crate::envoy::http1::request(addr, headers, body, limit, CALLOUT_LIMITS) {
             Ok(resp) => {
-                let reply = UpstreamReply {
-                    status: resp.status,
-                    headers: resp
-                        .headers
-                        .into_iter()
-                        .filter(|(k, _)| k != ":status")
-                        .collect(),
-                    body: resp.body,
-                    ..UpstreamReply::default()
-                };
+                let mut reply = UpstreamReply::new(resp.status).body(resp.message.body);
+                reply.headers = resp
+                    .message
+                    .headers
+                    .into_iter()
+                    .filter(|(k, _)| k != ":status")
+                    .collect();
                 let status = reply.status;
                 Answer::new(
                     CallOutcome::Http(from_upstream(reply)),
@@ -359,9 +356,10 @@ const CONNECT_FAILURE: &str =
 
 /// An upstream's reply as the guest sees it through Envoy's router.
 fn from_upstream(reply: UpstreamReply) -> CallResponse {
+    let message = reply.message;
     CallResponse {
-        headers: super::router::routed_headers(reply.status, reply.headers, reply.body.len()),
-        body: reply.body,
+        headers: super::router::routed_headers(reply.status, message.headers, message.body.len()),
+        body: message.body,
         ..Default::default()
     }
 }
@@ -524,12 +522,7 @@ mod tests {
 
     #[test]
     fn upstream_replies_carry_router_headers() {
-        let r = from_upstream(UpstreamReply {
-            status: 403,
-            headers: vec![("x-why".into(), b"no".to_vec())],
-            body: b"denied".to_vec(),
-            ..UpstreamReply::default()
-        });
+        let r = from_upstream(UpstreamReply::new(403).header("x-why", "no").body("denied"));
         let names: Vec<&str> = r.headers.iter().map(|(k, _)| k.as_str()).collect();
         assert_eq!(
             names,

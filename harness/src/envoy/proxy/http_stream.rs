@@ -15,7 +15,8 @@ use crate::engine::host::{self, LocalReply};
 use crate::engine::vm::Vm;
 use crate::envoy::bootstrap::{Bootstrap, FailurePolicy, HttpConnectionManager, WasmPlugin};
 use crate::envoy::http::{
-    Exchange, HeaderMap, LocalReplySource, Request, Response, SeenRequest, StreamEnd, UpstreamReply,
+    Exchange, HeaderMap, LocalReplySource, Message, Request, Response, SeenRequest, StreamEnd,
+    UpstreamReply,
 };
 
 /// One HTTP stream on worker `w`. It holds every thread because what a callback enqueues is
@@ -353,9 +354,12 @@ impl<'a> HttpStream<'a> {
                 self.data_phase(Dir::Response, encode_order, chunks, trailers)?;
             Ok(Response {
                 status,
-                headers,
-                body,
-                trailers: trailers.unwrap_or_default(),
+                message: Message {
+                    headers,
+                    body,
+                    trailers: trailers.unwrap_or_default(),
+                    ..Message::default()
+                },
             })
         });
         let mut response = match encoded {
@@ -368,15 +372,18 @@ impl<'a> HttpStream<'a> {
                 // It does not pass through the filters again.
                 Response {
                     status: r.status,
-                    headers: r.headers,
-                    body: r.chunks.concat(),
-                    trailers: Vec::new(),
+                    message: Message {
+                        headers: r.headers,
+                        body: r.chunks.concat(),
+                        ..Message::default()
+                    },
                 }
             }
         };
+        let message = &mut response.message;
         frame(
-            &mut response.headers,
-            &mut response.body,
+            &mut message.headers,
+            &mut message.body,
             "client",
             &mut trace.notes,
         )?;
@@ -408,9 +415,12 @@ impl<'a> HttpStream<'a> {
                 let protocol = router::upstream_protocol(self.bootstrap, &cluster);
                 let mut seen = SeenRequest {
                     cluster,
-                    headers,
-                    body,
-                    trailers: router::forwarded_trailers(trailers, protocol),
+                    message: Message {
+                        headers,
+                        body,
+                        trailers: router::forwarded_trailers(trailers, protocol),
+                        ..Message::default()
+                    },
                 };
                 let reply = upstream(&seen);
                 // The contexts read the headers until their end; `run` returns them.

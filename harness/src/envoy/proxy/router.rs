@@ -214,12 +214,13 @@ pub(crate) fn grpc_message_encode(text: &[u8]) -> Vec<u8> {
 pub(super) fn upstream_response(reply: UpstreamReply, protocol: UpstreamProtocol) -> Outgoing {
     let chunks = reply.chunks();
     let len = chunks.iter().map(Vec::len).sum();
+    let message = reply.message;
     Outgoing {
         status: reply.status,
-        headers: routed_headers(reply.status, reply.headers, len),
+        headers: routed_headers(reply.status, message.headers, len),
         chunks,
-        trailers: (!reply.trailers.is_empty() && protocol.passes_trailers())
-            .then_some(reply.trailers),
+        trailers: (!message.trailers.is_empty() && protocol.passes_trailers())
+            .then_some(message.trailers),
     }
 }
 

@@ -22,7 +22,7 @@ pub(super) fn admin_get(admin_path: &Path, path: &str) -> Option<Vec<u8>> {
         authority: "admin".into(),
         ..Request::default()
     };
-    Some(http1_exchange(port, &request).ok()?.body)
+    Some(http1_exchange(port, &request).ok()?.message.body)
 }
 
 /// The listeners Envoy has bound, by name, from its admin API (`/listeners?format=json`).

@@ -14,7 +14,7 @@ use wasm_common::sync::lock;
 
 use super::upstream::{UpstreamAnswer, UpstreamState, IDLE};
 use super::MAX_BODY_BYTES;
-use crate::envoy::http::{GrpcCallAnswer, HeaderMap, SeenRequest, UpstreamReply};
+use crate::envoy::http::{GrpcCallAnswer, HeaderMap, Message, SeenRequest, UpstreamReply};
 
 /// The start of the HTTP/2 connection preface (`PRI * HTTP/2.0`): no HTTP/1.1 method.
 pub(super) const PREFACE_START: &[u8; 4] = b"PRI ";
@@ -123,9 +123,12 @@ async fn read_request(
     };
     Some(SeenRequest {
         cluster: cluster.to_string(),
-        headers,
-        body: data,
-        trailers,
+        message: Message {
+            headers,
+            body: data,
+            trailers,
+            ..Message::default()
+        },
     })
 }
 
@@ -223,7 +226,7 @@ fn reply_parts(reply: UpstreamReply) -> (http::Response<()>, Vec<Vec<u8>>, Heade
         head.headers_mut()
             .insert(http::header::CONTENT_LENGTH, http::HeaderValue::from(len));
     }
-    (head, body, reply.trailers)
+    (head, body, reply.message.trailers)
 }
 
 fn grpc_head(status: u16, extra: &[(String, Vec<u8>)]) -> http::Response<()> {

@@ -16,7 +16,7 @@ use wasm_common::sync::lock;
 
 use super::{h2c, io, EnvoyError, MAX_BODY_BYTES};
 use crate::envoy::http::{
-    headers, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HeaderMap, HttpCallAnswer,
+    headers, CannedGrpcCall, CannedHttpCall, GrpcCallAnswer, HeaderMap, HttpCallAnswer, Message,
     SeenRequest, UpstreamReply,
 };
 use crate::envoy::http1;
@@ -177,9 +177,12 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
         };
         let answer = lock(state).answer(SeenRequest {
             cluster: cluster.to_string(),
-            headers: request.headers,
-            body: request.body,
-            trailers: request.trailers,
+            message: Message {
+                headers: request.headers,
+                body: request.body,
+                trailers: request.trailers,
+                ..Message::default()
+            },
         });
         let reply = match answer {
             UpstreamAnswer::Reply(r) => r,

@@ -524,15 +524,19 @@ mod tests {
             worker: 0,
             upstream: Some(http::SeenRequest {
                 cluster: "c".into(),
-                headers: headers.clone(),
-                body: b"other".to_vec(),
-                trailers: Vec::new(),
+                message: http::Message {
+                    headers: headers.clone(),
+                    body: b"other".to_vec(),
+                    ..http::Message::default()
+                },
             }),
             end: http::StreamEnd::Answered(http::Response {
                 status: 503,
-                headers,
-                body: b"other".to_vec(),
-                trailers: Vec::new(),
+                message: http::Message {
+                    headers,
+                    body: b"other".to_vec(),
+                    ..http::Message::default()
+                },
             }),
             local_reply: None,
             notes: Vec::new(),
