@@ -125,8 +125,8 @@ pub struct HttpStreamState {
 #[derive(Debug, Default, Clone)]
 pub struct AccessLogMaps {
     pub request_headers: Option<Arc<HeaderMap>>,
-    pub response_headers: Option<HeaderMap>,
-    pub response_trailers: Option<HeaderMap>,
+    pub response_headers: Option<Arc<HeaderMap>>,
+    pub response_trailers: Option<Arc<HeaderMap>>,
 }
 
 /// The downstream connection a stream arrived on, for the `source.*`, `destination.*` and

@@ -27,8 +27,8 @@ fn map_ref(state: &HostState, ty: MapType) -> Option<&HeaderMap> {
     if let Some(log) = &s.access_log {
         return match ty {
             MapType::RequestHeaders => log.request_headers.as_deref(),
-            MapType::ResponseHeaders => log.response_headers.as_ref(),
-            MapType::ResponseTrailers => log.response_trailers.as_ref(),
+            MapType::ResponseHeaders => log.response_headers.as_deref(),
+            MapType::ResponseTrailers => log.response_trailers.as_deref(),
             _ => None,
         };
     }

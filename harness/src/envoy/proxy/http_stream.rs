@@ -255,12 +255,12 @@ impl<'a> HttpStream<'a> {
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
     ) -> Exchange {
         let mut trace = Trace::default();
-        let end = match self.exchange(request, number, upstream, &mut trace) {
+        let mut end = match self.exchange(request, number, upstream, &mut trace) {
             Ok(response) => StreamEnd::Answered(response),
             Err(Halt::Stalled(why)) => StreamEnd::Stalled(why),
             Err(Halt::Reset(why)) => StreamEnd::Reset(why),
         };
-        self.finish(match &end {
+        self.finish(match &mut end {
             StreamEnd::Answered(response) => Some(response),
             _ => None,
         });
@@ -435,17 +435,28 @@ impl<'a> HttpStream<'a> {
 
     /// Stream end: `on_log` (reading the request headers and the response the client got),
     /// `on_done`, `on_delete` on every filter's context.
-    fn finish(&mut self, response: Option<&Response>) {
+    /// The response's maps are lent to the contexts as the request's are (shared, not copied:
+    /// every request pays for this phase), and are the client's again once the phase is over.
+    fn finish(&mut self, response: Option<&mut Response>) {
+        let lent = response.map(|r| {
+            let headers = Arc::new(std::mem::take(&mut r.message.headers));
+            let trailers =
+                (!r.trailers.is_empty()).then(|| Arc::new(std::mem::take(&mut r.message.trailers)));
+            (r, headers, trailers)
+        });
         let log = host::AccessLogMaps {
             request_headers: self.request.clone(),
-            response_headers: response.map(|r| r.headers.clone()),
-            response_trailers: response
-                .filter(|r| !r.trailers.is_empty())
-                .map(|r| r.trailers.clone()),
+            response_headers: lent.as_ref().map(|(_, h, _)| Arc::clone(h)),
+            response_trailers: lent.as_ref().and_then(|(_, _, t)| t.clone()),
         };
         for c in std::mem::take(&mut self.contexts).into_iter().flatten() {
             self.worker().vms[c.0].finish_stream(c.1, log.clone());
             self.threads.deliver_posted();
+        }
+        drop(log);
+        if let Some((r, headers, trailers)) = lent {
+            r.message.headers = Arc::unwrap_or_clone(headers);
+            r.message.trailers = trailers.map(Arc::unwrap_or_clone).unwrap_or_default();
         }
     }
 }
