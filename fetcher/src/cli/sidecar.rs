@@ -61,8 +61,9 @@ pub struct RenderArgs {
     /// absolute path of --output].
     #[arg(long, value_name = "DIR")]
     envoy_dir: Option<PathBuf>,
-    /// Where pull secrets are mounted: imagePullSecret NAME reads DIR/NAME/.dockerconfigjson
-    /// (a Kubernetes Secret volume). Without it a named secret is not used.
+    /// Where pull secrets are mounted, a directory per namespace: imagePullSecret NAME of a
+    /// plugin in namespace NS reads DIR/NS/NAME/.dockerconfigjson (a Kubernetes Secret
+    /// volume). Without it a named secret is not used.
     #[arg(long, value_name = "DIR")]
     pull_secrets: Option<PathBuf>,
     /// Overrides every plugin's imagePullPolicy; Never serves only what the cache holds
@@ -78,7 +79,7 @@ pub struct PrefetchArgs {
     /// WasmPlugin resources whose modules to pull into the cache.
     #[arg(required = true, value_name = "WASMPLUGIN.yaml")]
     files: Vec<PathBuf>,
-    /// As for render: imagePullSecret NAME reads DIR/NAME/.dockerconfigjson.
+    /// As for render: imagePullSecret NAME in namespace NS reads DIR/NS/NAME/.dockerconfigjson.
     #[arg(long, value_name = "DIR")]
     pull_secrets: Option<PathBuf>,
     #[command(flatten)]

@@ -440,9 +440,10 @@ fn each_shipped_wasmplugin_renders_and_the_ecds_bootstrap_validates() {
     );
     let dir = tempfile::tempdir().unwrap();
     let secrets = dir.path().join("secrets");
-    std::fs::create_dir_all(secrets.join("wasm-registry-credentials")).unwrap();
+    // The plugins are in istio-system: their secret is looked up there only.
+    std::fs::create_dir_all(secrets.join("istio-system/wasm-registry-credentials")).unwrap();
     std::fs::write(
-        secrets.join("wasm-registry-credentials/.dockerconfigjson"),
+        secrets.join("istio-system/wasm-registry-credentials/.dockerconfigjson"),
         format!(
             r#"{{"auths":{{"{}":{{"auth":"dXNlcjpwYXNz"}}}}}}"#,
             reg.host
