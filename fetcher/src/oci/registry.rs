@@ -118,8 +118,8 @@ impl Registry {
                 insecure,
                 self.credentials.clone(),
                 &self.settings,
-            )?
-            .with_access(self.access);
+                self.access,
+            )?;
             let failure = match d.ping().await {
                 Ok(()) => return Ok(d),
                 Err(f) => f,
