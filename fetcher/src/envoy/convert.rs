@@ -70,6 +70,9 @@ pub struct Site {
     /// The Wasm message (`{config: ...}` for a filter, `{config, singleton}` for a service),
     /// with `ISTIO_META_*` variables already removed.
     message: Value,
+    /// How the message spells `vm_config` (`vmConfig` in proto JSON), where the local module
+    /// goes.
+    vm_key: String,
     pub request: PullRequest,
     /// `http_uri.timeout`, the bound Istio puts on the whole fetch.
     pub timeout: Option<Duration>,
@@ -117,16 +120,17 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
         Value::Object(m)
     };
     let config_at = join(&base, "config");
-    let vm_at = join(&config_at, "vm_config");
-    let code_at = join(&vm_at, "code");
     let config = message
         .get_mut("config")
         .and_then(Value::as_object_mut)
         .ok_or_else(|| invalid(&config_at, "Required value: the plugin configuration"))?;
     let fail_open = fail_open(config, &config_at)?;
     let plugin_name = config.get("name").and_then(Value::as_str).map(String::from);
+    let vm_key = key_in(config, "vm_config", &config_at)?;
+    let vm_at = join(&config_at, &vm_key);
+    let code_at = join(&vm_at, "code");
     let vm = config
-        .get_mut("vm_config")
+        .get_mut(&vm_key)
         .and_then(Value::as_object_mut)
         .ok_or_else(|| invalid(&vm_at, "Required value: the VM configuration"))?;
     let code = vm.get("code").and_then(Value::as_object).ok_or_else(|| {
@@ -145,13 +149,15 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
             "Required value: no remote and no local module (code.remote.http_uri or code.local.filename)",
         )
     })?;
-    let uri_at = join(&join(&remote_at, "http_uri"), "uri");
+    let http_uri_key = key_in(remote, "http_uri", &remote_at)?;
+    let http_uri_at = join(&remote_at, &http_uri_key);
+    let uri_at = join(&http_uri_at, "uri");
     let http_uri = remote
-        .get("http_uri")
+        .get(&http_uri_key)
         .and_then(Value::as_object)
         .ok_or_else(|| {
             invalid(
-                &join(&remote_at, "http_uri"),
+                &http_uri_at,
                 "Required value: the module's URL (http_uri.uri); this fetcher reads nothing else of a remote source",
             )
         })?;
@@ -183,11 +189,11 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
         None | Some(Value::Null) => None,
         Some(Value::String(t)) => Some(
             wasm_common::duration::parse(t)
-                .map_err(|e| invalid(&join(&join(&remote_at, "http_uri"), "timeout"), e))?,
+                .map_err(|e| invalid(&join(&http_uri_at, "timeout"), e))?,
         ),
         Some(_) => {
             return Err(invalid(
-                &join(&join(&remote_at, "http_uri"), "timeout"),
+                &join(&http_uri_at, "timeout"),
                 "must be a duration string such as \"30s\"",
             ))
         }
@@ -211,6 +217,7 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
         pointer: any.pointer.clone(),
         kind: any.kind,
         message,
+        vm_key,
         request,
         timeout,
         secret: env.get(SECRET_ENV).map(|s| s.clone().into_bytes()),
@@ -218,18 +225,57 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
     }))
 }
 
+/// The key `snake` goes by in `map`: its snake_case name, or proto JSON's lowerCamelCase one,
+/// as Envoy reads both (the snake_case name when neither is there). Both at once is refused:
+/// Envoy keeps whichever comes last, and reading the other one is how a fail-closed plugin
+/// became allow-all.
+fn key_in(map: &Map<String, Value>, snake: &str, at: &str) -> Result<String, ConvertError> {
+    let camel = lower_camel(snake);
+    if camel != snake && map.contains_key(snake) && map.contains_key(&camel) {
+        return Err(invalid(
+            &join(at, snake),
+            format!("set twice, as {snake} and as {camel}: keep one"),
+        ));
+    }
+    Ok(if map.contains_key(&camel) {
+        camel
+    } else {
+        snake.to_string()
+    })
+}
+
+/// Proto JSON's name for a field: `failure_policy` is `failurePolicy`.
+fn lower_camel(snake: &str) -> String {
+    let mut out = String::with_capacity(snake.len());
+    let mut upper = false;
+    for c in snake.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.push(c.to_ascii_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Istio's rule: `failure_policy`, when set, opens only for `FAIL_OPEN`; otherwise the
-/// deprecated `fail_open`.
+/// deprecated `fail_open`. Both set (a policy other than `UNSPECIFIED` and `fail_open: true`)
+/// is refused, as Envoy refuses it.
 fn fail_open(config: &Map<String, Value>, at: &str) -> Result<bool, ConvertError> {
-    match config.get("failure_policy") {
-        None | Some(Value::Null) => {}
+    let policy_key = key_in(config, "failure_policy", at)?;
+    let open_key = key_in(config, "fail_open", at)?;
+    let policy = match config.get(&policy_key) {
+        None | Some(Value::Null) => None,
         Some(Value::String(p)) => match p.as_str() {
-            "UNSPECIFIED" => {}
-            "FAIL_OPEN" => return Ok(true),
-            "FAIL_CLOSED" | "FAIL_RELOAD" => return Ok(false),
+            "UNSPECIFIED" => None,
+            "FAIL_OPEN" => Some(true),
+            "FAIL_CLOSED" | "FAIL_RELOAD" => Some(false),
             other => {
                 return Err(invalid(
-                    &join(at, "failure_policy"),
+                    &join(at, &policy_key),
                     format!(
                         "Unsupported value: {:?}: supported values: \"UNSPECIFIED\", \"FAIL_RELOAD\", \"FAIL_CLOSED\", \"FAIL_OPEN\"",
                         crate::error::shown(other)
@@ -239,15 +285,23 @@ fn fail_open(config: &Map<String, Value>, at: &str) -> Result<bool, ConvertError
         },
         Some(_) => {
             return Err(invalid(
-                &join(at, "failure_policy"),
+                &join(at, &policy_key),
                 "must be a string (FAIL_OPEN, FAIL_CLOSED, FAIL_RELOAD)",
             ))
         }
-    }
-    match config.get("fail_open") {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(invalid(&join(at, "fail_open"), "must be true or false")),
+    };
+    let legacy = match config.get(&open_key) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid(&join(at, &open_key), "must be true or false")),
+    };
+    match (policy, legacy) {
+        (Some(_), true) => Err(invalid(
+            &join(at, &open_key),
+            format!("only one of fail_open or failure_policy can be set (Envoy refuses both; {policy_key} is set)"),
+        )),
+        (Some(open), false) => Ok(open),
+        (None, legacy) => Ok(legacy),
     }
 }
 
@@ -258,15 +312,18 @@ fn take_istio_env(
     vm_at: &str,
 ) -> Result<std::collections::BTreeMap<String, String>, ConvertError> {
     let mut out = std::collections::BTreeMap::new();
-    let env_at = join(vm_at, "environment_variables");
-    let Some(env) = vm.get_mut("environment_variables") else {
+    let env_key = key_in(vm, "environment_variables", vm_at)?;
+    let env_at = join(vm_at, &env_key);
+    let Some(env) = vm.get_mut(&env_key) else {
         return Ok(out);
     };
     let env = env
         .as_object_mut()
         .ok_or_else(|| invalid(&env_at, "must be an object"))?;
-    if let Some(kv) = env.get_mut("key_values") {
-        let kv_at = join(&env_at, "key_values");
+    let kv_key = key_in(env, "key_values", &env_at)?;
+    let host_key = key_in(env, "host_env_keys", &env_at)?;
+    if let Some(kv) = env.get_mut(&kv_key) {
+        let kv_at = join(&env_at, &kv_key);
         let kv = kv
             .as_object_mut()
             .ok_or_else(|| invalid(&kv_at, "must be an object of strings"))?;
@@ -284,14 +341,14 @@ fn take_istio_env(
             }
         }
         if kv.is_empty() {
-            env.remove("key_values");
+            env.remove(&kv_key);
         }
     }
     let no_host_keys = env
-        .get("host_env_keys")
+        .get(&host_key)
         .is_none_or(|h| h.as_array().is_some_and(Vec::is_empty));
-    if env.is_empty() || (no_host_keys && !env.contains_key("key_values")) {
-        vm.remove("environment_variables");
+    if env.is_empty() || (no_host_keys && !env.contains_key(&kv_key)) {
+        vm.remove(&env_key);
     }
     Ok(out)
 }
@@ -337,7 +394,7 @@ pub fn apply(
     let (replacement, outcome) = match (pulled, &site.kind) {
         (Ok(m), kind) => {
             let mut message = site.message.clone();
-            message["config"]["vm_config"]["code"] =
+            message["config"][site.vm_key.as_str()]["code"] =
                 json!({"local": {"filename": m.path.display().to_string()}});
             let type_url = match kind {
                 Kind::Filter(f) => f.wasm_type_url(),
@@ -447,7 +504,6 @@ resources:
     value:
       config:
         failure_policy: FAIL_CLOSED
-        fail_open: true
         vm_config: {code: {remote: {http_uri: {uri: "https://h.example/b.wasm"}}}}
 "#;
 
@@ -473,7 +529,7 @@ resources:
             .get("environment_variables")
             .is_none());
         assert_eq!(s[1].kind, Kind::Filter(FilterType::Network));
-        assert!(!s[1].fail_open, "failure_policy wins over fail_open");
+        assert!(!s[1].fail_open, "FAIL_CLOSED");
     }
 
     #[test]
@@ -513,6 +569,119 @@ resources:
             Fallback::DenyAll.config(FilterType::Network)
         );
         assert_eq!(d["resources"][1]["name"], "b");
+    }
+
+    /// Envoy reads proto JSON's names as well as snake_case ones; so does convert, and the
+    /// module is written where the input spelled it.
+    #[test]
+    fn proto_json_names_are_read_as_envoy_reads_them() {
+        let camel = ECDS
+            .replace("vm_config", "vmConfig")
+            .replace("http_uri", "httpUri")
+            .replace("environment_variables", "environmentVariables")
+            .replace("key_values", "keyValues")
+            .replace("type_url", "typeUrl")
+            .replace("typed_config", "typedConfig")
+            .replace("fail_open: true", "failOpen: true")
+            .replace("failure_policy: FAIL_CLOSED", "failurePolicy: FAIL_OPEN");
+        let mut d = doc(&camel);
+        let s = sites(&d).unwrap();
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].at, "resources[0].typedConfig");
+        assert!(s[0].fail_open, "failOpen: true");
+        assert_eq!(s[0].request.policy, Some(PullPolicy::Always));
+        assert_eq!(s[0].request.resource_version.as_deref(), Some("42"));
+        assert_eq!(
+            s[0].request.resource.as_deref(),
+            Some("extensions.istio.io/wasmplugin/ns.a")
+        );
+        assert_eq!(s[0].timeout, Some(Duration::from_secs(30)));
+        assert!(s[0].message["config"]["vmConfig"]
+            .get("environmentVariables")
+            .is_none());
+        assert_eq!(s[1].kind, Kind::Filter(FilterType::Network));
+        assert!(s[1].fail_open, "failurePolicy: FAIL_OPEN");
+        let pulled = crate::Pulled {
+            path: "/c/m.wasm".into(),
+            source: String::new(),
+            sha256: crate::Sha256::parse(&"ab".repeat(32)).unwrap(),
+            manifest_digest: None,
+            pin: None,
+            from_cache: false,
+        };
+        apply(&mut d, &s[0], Ok(&pulled)).unwrap();
+        let config = &d["resources"][0]["typedConfig"]["config"];
+        assert_eq!(
+            config["vmConfig"]["code"],
+            json!({"local": {"filename": "/c/m.wasm"}})
+        );
+        assert!(config.get("vm_config").is_none(), "{config}");
+    }
+
+    /// Both policies set is what Envoy refuses ("only one of fail_open or failure_policy can
+    /// be set"), in any spelling; one field in both spellings is refused too (Envoy keeps the
+    /// last, which a JSON object cannot tell).
+    #[test]
+    fn what_envoy_refuses_is_refused_in_either_spelling() {
+        for (policy, open) in [
+            ("failure_policy", "fail_open"),
+            ("failurePolicy", "fail_open"),
+            ("failure_policy", "failOpen"),
+            ("failurePolicy", "failOpen"),
+        ] {
+            let text = ECDS.replace(
+                "failure_policy: FAIL_CLOSED\n",
+                &format!("{policy}: FAIL_CLOSED\n        {open}: true\n"),
+            );
+            match sites(&doc(&text)) {
+                Err(ConvertError::Invalid { field, message }) => {
+                    assert_eq!(
+                        field,
+                        format!("resources[1].typed_config.value.config.{open}")
+                    );
+                    assert!(
+                        message.contains("only one of fail_open or failure_policy"),
+                        "{message}"
+                    );
+                }
+                other => panic!("{policy} + {open}: {other:?}"),
+            }
+        }
+        // UNSPECIFIED is no policy: fail_open decides, as in Envoy.
+        let unspecified = ECDS.replace(
+            "failure_policy: FAIL_CLOSED\n",
+            "failurePolicy: UNSPECIFIED\n        fail_open: true\n",
+        );
+        assert!(sites(&doc(&unspecified)).unwrap()[1].fail_open);
+        for (twice, field) in [
+            (
+                (
+                    "failure_policy: FAIL_CLOSED\n",
+                    "failure_policy: FAIL_CLOSED\n        failurePolicy: FAIL_OPEN\n",
+                ),
+                "resources[1].typed_config.value.config.failure_policy",
+            ),
+            (
+                (
+                    "fail_open: true\n      vm_config",
+                    "fail_open: true\n      failOpen: false\n      vm_config",
+                ),
+                "resources[0].typed_config.config.fail_open",
+            ),
+            (
+                ("vm_config: {code", "vmConfig: {}\n        vm_config: {code"),
+                "resources[1].typed_config.value.config.vm_config",
+            ),
+        ] {
+            assert!(ECDS.contains(twice.0), "{}", twice.0);
+            match sites(&doc(&ECDS.replace(twice.0, twice.1))) {
+                Err(ConvertError::Invalid { field: f, message }) => {
+                    assert_eq!(f, field);
+                    assert!(message.starts_with("set twice"), "{message}");
+                }
+                other => panic!("{}: {other:?}", twice.1),
+            }
+        }
     }
 
     #[test]
