@@ -36,13 +36,6 @@ pub enum ConvertError {
     /// The input is not Envoy Wasm configuration as Envoy would take it.
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
-    #[error(
-        "no Wasm filter or Wasm service configuration (an Any with @type {}, {} or {}) found",
-        url::HTTP_WASM,
-        url::NETWORK_WASM,
-        url::WASM_SERVICE
-    )]
-    NothingToConvert,
     /// A Wasm service's module could not be fetched: there is no filter to stand in for it.
     #[error("{field}: cannot fetch the Wasm service's module {url}: {message}")]
     Service {
@@ -89,15 +82,11 @@ pub struct Converted {
     pub outcome: Outcome,
 }
 
-/// Every remote Wasm site in `doc`, checked. Local ones are left alone; none at all is an
-/// error, since the input was meant to hold some.
+/// Every remote Wasm site in `doc`, checked. Local ones are left alone; none at all is no
+/// error: Istio's agent passes a resource without remote Wasm through as it is.
 pub fn sites(doc: &Value) -> Result<Vec<Site>, ConvertError> {
-    let anys = wasm_anys(doc);
-    if anys.is_empty() {
-        return Err(ConvertError::NothingToConvert);
-    }
     let mut sites = Vec::new();
-    for any in &anys {
+    for any in &wasm_anys(doc) {
         sites.extend(site(any)?);
     }
     Ok(sites)
@@ -724,10 +713,7 @@ resources:
                 other => panic!("{to}: {other:?}"),
             }
         }
-        assert!(matches!(
-            sites(&json!({"static_resources": {}})),
-            Err(ConvertError::NothingToConvert)
-        ));
+        assert!(sites(&json!({"static_resources": {}})).unwrap().is_empty());
         let local = json!({"@type": url::HTTP_WASM, "config": {"vm_config": {"code": {"local": {"filename": "/m.wasm"}}}}});
         assert!(sites(&local).unwrap().is_empty());
     }
