@@ -50,6 +50,8 @@ pub struct Distribution {
     registry: String,
     repository: String,
     scheme: Scheme,
+    /// Unverified TLS or plain HTTP is allowed (`WASM_INSECURE_REGISTRIES`).
+    insecure: bool,
     credentials: RegistryAuth,
     authorization: Option<HeaderValue>,
     access: Access,
@@ -104,6 +106,7 @@ impl Distribution {
             registry: registry.to_string(),
             repository: repository.to_string(),
             scheme,
+            insecure,
             credentials,
             authorization: None,
             access,
@@ -289,7 +292,11 @@ impl Distribution {
         service: Option<&str>,
         with_credentials: bool,
     ) -> Result<String, FetchError> {
-        let realm_url = check_realm(realm, &self.settings)?;
+        let realm_url = check_realm(
+            realm,
+            self.scheme == Scheme::Http || self.insecure,
+            &self.settings,
+        )?;
         let scope = format!(
             "repository:{}:{}",
             self.repository,
@@ -492,10 +499,15 @@ pub fn send_error(
 }
 
 /// A bearer challenge's realm: an absolute `https` URL, with a host, and not an address the
-/// guard refuses. Plain `http` only when [`realm_may_be_plain_http`]: the registry's
-/// credentials go to the realm, and Basic credentials in clear must not leave the machine for
-/// a host nobody listed.
-pub fn check_realm(realm: &str, settings: &Settings) -> Result<url::Url, FetchError> {
+/// guard refuses. Plain `http` only when both hold: the registry itself is spoken to in plain
+/// HTTP or is listed insecure (`registry_plain`: no downgrade from a TLS registry), and
+/// [`realm_may_be_plain_http`] (the registry's credentials go to the realm, and Basic
+/// credentials in clear must not leave the machine for a host nobody listed).
+pub fn check_realm(
+    realm: &str,
+    registry_plain: bool,
+    settings: &Settings,
+) -> Result<url::Url, FetchError> {
     let unsafe_realm = |reason: &str| FetchError::UnsafeRealm {
         realm: shown(realm),
         reason: reason.to_string(),
@@ -506,6 +518,11 @@ pub fn check_realm(realm: &str, settings: &Settings) -> Result<url::Url, FetchEr
     }
     match url.scheme() {
         "https" => {}
+        "http" if !registry_plain => {
+            return Err(unsafe_realm(
+                "a token realm must be https (http only for a registry listed in WASM_INSECURE_REGISTRIES or spoken to in plain HTTP)",
+            ))
+        }
         "http" if realm_may_be_plain_http(&url, settings) => {}
         "http" => {
             return Err(unsafe_realm(
@@ -551,13 +568,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn realms_must_be_https_unless_loopback_or_listed_and_never_blocked() {
+    fn plain_http_realms_only_for_a_plain_registry_and_on_loopback_or_listed_hosts() {
         let s = Settings {
             blocked_cidrs: crate::guard::parse_cidrs("10.0.0.0/8").unwrap(),
             insecure_registries: vec!["auth.listed:5001".into(), "[::2]".into()],
             ..Settings::default()
         };
-        assert!(check_realm("https://auth.example/token", &s).is_ok());
+        assert!(check_realm("https://auth.example/token", true, &s).is_ok());
         for plain in [
             "http://127.0.0.1:5000/token",
             "http://127.0.0.2/token",
@@ -566,7 +583,7 @@ mod tests {
             "http://auth.listed:5001/token",
             "http://[::2]/token",
         ] {
-            assert!(check_realm(plain, &s).is_ok(), "{plain}");
+            assert!(check_realm(plain, true, &s).is_ok(), "{plain}");
         }
         for unlisted in [
             "http://auth.example/token",
@@ -575,21 +592,27 @@ mod tests {
             "http://localhost.auth.example/token",
             "http://192.168.1.1/token",
         ] {
-            let e = check_realm(unlisted, &s).unwrap_err();
+            let e = check_realm(unlisted, true, &s).unwrap_err();
             assert!(
                 e.to_string().starts_with("unsafe bearer realm")
                     && e.to_string().contains("on loopback or a host listed"),
                 "{unlisted}: {e}"
             );
         }
+        // A registry spoken to over verified TLS never hands its credentials to plain http.
+        let e = check_realm("http://127.0.0.1:5000/token", false, &s).unwrap_err();
+        assert!(e.to_string().contains("must be https"), "{e}");
         let every = Settings {
             insecure_registries: vec!["*".into()],
             ..Settings::default()
         };
-        assert!(check_realm("http://auth.example/token", &every).is_ok());
+        assert!(check_realm("http://auth.example/token", true, &every).is_ok());
         for bad in ["file:///etc/passwd", "/token", "https://", "ftp://x/y"] {
             assert!(
-                matches!(check_realm(bad, &s), Err(FetchError::UnsafeRealm { .. })),
+                matches!(
+                    check_realm(bad, true, &s),
+                    Err(FetchError::UnsafeRealm { .. })
+                ),
                 "{bad}"
             );
         }
@@ -598,7 +621,7 @@ mod tests {
             "https://[fd00:ec2::254]/token",
             "https://10.1.1.1/token",
         ] {
-            let e = check_realm(blocked, &s).unwrap_err();
+            let e = check_realm(blocked, true, &s).unwrap_err();
             assert!(e.to_string().starts_with("blocked address"), "{e}");
         }
     }
