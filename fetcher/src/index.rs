@@ -199,7 +199,8 @@ impl IndexFile {
         &self.path
     }
 
-    /// The index. One that is missing, empty or damaged is rebuilt from `modules/`: every
+    /// The index. One that is missing, empty, damaged, or lists no module while there are
+    /// module files is rebuilt from `modules/`: every
     /// module stays visible to `ls` and purgeable; which source and resource version each
     /// came from is lost, so those are fetched again when next asked for.
     pub fn load(&self) -> Result<Index, FetchError> {
@@ -213,6 +214,11 @@ impl IndexFile {
         let problem = match read(&self.path, MAX_INDEX_BYTES) {
             Ok(bytes) if bytes.iter().all(u8::is_ascii_whitespace) => "empty".to_string(),
             Ok(bytes) => match serde_json::from_slice::<Index>(&bytes) {
+                // A document listing no module while module files are on disk (`{}`, say)
+                // would leave them orphaned: never listed, never purged.
+                Ok(index) if index.modules.is_empty() && !self.cache.module_files().is_empty() => {
+                    "valid JSON that lists none of the modules on disk".to_string()
+                }
                 Ok(mut index) => {
                     index.migrate();
                     return Ok(Loaded::Read(index));

@@ -57,6 +57,36 @@ pub fn client(
     insecure: bool,
     deadline: Deadline,
 ) -> Result<reqwest::Client, FetchError> {
+    build(
+        settings,
+        insecure,
+        deadline,
+        guard::redirect_policy(&settings.blocked_cidrs),
+    )
+}
+
+/// [`client`] that follows no redirect: an upload's answer is taken as it comes, so a
+/// redirect is refused the same way for every upload request (`crate::push`), whether or not
+/// its body could be sent again.
+pub fn upload_client(
+    settings: &Settings,
+    insecure: bool,
+    deadline: Deadline,
+) -> Result<reqwest::Client, FetchError> {
+    build(
+        settings,
+        insecure,
+        deadline,
+        reqwest::redirect::Policy::none(),
+    )
+}
+
+fn build(
+    settings: &Settings,
+    insecure: bool,
+    deadline: Deadline,
+    redirects: reqwest::redirect::Policy,
+) -> Result<reqwest::Client, FetchError> {
     crate::tls::ensure_provider();
     blocked_proxy(|name| std::env::var(name).ok(), &settings.blocked_cidrs)?;
     let dns_deadline = match deadline {
@@ -67,7 +97,7 @@ pub fn client(
             &settings.blocked_cidrs,
             dns_deadline,
         ))
-        .redirect(guard::redirect_policy(&settings.blocked_cidrs))
+        .redirect(redirects)
         .tls_danger_accept_invalid_certs(insecure);
     builder = match deadline {
         Deadline::Total(d) => builder.timeout(d),

@@ -121,6 +121,19 @@ impl Checked {
     pub fn accepts(&self, sha: &Sha256) -> bool {
         self.module.is_none_or(|m| m == *sha)
     }
+
+    /// A pin on the module's bytes against the sha256 the manifest gives them (`None` when
+    /// the module is packed inside a layer and only its download can tell): a wrong pin fails
+    /// here, after the manifest and before any layer, as Istio's agent stops at the manifest.
+    pub fn check_declared(&self, declared: Option<Sha256>) -> Result<(), FetchError> {
+        match (self.module, declared) {
+            (Some(pin), Some(declared)) if pin != declared => Err(FetchError::ChecksumMismatch {
+                expected: pin.hex(),
+                actual: declared.hex(),
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -172,6 +185,24 @@ mod tests {
             "without an image, a pin is the bytes'"
         );
         assert!(!checked.accepts(&sha(1)) && checked.accepts(&sha(2)));
+    }
+
+    #[test]
+    fn a_module_pin_is_checked_against_what_the_manifest_declares() {
+        let checked = Pins::new(Some(sha(1)), &oci("oci://r/a:1"))
+            .check(Some(&image(2, None)))
+            .unwrap();
+        assert!(checked.check_declared(Some(sha(1))).is_ok());
+        assert!(
+            checked.check_declared(None).is_ok(),
+            "only the bytes can tell"
+        );
+        let e = checked.check_declared(Some(sha(4))).unwrap_err();
+        assert!(matches!(e, FetchError::ChecksumMismatch { .. }), "{e}");
+        let by_manifest = Pins::new(Some(sha(2)), &oci("oci://r/a:1"))
+            .check(Some(&image(2, None)))
+            .unwrap();
+        assert!(by_manifest.check_declared(Some(sha(4))).is_ok());
     }
 
     #[test]

@@ -61,8 +61,9 @@ pub struct RenderArgs {
     /// absolute path of --output].
     #[arg(long, value_name = "DIR")]
     envoy_dir: Option<PathBuf>,
-    /// Where pull secrets are mounted: imagePullSecret NAME reads DIR/NAME/.dockerconfigjson
-    /// (a Kubernetes Secret volume). Without it a named secret is not used.
+    /// Where pull secrets are mounted, a directory per namespace: imagePullSecret NAME of a
+    /// plugin in namespace NS reads DIR/NS/NAME/.dockerconfigjson (a Kubernetes Secret
+    /// volume). Without it a named secret is not used.
     #[arg(long, value_name = "DIR")]
     pull_secrets: Option<PathBuf>,
     /// Overrides every plugin's imagePullPolicy; Never serves only what the cache holds
@@ -78,7 +79,7 @@ pub struct PrefetchArgs {
     /// WasmPlugin resources whose modules to pull into the cache.
     #[arg(required = true, value_name = "WASMPLUGIN.yaml")]
     files: Vec<PathBuf>,
-    /// As for render: imagePullSecret NAME reads DIR/NAME/.dockerconfigjson.
+    /// As for render: imagePullSecret NAME in namespace NS reads DIR/NS/NAME/.dockerconfigjson.
     #[arg(long, value_name = "DIR")]
     pull_secrets: Option<PathBuf>,
     #[command(flatten)]
@@ -232,7 +233,16 @@ pub fn convert(args: ConvertArgs) -> anyhow::Result<()> {
     let named = || path.display().to_string();
     let (text, mut doc) = super::read_document(path, "input")?;
     // Checked before the cache is opened or anything fetched.
-    convert::sites(&doc).with_context(named)?;
+    let remote = convert::sites(&doc).with_context(named)?;
+    let json = match args.output.as_deref().and_then(Path::extension) {
+        Some(e) if e == "json" => true,
+        Some(e) if e == "yaml" || e == "yml" => false,
+        _ => looks_like_json(&text),
+    };
+    // Nothing remote: passed through as it came, as Istio's agent passes such a resource.
+    if remote.is_empty() && json == looks_like_json(&text) {
+        return emit(args.output.as_deref(), text.as_bytes());
+    }
     let (cache, settings) = args.fetching.open()?;
     let rt = runtime()?;
     let outcome = rt.block_on(convert::convert(
@@ -246,19 +256,22 @@ pub fn convert(args: ConvertArgs) -> anyhow::Result<()> {
     for c in &converted {
         warn_fallback(&format!("{} ({})", c.at, c.url), &c.outcome);
     }
-    let json = match args.output.as_deref().and_then(Path::extension) {
-        Some(e) if e == "json" => true,
-        Some(e) if e == "yaml" || e == "yml" => false,
-        _ => looks_like_json(&text),
-    };
     let out = if json {
         serde_json::to_string_pretty(&doc)? + "\n"
     } else {
         serde_norway::to_string(&doc)?
     };
-    match &args.output {
-        Some(o) => render::write_atomically(o, out.as_bytes())?,
-        None => print!("{out}"),
+    emit(args.output.as_deref(), out.as_bytes())
+}
+
+/// `bytes` to stdout, or replacing `output` atomically.
+fn emit(output: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+    match output {
+        Some(o) => render::write_atomically(o, bytes)?,
+        None => {
+            use std::io::Write;
+            std::io::stdout().write_all(bytes)?;
+        }
     }
     Ok(())
 }

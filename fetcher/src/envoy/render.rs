@@ -35,9 +35,11 @@ pub const RUNTIME: &str = "envoy.wasm.runtime.v8";
 /// What the caller decides beyond the resource.
 #[derive(Debug, Clone, Default)]
 pub struct Options {
-    /// Where Kubernetes-style pull secrets are mounted: `imagePullSecret: NAME` reads
-    /// `DIR/NAME/.dockerconfigjson` (a Secret volume's layout). Without it a named secret is
-    /// not used, and the default Docker config applies, as Istio's agent does with no secret.
+    /// Where Kubernetes-style pull secrets are mounted, one directory per namespace:
+    /// `imagePullSecret: NAME` of a plugin in namespace NS reads
+    /// `DIR/NS/NAME/.dockerconfigjson` (a Secret volume's layout), so a plugin reaches only its
+    /// own namespace's secrets, as in Istio. Without it a named secret is not used, and the
+    /// default Docker config applies, as Istio's agent does with no secret.
     pub pull_secrets: Option<PathBuf>,
     /// Overrides every resource's `imagePullPolicy`: `Never` on an offline node whose cache
     /// was warmed by `prefetch`.
@@ -59,7 +61,7 @@ pub fn file_name(p: &WasmPlugin) -> String {
 /// version, so `Always` pulls again when (and only when) the resource changes.
 pub fn plan(p: &WasmPlugin, options: &Options) -> PullRequest {
     let pull_secret = match (&p.image_pull_secret, &options.pull_secrets) {
-        (Some(name), Some(dir)) => Some(dir.join(name).join(".dockerconfigjson")),
+        (Some(name), Some(dir)) => Some(secret_path(dir, &p.namespace, name)),
         _ => None,
     };
     PullRequest {
@@ -72,6 +74,12 @@ pub fn plan(p: &WasmPlugin, options: &Options) -> PullRequest {
         verify_key: p.verify_key.clone(),
         ..Default::default()
     }
+}
+
+/// Where the secret `name` of namespace `namespace` is mounted under `dir`. Both are DNS names
+/// ([`WasmPlugin::parse_all`] checks them), so the path stays inside `dir/namespace`.
+pub fn secret_path(dir: &Path, namespace: &str, name: &str) -> PathBuf {
+    dir.join(namespace).join(name).join(".dockerconfigjson")
 }
 
 /// [`crate::pull`] bounded by `limit`; running out of time is an error like any failed pull
@@ -417,7 +425,8 @@ mod tests {
         assert_eq!(req.resource_version.as_deref(), Some(p.version()));
         assert_eq!(
             req.pull_secret,
-            Some(PathBuf::from("/secrets/creds/.dockerconfigjson"))
+            Some(PathBuf::from("/secrets/ns/creds/.dockerconfigjson")),
+            "the plugin's own namespace's secret"
         );
         let never = plan(
             &p,

@@ -99,7 +99,9 @@ fn walk<'a>(
                 .and_then(Value::as_str)
                 .filter(|_| is_extension_config(map, at));
             for (key, child) in map {
-                let res = if key == "typed_config" { name } else { None };
+                // Envoy reads proto JSON's spelling too.
+                let typed_config = key == "typed_config" || key == "typedConfig";
+                let res = if typed_config { name } else { None };
                 let ptr = format!("{pointer}/{}", key.replace('~', "~0").replace('/', "~1"));
                 walk(child, &join(at, key), &ptr, res.or(resource), found);
             }
@@ -134,7 +136,10 @@ fn wasm_kind(map: &Map<String, Value>) -> Option<(Kind, bool)> {
         return Some((kind, false));
     }
     if envoy_types::is_typed_struct(t) {
-        let inner = map.get("type_url").and_then(Value::as_str)?;
+        let inner = map
+            .get("type_url")
+            .or_else(|| map.get("typeUrl"))
+            .and_then(Value::as_str)?;
         if let Some(kind @ Kind::Filter(_)) = Kind::of_type_url(inner) {
             return Some((kind, true));
         }

@@ -44,6 +44,8 @@ impl Scheme {
 /// One registry, one repository, one protocol, and what its ping said to send.
 pub struct Distribution {
     http: reqwest::Client,
+    /// For a push: the client upload requests go through, which follows no redirect.
+    uploads: Option<reqwest::Client>,
     settings: Settings,
     registry: String,
     repository: String,
@@ -81,6 +83,8 @@ pub enum PingFailure {
 }
 
 impl Distribution {
+    /// `access`: what a token realm is asked for (set before the ping, which fetches the
+    /// token); a push also gets the client for its uploads.
     pub fn new(
         registry: &str,
         repository: &str,
@@ -88,13 +92,16 @@ impl Distribution {
         insecure: bool,
         credentials: RegistryAuth,
         settings: &Settings,
+        access: Access,
     ) -> Result<Self, FetchError> {
+        let deadline = net::Deadline::PerRead(settings.http_timeout);
+        let uploads = match access {
+            Access::Pull => None,
+            Access::Push => Some(net::upload_client(settings, insecure, deadline)?),
+        };
         Ok(Self {
-            http: net::client(
-                settings,
-                insecure,
-                net::Deadline::PerRead(settings.http_timeout),
-            )?,
+            http: net::client(settings, insecure, deadline)?,
+            uploads,
             settings: settings.clone(),
             registry: registry.to_string(),
             repository: repository.to_string(),
@@ -102,14 +109,8 @@ impl Distribution {
             insecure,
             credentials,
             authorization: None,
-            access: Access::Pull,
+            access,
         })
-    }
-
-    /// Asks a token realm for `access` (set before the ping, which fetches the token).
-    pub fn with_access(mut self, access: Access) -> Self {
-        self.access = access;
-        self
     }
 
     pub fn registry(&self) -> &str {
@@ -125,14 +126,17 @@ impl Distribution {
         self.request_to(method, &self.url(rest))
     }
 
-    /// A request to a URL the registry named (an upload `Location`), resolved against the
-    /// registry and checked by the address guard; the authorization goes only to the
-    /// registry's own scheme, host and port.
-    pub(crate) fn request_at(
+    /// An upload request of a push (the `POST` that opens an upload, the `PUT` of a blob or
+    /// the manifest) to `location`: a `/v2/…` path or a URL the registry named (an upload
+    /// `Location`), resolved against the registry and checked by the address guard. The
+    /// authorization goes only to the registry's own scheme, host and port, and no redirect
+    /// is followed: the caller refuses one.
+    pub(crate) fn upload(
         &self,
         method: reqwest::Method,
         location: &str,
     ) -> Result<reqwest::RequestBuilder, FetchError> {
+        let client = self.uploads.as_ref().unwrap_or(&self.http);
         let base = url::Url::parse(&self.url("")).map_err(|e| FetchError::Registry {
             message: format!("registry URL: {e}"),
         })?;
@@ -148,7 +152,7 @@ impl Distribution {
         }
         crate::guard::check_url(&target, &self.settings.blocked_cidrs)?;
         let same_origin = target.origin() == base.origin();
-        let mut req = self.http.request(method, target);
+        let mut req = client.request(method, target);
         if same_origin {
             if let Some(auth) = &self.authorization {
                 req = req.header(AUTHORIZATION, auth.clone());
@@ -494,12 +498,14 @@ pub fn send_error(
     })
 }
 
-/// A bearer challenge's realm, as Istio checks it: an absolute `https` URL (`http` only when
-/// the registry itself is spoken to in plain HTTP or is listed insecure), with a host, and not
-/// an address the guard refuses.
+/// A bearer challenge's realm: an absolute `https` URL, with a host, and not an address the
+/// guard refuses. Plain `http` only when both hold: the registry itself is spoken to in plain
+/// HTTP or is listed insecure (`registry_plain`: no downgrade from a TLS registry), and
+/// [`realm_may_be_plain_http`] (the registry's credentials go to the realm, and Basic
+/// credentials in clear must not leave the machine for a host nobody listed).
 pub fn check_realm(
     realm: &str,
-    http_allowed: bool,
+    registry_plain: bool,
     settings: &Settings,
 ) -> Result<url::Url, FetchError> {
     let unsafe_realm = |reason: &str| FetchError::UnsafeRealm {
@@ -507,21 +513,47 @@ pub fn check_realm(
         reason: reason.to_string(),
     };
     let url = url::Url::parse(realm).map_err(|e| unsafe_realm(&format!("not a URL: {e}")))?;
+    if url.host_str().is_none_or(str::is_empty) {
+        return Err(unsafe_realm("it has no host"));
+    }
     match url.scheme() {
         "https" => {}
-        "http" if http_allowed => {}
-        "http" => {
+        "http" if !registry_plain => {
             return Err(unsafe_realm(
                 "a token realm must be https (http only for a registry listed in WASM_INSECURE_REGISTRIES or spoken to in plain HTTP)",
             ))
         }
+        "http" if realm_may_be_plain_http(&url, settings) => {}
+        "http" => {
+            return Err(unsafe_realm(
+                "a plain-http token realm must be on loopback or a host listed in WASM_INSECURE_REGISTRIES; use https",
+            ))
+        }
         _ => return Err(unsafe_realm("a token realm must be https")),
-    }
-    if url.host_str().is_none_or(str::is_empty) {
-        return Err(unsafe_realm("it has no host"));
     }
     crate::guard::check_url(&url, &settings.blocked_cidrs)?;
     Ok(url)
+}
+
+/// Whether a token realm may be asked over plain HTTP: its host is a loopback literal or
+/// `localhost` (the credentials stay on the machine), or its `host[:port]` is listed in
+/// `WASM_INSECURE_REGISTRIES` (or `*` is). A name that merely resolves to loopback is not
+/// enough: what it resolves to can change between the check and the request.
+pub fn realm_may_be_plain_http(url: &url::Url, settings: &Settings) -> bool {
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    let listed = url.host_str().is_some_and(|host| {
+        let authority = match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
+        };
+        settings.is_insecure_registry(&authority)
+    });
+    loopback || listed
 }
 
 fn header(value: &str) -> Option<HeaderValue> {
@@ -536,15 +568,45 @@ mod tests {
     use super::*;
 
     #[test]
-    fn realms_must_be_https_unless_the_registry_is_plain_and_never_blocked() {
+    fn plain_http_realms_only_for_a_plain_registry_and_on_loopback_or_listed_hosts() {
         let s = Settings {
             blocked_cidrs: crate::guard::parse_cidrs("10.0.0.0/8").unwrap(),
+            insecure_registries: vec!["auth.listed:5001".into(), "[::2]".into()],
             ..Settings::default()
         };
-        assert!(check_realm("https://auth.example/token", false, &s).is_ok());
-        assert!(check_realm("http://auth.example/token", true, &s).is_ok());
-        let e = check_realm("http://auth.example/token", false, &s).unwrap_err();
-        assert!(e.to_string().starts_with("unsafe bearer realm"), "{e}");
+        assert!(check_realm("https://auth.example/token", true, &s).is_ok());
+        for plain in [
+            "http://127.0.0.1:5000/token",
+            "http://127.0.0.2/token",
+            "http://localhost:8080/token",
+            "http://[::1]/token",
+            "http://auth.listed:5001/token",
+            "http://[::2]/token",
+        ] {
+            assert!(check_realm(plain, true, &s).is_ok(), "{plain}");
+        }
+        for unlisted in [
+            "http://auth.example/token",
+            "http://auth.listed/token",
+            "http://auth.listed:5002/token",
+            "http://localhost.auth.example/token",
+            "http://192.168.1.1/token",
+        ] {
+            let e = check_realm(unlisted, true, &s).unwrap_err();
+            assert!(
+                e.to_string().starts_with("unsafe bearer realm")
+                    && e.to_string().contains("on loopback or a host listed"),
+                "{unlisted}: {e}"
+            );
+        }
+        // A registry spoken to over verified TLS never hands its credentials to plain http.
+        let e = check_realm("http://127.0.0.1:5000/token", false, &s).unwrap_err();
+        assert!(e.to_string().contains("must be https"), "{e}");
+        let every = Settings {
+            insecure_registries: vec!["*".into()],
+            ..Settings::default()
+        };
+        assert!(check_realm("http://auth.example/token", true, &every).is_ok());
         for bad in ["file:///etc/passwd", "/token", "https://", "ftp://x/y"] {
             assert!(
                 matches!(

@@ -44,6 +44,12 @@ pub fn accept_manifests() -> String {
         .join(", ")
 }
 
+/// The `Accept` header of a request for an image manifest only (no index): what a signature
+/// or an existing image is read as.
+pub fn accept_image_manifests() -> String {
+    MANIFESTS.join(", ")
+}
+
 /// What an image resolved to before any layer is downloaded.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ImageDigests {

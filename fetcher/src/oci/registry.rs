@@ -27,6 +27,33 @@ pub struct Resolved {
     pub digests: ImageDigests,
 }
 
+impl Resolved {
+    /// The layer that is the module itself (one Wasm layer, or Istio's two-layer artifact),
+    /// not one it is packed in (a `plugin.wasm` image): its digest is the module's sha256.
+    pub fn module_layer(&self) -> Option<&OciDescriptor> {
+        let layers = &self.manifest.layers;
+        let wasm: Vec<&OciDescriptor> = layers
+            .iter()
+            .filter(|l| media::WASM_LAYERS.contains(&l.media_type.as_str()))
+            .collect();
+        let istio = layers
+            .iter()
+            .find(|l| l.media_type == media::ISTIO_WASM_LAYER);
+        match (layers.len(), wasm.as_slice(), istio) {
+            (1, [only], _) => Some(*only),
+            (2, _, Some(l)) => Some(l),
+            _ => None,
+        }
+    }
+
+    /// The module's sha256 when the manifest alone says it (see [`Self::module_layer`]).
+    pub fn module_sha256(&self) -> Result<Option<crate::verify::Sha256>, FetchError> {
+        self.module_layer()
+            .map(|l| parse_digest(&l.digest).map(|d| d.0))
+            .transpose()
+    }
+}
+
 pub struct Registry {
     registry: String,
     repository: String,
@@ -118,8 +145,8 @@ impl Registry {
                 insecure,
                 self.credentials.clone(),
                 &self.settings,
-            )?
-            .with_access(self.access);
+                self.access,
+            )?;
             let failure = match d.ping().await {
                 Ok(()) => return Ok(d),
                 Err(f) => f,
@@ -205,19 +232,7 @@ impl Registry {
         mut staging: Staging,
     ) -> Result<Staging, FetchError> {
         let layers = &resolved.manifest.layers;
-        let wasm: Vec<&OciDescriptor> = layers
-            .iter()
-            .filter(|l| media::WASM_LAYERS.contains(&l.media_type.as_str()))
-            .collect();
-        let istio = layers
-            .iter()
-            .find(|l| l.media_type == media::ISTIO_WASM_LAYER);
-        let module_layer = match (layers.len(), wasm.as_slice(), istio) {
-            (1, [only], _) => Some(*only),
-            (2, _, Some(l)) => Some(l),
-            _ => None,
-        };
-        if let Some(layer) = module_layer {
+        if let Some(layer) = resolved.module_layer() {
             self.stream_layer(d, layer, &mut staging).await?;
             return Ok(staging);
         }

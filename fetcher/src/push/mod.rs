@@ -84,6 +84,18 @@ pub enum PushError {
         what: &'static str,
         detail: String,
     },
+    /// An upload request answered with a redirect. Every upload request (the `POST` that
+    /// opens an upload, the `PUT` of a blob or of the manifest) has this one rule, whether or
+    /// not its body could be sent again: the distribution API moves an upload with `202` and a
+    /// `Location`, never with a redirect, and a blob sent on to wherever one points would
+    /// leave the registry the push was meant for.
+    #[error("redirected upload: registry {registry} answered {what} with HTTP {status} to {to}; push follows no redirect on an upload (POST or PUT): push to the registry that redirects there directly")]
+    UploadRedirected {
+        registry: String,
+        what: &'static str,
+        status: u16,
+        to: String,
+    },
     #[error(transparent)]
     Fetch(#[from] FetchError),
 }

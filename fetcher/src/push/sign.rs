@@ -76,7 +76,7 @@ pub async fn sign(
 
 /// The layers of the signature manifest already under `tag`, kept as they are.
 async fn existing_layers(d: &Distribution, tag: &str) -> Result<Vec<Value>, FetchError> {
-    let accept = crate::oci::manifest::MANIFESTS.join(", ");
+    let accept = crate::oci::manifest::accept_image_manifests();
     let bytes = match d.manifest(tag, &accept).await {
         Ok((bytes, _)) => bytes,
         Err(FetchError::NotFound { .. }) => return Ok(Vec::new()),

@@ -42,9 +42,11 @@ pub async fn has_blob(d: &Distribution, digest: &str) -> Result<bool, PushError>
 /// Uploads one blob; the module's upload reports to `progress`.
 pub async fn put_blob(d: &Distribution, blob: &Blob, progress: &Progress) -> Result<(), PushError> {
     let open = format!("{}/blobs/uploads/", d.repository());
-    let resp = send(
+    let resp = send_upload(
         d,
-        d.request(Method::POST, &open).header(CONTENT_LENGTH, "0"),
+        d.upload(Method::POST, &format!("/v2/{open}"))?
+            .header(CONTENT_LENGTH, "0"),
+        "the upload's opening POST",
     )
     .await?;
     if resp.status() != StatusCode::ACCEPTED {
@@ -62,7 +64,7 @@ pub async fn put_blob(d: &Distribution, blob: &Blob, progress: &Progress) -> Res
             ),
         })?;
     let shown: String = location.chars().take(200).collect();
-    let mut req = d.request_at(Method::PUT, &location)?;
+    let mut req = d.upload(Method::PUT, &location)?;
     req = req
         .query(&[("digest", blob.digest.as_str())])
         .header(CONTENT_TYPE, "application/octet-stream")
@@ -75,7 +77,7 @@ pub async fn put_blob(d: &Distribution, blob: &Blob, progress: &Progress) -> Res
     } else {
         req.body(blob.bytes.to_vec())
     };
-    let resp = send(d, req).await?;
+    let resp = send_upload(d, req, "a blob's PUT").await?;
     if !resp.status().is_success() {
         return Err(refusal(d, resp, &shown, "a blob").await);
     }
@@ -112,10 +114,10 @@ pub async fn put_manifest(
     }
     let rest = format!("{}/manifests/{tag}", d.repository());
     let req = d
-        .request(Method::PUT, &rest)
+        .upload(Method::PUT, &format!("/v2/{rest}"))?
         .header(CONTENT_TYPE, media::OCI_MANIFEST)
         .body(manifest.to_vec());
-    let resp = send(d, req).await?;
+    let resp = send_upload(d, req, "the manifest's PUT").await?;
     if !resp.status().is_success() {
         return Err(refusal(d, resp, &format!("/v2/{rest}"), "the manifest").await);
     }
@@ -140,6 +142,35 @@ async fn send(
     let resp = req.send().await.map_err(|e| d.send_error(e))?;
     if let Some(e) = net::unfollowed_redirect(&resp) {
         return Err(e.into());
+    }
+    Ok(resp)
+}
+
+/// [`send`] for an upload request, whose client follows no redirect: a redirect is refused
+/// ([`PushError::UploadRedirected`]).
+async fn send_upload(
+    d: &Distribution,
+    req: reqwest::RequestBuilder,
+    what: &'static str,
+) -> Result<reqwest::Response, PushError> {
+    let resp = req.send().await.map_err(|e| d.send_error(e))?;
+    let status = resp.status();
+    if status.is_redirection() && status != StatusCode::NOT_MODIFIED {
+        let to = resp
+            .headers()
+            .get(LOCATION)
+            // Without its query, where an upload's session state goes.
+            .map(|l| {
+                let l = String::from_utf8_lossy(l.as_bytes());
+                crate::error::shown(l.split('?').next().unwrap_or_default())
+            })
+            .unwrap_or_else(|| "nowhere (no Location)".into());
+        return Err(PushError::UploadRedirected {
+            registry: d.registry().to_string(),
+            what,
+            status: status.as_u16(),
+            to,
+        });
     }
     Ok(resp)
 }

@@ -200,7 +200,7 @@ async fn read_entries(
     digest: &Digest,
     tag: &str,
 ) -> Result<Vec<Result<Entry, SignatureError>>, FetchError> {
-    let accept = crate::oci::manifest::MANIFESTS.join(", ");
+    let accept = crate::oci::manifest::accept_image_manifests();
     let malformed = |reason: String| SignatureError::Malformed {
         tag: tag.to_string(),
         reason,

@@ -24,6 +24,7 @@ pub async fn fetch(
     let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
     let image = resolved.digests;
     let pin = pins.check(Some(&image))?;
+    pin.check_declared(resolved.module_sha256()?)?;
     let keys: Vec<_> = target
         .settings
         .verify_key

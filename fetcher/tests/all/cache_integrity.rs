@@ -111,7 +111,15 @@ fn a_missing_empty_or_damaged_index_is_rebuilt_from_the_modules() {
     let dir = tempfile::tempdir().unwrap();
     let cache = dir.path().join("cache");
     let index = cache.join("index.json");
-    for damage in [None, Some(""), Some("{\"modules\": {"), Some("[1, 2, 3]")] {
+    // A valid document that lists nothing while modules are on disk is damage too.
+    for damage in [
+        None,
+        Some(""),
+        Some("{\"modules\": {"),
+        Some("[1, 2, 3]"),
+        Some("{}"),
+        Some("{\"format\": 2, \"modules\": {}}"),
+    ] {
         let mut shas = Vec::new();
         for tag in ["one", "two"] {
             let src = dir.path().join(format!("{tag}.wasm"));

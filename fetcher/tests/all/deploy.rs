@@ -248,7 +248,8 @@ fn check_file(path: &Path) {
                     !writes
                 );
             }
-            // imagePullSecret NAME is read from DIR/NAME/.dockerconfigjson: a Secret volume.
+            // imagePullSecret NAME is read from DIR/NAMESPACE/NAME/.dockerconfigjson: a Secret
+            // volume.
             let secrets = flag(&args, "--pull-secrets")
                 .unwrap_or_else(|| panic!("{name}: no --pull-secrets"));
             pull_secret_mounts = c["volumeMounts"]
@@ -367,9 +368,11 @@ fn check_file(path: &Path) {
         {
             files.insert(format!("{ecds}/{}", render::file_name(&p)));
             if let Some(secret) = &p.image_pull_secret {
+                // Looked up in the plugin's own namespace: DIR/NAMESPACE/NAME.
+                let at = format!("{}/{secret}", p.namespace);
                 assert!(
-                    pull_secret_mounts.contains(secret),
-                    "{name}: {key} names pull secret {secret}, mounted nowhere under --pull-secrets"
+                    pull_secret_mounts.contains(&at),
+                    "{name}: {key} names pull secret {secret}, not mounted at --pull-secrets/{at}"
                 );
             }
         }

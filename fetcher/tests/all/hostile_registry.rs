@@ -283,3 +283,30 @@ fn a_token_realm_error_is_quoted_short_and_on_one_line() {
     let err = stderr(&o);
     assert!(err.len() < 1000, "{} bytes: {err}", err.len());
 }
+
+/// A plain-http token realm on a host that is neither loopback nor listed would be sent the
+/// registry's Basic credentials in clear: refused before anything is asked of it, though the
+/// registry itself is on loopback and spoken to in plain HTTP.
+#[test]
+fn a_plain_http_realm_on_an_unlisted_host_gets_no_credentials() {
+    let server = serve(&[(
+        "/v2/".to_string(),
+        bearer_challenge("http://realm.invalid/token"),
+    )]);
+    let dir = tempfile::tempdir().unwrap();
+    let secret = docker_config(dir.path(), server.host());
+    let cache = dir.path().join("cache");
+    let url = image_url(&server);
+    let o = pull(&cache, &[&url, "--pull-secret", secret.to_str().unwrap()]);
+    assert_failed(
+        &o,
+        &cache,
+        &url,
+        "unsafe bearer realm \"http://realm.invalid/token\"",
+    );
+    assert!(
+        stderr(&o).contains("must be on loopback or a host listed in WASM_INSECURE_REGISTRIES"),
+        "{}",
+        stderr(&o)
+    );
+}

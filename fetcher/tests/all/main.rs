@@ -17,6 +17,7 @@ mod oci_registry;
 mod pull_file;
 mod pull_http;
 mod push;
+mod push_refused;
 mod real_envoy;
 mod registry;
 mod rewrite;

@@ -21,7 +21,7 @@ pub fn filter_wasm() -> PathBuf {
 
 /// `wasm-fetcher push ARGS` with `home` as the home directory and no Docker config but the
 /// one a test passes.
-fn push(home: &Path, args: &[&str]) -> Output {
+pub fn push(home: &Path, args: &[&str]) -> Output {
     fetcher()
         .env("HOME", home)
         .env_remove("DOCKER_CONFIG")
@@ -423,99 +423,6 @@ fn a_pushed_filter_pulled_back_by_digest_runs_in_real_envoy() {
     assert_eq!(o.status.code(), Some(0), "{out}\n{}", stderr(&o));
     assert!(out.contains(" passed, 0 failed"), "{out}");
     assert!(out.contains("envoy: 200"), "{out}");
-}
-
-/// A registry on loopback that takes the ping and answers the push with `routes`.
-fn scripted_registry(routes: Vec<(&str, Behaviour)>) -> Server {
-    let mut all = vec![("/v2/", Behaviour::Ok(b"{}".to_vec()))];
-    all.extend(routes);
-    Server::start(all)
-}
-
-fn json_error(status: u16, code: &str, message: &str) -> Behaviour {
-    Behaviour::Respond(
-        status,
-        vec![("content-type".into(), "application/json".into())],
-        format!(r#"{{"errors":[{{"code":"{code}","message":"{message}"}}]}}"#).into_bytes(),
-    )
-}
-
-#[test]
-fn a_refused_push_says_what_to_do() {
-    let dir = tempfile::tempdir().unwrap();
-    let m = dir.path().join("m.wasm");
-    std::fs::write(&m, module("refused")).unwrap();
-    let m = m.to_str().unwrap();
-    let opened = || {
-        Behaviour::Respond(
-            202,
-            vec![("location".into(), "/upload/1".into())],
-            Vec::new(),
-        )
-    };
-
-    // Credentials without write access: the registry answers the upload with 403.
-    let denied = scripted_registry(vec![(
-        "/v2/r/filter/blobs/uploads/",
-        json_error(403, "DENIED", "requested access to the resource is denied"),
-    )]);
-    let url = format!("oci://{}/r/filter:1", denied.host());
-    let o = push(dir.path(), &[m, &url]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(
-        err.starts_with(&format!(
-            "wasm-fetcher: {url}: denied: registry {}",
-            denied.host()
-        )),
-        "{err}"
-    );
-    assert!(
-        err.contains("push (write) access") && err.contains("--pull-secret"),
-        "{err}"
-    );
-
-    // A registry that does not take the artifact's media types.
-    for refusal in [
-        json_error(400, "MANIFEST_INVALID", "manifest invalid"),
-        Behaviour::Status(415),
-    ] {
-        let picky = scripted_registry(vec![
-            ("/v2/r/filter/blobs/uploads/", opened()),
-            ("/upload/1", Behaviour::Respond(201, vec![], Vec::new())),
-            ("/v2/r/filter/manifests/1", refusal),
-        ]);
-        let url = format!("oci://{}/r/filter:1", picky.host());
-        let o = push(dir.path(), &[m, &url]);
-        let err = stderr(&o);
-        assert_eq!(o.status.code(), Some(1), "{err}");
-        assert!(err.contains("refused media type"), "{err}");
-        assert!(err.contains("--layout compat"), "{err}");
-        let put = picky
-            .seen()
-            .into_iter()
-            .find(|s| s.target == "/v2/r/filter/manifests/1" && s.header("content-type").is_some())
-            .expect("the manifest was offered");
-        assert_eq!(
-            put.header("content-type"),
-            Some("application/vnd.oci.image.manifest.v1+json")
-        );
-    }
-
-    // An upload location the address guard refuses: nothing is sent there.
-    let steering = scripted_registry(vec![(
-        "/v2/r/filter/blobs/uploads/",
-        Behaviour::Respond(
-            202,
-            vec![("location".into(), "http://169.254.169.254/upload".into())],
-            Vec::new(),
-        ),
-    )]);
-    let url = format!("oci://{}/r/filter:1", steering.host());
-    let o = push(dir.path(), &[m, &url]);
-    let err = stderr(&o);
-    assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("blocked address"), "{err}");
 }
 
 #[test]

@@ -219,12 +219,17 @@ fn a_pin_may_be_the_manifest_digest_or_the_module_sha256() {
     let (o, v) = json_pull(other.path(), &[&url, "--sha256", &sha256_hex(&m)]);
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert_eq!(v["pin"], "module_sha256");
+    // A pin the manifest already contradicts (the layer is the module, and its digest is
+    // another) fails after the manifest, without downloading the layer, as Istio's agent does.
     let third = tempfile::tempdir().unwrap();
+    let blobs = || reg.requests("GET", "/v2/pin/filter/blobs/");
+    let before = blobs();
     let o = pull(
         third.path(),
         &[&url, "--sha256", &sha256_hex(b"something else")],
     );
     assert_failed(&o, third.path(), &url, "checksum mismatch");
+    assert_eq!(blobs(), before, "no layer downloaded for a wrong pin");
     // A digest in the reference pins too.
     let by_digest = format!("oci://{}/pin/filter@{digest}", reg.host);
     let (o, v) = json_pull(third.path(), &[&by_digest]);

@@ -237,7 +237,12 @@ impl WasmPlugin {
             Some("Always") => Some(PullPolicy::Always),
             _ => None,
         };
+        // A Secret's name, looked up in the plugin's own namespace (as Istio does): it becomes
+        // a path segment, so no `/`, `..` or absolute path can reach another file.
         let image_pull_secret = non_empty(spec.get("imagePullSecret"), "spec.imagePullSecret")?;
+        if let Some(s) = &image_pull_secret {
+            check_dns_subdomain(s, "spec.imagePullSecret")?;
+        }
         let plugin_config = object(spec.get("pluginConfig"), "spec.pluginConfig")?.cloned();
         let plugin_name = non_empty(spec.get("pluginName"), "spec.pluginName")?;
         let phase = match enumeration(
@@ -457,6 +462,24 @@ spec:
                 "imagePullSecret: ''",
                 "spec.imagePullSecret",
                 "at least 1 chars",
+            ),
+            (
+                "imagePullSecret: creds",
+                "imagePullSecret: ../creds",
+                "spec.imagePullSecret",
+                "RFC 1123 subdomain",
+            ),
+            (
+                "imagePullSecret: creds",
+                "imagePullSecret: /etc/creds",
+                "spec.imagePullSecret",
+                "RFC 1123 subdomain",
+            ),
+            (
+                "imagePullSecret: creds",
+                "imagePullSecret: other-namespace/creds",
+                "spec.imagePullSecret",
+                "RFC 1123 subdomain",
             ),
             (
                 "pluginName: headers",

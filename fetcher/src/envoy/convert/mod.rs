@@ -36,13 +36,6 @@ pub enum ConvertError {
     /// The input is not Envoy Wasm configuration as Envoy would take it.
     #[error("{field}: {message}")]
     Invalid { field: String, message: String },
-    #[error(
-        "no Wasm filter or Wasm service configuration (an Any with @type {}, {} or {}) found",
-        url::HTTP_WASM,
-        url::NETWORK_WASM,
-        url::WASM_SERVICE
-    )]
-    NothingToConvert,
     /// A Wasm service's module could not be fetched: there is no filter to stand in for it.
     #[error("{field}: cannot fetch the Wasm service's module {url}: {message}")]
     Service {
@@ -70,6 +63,9 @@ pub struct Site {
     /// The Wasm message (`{config: ...}` for a filter, `{config, singleton}` for a service),
     /// with `ISTIO_META_*` variables already removed.
     message: Value,
+    /// How the message spells `vm_config` (`vmConfig` in proto JSON), where the local module
+    /// goes.
+    vm_key: String,
     pub request: PullRequest,
     /// `http_uri.timeout`, the bound Istio puts on the whole fetch.
     pub timeout: Option<Duration>,
@@ -86,15 +82,11 @@ pub struct Converted {
     pub outcome: Outcome,
 }
 
-/// Every remote Wasm site in `doc`, checked. Local ones are left alone; none at all is an
-/// error, since the input was meant to hold some.
+/// Every remote Wasm site in `doc`, checked. Local ones are left alone; none at all is no
+/// error: Istio's agent passes a resource without remote Wasm through as it is.
 pub fn sites(doc: &Value) -> Result<Vec<Site>, ConvertError> {
-    let anys = wasm_anys(doc);
-    if anys.is_empty() {
-        return Err(ConvertError::NothingToConvert);
-    }
     let mut sites = Vec::new();
-    for any in &anys {
+    for any in &wasm_anys(doc) {
         sites.extend(site(any)?);
     }
     Ok(sites)
@@ -117,16 +109,17 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
         Value::Object(m)
     };
     let config_at = join(&base, "config");
-    let vm_at = join(&config_at, "vm_config");
-    let code_at = join(&vm_at, "code");
     let config = message
         .get_mut("config")
         .and_then(Value::as_object_mut)
         .ok_or_else(|| invalid(&config_at, "Required value: the plugin configuration"))?;
     let fail_open = fail_open(config, &config_at)?;
     let plugin_name = config.get("name").and_then(Value::as_str).map(String::from);
+    let vm_key = key_in(config, "vm_config", &config_at)?;
+    let vm_at = join(&config_at, &vm_key);
+    let code_at = join(&vm_at, "code");
     let vm = config
-        .get_mut("vm_config")
+        .get_mut(&vm_key)
         .and_then(Value::as_object_mut)
         .ok_or_else(|| invalid(&vm_at, "Required value: the VM configuration"))?;
     let code = vm.get("code").and_then(Value::as_object).ok_or_else(|| {
@@ -145,13 +138,15 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
             "Required value: no remote and no local module (code.remote.http_uri or code.local.filename)",
         )
     })?;
-    let uri_at = join(&join(&remote_at, "http_uri"), "uri");
+    let http_uri_key = key_in(remote, "http_uri", &remote_at)?;
+    let http_uri_at = join(&remote_at, &http_uri_key);
+    let uri_at = join(&http_uri_at, "uri");
     let http_uri = remote
-        .get("http_uri")
+        .get(&http_uri_key)
         .and_then(Value::as_object)
         .ok_or_else(|| {
             invalid(
-                &join(&remote_at, "http_uri"),
+                &http_uri_at,
                 "Required value: the module's URL (http_uri.uri); this fetcher reads nothing else of a remote source",
             )
         })?;
@@ -183,11 +178,11 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
         None | Some(Value::Null) => None,
         Some(Value::String(t)) => Some(
             wasm_common::duration::parse(t)
-                .map_err(|e| invalid(&join(&join(&remote_at, "http_uri"), "timeout"), e))?,
+                .map_err(|e| invalid(&join(&http_uri_at, "timeout"), e))?,
         ),
         Some(_) => {
             return Err(invalid(
-                &join(&join(&remote_at, "http_uri"), "timeout"),
+                &join(&http_uri_at, "timeout"),
                 "must be a duration string such as \"30s\"",
             ))
         }
@@ -211,6 +206,7 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
         pointer: any.pointer.clone(),
         kind: any.kind,
         message,
+        vm_key,
         request,
         timeout,
         secret: env.get(SECRET_ENV).map(|s| s.clone().into_bytes()),
@@ -218,18 +214,57 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
     }))
 }
 
+/// The key `snake` goes by in `map`: its snake_case name, or proto JSON's lowerCamelCase one,
+/// as Envoy reads both (the snake_case name when neither is there). Both at once is refused:
+/// Envoy keeps whichever comes last, and reading the other one is how a fail-closed plugin
+/// became allow-all.
+fn key_in(map: &Map<String, Value>, snake: &str, at: &str) -> Result<String, ConvertError> {
+    let camel = lower_camel(snake);
+    if camel != snake && map.contains_key(snake) && map.contains_key(&camel) {
+        return Err(invalid(
+            &join(at, snake),
+            format!("set twice, as {snake} and as {camel}: keep one"),
+        ));
+    }
+    Ok(if map.contains_key(&camel) {
+        camel
+    } else {
+        snake.to_string()
+    })
+}
+
+/// Proto JSON's name for a field: `failure_policy` is `failurePolicy`.
+fn lower_camel(snake: &str) -> String {
+    let mut out = String::with_capacity(snake.len());
+    let mut upper = false;
+    for c in snake.chars() {
+        match c {
+            '_' => upper = true,
+            c if upper => {
+                out.push(c.to_ascii_uppercase());
+                upper = false;
+            }
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Istio's rule: `failure_policy`, when set, opens only for `FAIL_OPEN`; otherwise the
-/// deprecated `fail_open`.
+/// deprecated `fail_open`. Both set (a policy other than `UNSPECIFIED` and `fail_open: true`)
+/// is refused, as Envoy refuses it.
 fn fail_open(config: &Map<String, Value>, at: &str) -> Result<bool, ConvertError> {
-    match config.get("failure_policy") {
-        None | Some(Value::Null) => {}
+    let policy_key = key_in(config, "failure_policy", at)?;
+    let open_key = key_in(config, "fail_open", at)?;
+    let policy = match config.get(&policy_key) {
+        None | Some(Value::Null) => None,
         Some(Value::String(p)) => match p.as_str() {
-            "UNSPECIFIED" => {}
-            "FAIL_OPEN" => return Ok(true),
-            "FAIL_CLOSED" | "FAIL_RELOAD" => return Ok(false),
+            "UNSPECIFIED" => None,
+            "FAIL_OPEN" => Some(true),
+            "FAIL_CLOSED" | "FAIL_RELOAD" => Some(false),
             other => {
                 return Err(invalid(
-                    &join(at, "failure_policy"),
+                    &join(at, &policy_key),
                     format!(
                         "Unsupported value: {:?}: supported values: \"UNSPECIFIED\", \"FAIL_RELOAD\", \"FAIL_CLOSED\", \"FAIL_OPEN\"",
                         crate::error::shown(other)
@@ -239,15 +274,23 @@ fn fail_open(config: &Map<String, Value>, at: &str) -> Result<bool, ConvertError
         },
         Some(_) => {
             return Err(invalid(
-                &join(at, "failure_policy"),
+                &join(at, &policy_key),
                 "must be a string (FAIL_OPEN, FAIL_CLOSED, FAIL_RELOAD)",
             ))
         }
-    }
-    match config.get("fail_open") {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(invalid(&join(at, "fail_open"), "must be true or false")),
+    };
+    let legacy = match config.get(&open_key) {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(b)) => *b,
+        Some(_) => return Err(invalid(&join(at, &open_key), "must be true or false")),
+    };
+    match (policy, legacy) {
+        (Some(_), true) => Err(invalid(
+            &join(at, &open_key),
+            format!("only one of fail_open or failure_policy can be set (Envoy refuses both; {policy_key} is set)"),
+        )),
+        (Some(open), false) => Ok(open),
+        (None, legacy) => Ok(legacy),
     }
 }
 
@@ -258,15 +301,18 @@ fn take_istio_env(
     vm_at: &str,
 ) -> Result<std::collections::BTreeMap<String, String>, ConvertError> {
     let mut out = std::collections::BTreeMap::new();
-    let env_at = join(vm_at, "environment_variables");
-    let Some(env) = vm.get_mut("environment_variables") else {
+    let env_key = key_in(vm, "environment_variables", vm_at)?;
+    let env_at = join(vm_at, &env_key);
+    let Some(env) = vm.get_mut(&env_key) else {
         return Ok(out);
     };
     let env = env
         .as_object_mut()
         .ok_or_else(|| invalid(&env_at, "must be an object"))?;
-    if let Some(kv) = env.get_mut("key_values") {
-        let kv_at = join(&env_at, "key_values");
+    let kv_key = key_in(env, "key_values", &env_at)?;
+    let host_key = key_in(env, "host_env_keys", &env_at)?;
+    if let Some(kv) = env.get_mut(&kv_key) {
+        let kv_at = join(&env_at, &kv_key);
         let kv = kv
             .as_object_mut()
             .ok_or_else(|| invalid(&kv_at, "must be an object of strings"))?;
@@ -284,14 +330,14 @@ fn take_istio_env(
             }
         }
         if kv.is_empty() {
-            env.remove("key_values");
+            env.remove(&kv_key);
         }
     }
     let no_host_keys = env
-        .get("host_env_keys")
+        .get(&host_key)
         .is_none_or(|h| h.as_array().is_some_and(Vec::is_empty));
-    if env.is_empty() || (no_host_keys && !env.contains_key("key_values")) {
-        vm.remove("environment_variables");
+    if env.is_empty() || (no_host_keys && !env.contains_key(&kv_key)) {
+        vm.remove(&env_key);
     }
     Ok(out)
 }
@@ -337,7 +383,7 @@ pub fn apply(
     let (replacement, outcome) = match (pulled, &site.kind) {
         (Ok(m), kind) => {
             let mut message = site.message.clone();
-            message["config"]["vm_config"]["code"] =
+            message["config"][site.vm_key.as_str()]["code"] =
                 json!({"local": {"filename": m.path.display().to_string()}});
             let type_url = match kind {
                 Kind::Filter(f) => f.wasm_type_url(),
@@ -411,155 +457,4 @@ pub async fn convert(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::envoy::fallback::FilterType;
-
-    fn doc(yaml: &str) -> Value {
-        serde_norway::from_str(yaml).unwrap()
-    }
-
-    const ECDS: &str = r#"
-resources:
-- "@type": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig
-  name: extensions.istio.io/wasmplugin/ns.a
-  typed_config:
-    "@type": type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm
-    config:
-      name: ns.a
-      fail_open: true
-      vm_config:
-        runtime: envoy.wasm.runtime.v8
-        environment_variables:
-          key_values:
-            ISTIO_META_WASM_IMAGE_PULL_POLICY: Always
-            ISTIO_META_WASM_PLUGIN_RESOURCE_VERSION: "42"
-            ISTIO_META_WASM_IMAGE_PULL_SECRET: '{"auths":{}}'
-        code:
-          remote:
-            http_uri: {uri: "oci://127.0.0.1:5000/f:1", timeout: 30s, cluster: _}
-            sha256: nil
-- "@type": type.googleapis.com/envoy.config.core.v3.TypedExtensionConfig
-  name: b
-  typed_config:
-    "@type": type.googleapis.com/udpa.type.v1.TypedStruct
-    type_url: type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm
-    value:
-      config:
-        failure_policy: FAIL_CLOSED
-        fail_open: true
-        vm_config: {code: {remote: {http_uri: {uri: "https://h.example/b.wasm"}}}}
-"#;
-
-    #[test]
-    fn sites_carry_istios_settings() {
-        let d = doc(ECDS);
-        let s = sites(&d).unwrap();
-        assert_eq!(s.len(), 2);
-        assert_eq!(s[0].at, "resources[0].typed_config");
-        assert_eq!(s[0].kind, Kind::Filter(FilterType::Http));
-        assert!(s[0].fail_open);
-        assert_eq!(s[0].request.policy, Some(PullPolicy::Always));
-        assert_eq!(s[0].request.resource_version.as_deref(), Some("42"));
-        assert_eq!(
-            s[0].request.resource.as_deref(),
-            Some("extensions.istio.io/wasmplugin/ns.a")
-        );
-        assert_eq!(s[0].request.sha256, None);
-        assert_eq!(s[0].timeout, Some(Duration::from_secs(30)));
-        assert_eq!(s[0].secret.as_deref(), Some(&br#"{"auths":{}}"#[..]));
-        // The agent's variables are gone, and with them the whole environment.
-        assert!(s[0].message["config"]["vm_config"]
-            .get("environment_variables")
-            .is_none());
-        assert_eq!(s[1].kind, Kind::Filter(FilterType::Network));
-        assert!(!s[1].fail_open, "failure_policy wins over fail_open");
-    }
-
-    #[test]
-    fn outcomes_replace_the_any_in_place() {
-        let mut d = doc(ECDS);
-        let s = sites(&d).unwrap();
-        let pulled = crate::Pulled {
-            path: "/c/m.wasm".into(),
-            source: String::new(),
-            sha256: crate::Sha256::parse(&"ab".repeat(32)).unwrap(),
-            manifest_digest: None,
-            pin: None,
-            from_cache: false,
-        };
-        apply(&mut d, &s[0], Ok(&pulled)).unwrap();
-        let e = FetchError::HttpStatus {
-            status: 404,
-            reason: String::new(),
-        };
-        let c = apply(&mut d, &s[1], Err(&e)).unwrap();
-        assert!(matches!(
-            c.outcome,
-            Outcome::Fallback {
-                fallback: Fallback::DenyAll,
-                ..
-            }
-        ));
-        let a = &d["resources"][0]["typed_config"];
-        assert_eq!(a["@type"], url::HTTP_WASM);
-        assert_eq!(
-            a["config"]["vm_config"]["code"],
-            json!({"local": {"filename": "/c/m.wasm"}})
-        );
-        assert_eq!(a["config"]["vm_config"]["runtime"], "envoy.wasm.runtime.v8");
-        assert_eq!(
-            d["resources"][1]["typed_config"],
-            Fallback::DenyAll.config(FilterType::Network)
-        );
-        assert_eq!(d["resources"][1]["name"], "b");
-    }
-
-    #[test]
-    fn malformed_input_names_the_field() {
-        for (from, to, field) in [
-            (
-                "uri: \"oci://127.0.0.1:5000/f:1\"",
-                "uri: \"ftp://h/x\"",
-                "resources[0].typed_config.config.vm_config.code.remote.http_uri.uri",
-            ),
-            (
-                "sha256: nil",
-                "sha256: abc",
-                "resources[0].typed_config.config.vm_config.code.remote.sha256",
-            ),
-            (
-                "timeout: 30s",
-                "timeout: soon",
-                "resources[0].typed_config.config.vm_config.code.remote.http_uri.timeout",
-            ),
-            (
-                "failure_policy: FAIL_CLOSED",
-                "failure_policy: CLOSED",
-                "resources[1].typed_config.value.config.failure_policy",
-            ),
-            (
-                "{code: {remote: {http_uri: {uri: \"https://h.example/b.wasm\"}}}}",
-                "{code: {remote: {sha256: x}}}",
-                "resources[1].typed_config.value.config.vm_config.code.remote.http_uri",
-            ),
-            (
-                "{code: {remote: {http_uri: {uri: \"https://h.example/b.wasm\"}}}}",
-                "{runtime: v8}",
-                "resources[1].typed_config.value.config.vm_config.code",
-            ),
-        ] {
-            assert!(ECDS.contains(from), "{from}");
-            match sites(&doc(&ECDS.replace(from, to))) {
-                Err(ConvertError::Invalid { field: f, .. }) => assert_eq!(f, field, "{to}"),
-                other => panic!("{to}: {other:?}"),
-            }
-        }
-        assert!(matches!(
-            sites(&json!({"static_resources": {}})),
-            Err(ConvertError::NothingToConvert)
-        ));
-        let local = json!({"@type": url::HTTP_WASM, "config": {"vm_config": {"code": {"local": {"filename": "/m.wasm"}}}}});
-        assert!(sites(&local).unwrap().is_empty());
-    }
-}
+mod tests;
