@@ -10,6 +10,7 @@ mod deadline;
 mod deploy;
 mod hostile_registry;
 mod image;
+mod image_volume;
 mod layers;
 mod library;
 mod net_guard;

@@ -21,7 +21,7 @@ pub fn filter_wasm() -> PathBuf {
 
 /// `wasm-fetcher push ARGS` with `home` as the home directory and no Docker config but the
 /// one a test passes.
-fn push(home: &Path, args: &[&str]) -> Output {
+pub fn push(home: &Path, args: &[&str]) -> Output {
     fetcher()
         .env("HOME", home)
         .env_remove("DOCKER_CONFIG")
@@ -31,7 +31,7 @@ fn push(home: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn push_json(home: &Path, args: &[&str]) -> serde_json::Value {
+pub fn push_json(home: &Path, args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
     all.push("--json");
     let o = push(home, &all);
