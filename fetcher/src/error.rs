@@ -82,6 +82,9 @@ pub enum FetchError {
     /// what it holds.
     #[error("cache error at {path}: cannot write ({message}); a cache this process cannot write serves only the modules it holds (--pull-policy Never)")]
     CacheReadOnly { path: PathBuf, message: String },
+    /// A Docker credential helper (`credHelpers`, `credsStore`) gave no usable answer.
+    #[error("credential helper {program}: {reason}")]
+    CredentialHelper { program: String, reason: String },
 }
 
 /// Text someone else chose (a URL, a header, a server's message) as a message may quote it:

@@ -48,4 +48,5 @@ pub use policy::PullPolicy;
 pub use progress::{Event as ProgressEvent, Progress};
 pub use pull::{list, pull, purge, Listed, PullRequest, Pulled};
 pub use settings::Settings;
+pub use source::image_volume;
 pub use verify::{Digest, Sha256};

@@ -11,7 +11,7 @@ use crate::pin::{PinMatch, Pins};
 use crate::policy::{self, PullPolicy};
 use crate::progress::Progress;
 use crate::reference::{self, Source};
-use crate::source::{self, Body, Fetched};
+use crate::source::{self, image_volume, Body, Fetched};
 use crate::verify::{Digest, Sha256};
 use crate::{lifecycle, FetchError, Settings};
 
@@ -152,6 +152,13 @@ pub async fn pull(
     settings: &Settings,
 ) -> Result<Pulled, FetchError> {
     let pull = Pull::new(req, settings)?;
+    if let Some(mount) = settings
+        .image_volume_root
+        .as_deref()
+        .and_then(|root| image_volume::Mount::of(&pull.source, root))
+    {
+        return mounted(&pull, &mount, settings).await;
+    }
     let index = IndexFile::new(cache);
     let idx = index.load()?;
     if let Some(p) = pull.cached(&idx, cache) {
@@ -206,6 +213,34 @@ pub async fn pull(
         from_cache,
     };
     record(&index, &pull, pulled, image.and_then(|i| i.index)).await
+}
+
+/// An `oci://` source the kubelet mounted as an image volume: read in place, never cached.
+/// The container runtime checked the image against the digest the pod pins; here the
+/// module's bytes are checked against a `sha256` pin, which must name them (a manifest digest
+/// is the pod's to pin).
+async fn mounted(
+    pull: &Pull<'_>,
+    mount: &image_volume::Mount,
+    settings: &Settings,
+) -> Result<Pulled, FetchError> {
+    if pull.verified {
+        return Err(FetchError::Unsupported(
+            "a cosign signature is checked at the registry, and an image volume is read without one; \
+             pin the image volume's reference by digest instead, or drop --image-volume-root"
+                .into(),
+        ));
+    }
+    let (path, sha256) =
+        image_volume::read(mount, pull.req.sha256.as_ref(), settings.max_size).await?;
+    Ok(Pulled {
+        path,
+        source: pull.key.clone(),
+        sha256,
+        manifest_digest: None,
+        pin: pull.req.sha256.map(|_| PinMatch::ModuleSha256),
+        from_cache: true,
+    })
 }
 
 /// The cross-process lock on one source. Waiting polls instead of blocking a thread in the

@@ -37,6 +37,10 @@ pub struct Settings {
     /// `WASM_VERIFY_KEY` (a PEM public key file) or `--verify-key`: every module must carry a
     /// cosign signature by this key (`crate::signature`).
     pub verify_key: Option<crate::keys::VerifyKey>,
+    /// `WASM_IMAGE_VOLUME_ROOT` or `--image-volume-root`: `oci://` modules are the image
+    /// volumes the kubelet mounted under this directory (`crate::source::image_volume`), read
+    /// in place; no registry is asked and nothing is cached.
+    pub image_volume_root: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -95,6 +99,7 @@ impl Default for Settings {
             allow_foreign_layers: false,
             cache_max_bytes: None,
             verify_key: None,
+            image_volume_root: None,
         }
     }
 }
@@ -179,6 +184,9 @@ impl Settings {
         }
         if let Some(v) = var("WASM_VERIFY_KEY").filter(|v| !v.is_empty()) {
             s.verify_key = Some(crate::keys::VerifyKey::read(v.as_ref(), "WASM_VERIFY_KEY")?);
+        }
+        if let Some(v) = var("WASM_IMAGE_VOLUME_ROOT") {
+            s.image_volume_root = Some(v.into());
         }
         Ok(s)
     }

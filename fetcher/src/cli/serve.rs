@@ -54,6 +54,11 @@ pub struct ServeArgs {
     /// [default: $WASM_VERIFY_KEY].
     #[arg(long, value_name = "FILE")]
     pub verify_key: Option<PathBuf>,
+    /// Read oci:// modules from the image volumes the kubelet mounted under DIR
+    /// (DIR/wasm-<hash>/plugin.wasm, as `render --image-volumes` plans them): checked in
+    /// place, never cached nor purged [default: $WASM_IMAGE_VOLUME_ROOT].
+    #[arg(long, value_name = "DIR")]
+    pub image_volume_root: Option<PathBuf>,
 }
 
 /// Runs `serve` until SIGTERM or SIGINT.
@@ -67,6 +72,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
             key,
             "--verify-key",
         )?);
+    }
+    if let Some(root) = &args.image_volume_root {
+        settings.image_volume_root = Some(root.clone());
     }
     let cache = Cache::open(&args.cache_dir.clone().unwrap_or_else(Cache::default_dir))?;
     let mut options = serve::Options::new(&args.plugins, &args.ecds_dir, cache, settings);

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use wasm_fetcher::envoy::convert;
 use wasm_fetcher::envoy::render::{self, Outcome};
 use wasm_fetcher::envoy::wasmplugin::WasmPlugin;
+use wasm_fetcher::envoy::{convert, image_volumes};
 use wasm_fetcher::{regular_file, settings, Cache, PullPolicy, Settings};
 
 #[derive(Args, Debug)]
@@ -28,6 +28,11 @@ pub struct Fetching {
     /// [default: $WASM_VERIFY_KEY].
     #[arg(long, value_name = "FILE")]
     verify_key: Option<PathBuf>,
+    /// Read oci:// modules from the image volumes the kubelet mounted under DIR (one per
+    /// reference, DIR/wasm-<hash>/plugin.wasm), checked in place and never cached
+    /// [default: $WASM_IMAGE_VOLUME_ROOT].
+    #[arg(long, value_name = "DIR")]
+    image_volume_root: Option<PathBuf>,
 }
 
 impl Fetching {
@@ -41,6 +46,9 @@ impl Fetching {
                 key,
                 "--verify-key",
             )?);
+        }
+        if let Some(root) = &self.image_volume_root {
+            settings.image_volume_root = Some(root.clone());
         }
         let dir = self.cache_dir.clone().unwrap_or_else(Cache::default_dir);
         Ok((Cache::open(&dir)?, settings))
@@ -70,6 +78,16 @@ pub struct RenderArgs {
     /// (after `prefetch`).
     #[arg(long, value_enum)]
     pull_policy: Option<PullPolicy>,
+    /// Plan image-volume delivery: resolve each oci:// module's tag to its digest at the
+    /// registry and write to FILE the pod-template patch (strategic merge) that mounts each
+    /// image read-only under --image-volume-root, with the plugins' pull policies and pull
+    /// secrets; the ECDS files name the mounted modules.
+    #[arg(long, value_name = "FILE", requires = "image_volume_root")]
+    image_volumes: Option<PathBuf>,
+    /// The containers of the pod that get the image volumes' mounts (with --image-volumes);
+    /// `init:NAME` is an init container (a native sidecar).
+    #[arg(long, value_name = "NAME", default_values = ["init:wasm-fetcher", "envoy"])]
+    mount_into: Vec<String>,
     #[command(flatten)]
     fetching: Fetching,
 }
@@ -150,7 +168,7 @@ fn warn_fallback(subject: &str, outcome: &Outcome) {
 
 pub fn render(args: RenderArgs) -> anyhow::Result<()> {
     let plugins = read_plugins(&args.files)?;
-    let (cache, settings) = args.fetching.open()?;
+    let (cache, mut settings) = args.fetching.open()?;
     let options = render::Options {
         pull_secrets: args.pull_secrets.clone(),
         pull_policy: args.pull_policy,
@@ -163,12 +181,30 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
     if let Some(out) = &args.output {
         std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
     }
+    // Planning image volumes asks the registry; reading them is the node's `serve`.
+    let planned_root = match &args.image_volumes {
+        Some(_) => settings.image_volume_root.take(),
+        None => None,
+    };
     let rt = runtime()?;
     let mut printed = Vec::new();
+    let mut volumes = Vec::new();
     for p in &plugins {
         let request = render::plan(p, &options);
         let timeout = args.fetching.timeout;
-        let pulled = rt.block_on(render::pull_within(&request, &cache, &settings, timeout));
+        let mut pulled = rt.block_on(render::pull_within(&request, &cache, &settings, timeout));
+        if let Some(root) = &planned_root {
+            let fetched = pulled.as_ref().map_err(|e| {
+                let e = wasm_fetcher::error::chain(e);
+                anyhow::anyhow!("{}: cannot resolve {}: {e}", p.qualified_name(), p.url)
+            })?;
+            if let Some((volume, _, in_mount)) =
+                image_volumes::volume(p, fetched, root, args.pull_policy)?
+            {
+                volumes.push(volume);
+                pulled = Ok(in_mount);
+            }
+        }
         let resource = render::resource(p, pulled.as_ref());
         warn_fallback(&p.qualified_name(), &resource.outcome);
         match &args.output {
@@ -179,6 +215,15 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
         }
     }
     rt.shutdown_background();
+    if let (Some(file), Some(root)) = (&args.image_volumes, &planned_root) {
+        let patch = image_volumes::pod_patch(&plugins, &volumes, root, &args.mount_into);
+        let text = format!(
+            "# The image volumes of {} WasmPlugin(s): a strategic-merge patch of a pod template.\n{}",
+            plugins.len(),
+            serde_norway::to_string(&patch)?
+        );
+        render::write_atomically(file, text.as_bytes())?;
+    }
     match envoy_dir {
         Some(dir) if args.output.is_some() => print!(
             "# Filter-chain entries in Istio's order: http_filters go before the router,\n\

@@ -8,6 +8,7 @@
 
 pub mod convert;
 pub mod fallback;
+pub mod image_volumes;
 pub mod render;
 pub mod rewrite;
 pub mod sites;

@@ -1,6 +1,8 @@
 //! Registry credentials from a Docker config JSON: the decoded `.dockerconfigjson` of a
 //! Kubernetes `imagePullSecret` (`--pull-secret`), else `$DOCKER_CONFIG/config.json` or
-//! `~/.docker/config.json`. Entries are matched by registry `host[:port]`.
+//! `~/.docker/config.json`. Entries are matched by registry `host[:port]`, in Docker's order:
+//! a `credHelpers` entry for the host, else the `credsStore`, else `auths`; a helper is run
+//! by `super::cred_helper` for that one host.
 
 use std::path::{Path, PathBuf};
 
@@ -29,30 +31,43 @@ pub fn default_docker_config() -> Option<PathBuf> {
 
 /// Credentials for `registry`: from `pull_secret` when given, else from the default Docker
 /// config when there is one, else none. Errors name the file as the user knows it.
-pub fn credentials(pull_secret: Option<&Path>, registry: &str) -> Result<RegistryAuth, FetchError> {
-    match (pull_secret, default_docker_config()) {
-        (Some(p), _) => from_docker_config(p, "--pull-secret", registry),
-        (None, Some(p)) => from_docker_config(&p, "Docker config", registry),
-        (None, None) => Ok(RegistryAuth::Anonymous),
+pub async fn credentials(
+    pull_secret: Option<&Path>,
+    registry: &str,
+) -> Result<RegistryAuth, FetchError> {
+    let found = match (pull_secret, default_docker_config()) {
+        (Some(p), _) => from_docker_config(p, "--pull-secret", registry)?,
+        (None, Some(p)) => from_docker_config(&p, "Docker config", registry)?,
+        (None, None) => return Ok(RegistryAuth::Anonymous),
+    };
+    match found {
+        Found::Credentials(auth) => Ok(auth),
+        Found::Helper(helper) => super::cred_helper::get(&helper, registry).await,
     }
 }
 
-/// Credentials for `registry` from the config at `path`, input `what` (anonymous when it has
-/// no entry). The file must be a regular file of at most 1 MiB (a Kubernetes Secret's limit).
+/// What a Docker config says about one registry.
+#[derive(Debug)]
+pub enum Found {
+    Credentials(RegistryAuth),
+    /// Ask the credential helper of this name.
+    Helper(String),
+}
+
+/// What the config at `path`, input `what`, says for `registry` (anonymous when it has no
+/// entry). The file must be a regular file of at most 1 MiB (a Kubernetes Secret's limit).
 pub fn from_docker_config(
     path: &Path,
     what: &'static str,
     registry: &str,
-) -> Result<RegistryAuth, FetchError> {
+) -> Result<Found, FetchError> {
     use crate::regular_file::{read_input, PULL_SECRET_LIMIT};
     let bytes = read_input(path, what, PULL_SECRET_LIMIT)?;
-    parse_docker_config(&bytes, registry).map_err(|e| match e {
-        ConfigError::Invalid(reason) => bad(what, path, reason),
-        ConfigError::CredentialHelper => FetchError::Unsupported(format!(
-            "{}: credential helpers are not supported; put the credentials for {registry} under \"auths\"",
-            path.display()
-        )),
-    })
+    match parse_docker_config(&bytes, registry) {
+        Ok(auth) => Ok(Found::Credentials(auth)),
+        Err(ConfigError::CredentialHelper(helper)) => Ok(Found::Helper(helper)),
+        Err(ConfigError::Invalid(reason)) => Err(bad(what, path, reason)),
+    }
 }
 
 /// Why a Docker config gives no credentials.
@@ -61,8 +76,8 @@ pub enum ConfigError {
     /// Not a Docker config, or an entry that is not what Docker writes; says what is wrong
     /// without repeating secret material.
     Invalid(String),
-    /// The credentials for the registry are behind a credential helper.
-    CredentialHelper,
+    /// The credentials for the registry are behind the credential helper of this name.
+    CredentialHelper(String),
 }
 
 /// Credentials for `registry` from the bytes of a Docker config JSON. Allocates in proportion
@@ -77,19 +92,24 @@ pub fn parse_docker_config(bytes: &[u8], registry: &str) -> Result<RegistryAuth,
             .trim_start_matches("http://");
         k.split('/').next() == Some(registry)
     };
+    // Docker's order: the host's own helper, then the store every host uses, then `auths`.
+    let helper = doc
+        .get("credHelpers")
+        .and_then(|h| h.get(registry))
+        .or_else(|| doc.get("credsStore"));
+    if let Some(helper) = helper {
+        return match helper.as_str() {
+            Some(name) if !name.is_empty() => Err(ConfigError::CredentialHelper(name.to_string())),
+            _ => Err(invalid(format!(
+                "the credential helper for {registry} is not a helper name (credHelpers or credsStore)"
+            ))),
+        };
+    }
     let entry = doc
         .get("auths")
         .and_then(Value::as_object)
         .and_then(|auths| auths.iter().find(|(k, _)| key_matches(k)).map(|(_, v)| v));
     let Some(entry) = entry else {
-        let helper = doc
-            .get("credHelpers")
-            .and_then(|h| h.get(registry))
-            .is_some()
-            || doc.get("credsStore").is_some();
-        if helper {
-            return Err(ConfigError::CredentialHelper);
-        }
         return Ok(RegistryAuth::Anonymous);
     };
     if let (Some(u), Some(p)) = (
@@ -130,20 +150,36 @@ mod tests {
         )
         .unwrap();
         assert!(
-            matches!(from_docker_config(&p, "--pull-secret", "127.0.0.1:5000").unwrap(), RegistryAuth::Basic(u, pw) if u == "foo" && pw == "bar")
+            matches!(from_docker_config(&p, "--pull-secret", "127.0.0.1:5000").unwrap(), Found::Credentials(RegistryAuth::Basic(u, pw)) if u == "foo" && pw == "bar")
         );
         assert!(
-            matches!(from_docker_config(&p, "--pull-secret", "other.io").unwrap(), RegistryAuth::Basic(u, _) if u == "u")
+            matches!(from_docker_config(&p, "--pull-secret", "other.io").unwrap(), Found::Credentials(RegistryAuth::Basic(u, _)) if u == "u")
         );
         assert!(matches!(
             from_docker_config(&p, "--pull-secret", "third.io").unwrap(),
-            RegistryAuth::Anonymous
+            Found::Credentials(RegistryAuth::Anonymous)
         ));
-        std::fs::write(&p, r#"{"credsStore":"desktop"}"#).unwrap();
+        // Docker's order: the host's helper, then the store, then auths.
+        std::fs::write(
+            &p,
+            r#"{"auths":{"a.io":{"auth":"Zm9vOmJhcg=="}},"credsStore":"desktop","credHelpers":{"b.io":"ecr-login"}}"#,
+        )
+        .unwrap();
+        for (host, helper) in [
+            ("a.io", "desktop"),
+            ("b.io", "ecr-login"),
+            ("c.io", "desktop"),
+        ] {
+            assert!(
+                matches!(from_docker_config(&p, "--pull-secret", host).unwrap(), Found::Helper(h) if h == helper),
+                "{host}"
+            );
+        }
+        std::fs::write(&p, r#"{"credHelpers":{"x.io":7}}"#).unwrap();
         assert!(from_docker_config(&p, "--pull-secret", "x.io")
             .unwrap_err()
             .to_string()
-            .starts_with("unsupported"));
+            .contains("not a helper name"));
     }
 
     mod properties {

@@ -168,7 +168,7 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
         abi_versions: abi_versions.clone(),
         outcome,
     };
-    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
+    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry).await?;
     let registry = Registry::new(&r, creds, settings).for_push();
     let d = registry.connect().await?;
     let outcome =

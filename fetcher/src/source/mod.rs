@@ -4,6 +4,7 @@
 
 pub mod file;
 pub mod http;
+pub mod image_volume;
 pub mod oci;
 
 use crate::cache::{Cache, Staging};

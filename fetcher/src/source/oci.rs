@@ -19,7 +19,7 @@ pub async fn fetch(
     target: &Target<'_>,
     staging: Staging,
 ) -> Result<Fetched, FetchError> {
-    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry)?;
+    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry).await?;
     let registry = Registry::new(r, creds, target.settings);
     let (connection, resolved) = registry.resolve(r, req.platform.as_deref()).await?;
     let image = resolved.digests;

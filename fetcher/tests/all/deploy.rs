@@ -7,7 +7,9 @@
 //! the fetcher writes (listeners on 0.0.0.0); Envoy mounts that directory and the cache at the
 //! fetcher's paths, read-only (an ECDS file names the module by the fetcher's path); the
 //! WasmPlugins in the ConfigMap pass the fetcher's parser and are exactly the plugins whose ECDS
-//! files the bootstrap reads.
+//! files the bootstrap reads. A fetcher reading image volumes (`--image-volume-root`) finds the
+//! volume each plugin's URL maps to, pinned by digest and mounted read-only where it looks, in
+//! Envoy too, and the plugins' pull secrets among the pod's `imagePullSecrets`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -102,8 +104,8 @@ fn deploy_manifests_agree_with_the_cli_and_the_ecds_bootstrap() {
         checked_files += 1;
     }
     assert_eq!(
-        checked_files, 2,
-        "deploy/sidecar.yaml and deploy/daemonset.yaml"
+        checked_files, 3,
+        "deploy/sidecar.yaml, deploy/daemonset.yaml and deploy/image-volumes.yaml"
     );
 }
 
@@ -164,14 +166,44 @@ fn the_kustomization_names_every_manifest_and_the_one_fetcher_image() {
     );
 }
 
-fn check_file(path: &Path) {
+fn documents(path: &Path) -> Vec<Value> {
     use serde::Deserialize;
     let name = path.display().to_string();
     let text = std::fs::read_to_string(path).unwrap();
-    let docs: Vec<Value> = serde_norway::Deserializer::from_str(&text)
+    serde_norway::Deserializer::from_str(&text)
         .map(|d| Value::deserialize(d).unwrap_or_else(|e| panic!("{name}: {e}")))
         .filter(|d| !d.is_null())
-        .collect();
+        .collect()
+}
+
+/// The data of every ConfigMap in deploy/, by `namespace/name`: `kubectl apply -k deploy/`
+/// applies them all, so a pod may use one another file defines in its namespace.
+fn all_config_maps() -> BTreeMap<String, Value> {
+    let mut maps = BTreeMap::new();
+    for entry in std::fs::read_dir(workspace().join("deploy")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "yaml") || path.ends_with(KUSTOMIZATION) {
+            continue;
+        }
+        for d in documents(&path)
+            .into_iter()
+            .filter(|d| d["kind"] == "ConfigMap")
+        {
+            let key = format!(
+                "{}/{}",
+                d["metadata"]["namespace"].as_str().unwrap_or("default"),
+                d["metadata"]["name"].as_str().unwrap()
+            );
+            maps.insert(key, d["data"].clone());
+        }
+    }
+    maps
+}
+
+fn check_file(path: &Path) {
+    let name = path.display().to_string();
+    let docs = documents(path);
+    let every_config_map = all_config_maps();
     let mut config_maps: BTreeMap<String, &Value> = BTreeMap::new();
     for d in &docs {
         for field in ["apiVersion", "kind"] {
@@ -181,8 +213,11 @@ fn check_file(path: &Path) {
             d["metadata"]["name"].is_string(),
             "{name}: a document without a name"
         );
-        if d["kind"] == "ConfigMap" {
-            config_maps.insert(d["metadata"]["name"].as_str().unwrap().into(), &d["data"]);
+        let namespace = d["metadata"]["namespace"].as_str().unwrap_or("default");
+        for (key, data) in &every_config_map {
+            if let Some(cm) = key.strip_prefix(&format!("{namespace}/")) {
+                config_maps.insert(cm.to_string(), data);
+            }
         }
     }
     let mut fetchers = 0;
@@ -192,6 +227,8 @@ fn check_file(path: &Path) {
     let mut read: Vec<(Value, Value)> = Vec::new();
     let mut served_plugins: Option<String> = None;
     let mut pull_secret_mounts: BTreeSet<String> = BTreeSet::new();
+    // With --image-volume-root: the root, and the pod (the kubelet pulls with its secrets).
+    let mut image_volumes: Option<(String, &Value)> = None;
     for d in docs.iter().filter(|d| d["spec"]["template"].is_object()) {
         let pod = &d["spec"]["template"]["spec"];
         let volumes: BTreeMap<String, &Value> = pod["volumes"]
@@ -248,9 +285,13 @@ fn check_file(path: &Path) {
                     !writes
                 );
             }
+            if let Some(root) = flag(&args, "--image-volume-root") {
+                image_volumes = Some((root.to_string(), pod));
+            }
             // imagePullSecret NAME is read from DIR/NAMESPACE/NAME/.dockerconfigjson: a Secret
             // volume.
             let secrets = flag(&args, "--pull-secrets")
+                .or(image_volumes.as_ref().map(|_| "/nowhere"))
                 .unwrap_or_else(|| panic!("{name}: no --pull-secrets"));
             pull_secret_mounts = c["volumeMounts"]
                 .as_array()
@@ -367,6 +408,10 @@ fn check_file(path: &Path) {
             .unwrap_or_else(|e| panic!("{name}: {key}: {e}"))
         {
             files.insert(format!("{ecds}/{}", render::file_name(&p)));
+            if let Some((root, pod)) = &image_volumes {
+                check_image_volume(&name, &p, root, pod);
+                continue;
+            }
             if let Some(secret) = &p.image_pull_secret {
                 // Looked up in the plugin's own namespace: DIR/NAMESPACE/NAME.
                 let at = format!("{}/{secret}", p.namespace);
@@ -383,4 +428,62 @@ fn check_file(path: &Path) {
         .map(|(i, _)| text[i..].split('"').next().unwrap().to_string())
         .collect();
     assert_eq!(files, referenced, "{name}: plugins and ECDS files differ");
+}
+
+/// A plugin served from an image volume: the pod declares the volume the fetcher looks for
+/// (its name from the plugin's URL), pinned by digest, with a pull policy Kubernetes knows;
+/// every container that reads modules mounts it read-only at ROOT/NAME; the plugin's pull
+/// secret is one of the pod's imagePullSecrets.
+fn check_image_volume(file: &str, p: &WasmPlugin, root: &str, pod: &Value) {
+    let source = wasm_fetcher::reference::Source::parse(&p.url).unwrap();
+    let Some(m) = wasm_fetcher::image_volume::Mount::of(&source, Path::new(root)) else {
+        return;
+    };
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == m.name.as_str())
+        .unwrap_or_else(|| panic!("{file}: no image volume {} for {}", m.name, p.url));
+    let reference = volume["image"]["reference"].as_str().unwrap_or_default();
+    let wasm_fetcher::reference::Source::Oci(r) = &source else {
+        unreachable!()
+    };
+    let digest = reference
+        .strip_prefix(&format!("{}/{}@sha256:", r.registry, r.repository))
+        .unwrap_or_else(|| panic!("{file}: {reference} is not {} pinned by digest", p.url));
+    assert!(
+        digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{file}: {reference}"
+    );
+    assert!(
+        ["Always", "IfNotPresent", "Never"]
+            .contains(&volume["image"]["pullPolicy"].as_str().unwrap_or("")),
+        "{file}: {volume}"
+    );
+    let containers: Vec<&Value> = ["initContainers", "containers"]
+        .iter()
+        .flat_map(|k| pod[k].as_array().into_iter().flatten())
+        .filter(|c| c["args"].is_array())
+        .collect();
+    for c in containers {
+        assert_eq!(
+            mount(c, &m.name),
+            Some((m.dir.display().to_string(), true)),
+            "{file}: {} mounts {} read-only at {}",
+            c["name"],
+            m.name,
+            m.dir.display()
+        );
+    }
+    if let Some(secret) = &p.image_pull_secret {
+        assert!(
+            pod["imagePullSecrets"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|s| s["name"] == secret.as_str()),
+            "{file}: {secret} is not among the pod's imagePullSecrets"
+        );
+    }
 }

@@ -45,23 +45,23 @@ fn built_layout() -> PathBuf {
     layout
 }
 
-fn read_json(path: &Path) -> Value {
+pub fn read_json(path: &Path) -> Value {
     let text = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_slice(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-fn blob_path(layout: &Path, digest: &Value) -> PathBuf {
+pub fn blob_path(layout: &Path, digest: &Value) -> PathBuf {
     let digest = digest.as_str().expect("a digest");
     let hex = digest.strip_prefix("sha256:").expect("a sha256 digest");
     layout.join("blobs/sha256").join(hex)
 }
 
-fn blob(layout: &Path, descriptor: &Value) -> Value {
+pub fn blob(layout: &Path, descriptor: &Value) -> Value {
     read_json(&blob_path(layout, &descriptor["digest"]))
 }
 
 /// The descriptor the layout's index names `tag`.
-fn tagged(layout: &Path, tag: &str) -> Value {
+pub fn tagged(layout: &Path, tag: &str) -> Value {
     let index = read_json(&layout.join("index.json"));
     index["manifests"]
         .as_array()
@@ -74,7 +74,7 @@ fn tagged(layout: &Path, tag: &str) -> Value {
 
 /// Unpacks a manifest's layers into `root` (as the runtime does: owners and modes kept) and
 /// returns the sum of their compressed sizes.
-fn unpack(layout: &Path, manifest: &Value, root: &Path) -> u64 {
+pub fn unpack(layout: &Path, manifest: &Value, root: &Path) -> u64 {
     let mut compressed = 0;
     for layer in manifest["layers"].as_array().expect("layers") {
         assert_eq!(

@@ -6,10 +6,12 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cache_integrity;
+mod cred_helper;
 mod deadline;
 mod deploy;
 mod hostile_registry;
 mod image;
+mod image_volume;
 mod layers;
 mod library;
 mod net_guard;

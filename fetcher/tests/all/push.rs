@@ -31,7 +31,7 @@ pub fn push(home: &Path, args: &[&str]) -> Output {
         .unwrap()
 }
 
-fn push_json(home: &Path, args: &[&str]) -> serde_json::Value {
+pub fn push_json(home: &Path, args: &[&str]) -> serde_json::Value {
     let mut all = args.to_vec();
     all.push("--json");
     let o = push(home, &all);

@@ -1,0 +1,186 @@
+//! Modules the kubelet mounted: an `oci://` image holding `plugin.wasm` (the `compat` layout
+//! of `push`) declared as an image volume (KEP-4639, `volumes[].image`) and mounted read-only
+//! under one root (`--image-volume-root`). The container runtime pulled it with the node's
+//! credentials and mirrors and checked it against the digest the pod spec pins; this reads the
+//! mounted file in place: checks that it is a regular file and a core Wasm module, checks a
+//! module sha256 pin, and hands its path on. Nothing is fetched and nothing enters the cache,
+//! so no purge can remove it; the kubelet removes it with the pod.
+//!
+//! One reference, one mount: the volume's name is `wasm-` and 16 hex digits of the sha256 of
+//! the source's canonical key ([`crate::reference::Source::key`]), and it is mounted at
+//! `ROOT/<name>`. `render --image-volumes` writes the pod's side of that mapping and `serve`
+//! reads by it, so the two agree by construction.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use sha2::Digest as _;
+
+use crate::error::FetchError;
+use crate::reference::Source;
+use crate::verify::Sha256;
+
+/// The file the `compat` layout puts the module in, at the image's root.
+pub const MODULE_FILE: &str = "plugin.wasm";
+
+/// Where the image of one `oci://` source is mounted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    /// The pod's volume name: a DNS label (`wasm-` and 16 hex digits), as Kubernetes requires.
+    pub name: String,
+    /// `ROOT/<name>`.
+    pub dir: PathBuf,
+}
+
+impl Mount {
+    /// The mount of `source` under `root`; `None` for a source that is not `oci://`.
+    pub fn of(source: &Source, root: &Path) -> Option<Self> {
+        let Source::Oci(_) = source else {
+            return None;
+        };
+        let hash = Sha256::of(source.key().as_bytes()).hex();
+        let name = format!("wasm-{}", &hash[..16]);
+        Some(Self {
+            dir: root.join(&name),
+            name,
+        })
+    }
+
+    /// The module's path inside the mount.
+    pub fn module(&self) -> PathBuf {
+        self.dir.join(MODULE_FILE)
+    }
+}
+
+/// The mounted module of `source`: its path and sha256, once it is a regular file of at most
+/// `max_size` bytes holding a core Wasm module whose sha256 is `pin` (when given). A symbolic
+/// link is refused: it would resolve inside this container, not inside the image.
+pub async fn read(
+    mount: &Mount,
+    pin: Option<&Sha256>,
+    max_size: u64,
+) -> Result<(PathBuf, Sha256), FetchError> {
+    let path = mount.module();
+    let checked = path.clone();
+    let sha = tokio::task::spawn_blocking(move || hash_module(&checked, max_size))
+        .await
+        .map_err(|e| FetchError::Io(std::io::Error::other(format!("reading the module: {e}"))))??;
+    crate::verify::check_pin(pin, &sha)?;
+    Ok((path, sha))
+}
+
+fn hash_module(path: &Path, max_size: u64) -> Result<Sha256, FetchError> {
+    let unreadable = |reason: String| FetchError::Read {
+        what: "image volume module",
+        path: path.to_path_buf(),
+        reason,
+    };
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_symlink() => {
+            return Err(unreadable(
+                "a symbolic link; the image must hold plugin.wasm itself (push --layout compat)"
+                    .into(),
+            ))
+        }
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(unreadable(format!(
+                "no such file: the pod mounts no image volume {} there; add the volumes `render --image-volumes` writes",
+                path.parent().map(|d| d.display().to_string()).unwrap_or_default()
+            )))
+        }
+        Err(e) => return Err(unreadable(e.to_string())),
+    }
+    let file = wasm_common::regular_file::open(path).map_err(|e| unreadable(e.to_string()))?;
+    let size = file
+        .metadata()
+        .map_err(|e| unreadable(e.to_string()))?
+        .len();
+    if size > max_size {
+        return Err(FetchError::TooLarge { limit: max_size });
+    }
+    let mut reader = file.take(max_size.saturating_add(1));
+    let mut hasher = sha2::Sha256::new();
+    let mut head = Vec::with_capacity(8);
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = reader
+            .read(&mut buf)
+            .map_err(|e| unreadable(e.to_string()))?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        if total > max_size {
+            return Err(FetchError::TooLarge { limit: max_size });
+        }
+        if head.len() < 8 {
+            let want = (8 - head.len()).min(n);
+            head.extend_from_slice(&buf[..want]);
+        }
+        hasher.update(&buf[..n]);
+    }
+    crate::verify::check_wasm_header(&head)?;
+    Ok(Sha256(hasher.finalize().into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mount(url: &str) -> Option<Mount> {
+        Mount::of(&Source::parse(url).unwrap(), Path::new("/mnt/wasm"))
+    }
+
+    #[test]
+    fn one_reference_written_two_ways_is_one_mount_with_a_dns_label_name() {
+        let a = mount("oci://Reg.Example:443/team/filter").unwrap();
+        let b = mount("oci://reg.example/team/filter:latest").unwrap();
+        assert_eq!(a, b);
+        assert_eq!(a.name.len(), 21);
+        assert!(a
+            .name
+            .bytes()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'-'));
+        assert_eq!(a.dir, Path::new("/mnt/wasm").join(&a.name));
+        assert_ne!(a, mount("oci://reg.example/team/filter:2").unwrap());
+        assert!(mount("https://reg.example/filter.wasm").is_none());
+        assert!(mount("file:///filter.wasm").is_none());
+    }
+
+    #[tokio::test]
+    async fn only_a_regular_core_module_with_the_pinned_sha_is_taken() {
+        let root = tempfile::tempdir().unwrap();
+        let m = Mount {
+            name: "wasm-0".into(),
+            dir: root.path().join("wasm-0"),
+        };
+        std::fs::create_dir(&m.dir).unwrap();
+        let missing = read(&m, None, 1 << 20).await.unwrap_err().to_string();
+        assert!(missing.contains("no image volume"), "{missing}");
+        let module = b"\0asm\x01\0\0\0".to_vec();
+        std::fs::write(m.module(), &module).unwrap();
+        let (path, sha) = read(&m, None, 1 << 20).await.unwrap();
+        assert_eq!((path, sha), (m.module(), Sha256::of(&module)));
+        assert!(read(&m, Some(&sha), 1 << 20).await.is_ok());
+        let wrong = Sha256::of(b"other");
+        assert!(matches!(
+            read(&m, Some(&wrong), 1 << 20).await,
+            Err(FetchError::ChecksumMismatch { .. })
+        ));
+        assert!(matches!(
+            read(&m, None, 4).await,
+            Err(FetchError::TooLarge { limit: 4 })
+        ));
+        std::fs::write(m.module(), b"not wasm at all").unwrap();
+        assert!(matches!(
+            read(&m, None, 1 << 20).await,
+            Err(FetchError::NotWasm { .. })
+        ));
+        std::fs::remove_file(m.module()).unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", m.module()).unwrap();
+        let link = read(&m, None, 1 << 20).await.unwrap_err().to_string();
+        assert!(link.contains("symbolic link"), "{link}");
+    }
+}
