@@ -126,6 +126,17 @@ fn dynamic_module_http_roles_answer_as_the_wasm_module_does() {
             Request::get("/page"),
             UpstreamReply::new(200).body("<p>internal.example</p>"),
         ),
+        // Big enough to reach the filter in several chunks, which it holds until the last.
+        (
+            "bodies",
+            Request::get("/big"),
+            UpstreamReply::new(200)
+                .header("content-type", "application/json")
+                .body(format!(
+                    r#"{{"token":"t","text":"{}internal.example"}}"#,
+                    "a".repeat(200_000)
+                )),
+        ),
     ];
     let dir = tempfile::tempdir().unwrap();
     let mut module = start_module(dir.path(), 2, |t| t).unwrap_or_else(|e| panic!("{e}"));
@@ -157,6 +168,17 @@ fn dynamic_module_http_roles_answer_as_the_wasm_module_does() {
         r#"{"name":"al","password":"[redacted]","links":["https://example.com/a"]}"#
     );
     assert_eq!(got[6].response().unwrap().body, b"<p>internal.example</p>");
+    let big = String::from_utf8_lossy(&got[7].response().unwrap().body).into_owned();
+    assert!(
+        big.starts_with(r#"{"token":"[redacted]","text":"aaa"#),
+        "{}",
+        &big[..40]
+    );
+    assert!(
+        big.ends_with(r#"aexample.com"}"#),
+        "{}",
+        &big[big.len() - 40..]
+    );
     assert!(logged(&module, "Dynamic module ABI version v0.2.0 matched"));
     assert!(logged(&module, "wasm-filter: response body is not JSON"));
     assert!(logged(&module, "wasm-filter: request refused with 413"));
