@@ -4,7 +4,8 @@
 //!    worker per listener: the median time per request and the throughput through a listener
 //!    running each role, against the same listener without any filter, with a module that does
 //!    nothing in each callback (`noop.wat`), with Envoy's Lua filter and with its native
-//!    `header_mutation` filter making the header role's edits; the listeners taken in turn
+//!    `header_mutation` filter making the header role's edits, and with the HTTP roles as the
+//!    Envoy dynamic module (`target/release/libwasm_filter.so`); the listeners taken in turn
 //!    within one run so load changes hit all alike. Then Envoy's resident memory with each
 //!    alone. `WASM_FILTER_BENCH_WORKERS=1,2` picks the worker counts. With binaryen's
 //!    `wasm-opt` on PATH, the header role's module after `wasm-opt -Oz` is measured too.
@@ -29,6 +30,9 @@ use std::time::{Duration, Instant};
 use envoy::{Measured, Variant, JSON_REPLY};
 use serde_json::{json, Value};
 use wasm_harness::{Proxy, Request, UpstreamReply};
+
+/// The prefix of the dynamic module's variants: `dynamic module: <role>`.
+const DYNAMIC: &str = "dynamic module: ";
 
 /// Requests per batch and batches in the harness.
 const BATCH: u32 = 2000;
@@ -220,6 +224,16 @@ fn main() {
             filters: vec![envoy::wasm_plugin(&format!("role{i}"), &r.config, &module)],
         });
     }
+    // The HTTP roles again, as the Envoy dynamic module (`libwasm_filter.so`).
+    for r in roles
+        .iter()
+        .filter(|r| !r.name.starts_with("stats-aggregator"))
+    {
+        variants.push(Variant {
+            name: format!("{DYNAMIC}{}", r.name),
+            filters: vec![envoy::dynamic_module(&r.config)],
+        });
+    }
     let workers: Vec<usize> = std::env::var("WASM_FILTER_BENCH_WORKERS")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
@@ -298,12 +312,12 @@ fn report(
 ) {
     let base = m[0];
     println!(
-        "  {:<28} {:>10} {:>10} {:>12} {:>9}",
+        "  {:<38} {:>10} {:>10} {:>12} {:>9}",
         "", "median us", "added us", "req/s", "RSS MiB"
     );
     for (v, r) in variants.iter().zip(m) {
         println!(
-            "  {:<28} {:>10.1} {:>+10.1} {:>12.0} {:>9.1}",
+            "  {:<38} {:>10.1} {:>+10.1} {:>12.0} {:>9.1}",
             v.name,
             r.median_us,
             r.median_us - base.median_us,
@@ -317,6 +331,18 @@ fn report(
             .position(|v| v.name == name)
             .map(|i| m[i].median_us - base.median_us)
     };
+    // Each HTTP role's added time as a dynamic module over its added time as Wasm.
+    for v in variants {
+        let Some(role) = v.name.strip_prefix(DYNAMIC) else {
+            continue;
+        };
+        if let (Some(native), Some(wasm)) = (added(&v.name), added(role)) {
+            println!(
+                "  {role}: the dynamic module adds {native:.1} us, the Wasm module {wasm:.1} us ({:.2}x)",
+                native / wasm
+            );
+        }
+    }
     if let (Some(header), Some(lua)) = (added("http-header-operation"), added("Lua (header edits)"))
     {
         check(

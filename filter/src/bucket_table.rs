@@ -101,10 +101,24 @@ pub fn slots(fingerprint: u64, buckets: u32) -> impl Iterator<Item = u32> {
 /// unreadable value is another key's (it is left alone, never overwritten).
 pub fn classify(limit: &RateLimit, value: Option<&[u8]>, fingerprint: u64, now_ns: u64) -> Slot {
     match Entry::decode(value) {
-        Ok(None) => Slot::Free,
-        Ok(Some(e)) if e.fingerprint == fingerprint => Slot::Mine(e.bucket),
-        Ok(Some(e)) if limit.droppable(&e.bucket, now_ns) => Slot::Idle,
-        Ok(Some(_)) | Err(_) => Slot::Busy,
+        Ok(entry) => classify_entry(limit, entry, fingerprint, now_ns),
+        Err(_) => Slot::Busy,
+    }
+}
+
+/// [`classify`] for an entry already decoded (`None`: a free slot); the dynamic module keeps
+/// its table as entries in process memory.
+pub fn classify_entry(
+    limit: &RateLimit,
+    entry: Option<Entry>,
+    fingerprint: u64,
+    now_ns: u64,
+) -> Slot {
+    match entry {
+        None => Slot::Free,
+        Some(e) if e.fingerprint == fingerprint => Slot::Mine(e.bucket),
+        Some(e) if limit.droppable(&e.bucket, now_ns) => Slot::Idle,
+        Some(_) => Slot::Busy,
     }
 }
 

@@ -5,7 +5,9 @@
 //! are plain Rust (parsing, validation, and what to do to a request, a body, a bucket, a
 //! record), while `glue` (compiled only for Wasm) is the thin layer on the proxy-wasm SDK that
 //! reads buffers, edits maps and talks to shared data and queues. The glue never unwraps a
-//! host status: a failed hostcall is logged and the request goes on.
+//! host status: a failed hostcall is logged and the request goes on. Built natively, the
+//! same decisions run behind a second glue, `dynamic_module`: the cdylib is then an Envoy
+//! dynamic module (`libwasm_filter.so`) for the HTTP roles.
 
 pub mod body_flow;
 pub mod body_ops;
@@ -19,5 +21,7 @@ pub mod redact;
 pub mod stats;
 pub mod tcp_count;
 
+#[cfg(not(target_family = "wasm"))]
+mod dynamic_module;
 #[cfg(target_family = "wasm")]
 mod glue;

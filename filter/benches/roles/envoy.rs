@@ -1,6 +1,7 @@
 //! The real-Envoy half of the roles bench: listeners for each variant in one Envoy, taken in
 //! turn within one run (so load changes hit all alike), at several worker counts with as many
-//! client connections as workers; and Envoy's resident memory with each variant alone.
+//! client connections as workers; and Envoy's resident memory with each variant alone. The
+//! dynamic module is `target/release/libwasm_filter.so` as `make build` leaves it.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -59,6 +60,20 @@ pub fn wasm_plugin(name: &str, config: &Value, code: &Path) -> Value {
             "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config.to_string()},
             "vm_config": {"vm_id": name, "runtime": "envoy.wasm.runtime.v8",
                 "code": {"local": {"filename": code.display().to_string()}}}}}})
+}
+
+/// Where Envoy finds the dynamic module (`libwasm_filter.so`, left by `make build`).
+fn dynamic_module_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release")
+}
+
+/// The filter as an Envoy dynamic module, with the same plugin configuration.
+pub fn dynamic_module(config: &Value) -> Value {
+    json!({"name": "envoy.filters.http.dynamic_modules", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter",
+        "dynamic_module_config": {"name": "wasm_filter"},
+        "filter_name": "wasm-filter",
+        "filter_config": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": config.to_string()}}})
 }
 
 /// Envoy's Lua filter making the header role's four edits.
@@ -224,6 +239,7 @@ impl Envoy {
             .arg(&path)
             .args(["--concurrency", &workers.to_string()])
             .args(["--disable-hot-restart", "-l", "warning"])
+            .env("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dynamic_module_dir())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()

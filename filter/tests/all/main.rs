@@ -10,6 +10,7 @@ mod body;
 mod bounds;
 mod contexts;
 mod docs;
+mod dynamic_module;
 mod envoy;
 mod headers;
 mod metrics;

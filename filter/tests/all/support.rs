@@ -129,3 +129,30 @@ impl Drop for EnvoyProcess {
         let _ = self.child.wait();
     }
 }
+
+/// The directory holding the crate's native build, `libwasm_filter.so` (the Envoy dynamic
+/// module), built first with `cargo build --release --lib` (a no-op when fresh).
+pub fn dynamic_module_dir() -> PathBuf {
+    let manifest = root().join("filter/Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .args(["build", "--release", "--lib", "--manifest-path"])
+        .arg(&manifest)
+        .args(["--message-format", "json-render-diagnostics"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let so = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|m| m["reason"] == "compiler-artifact")
+        .flat_map(|m| m["filenames"].as_array().cloned().unwrap_or_default())
+        .filter_map(|f| f.as_str().map(PathBuf::from))
+        .find(|f| f.file_name().is_some_and(|n| n == "libwasm_filter.so"))
+        .expect("cargo built no libwasm_filter.so");
+    so.parent().unwrap().to_path_buf()
+}

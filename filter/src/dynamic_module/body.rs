@@ -1,0 +1,192 @@
+//! `http-body-operation` as a dynamic module: the glue that executes [`crate::body_flow`]'s
+//! steps with Envoy's body callbacks, as the Wasm glue does with proxy-wasm's. Where the two
+//! ABIs differ: a held chunk is kept by answering `StopIterationAndBuffer`, and the body so
+//! far is what Envoy buffered plus the chunk just received.
+
+use super::host::{log, Stream};
+use super::Outcome;
+use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
+use crate::body_ops::{BodyOperation, MAX_BUFFER_LIMIT};
+
+/// One stream's state.
+#[derive(Default)]
+pub struct BodyStream {
+    flow: BodyFlow,
+    /// Set when the response became a 502: the text its body is replaced with.
+    replacement: Option<String>,
+}
+
+impl BodyStream {
+    fn refuse(&mut self, stream: &Stream, which: Side, why: &str) -> Outcome {
+        let (status, details) = which.refusal();
+        log!(Info, "{} refused with {status}: {why}", which.name());
+        stream.send_response(status, details, why.as_bytes(), &[]);
+        self.flow.mark_answered(which);
+        Outcome::Stop
+    }
+
+    /// A response whose headers are in hand but whose body cannot be rewritten: its status
+    /// becomes 502 and its body is swapped for the reason (see the Wasm glue).
+    fn replace_response(&mut self, stream: &Stream, why: String) -> Outcome {
+        log!(Info, "response refused with 502: {why}");
+        for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
+            if !stream.set_header(Side::Response, name, value) {
+                log!(Warn, "setting response {name} was refused by Envoy");
+            }
+        }
+        for name in ["content-length", "content-encoding"] {
+            stream.remove_header(Side::Response, name);
+        }
+        self.replacement = Some(why);
+        Outcome::Continue
+    }
+
+    fn reset_response(&mut self, stream: &Stream, why: &str) -> Outcome {
+        log!(
+            Info,
+            "response {why} after its headers were sent: stream reset"
+        );
+        stream.reset("response_body_too_large");
+        self.flow.mark_answered(Side::Response);
+        Outcome::StopNoBuffer
+    }
+
+    pub fn on_headers(
+        &mut self,
+        ops: &BodyOperation,
+        stream: &Stream,
+        which: Side,
+        end_of_stream: bool,
+    ) -> Outcome {
+        if which == Side::Request && ops.response.rewrites() {
+            // Ask for the response as it is: a compressed one could not be rewritten.
+            stream.remove_header(Side::Request, "accept-encoding");
+        }
+        if which == Side::Response && self.flow.answered() {
+            return Outcome::Continue;
+        }
+        let declared = || {
+            stream
+                .header(which, "content-length")
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        };
+        let encoding = || stream.header(which, "content-encoding");
+        match self
+            .flow
+            .headers(ops, which, end_of_stream, declared, encoding)
+        {
+            HeadersStep::Continue => Outcome::Continue,
+            HeadersStep::Refuse(why) => self.refuse(stream, which, &why),
+            HeadersStep::ReplaceResponse(why) => self.replace_response(stream, why),
+            HeadersStep::PassEncoded(encoding) => {
+                log!(
+                    Info,
+                    "{} body is in content-encoding {encoding:?}: passed on unmodified",
+                    which.name()
+                );
+                Outcome::Continue
+            }
+            HeadersStep::Hold => {
+                stream.remove_header(which, "content-length");
+                Outcome::Continue
+            }
+        }
+    }
+
+    pub fn on_body(
+        &mut self,
+        ops: &BodyOperation,
+        stream: &Stream,
+        which: Side,
+        end_of_stream: bool,
+    ) -> Outcome {
+        if which == Side::Response && self.flow.answered() {
+            return Outcome::Continue;
+        }
+        if which == Side::Response {
+            if let Some(why) = &self.replacement {
+                let text = if end_of_stream { why.as_bytes() } else { b"" };
+                if !stream.replace_body(Side::Response, text) {
+                    log!(Warn, "replacing the response body was refused by Envoy");
+                }
+                return Outcome::Continue;
+            }
+        }
+        let size = stream.body_size(which) as u64;
+        match self.flow.body(ops, which, size, end_of_stream) {
+            BodyStep::Stop => Outcome::StopNoBuffer,
+            BodyStep::Refuse(why) => self.refuse(stream, which, &why),
+            BodyStep::ResetResponse(why) => self.reset_response(stream, &why),
+            BodyStep::Pass => Outcome::Continue,
+            BodyStep::PassOverflowing(limit) => {
+                log!(
+                    Warn,
+                    "{} body over max_buffer_bytes ({limit}): passed on unmodified",
+                    which.name()
+                );
+                Outcome::Continue
+            }
+            BodyStep::Hold => Outcome::Stop,
+            BodyStep::Rewrite => self.rewrite(ops, stream, which),
+        }
+    }
+
+    fn rewrite(&mut self, ops: &BodyOperation, stream: &Stream, which: Side) -> Outcome {
+        let limit = usize::try_from(MAX_BUFFER_LIMIT).unwrap_or(usize::MAX);
+        let Some(body) = stream.body(which, limit) else {
+            log!(
+                Warn,
+                "the {} body could not be read whole; passed on unmodified",
+                which.name()
+            );
+            return Outcome::Continue;
+        };
+        match self.flow.rewrite(ops, which, &body) {
+            RewriteStep::Keep => Outcome::Continue,
+            RewriteStep::Write(new, what) => {
+                if stream.replace_body(which, &new) {
+                    log!(Debug, "{} body rewritten: {what}", which.name());
+                } else {
+                    log!(
+                        Warn,
+                        "writing the {} body was refused by Envoy; passed on unmodified",
+                        which.name()
+                    );
+                }
+                Outcome::Continue
+            }
+            RewriteStep::PassNotJson(e) => {
+                log!(
+                    Info,
+                    "{} body is not JSON ({e}): passed on unmodified",
+                    which.name()
+                );
+                Outcome::Continue
+            }
+            RewriteStep::PassTooLarge(why) => {
+                log!(Warn, "{} {why}: passed on unmodified", which.name());
+                Outcome::Continue
+            }
+            RewriteStep::Refuse(why) => self.refuse(stream, which, &why),
+            RewriteStep::ResetResponse(why) => self.reset_response(stream, &why),
+        }
+    }
+
+    pub fn on_trailers(&mut self, ops: &BodyOperation, which: Side) -> Outcome {
+        if which == Side::Response && self.flow.answered() {
+            return Outcome::Continue;
+        }
+        match self.flow.trailers(ops, which) {
+            None => Outcome::Stop,
+            Some(true) => {
+                log!(
+                    Warn,
+                    "{} with trailers: its body is passed on unmodified",
+                    which.name()
+                );
+                Outcome::Continue
+            }
+            Some(false) => Outcome::Continue,
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! Safe calls on one stream's Envoy filter, over [`super::abi`]'s callbacks. Each returns what
+//! Envoy answered (a bool, an `Option`) so the roles decide what a failure means; nothing
+//! here panics.
+
+use std::ffi::c_void;
+
+use super::abi::{self, EnvoyBuffer, ModuleBuffer, ModuleHeader};
+use crate::body_flow::Side;
+use crate::config::LogLevel;
+
+/// Logs `wasm-filter: <message>` through Envoy's `dynamic_modules` logger, formatting only
+/// when Envoy's level lets the line through.
+macro_rules! log {
+    ($level:ident, $($arg:tt)*) => {
+        $crate::dynamic_module::host::log_with(
+            $crate::config::LogLevel::$level,
+            || format!("wasm-filter: {}", format_args!($($arg)*)),
+        )
+    };
+}
+pub(crate) use log;
+
+pub fn log_with(level: LogLevel, message: impl FnOnce() -> String) {
+    let Some(host) = abi::host() else { return };
+    // SAFETY: plain values; Envoy only reads the level.
+    if !unsafe { (host.log_enabled)(level as u32) } {
+        return;
+    }
+    let text = message();
+    // SAFETY: the buffer points at `text`, alive for the call.
+    unsafe { (host.log)(level as u32, ModuleBuffer::of(text.as_bytes())) }
+}
+
+fn headers(side: Side) -> u32 {
+    match side {
+        Side::Request => abi::REQUEST_HEADER,
+        Side::Response => abi::RESPONSE_HEADER,
+    }
+}
+
+fn received(side: Side) -> u32 {
+    match side {
+        Side::Request => abi::RECEIVED_REQUEST_BODY,
+        Side::Response => abi::RECEIVED_RESPONSE_BODY,
+    }
+}
+
+/// Envoy's filter for one stream, valid for the hook being run.
+#[derive(Clone, Copy)]
+pub struct Stream {
+    ptr: *mut c_void,
+    host: &'static abi::Host,
+}
+
+impl Stream {
+    /// `None` before the callbacks are resolved (Envoy calls no hook before that).
+    pub fn new(ptr: *mut c_void) -> Option<Self> {
+        Some(Self {
+            ptr,
+            host: abi::host()?,
+        })
+    }
+
+    /// A header's first value, when it is there and is UTF-8.
+    pub fn header(&self, side: Side, name: &str) -> Option<String> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: `out` is writable; the key is alive for the call; a null size pointer is
+        // allowed.
+        let found = unsafe {
+            (self.host.get_header)(
+                self.ptr,
+                headers(side),
+                ModuleBuffer::of(name.as_bytes()),
+                &mut out,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        if !found || out.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
+        let bytes = unsafe { out.bytes() };
+        std::str::from_utf8(bytes).ok().map(str::to_string)
+    }
+
+    pub fn set_header(&self, side: Side, name: &str, value: &str) -> bool {
+        // SAFETY: both buffers are alive for the call.
+        unsafe {
+            (self.host.set_header)(
+                self.ptr,
+                headers(side),
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
+        }
+    }
+
+    pub fn add_header(&self, side: Side, name: &str, value: &str) -> bool {
+        // SAFETY: both buffers are alive for the call.
+        unsafe {
+            (self.host.add_header)(
+                self.ptr,
+                headers(side),
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::of(value.as_bytes()),
+            )
+        }
+    }
+
+    /// A null value removes the header (abi.h's `set_header`).
+    pub fn remove_header(&self, side: Side, name: &str) -> bool {
+        // SAFETY: the key is alive for the call; the null value is what removal takes.
+        unsafe {
+            (self.host.set_header)(
+                self.ptr,
+                headers(side),
+                ModuleBuffer::of(name.as_bytes()),
+                ModuleBuffer::NULL,
+            )
+        }
+    }
+
+    /// Answers the client locally; Envoy stops the stream's filter chain.
+    pub fn send_response(&self, status: u32, details: &str, body: &[u8], headers: &[(&str, &str)]) {
+        let headers: Vec<ModuleHeader> = headers
+            .iter()
+            .map(|(k, v)| ModuleHeader {
+                key_ptr: k.as_ptr().cast(),
+                key_length: k.len(),
+                value_ptr: v.as_ptr().cast(),
+                value_length: v.len(),
+            })
+            .collect();
+        // SAFETY: the header array and the buffers it and the call point at are alive for
+        // the call.
+        unsafe {
+            (self.host.send_response)(
+                self.ptr,
+                status,
+                headers.as_ptr(),
+                headers.len(),
+                ModuleBuffer::of(body),
+                ModuleBuffer::of(details.as_bytes()),
+            )
+        }
+    }
+
+    /// The route is chosen again (after `:path` or another header it matches on changed).
+    pub fn clear_route_cache(&self) {
+        // SAFETY: the stream's filter pointer.
+        unsafe { (self.host.clear_route_cache)(self.ptr) }
+    }
+
+    pub fn reset(&self, details: &str) {
+        // SAFETY: the details are alive for the call.
+        unsafe {
+            (self.host.reset_stream)(
+                self.ptr,
+                abi::RESET_LOCAL,
+                ModuleBuffer::of(details.as_bytes()),
+            )
+        }
+    }
+
+    /// The client's address as Envoy's `source.address` attribute has it (with the port).
+    pub fn source_address(&self) -> Option<String> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: `out` is writable.
+        let found = unsafe {
+            (self.host.get_attribute_string)(self.ptr, abi::ATTRIBUTE_SOURCE_ADDRESS, &mut out)
+        };
+        if !found {
+            return None;
+        }
+        // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
+        std::str::from_utf8(unsafe { out.bytes() })
+            .ok()
+            .map(str::to_string)
+    }
+
+    /// Whether the chunk this body hook received is the body Envoy buffered (a filter
+    /// before this one buffered it): then the two must not be counted twice.
+    fn received_is_buffered(&self, side: Side) -> bool {
+        // SAFETY: the stream's filter pointer.
+        unsafe {
+            match side {
+                Side::Request => (self.host.received_buffered_request_body)(self.ptr),
+                Side::Response => (self.host.received_buffered_response_body)(self.ptr),
+            }
+        }
+    }
+
+    /// The body types holding the side's bytes so far, in order: what Envoy buffered
+    /// for this filter, then the chunk the hook received.
+    fn body_parts(&self, side: Side) -> &'static [u32] {
+        const REQUEST: [u32; 2] = [abi::BUFFERED_REQUEST_BODY, abi::RECEIVED_REQUEST_BODY];
+        const RESPONSE: [u32; 2] = [abi::BUFFERED_RESPONSE_BODY, abi::RECEIVED_RESPONSE_BODY];
+        let all: &'static [u32] = match side {
+            Side::Request => &REQUEST,
+            Side::Response => &RESPONSE,
+        };
+        if self.received_is_buffered(side) {
+            &all[1..]
+        } else {
+            all
+        }
+    }
+
+    /// The size of the side's body so far (buffered and just received), as proxy-wasm's
+    /// body callbacks report it.
+    pub fn body_size(&self, side: Side) -> usize {
+        self.body_parts(side)
+            .iter()
+            // SAFETY: the stream's filter pointer and a body type of abi.h.
+            .map(|&t| unsafe { (self.host.get_body_size)(self.ptr, t) })
+            .sum()
+    }
+
+    /// The side's whole body so far, copied out; `None` when it is over `limit` bytes.
+    pub fn body(&self, side: Side, limit: usize) -> Option<Vec<u8>> {
+        let size = self.body_size(side);
+        if size > limit {
+            return None;
+        }
+        let mut out = Vec::with_capacity(size);
+        for &t in self.body_parts(side) {
+            // SAFETY: the stream's filter pointer and a body type of abi.h.
+            let n = unsafe { (self.host.get_body_chunks_size)(self.ptr, t) };
+            if n == 0 {
+                continue;
+            }
+            let mut chunks = vec![EnvoyBuffer::NULL; n];
+            // SAFETY: `chunks` has room for the `n` buffers Envoy reported.
+            if !unsafe { (self.host.get_body_chunks)(self.ptr, t, chunks.as_mut_ptr()) } {
+                continue;
+            }
+            for c in chunks {
+                // SAFETY: Envoy's buffers, valid until the hook returns; copied out here.
+                let bytes = unsafe { c.bytes() };
+                if out.len() + bytes.len() > limit {
+                    return None;
+                }
+                out.extend_from_slice(bytes);
+            }
+        }
+        Some(out)
+    }
+
+    /// Replaces the side's whole body so far (buffered and received) with `new`.
+    pub fn replace_body(&self, side: Side, new: &[u8]) -> bool {
+        for &t in self.body_parts(side) {
+            // SAFETY: the stream's filter pointer and a body type of abi.h.
+            unsafe { (self.host.drain_body)(self.ptr, t, usize::MAX) };
+        }
+        // SAFETY: `new` is alive for the call.
+        unsafe { (self.host.append_body)(self.ptr, received(side), ModuleBuffer::of(new)) }
+    }
+}

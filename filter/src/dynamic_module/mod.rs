@@ -1,0 +1,475 @@
+//! The filter as an Envoy dynamic module (`envoy.filters.http.dynamic_modules`, Envoy 1.40):
+//! the same plugin configuration JSON, parsed and validated by [`crate::config`], and the same
+//! role logic as the Wasm module, behind Envoy's native C ABI instead of proxy-wasm. Built
+//! natively, the crate's cdylib is `libwasm_filter.so`, which Envoy finds by the name
+//! `wasm_filter` in `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+//!
+//! The roles that fit an HTTP filter run here: `http-header-operation`,
+//! `http-body-operation` and `rate-limit` (its table in process memory, shared by every
+//! worker). The others are refused by name when the configuration is loaded.
+//!
+//! Nothing unwinds into Envoy: every hook runs under `catch_unwind`, and a panic fails its
+//! request closed (a 500 local reply, or a reset once the response has started) while Envoy
+//! and every other stream go on. The configuration hook refuses a bad configuration by
+//! returning null after logging the reason, which names the field; Envoy then rejects the
+//! filter.
+
+mod abi;
+mod body;
+mod headers;
+mod host;
+mod rate_limit;
+
+use std::ffi::{c_char, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use abi::{EnvoyBuffer, Status as Outcome};
+use host::{log, Stream};
+
+use crate::body_flow::Side;
+use crate::body_ops::BodyOperation;
+use crate::config::PluginConfig;
+use crate::header_ops::HeaderOperation;
+
+/// The `filter_name` the module answers to.
+const FILTER_NAME: &str = "wasm-filter";
+
+/// Configurations are read whole, but never more than this (as in the Wasm module).
+const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+
+/// Fault injection for the fail-closed tests: when Envoy's environment has
+/// `WASM_FILTER_FAULT=panic`, a request carrying `x-wasm-filter-fault: panic` panics inside
+/// the request headers hook. Read once, at load.
+static FAULT_INJECTION: AtomicBool = AtomicBool::new(false);
+
+enum Role {
+    Headers(HeaderOperation),
+    Body(BodyOperation),
+    RateLimit(rate_limit::Limiter),
+}
+
+/// One filter configuration, shared by every stream of every worker.
+struct FilterConfig {
+    role: Role,
+}
+
+/// A stream's role state.
+enum State {
+    /// Whether `when` matched the request (the response is edited only then).
+    Headers {
+        matched: bool,
+    },
+    Body(body::BodyStream),
+    RateLimit,
+    /// A hook panicked: the request was failed closed; the rest of the stream is left to
+    /// Envoy.
+    Failed,
+}
+
+struct StreamFilter {
+    config: Arc<FilterConfig>,
+    state: State,
+}
+
+fn parse(name: &[u8], config: &[u8]) -> Result<FilterConfig, String> {
+    if name != FILTER_NAME.as_bytes() {
+        return Err(format!(
+            "filter_name {:?} is unknown: this module has one filter, {FILTER_NAME:?}",
+            String::from_utf8_lossy(name)
+        ));
+    }
+    if config.len() > MAX_CONFIG_BYTES {
+        return Err(format!(
+            "the plugin configuration is {} bytes, over the {MAX_CONFIG_BYTES}-byte limit",
+            config.len()
+        ));
+    }
+    let role = match PluginConfig::parse(config)? {
+        PluginConfig::HttpHeaderOperation(ops) => Role::Headers(ops),
+        PluginConfig::HttpBodyOperation(ops) => Role::Body(ops),
+        PluginConfig::RateLimit(c) => Role::RateLimit(rate_limit::Limiter::new(c)),
+        other => {
+            return Err(format!(
+                "role: {:?} runs only in the Wasm module; as a dynamic module the roles are \
+                 http-header-operation, http-body-operation and rate-limit",
+                other.role()
+            ))
+        }
+    };
+    Ok(FilterConfig { role })
+}
+
+fn summary(role: &Role) -> String {
+    match role {
+        Role::Headers(ops) => {
+            let (req, resp) = ops.count();
+            format!("http-header-operation (request: {req} ops, response: {resp} ops)")
+        }
+        Role::Body(ops) => format!("http-body-operation ({})", ops.summary()),
+        Role::RateLimit(l) => format!("rate-limit ({})", l.summary()),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
+    let init = catch_unwind(|| {
+        let fault = std::env::var_os("WASM_FILTER_FAULT").is_some_and(|v| v == "panic");
+        FAULT_INJECTION.store(fault, Ordering::Relaxed);
+        abi::init()
+    });
+    match init {
+        Ok(Ok(())) => abi::ABI_VERSION.as_ptr().cast(),
+        Ok(Err(missing)) => {
+            // No logger without the callbacks: Envoy's stderr is the one place left.
+            eprintln!("wasm-filter: this Envoy does not export {missing}: the module needs Envoy 1.40's dynamic-module ABI");
+            std::ptr::null()
+        }
+        Err(_) => std::ptr::null(),
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
+    _config_envoy_ptr: *mut c_void,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> *const c_void {
+    let made = catch_unwind(|| {
+        // SAFETY: Envoy's buffers, valid for this hook; parsed into owned values here.
+        let (name, config) = unsafe { (name.bytes(), config.bytes()) };
+        parse(name, config)
+    });
+    match made {
+        Ok(Ok(config)) => {
+            log!(Info, "configured role {}", summary(&config.role));
+            Arc::into_raw(Arc::new(config)).cast()
+        }
+        Ok(Err(e)) => {
+            log!(Error, "invalid plugin configuration: {e}");
+            std::ptr::null()
+        }
+        Err(_) => {
+            log!(Error, "invalid plugin configuration: the parser panicked");
+            std::ptr::null()
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
+    if !config.is_null() {
+        // SAFETY: the pointer config_new made with Arc::into_raw; Envoy destroys it once.
+        drop(unsafe { Arc::from_raw(config.cast::<FilterConfig>()) });
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
+    config: *const c_void,
+    _filter_envoy_ptr: *mut c_void,
+) -> *const c_void {
+    if config.is_null() {
+        return std::ptr::null();
+    }
+    let config = config.cast::<FilterConfig>();
+    // SAFETY: config_new's Arc, alive until config_destroy, which Envoy calls only after its
+    // last stream: one more strong count for the stream's own Arc.
+    let config = unsafe {
+        Arc::increment_strong_count(config);
+        Arc::from_raw(config)
+    };
+    let state = match &config.role {
+        Role::Headers(ops) => State::Headers {
+            matched: ops.when.is_none(),
+        },
+        Role::Body(_) => State::Body(body::BodyStream::default()),
+        Role::RateLimit(_) => State::RateLimit,
+    };
+    Box::into_raw(Box::new(StreamFilter { config, state }))
+        .cast_const()
+        .cast()
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: *const c_void) {
+    if !filter.is_null() {
+        // SAFETY: the Box filter_new made; Envoy destroys each filter once.
+        drop(unsafe { Box::from_raw(filter.cast::<StreamFilter>().cast_mut()) });
+    }
+}
+
+/// Runs one hook of a stream under `catch_unwind`. A panic fails the request closed: a 500
+/// local reply (Envoy resets the stream instead when the response has started), and the
+/// stream's later hooks only continue.
+fn run(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    hook: &str,
+    f: impl FnOnce(&mut StreamFilter, &Stream) -> Outcome,
+) -> u32 {
+    let (Some(stream), false) = (Stream::new(envoy), filter.is_null()) else {
+        return Outcome::Continue as u32;
+    };
+    // SAFETY: the Box filter_new made; Envoy runs one stream's hooks on one thread, one at a
+    // time, and never after destroy.
+    let filter = unsafe { &mut *filter.cast::<StreamFilter>().cast_mut() };
+    if matches!(filter.state, State::Failed) {
+        return Outcome::Continue as u32;
+    }
+    match catch_unwind(AssertUnwindSafe(|| f(filter, &stream))) {
+        Ok(outcome) => outcome as u32,
+        Err(_) => {
+            filter.state = State::Failed;
+            log!(
+                Error,
+                "panicked in the {hook} hook: the request fails closed (500)"
+            );
+            stream.send_response(500, "wasm_filter_panicked", b"internal error\n", &[]);
+            Outcome::Stop as u32
+        }
+    }
+}
+
+/// The fault the tests inject (see [`FAULT_INJECTION`]).
+#[allow(clippy::panic)]
+fn injected_fault(stream: &Stream) {
+    if FAULT_INJECTION.load(Ordering::Relaxed)
+        && stream
+            .header(Side::Request, "x-wasm-filter-fault")
+            .as_deref()
+            == Some("panic")
+    {
+        panic!("wasm-filter: injected fault (x-wasm-filter-fault: panic)");
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    end_of_stream: bool,
+) -> u32 {
+    run(envoy, filter, "request headers", |f, stream| {
+        injected_fault(stream);
+        match (&f.config.role, &mut f.state) {
+            (Role::Headers(ops), State::Headers { matched }) => {
+                *matched = headers::on_request_headers(ops, stream);
+                Outcome::Continue
+            }
+            (Role::Body(ops), State::Body(b)) => {
+                b.on_headers(ops, stream, Side::Request, end_of_stream)
+            }
+            (Role::RateLimit(l), _) => l.on_request_headers(stream),
+            _ => Outcome::Continue,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    end_of_stream: bool,
+) -> u32 {
+    run(envoy, filter, "request body", |f, stream| {
+        match (&f.config.role, &mut f.state) {
+            (Role::Body(ops), State::Body(b)) => {
+                b.on_body(ops, stream, Side::Request, end_of_stream)
+            }
+            _ => Outcome::Continue,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    envoy: *mut c_void,
+    filter: *const c_void,
+) -> u32 {
+    run(envoy, filter, "request trailers", |f, _| {
+        match (&f.config.role, &mut f.state) {
+            (Role::Body(ops), State::Body(b)) => b.on_trailers(ops, Side::Request),
+            _ => Outcome::Continue,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    end_of_stream: bool,
+) -> u32 {
+    run(envoy, filter, "response headers", |f, stream| {
+        match (&f.config.role, &mut f.state) {
+            (Role::Headers(ops), State::Headers { matched: true }) => {
+                headers::on_response_headers(ops, stream);
+                Outcome::Continue
+            }
+            (Role::Body(ops), State::Body(b)) => {
+                b.on_headers(ops, stream, Side::Response, end_of_stream)
+            }
+            _ => Outcome::Continue,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    end_of_stream: bool,
+) -> u32 {
+    run(envoy, filter, "response body", |f, stream| {
+        match (&f.config.role, &mut f.state) {
+            (Role::Body(ops), State::Body(b)) => {
+                b.on_body(ops, stream, Side::Response, end_of_stream)
+            }
+            _ => Outcome::Continue,
+        }
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
+    envoy: *mut c_void,
+    filter: *const c_void,
+) -> u32 {
+    run(envoy, filter, "response trailers", |f, _| {
+        match (&f.config.role, &mut f.state) {
+            (Role::Body(ops), State::Body(b)) => b.on_trailers(ops, Side::Response),
+            _ => Outcome::Continue,
+        }
+    })
+}
+
+// Hooks Envoy requires every HTTP filter module to export; the roles use none of them
+// (no callouts, no scheduling, no watermarks).
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_stream_complete(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_callout_done(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+    _callout_id: u64,
+    _result: u32,
+    _headers: *const c_void,
+    _headers_size: usize,
+    _body_chunks: *const c_void,
+    _body_chunks_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_headers(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+    _stream_id: u64,
+    _headers: *const c_void,
+    _headers_size: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_data(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+    _stream_id: u64,
+    _data: *const c_void,
+    _data_count: usize,
+    _end_stream: bool,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_trailers(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+    _stream_id: u64,
+    _trailers: *const c_void,
+    _trailers_size: usize,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_complete(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+    _stream_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_http_stream_reset(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+    _stream_id: u64,
+    _reason: u32,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_scheduled(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+    _event_id: u64,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_above_write_buffer_high_watermark(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+) {
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_http_filter_downstream_below_write_buffer_low_watermark(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+) {
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_configuration_is_the_wasm_modules_and_refusals_name_the_field() {
+        let ok = parse(
+            b"wasm-filter",
+            br#"{"role":"http-header-operation","request":{"remove":["x-a"]}}"#,
+        )
+        .unwrap();
+        assert!(summary(&ok.role).starts_with("http-header-operation"));
+        let e = parse(b"wasm-filter", br#"{"role":"rate-limit","burst":1}"#)
+            .err()
+            .unwrap();
+        assert!(e.contains("missing field `key`"), "{e}");
+        let e = parse(
+            b"wasm-filter",
+            br#"{"role":"http-header-operation","reqest":{}}"#,
+        )
+        .err()
+        .unwrap();
+        assert!(e.contains("unknown field `reqest`"), "{e}");
+        let e = parse(b"wasm-filter", br#"{"role":"tcp-total-data-size-counter"}"#)
+            .err()
+            .unwrap();
+        assert!(
+            e.starts_with("role: \"tcp-total-data-size-counter\""),
+            "{e}"
+        );
+        let e = parse(b"other", b"{}").err().unwrap();
+        assert!(e.contains("filter_name \"other\""), "{e}");
+    }
+}

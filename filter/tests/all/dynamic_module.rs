@@ -1,0 +1,259 @@
+//! The filter as an Envoy dynamic module (`libwasm_filter.so`) in real Envoy 1.40, on
+//! envoy-config/dynamic-module.yaml: the HTTP roles give what the Wasm module gives on
+//! envoy-config/bootstrap.yaml (the same requests go through both and are compared), a bad
+//! configuration is refused by field, and a panic fails its request closed while Envoy goes
+//! on.
+
+use std::path::Path;
+use std::sync::Once;
+
+use wasm_harness::real_envoy::{EnvoyError, RealEnvoy};
+use wasm_harness::{Exchange, Request, UpstreamReply};
+
+use crate::support::{bootstrap_copy, dynamic_module_dir, envoy};
+
+/// Envoy finds the module through its environment, which every Envoy a test starts
+/// inherits: the search path, and the fault injection the panic test uses (inert without
+/// its request header).
+fn module_environment() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        let dir = dynamic_module_dir();
+        std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
+        std::env::set_var("WASM_FILTER_FAULT", "panic");
+    });
+}
+
+/// A copy of `relative` with `edit` applied to its text.
+fn bootstrap(dir: &Path, relative: &str, edit: impl Fn(String) -> String) -> std::path::PathBuf {
+    let path = bootstrap_copy(dir, relative);
+    let text = edit(std::fs::read_to_string(&path).unwrap());
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+fn start_module(
+    dir: &Path,
+    workers: usize,
+    edit: impl Fn(String) -> String,
+) -> Result<RealEnvoy, EnvoyError> {
+    module_environment();
+    let path = bootstrap(dir, "envoy-config/dynamic-module.yaml", edit);
+    RealEnvoy::start(&envoy(), &path, workers)
+}
+
+/// Whether Envoy's log has a line containing `needle`, waiting up to 10 s for it (Envoy
+/// writes its log every 50 ms).
+fn logged(real: &RealEnvoy, needle: &str) -> bool {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let text = std::fs::read_to_string(&real.log_path).unwrap_or_default();
+        if text.contains(needle) {
+            return true;
+        }
+        if std::time::Instant::now() > deadline {
+            eprintln!("{text}");
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// What a client and the upstream saw, for comparing two Envoys.
+fn seen(ex: &Exchange) -> String {
+    let response = ex.response().map(|r| {
+        let mut headers: Vec<_> = r
+            .headers
+            .iter()
+            .filter(|(k, _)| !matches!(k.as_str(), "date" | "x-envoy-upstream-service-time"))
+            .collect();
+        headers.sort();
+        (
+            r.status,
+            headers,
+            String::from_utf8_lossy(&r.body).into_owned(),
+        )
+    });
+    let upstream = ex.upstream.as_ref().map(|u| {
+        let mut headers: Vec<_> = u
+            .headers
+            .iter()
+            .filter(|(k, _)| !k.starts_with("x-request-id") && k != "x-forwarded-proto")
+            .collect();
+        headers.sort();
+        (u.cluster.clone(), headers, u.body.len())
+    });
+    format!("{response:?}\n{upstream:?}")
+}
+
+#[test]
+fn dynamic_module_http_roles_answer_as_the_wasm_module_does() {
+    let requests: Vec<(&str, Request, UpstreamReply)> = vec![
+        (
+            "headers",
+            Request::get("/api/items").header("x-internal-secret", "s"),
+            UpstreamReply::new(200).header("x-backend-version", "1"),
+        ),
+        (
+            "headers",
+            Request::get("/legacy/items"),
+            UpstreamReply::new(200),
+        ),
+        (
+            "headers",
+            Request::post("/legacy/items", "x"),
+            UpstreamReply::new(200),
+        ),
+        (
+            "bodies",
+            Request::post("/upload", vec![b'x'; 70_000]),
+            UpstreamReply::new(200),
+        ),
+        (
+            "bodies",
+            Request::post("/upload", r#"{"a":1}"#),
+            UpstreamReply::new(200),
+        ),
+        (
+            "bodies",
+            Request::get("/me"),
+            UpstreamReply::new(200)
+                .header("content-type", "application/json")
+                .body(r#"{"name":"al","password":"p","links":["https://internal.example/a"]}"#),
+        ),
+        (
+            "bodies",
+            Request::get("/page"),
+            UpstreamReply::new(200).body("<p>internal.example</p>"),
+        ),
+        // Big enough to reach the filter in several chunks, which it holds until the last.
+        (
+            "bodies",
+            Request::get("/big"),
+            UpstreamReply::new(200)
+                .header("content-type", "application/json")
+                .body(format!(
+                    r#"{{"token":"t","text":"{}internal.example"}}"#,
+                    "a".repeat(200_000)
+                )),
+        ),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let mut module = start_module(dir.path(), 2, |t| t).unwrap_or_else(|e| panic!("{e}"));
+    let wasm_dir = tempfile::tempdir().unwrap();
+    let wasm_bootstrap = bootstrap(wasm_dir.path(), "envoy-config/bootstrap.yaml", |t| t);
+    let mut wasm = RealEnvoy::start(&envoy(), &wasm_bootstrap, 2).unwrap_or_else(|e| panic!("{e}"));
+    let mut got = Vec::new();
+    for (listener, request, reply) in &requests {
+        let ex = module.send(Some(listener), request, reply).unwrap();
+        let want = wasm.send(Some(listener), request, reply).unwrap();
+        assert_eq!(seen(&ex), seen(&want), "{listener} {request:?}");
+        got.push(ex);
+    }
+    // What they both did, spelled out.
+    assert_eq!(got[0].upstream_header("x-added-by"), Some("wasm-filter"));
+    assert_eq!(got[0].upstream_header("x-env"), Some("demo"));
+    assert_eq!(got[0].upstream_header("x-internal-secret"), None);
+    assert_eq!(got[0].response_header("x-served-by"), Some("wasm-filter"));
+    assert_eq!(got[0].response_header("x-backend-version"), None);
+    // `when` matched a GET under /legacy/: the new :path picked the /v2/ route.
+    assert_eq!(got[1].upstream.as_ref().unwrap().cluster, "backend-v2");
+    assert_eq!(got[1].upstream_header(":path"), Some("/v2/items"));
+    assert_eq!(got[2].upstream.as_ref().unwrap().cluster, "backend");
+    assert_eq!(got[3].response_status(), Some(413));
+    assert!(got[3].upstream.is_none());
+    assert_eq!(got[4].response_status(), Some(200));
+    assert_eq!(
+        String::from_utf8_lossy(&got[5].response().unwrap().body),
+        r#"{"name":"al","password":"[redacted]","links":["https://example.com/a"]}"#
+    );
+    assert_eq!(got[6].response().unwrap().body, b"<p>internal.example</p>");
+    let big = String::from_utf8_lossy(&got[7].response().unwrap().body).into_owned();
+    assert!(
+        big.starts_with(r#"{"token":"[redacted]","text":"aaa"#),
+        "{}",
+        &big[..40]
+    );
+    assert!(
+        big.ends_with(r#"aexample.com"}"#),
+        "{}",
+        &big[big.len() - 40..]
+    );
+    assert!(logged(&module, "Dynamic module ABI version v0.2.0 matched"));
+    assert!(logged(&module, "wasm-filter: response body is not JSON"));
+    assert!(logged(&module, "wasm-filter: request refused with 413"));
+}
+
+#[test]
+fn dynamic_module_rate_limit_is_one_table_for_every_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = start_module(dir.path(), 2, |t| {
+        t.replace(
+            r#""burst": 20, "refill_per_second": 10"#,
+            r#""burst": 3, "refill_per_second": 0.01"#,
+        )
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Three tokens for 127.0.0.1, whichever worker each connection lands on.
+    let exchanges: Vec<_> = (0..5)
+        .map(|_| {
+            real.send(
+                Some("headers"),
+                &Request::get("/"),
+                &UpstreamReply::new(200),
+            )
+            .unwrap()
+        })
+        .collect();
+    let codes: Vec<_> = exchanges.iter().map(|e| e.response_status()).collect();
+    assert_eq!(
+        codes,
+        [Some(200), Some(200), Some(200), Some(429), Some(429)]
+    );
+    assert_eq!(exchanges[3].response_header("retry-after"), Some("100"));
+    // The 429 is a local reply: the header role after the limiter never ran on it.
+    assert!(exchanges[3].upstream.is_none());
+}
+
+#[test]
+fn dynamic_module_bad_configuration_is_refused_by_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = start_module(dir.path(), 1, |t| {
+        t.replace(r#""request": {"max_bytes": 65536}"#, r#""reqest": {}"#)
+    });
+    let Err(e) = refused else {
+        panic!("Envoy started with a misspelt field");
+    };
+    let text = format!("{e:?}");
+    assert!(
+        text.contains("wasm-filter: invalid plugin configuration: unknown field `reqest`"),
+        "{text}"
+    );
+}
+
+#[test]
+fn dynamic_module_panic_fails_the_request_closed_and_envoy_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = start_module(dir.path(), 1, |t| t).unwrap_or_else(|e| panic!("{e}"));
+    let ex = real
+        .send(
+            Some("bodies"),
+            &Request::get("/a").header("x-wasm-filter-fault", "panic"),
+            &UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(500));
+    assert!(ex.upstream.is_none());
+    let ex = real
+        .send(
+            Some("bodies"),
+            &Request::get("/b"),
+            &UpstreamReply::new(200),
+        )
+        .unwrap();
+    assert_eq!(ex.response_status(), Some(200));
+    assert!(logged(
+        &real,
+        "wasm-filter: panicked in the request headers hook"
+    ));
+}
