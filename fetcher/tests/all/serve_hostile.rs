@@ -40,3 +40,62 @@ fn an_alias_bomb_of_long_strings_is_refused_by_its_expanded_bytes() {
     });
     assert_eq!(get(&serve.addr, "/healthz").map(|(s, _)| s), Ok(200));
 }
+
+/// Idle connections, more than the endpoint's bound and opened again all along, and clients
+/// sending their request a byte a second: the kubelet's probes are answered all the while,
+/// and `HEAD` gets the headers alone.
+#[test]
+fn probes_answer_through_idle_and_slow_clients_and_head_has_no_body() {
+    use std::io::{Read, Write};
+    use std::net::TcpStream;
+    let d = dirs();
+    let serve = d.serve(&[], &[]);
+    serve.wait_ready();
+    let idle: Vec<TcpStream> = (0..40)
+        .map(|_| TcpStream::connect(&serve.addr).unwrap())
+        .collect();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pressure: Vec<_> = (0..3)
+        .map(|i| {
+            let (addr, stop) = (serve.addr.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if let Ok(mut s) = TcpStream::connect(&addr) {
+                        // One keeps opening idle connections, the others drip a request.
+                        if i > 0 {
+                            let _ = s.write_all(b"G");
+                        }
+                        held.push(s);
+                    }
+                    for s in held.iter_mut().filter(|_| i > 0) {
+                        let _ = s.write_all(b"E");
+                    }
+                    std::thread::sleep(Duration::from_millis(if i == 0 { 50 } else { 1000 }));
+                }
+            })
+        })
+        .collect();
+    for _ in 0..15 {
+        assert_eq!(get(&serve.addr, "/healthz").map(|(s, _)| s), Ok(200));
+        assert_eq!(get(&serve.addr, "/readyz").map(|(s, _)| s), Ok(200));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for t in pressure {
+        t.join().unwrap();
+    }
+    drop(idle);
+    let mut s = TcpStream::connect(&serve.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"HEAD /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+    assert!(out.contains("content-length: 3\r\n"), "{out}");
+    assert!(
+        out.ends_with("\r\n\r\n"),
+        "a HEAD answer has no body: {out:?}"
+    );
+}
