@@ -89,11 +89,31 @@ pub enum ServeError {
     Fetch(#[from] FetchError),
 }
 
+/// A plugin a file declares: its ECDS file name and its `namespace/name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Claim {
+    file: String,
+    name: String,
+}
+
+impl Claim {
+    fn of(p: &WasmPlugin) -> Self {
+        Self {
+            file: render::file_name(p),
+            name: format!("{}/{}", p.namespace, p.name),
+        }
+    }
+}
+
 /// One plugin file and what is on disk for it.
 #[derive(Debug)]
 struct Source {
     generation: u64,
     content: Content,
+    /// The plugins its newest parsed version declares, in document order.
+    claims: Vec<Claim>,
+    /// The declared plugins that are not served, each `namespace/name: why`.
+    unserved: Vec<String>,
     /// The ECDS files written for it, by file name; `None` until the first conversion.
     applied: Option<BTreeMap<String, EcdsResource>>,
     /// Why its newest version is not what is served, if it is not.
@@ -111,9 +131,36 @@ struct State {
     leftover: BTreeSet<String>,
     /// What the record in the ECDS directory says.
     recorded: BTreeSet<String>,
+    /// Sources to convert again: a plugin name they declare may have become theirs.
+    reconvert: BTreeSet<PathBuf>,
 }
 
 impl State {
+    /// The source that owns ECDS file `file`: of those declaring it, the first by path, so
+    /// which duplicate is served never depends on which pull ends first.
+    fn owner(&self, file: &str) -> Option<&Path> {
+        self.sources
+            .iter()
+            .find(|(_, s)| s.claims.iter().any(|c| c.file == file))
+            .map(|(p, _)| p.as_path())
+    }
+
+    /// After the plugins some source declares changed: the converted sources that declare a
+    /// plugin they do not serve are converted again, as it may be theirs now.
+    fn queue_unserved(&mut self) {
+        let waiting: Vec<PathBuf> = self
+            .sources
+            .iter()
+            .filter(|(_, s)| {
+                s.applied
+                    .as_ref()
+                    .is_some_and(|a| s.claims.iter().any(|c| !a.contains_key(&c.file)))
+            })
+            .map(|(p, _)| p.clone())
+            .collect();
+        self.reconvert.extend(waiting);
+    }
+
     /// The ECDS files `serve` answers for: those written for a source, and the leftovers
     /// still waiting to be claimed or removed.
     fn written(&self) -> BTreeSet<String> {
@@ -207,15 +254,16 @@ impl http::Endpoints for Shared {
         if !state.scanned {
             return Err("the plugins directory has not been read yet".into());
         }
+        // Ready means every plugin declared is served: its module or its fallback is written.
         let waiting: Vec<String> = state
             .sources
             .iter()
-            .filter(|(_, s)| s.applied.is_none())
-            .map(|(path, s)| {
+            .flat_map(|(path, s)| {
                 let name = path.file_name().unwrap_or_default().to_string_lossy();
-                match &s.problem {
-                    Some(p) => format!("{name}: {p}"),
-                    None => format!("{name}: pulling"),
+                match (&s.applied, &s.problem) {
+                    (None, Some(p)) => vec![format!("{name}: {p}")],
+                    (None, None) => vec![format!("{name}: pulling")],
+                    (Some(_), _) => s.unserved.clone(),
                 }
             })
             .collect();
@@ -311,6 +359,8 @@ pub async fn run(
                                     state.sources.insert(path.clone(), Source {
                                         generation: 0,
                                         content,
+                                        claims: Vec::new(),
+                                        unserved: Vec::new(),
                                         applied: None,
                                         problem: None,
                                     });
@@ -340,6 +390,10 @@ pub async fn run(
                 Some(Control::Stop) | None => break Ok(()),
             },
         };
+        let again: BTreeSet<PathBuf> = again
+            .into_iter()
+            .chain(std::mem::take(&mut shared.state().reconvert))
+            .collect();
         for path in again {
             let generation = {
                 let mut state = shared.state();
@@ -450,7 +504,20 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         }
     };
     let plugins = match plugins {
-        Ok(p) => p,
+        Ok(p) => {
+            let claims: Vec<Claim> = p.iter().map(Claim::of).collect();
+            let mut state = shared.state();
+            match state.sources.get_mut(path) {
+                Some(s) if s.generation == generation => {
+                    if s.claims != claims {
+                        s.claims = claims;
+                        state.queue_unserved();
+                    }
+                }
+                _ => return,
+            }
+            p
+        }
         Err(problem) => {
             shared
                 .metrics
@@ -465,7 +532,13 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         }
     };
     let mut resources = Vec::with_capacity(plugins.len());
+    let mut seen = BTreeSet::new();
     for plugin in &plugins {
+        // Only the owner of a name pulls for it, and within a file only the first document.
+        let file = render::file_name(plugin);
+        if !seen.insert(file.clone()) || shared.state().owner(&file) != Some(path) {
+            continue;
+        }
         let request = render::plan(plugin, &opts.render);
         let pulled = retry::pull(
             &request,
@@ -496,13 +569,53 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
         tracing::debug!(path = %path.display(), generation, "a newer version arrived; result dropped");
         return;
     }
-    // Another file's plugin already owns this ECDS file name: the first one keeps it.
-    let taken: BTreeSet<String> = state
+    let claims = state
         .sources
+        .get(path)
+        .map(|s| s.claims.clone())
+        .unwrap_or_default();
+    let owners: BTreeMap<String, PathBuf> = claims
         .iter()
-        .filter(|(p, _)| p.as_path() != path)
-        .flat_map(|(_, s)| s.applied.iter().flat_map(|a| a.keys().cloned()))
+        .filter_map(|c| Some((c.file.clone(), state.owner(&c.file)?.to_path_buf())))
         .collect();
+    let ours = |file: &str| owners.get(file).is_some_and(|o| o == path);
+    let mut unserved = Vec::new();
+    let mut seen = BTreeSet::new();
+    for c in &claims {
+        if !seen.insert(c.file.as_str()) {
+            unserved.push(format!(
+                "{}: declared again in a later document of this file; the first is served",
+                c.name
+            ));
+        } else if let Some(owner) = owners.get(&c.file).filter(|o| *o != path) {
+            unserved.push(duplicate(&c.name, owner));
+        }
+    }
+    // A name that became ours while this pull ran has no resource yet: convert again.
+    if claims
+        .iter()
+        .any(|c| ours(&c.file) && !resources.iter().any(|r| r.file_name == c.file))
+    {
+        state.reconvert.insert(path.to_path_buf());
+    }
+    // The names this source now writes are no longer served for a later duplicate.
+    for (other, s) in state
+        .sources
+        .iter_mut()
+        .filter(|(p, _)| p.as_path() != path)
+    {
+        let Some(applied) = s.applied.as_mut() else {
+            continue;
+        };
+        for r in resources.iter().filter(|r| ours(&r.file_name)) {
+            if applied.remove(&r.file_name).is_some() {
+                if let Some(c) = s.claims.iter().find(|c| c.file == r.file_name) {
+                    s.unserved.push(duplicate(&c.name, path));
+                }
+                tracing::warn!(file = %other.display(), plugin = %r.file_name, "duplicate plugin name: the file first by name serves it");
+            }
+        }
+    }
     let Some(source) = state.sources.get_mut(path) else {
         return;
     };
@@ -510,12 +623,7 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
     let mut written = BTreeMap::new();
     let mut problems = Vec::new();
     for r in resources {
-        if taken.contains(&r.file_name) {
-            shared.metrics.conversion(ConversionResult::MarshalFailure);
-            problems.push(format!(
-                "{} is written for another file's WasmPlugin of the same namespace and name",
-                r.file_name
-            ));
+        if !ours(&r.file_name) {
             continue;
         }
         let unchanged = previous.get(&r.file_name) == Some(&r) && dir.join(&r.file_name).is_file();
@@ -537,6 +645,14 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
             }
             Err(e) => {
                 shared.metrics.conversion(ConversionResult::MarshalFailure);
+                let name = claims
+                    .iter()
+                    .find(|c| c.file == r.file_name)
+                    .map_or(r.name.as_str(), |c| c.name.as_str());
+                unserved.push(format!(
+                    "{name}: its ECDS file cannot be written ({})",
+                    e.source
+                ));
                 problems.push(e.to_string());
                 // What was there stays there, and stays counted.
                 if let Some(old) = previous.get(&r.file_name) {
@@ -545,9 +661,14 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
             }
         }
     }
+    // A file no longer written for this source goes, unless another source owns it now.
     for name in previous.keys().filter(|n| !written.contains_key(*n)) {
-        let _ = std::fs::remove_file(dir.join(name));
+        if !owners.get(name).is_some_and(|o| o != path) {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
     }
+    problems.extend(unserved.iter().cloned());
+    source.unserved = unserved;
     source.applied = Some(written);
     source.problem = (!problems.is_empty()).then(|| problems.join("; "));
     state.record(dir);
@@ -557,7 +678,16 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
     }
 }
 
-/// A plugin file is gone: so are its ECDS files.
+/// Why `name` is not served: `owner` declares it too and comes first.
+fn duplicate(name: &str, owner: &Path) -> String {
+    format!(
+        "{name}: also declared in {}, which comes first by file name and is the one served",
+        owner.file_name().unwrap_or_default().to_string_lossy()
+    )
+}
+
+/// A plugin file is gone: so are its ECDS files, and a duplicate of one of its plugins
+/// is written in its place.
 fn remove_source(shared: &Shared, path: &Path) {
     let mut state = shared.state();
     let Some(source) = state.sources.remove(path) else {
@@ -566,6 +696,7 @@ fn remove_source(shared: &Shared, path: &Path) {
     for name in source.applied.iter().flat_map(|a| a.keys()) {
         let _ = std::fs::remove_file(shared.options.ecds_dir.join(name));
     }
+    state.queue_unserved();
     state.record(&shared.options.ecds_dir);
     let in_use = Shared::in_use(&state);
     if let Err(e) = shared.lease.set(&in_use) {

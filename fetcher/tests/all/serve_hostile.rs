@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use crate::serve_support::{dirs, get, wait_for, write_plugin};
+use crate::serve_support::{dirs, get, wait_for, wasm_plugin, write_plugin};
+use crate::support::{module, Behaviour, Server};
 
 /// 50,000 nested flow mappings in 200 KB: libyaml alone spends over a minute on them, which
 /// on the thread that answers probes fails every `/healthz` for that minute.
@@ -98,4 +99,71 @@ fn probes_answer_through_idle_and_slow_clients_and_head_has_no_body() {
         out.ends_with("\r\n\r\n"),
         "a HEAD answer has no body: {out:?}"
     );
+}
+
+/// Two files naming one namespace/name: the first by file name owns it, whichever pull ends
+/// first. Here the second, fail-open, fails at once; its allow-all must never take the name of
+/// the first, fail-closed, whose module comes slowly. Removing the owner serves the other.
+/// A name too long for the file system is not served either; `/readyz` names both.
+#[test]
+fn duplicate_names_go_to_the_first_file_and_readyz_names_what_is_not_served() {
+    let d = dirs();
+    let good = module("good");
+    let server = Server::start(vec![(
+        "/slow.wasm",
+        Behaviour::Slow(Duration::from_secs(2), good),
+    )]);
+    write_plugin(
+        &d.plugins.join("a.yaml"),
+        &wasm_plugin(
+            "p",
+            &server.url("/slow.wasm"),
+            "  failStrategy: FAIL_CLOSE\n",
+        ),
+    );
+    write_plugin(
+        &d.plugins.join("b.yaml"),
+        &wasm_plugin(
+            "p",
+            &server.url("/gone.wasm"),
+            "  failStrategy: FAIL_OPEN\n",
+        ),
+    );
+    let long = [
+        "x".repeat(63),
+        "y".repeat(63),
+        "z".repeat(63),
+        "w".repeat(61),
+    ]
+    .join(".");
+    write_plugin(
+        &d.plugins.join("c.yaml"),
+        &wasm_plugin(&long, &server.url("/slow.wasm"), ""),
+    );
+    let serve = d.serve(&[], &[]);
+    let ecds = d.ecds.join("test.p.yaml");
+    let until = std::time::Instant::now() + Duration::from_secs(4);
+    while std::time::Instant::now() < until {
+        let text = std::fs::read_to_string(&ecds).unwrap_or_default();
+        assert!(
+            !text.contains("wasm-default-allow"),
+            "b.yaml's allow-all took a.yaml's name: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    wait_for("a.yaml's module is served", Duration::from_secs(10), || {
+        std::fs::read_to_string(&ecds).is_ok_and(|t| t.contains("modules/sha256"))
+    });
+    let (status, body) = get(&serve.addr, "/readyz").unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("test/p") && body.contains("a.yaml"), "{body}");
+    assert!(body.contains(&format!("test/{long}")), "{body}");
+    std::fs::remove_file(d.plugins.join("c.yaml")).unwrap();
+    std::fs::remove_file(d.plugins.join("a.yaml")).unwrap();
+    wait_for(
+        "b.yaml is served once a.yaml is gone",
+        Duration::from_secs(10),
+        || std::fs::read_to_string(&ecds).is_ok_and(|t| t.contains("wasm-default-allow")),
+    );
+    wait_for("ready", Duration::from_secs(10), || serve.ready());
 }
