@@ -11,9 +11,11 @@
 //! The modules the written files name are held in a lease (`crate::lifecycle`), so no purge,
 //! this process's or the CLI's, removes a module Envoy loads.
 
+mod dir;
 pub mod http;
 pub mod metrics;
 pub mod retry;
+mod state;
 pub mod watch;
 mod written;
 
@@ -31,6 +33,7 @@ use crate::error::FetchError;
 use crate::lifecycle::{self, Lease};
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
+use state::{duplicate, Claim, Source, State};
 use watch::{Change, Content, Watcher};
 
 /// How `serve` runs; the CLI fills it from flags and the environment.
@@ -85,128 +88,10 @@ pub enum ServeError {
     },
     #[error("the ECDS directory {} is not a writable directory ({reason}); create it, on the same volume Envoy reads (--ecds-dir)", path.display())]
     EcdsDir { path: PathBuf, reason: String },
+    #[error("another wasm-fetcher serve is writing the ECDS directory {} (it holds {} there); run one serve per ECDS directory", path.display(), dir::DIR_LOCK)]
+    EcdsDirTaken { path: PathBuf },
     #[error(transparent)]
     Fetch(#[from] FetchError),
-}
-
-/// A plugin a file declares: its ECDS file name and its `namespace/name`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-struct Claim {
-    file: String,
-    name: String,
-}
-
-impl Claim {
-    fn of(p: &WasmPlugin) -> Self {
-        Self {
-            file: render::file_name(p),
-            name: format!("{}/{}", p.namespace, p.name),
-        }
-    }
-}
-
-/// One plugin file and what is on disk for it.
-#[derive(Debug)]
-struct Source {
-    generation: u64,
-    content: Content,
-    /// The plugins its newest parsed version declares, in document order.
-    claims: Vec<Claim>,
-    /// The declared plugins that are not served, each `namespace/name: why`.
-    unserved: Vec<String>,
-    /// The ECDS files written for it, by file name; `None` until the first conversion.
-    applied: Option<BTreeMap<String, EcdsResource>>,
-    /// Why its newest version is not what is served, if it is not.
-    problem: Option<String>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    next_generation: u64,
-    sources: BTreeMap<PathBuf, Source>,
-    /// True once the directory was read once.
-    scanned: bool,
-    /// ECDS files an earlier run recorded writing that no source has claimed since; once every
-    /// source is served, those left are files of plugins deleted meanwhile, and are removed.
-    leftover: BTreeSet<String>,
-    /// What the record in the ECDS directory says.
-    recorded: BTreeSet<String>,
-    /// Sources to convert again: a plugin name they declare may have become theirs.
-    reconvert: BTreeSet<PathBuf>,
-}
-
-impl State {
-    /// The source that owns ECDS file `file`: of those declaring it, the first by path, so
-    /// which duplicate is served never depends on which pull ends first.
-    fn owner(&self, file: &str) -> Option<&Path> {
-        self.sources
-            .iter()
-            .find(|(_, s)| s.claims.iter().any(|c| c.file == file))
-            .map(|(p, _)| p.as_path())
-    }
-
-    /// After the plugins some source declares changed: the converted sources that declare a
-    /// plugin they do not serve are converted again, as it may be theirs now.
-    fn queue_unserved(&mut self) {
-        let waiting: Vec<PathBuf> = self
-            .sources
-            .iter()
-            .filter(|(_, s)| {
-                s.applied
-                    .as_ref()
-                    .is_some_and(|a| s.claims.iter().any(|c| !a.contains_key(&c.file)))
-            })
-            .map(|(p, _)| p.clone())
-            .collect();
-        self.reconvert.extend(waiting);
-    }
-
-    /// The ECDS files `serve` answers for: those written for a source, and the leftovers
-    /// still waiting to be claimed or removed.
-    fn written(&self) -> BTreeSet<String> {
-        self.sources
-            .values()
-            .flat_map(|s| s.applied.iter().flat_map(|a| a.keys().cloned()))
-            .chain(self.leftover.iter().cloned())
-            .collect()
-    }
-
-    /// Brings the record in `dir` in line with what is written, if it is not.
-    fn record(&mut self, dir: &Path) {
-        let written = self.written();
-        if written != self.recorded {
-            written::store(dir, &written);
-            self.recorded = written;
-        }
-    }
-
-    /// Once the directory was read and every source is served, removes the leftovers no
-    /// source claimed: the files of plugins deleted while `serve` was down.
-    fn sweep_leftovers(&mut self, dir: &Path) {
-        let settled = self.scanned && self.sources.values().all(|s| s.applied.is_some());
-        if self.leftover.is_empty() || !settled {
-            return;
-        }
-        let claimed: BTreeSet<String> = self
-            .sources
-            .values()
-            .flat_map(|s| s.applied.iter().flat_map(|a| a.keys().cloned()))
-            .collect();
-        for name in std::mem::take(&mut self.leftover) {
-            if !claimed.contains(&name) {
-                match std::fs::remove_file(dir.join(&name)) {
-                    Ok(()) => {
-                        tracing::info!(file = %name, "removed the ECDS file of a plugin deleted while serve was down")
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        tracing::warn!(file = %name, error = %e, "cannot remove the ECDS file of a deleted plugin")
-                    }
-                }
-            }
-        }
-        self.record(dir);
-    }
 }
 
 struct Shared {
@@ -217,6 +102,8 @@ struct Shared {
     /// Held (shared) by a conversion from its pull until its files and lease are written,
     /// (exclusive) by a purge: a module just pulled is in the lease before a purge looks.
     purge_gate: tokio::sync::RwLock<()>,
+    /// Lease writes one at a time, so an older set never lands after a newer one.
+    lease_writes: Mutex<()>,
 }
 
 impl Shared {
@@ -224,7 +111,7 @@ impl Shared {
         wasm_common::sync::lock(&self.state)
     }
 
-    /// The digests of the modules the written files name.
+    /// The digests of the modules the written files name, and those about to be named.
     fn in_use(state: &State) -> BTreeSet<crate::Sha256> {
         state
             .sources
@@ -234,7 +121,25 @@ impl Shared {
                 Outcome::Module { sha256, .. } => Some(*sha256),
                 Outcome::Fallback { .. } => None,
             })
+            .chain(state.pending.values().flatten().copied())
             .collect()
+    }
+
+    /// Brings the lease in line with the modules in use.
+    fn record_lease(&self) {
+        let _one = wasm_common::sync::lock(&self.lease_writes);
+        let in_use = Self::in_use(&self.state());
+        if let Err(e) = self.lease.set(&in_use) {
+            tracing::warn!(error = %e, "cannot record the modules in use; a purge might remove one");
+        }
+    }
+
+    /// Leases the modules in use, pending ones included, and returns those a purge removed
+    /// before it could see them leased. Blocks while a purge runs: call off the runtime.
+    fn hold_lease(&self) -> Result<BTreeSet<crate::Sha256>, FetchError> {
+        let _one = wasm_common::sync::lock(&self.lease_writes);
+        let in_use = Self::in_use(&self.state());
+        self.lease.hold(&in_use)
     }
 
     fn refresh_cache_entries(&self) {
@@ -275,30 +180,6 @@ impl http::Endpoints for Shared {
     }
 }
 
-/// The name of the lease a `serve` writing `ecds_dir` holds: one writer per directory.
-fn lease_holder(ecds_dir: &Path) -> String {
-    use sha2::Digest;
-    let dir = std::fs::canonicalize(ecds_dir).unwrap_or_else(|_| ecds_dir.to_path_buf());
-    let digest = hex::encode(sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes()));
-    format!("serve-{}", &digest[..32])
-}
-
-fn check_ecds_dir(dir: &Path) -> Result<(), ServeError> {
-    let bad = |reason: String| ServeError::EcdsDir {
-        path: dir.to_path_buf(),
-        reason,
-    };
-    let meta = std::fs::metadata(dir).map_err(|e| bad(e.to_string()))?;
-    if !meta.is_dir() {
-        return Err(bad("not a directory".into()));
-    }
-    tempfile::Builder::new()
-        .prefix(".wasm-fetcher-probe-")
-        .tempfile_in(dir)
-        .map(drop)
-        .map_err(|e| bad(e.to_string()))
-}
-
 /// Runs until `control` says stop (or is closed). `listener`, if any, answers `/metrics`,
 /// `/healthz` and `/readyz`.
 pub async fn run(
@@ -306,15 +187,17 @@ pub async fn run(
     listener: Option<tokio::net::TcpListener>,
     mut control: mpsc::Receiver<Control>,
 ) -> Result<(), ServeError> {
-    check_ecds_dir(&options.ecds_dir)?;
+    dir::check_ecds_dir(&options.ecds_dir)?;
+    let _dir_lock = dir::lock_ecds_dir(&options.ecds_dir)?;
     let mut watcher = Watcher::new(&options.plugins);
-    let lease = Lease::take(&options.cache, &lease_holder(&options.ecds_dir))?;
+    let lease = Lease::take(&options.cache, &dir::lease_holder(&options.ecds_dir))?;
     let shared = Arc::new(Shared {
         metrics: Metrics::new(&options.metrics_prefix),
         options,
         state: Mutex::default(),
         lease,
         purge_gate: tokio::sync::RwLock::new(()),
+        lease_writes: Mutex::default(),
     });
     shared.refresh_cache_entries();
     {
@@ -553,14 +436,51 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         }
         resources.push(render::resource(plugin, pulled.as_ref()));
     }
+    // The modules are leased before a file names them, and checked to be there under the
+    // purge lock: a purge in another process either sees them leased or they are pulled again.
+    let modules: BTreeSet<crate::Sha256> = resources
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Module { sha256, .. } => Some(*sha256),
+            Outcome::Fallback { .. } => None,
+        })
+        .collect();
+    shared
+        .state()
+        .pending
+        .insert(path.to_path_buf(), modules.clone());
+    let held = {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || shared.hold_lease()).await
+    };
+    match held {
+        Ok(Ok(gone)) if gone.is_disjoint(&modules) => {}
+        Ok(Ok(_)) => {
+            tracing::warn!(path = %path.display(), "a purge removed a module before it was leased; pulling it again");
+            let mut state = shared.state();
+            state.pending.remove(path);
+            state.reconvert.insert(path.to_path_buf());
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot lease the modules in use; a purge might remove one")
+        }
+        Err(e) => tracing::warn!(error = %e, "leasing the modules in use did not finish"),
+    }
     apply(shared, path, generation, resources);
     shared.refresh_cache_entries();
 }
 
 /// Writes `resources` for the file at `path`, unless a newer generation of it was seen.
 fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResource>) {
+    apply_locked(shared, path, generation, resources);
+    shared.record_lease();
+}
+
+fn apply_locked(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResource>) {
     let dir = &shared.options.ecds_dir;
     let mut state = shared.state();
+    state.pending.remove(path);
     let current = state
         .sources
         .get(path)
@@ -663,7 +583,7 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
     }
     // A file no longer written for this source goes, unless another source owns it now.
     for name in previous.keys().filter(|n| !written.contains_key(*n)) {
-        if !owners.get(name).is_some_and(|o| o != path) {
+        if owners.get(name).is_none_or(|o| o == path) {
             let _ = std::fs::remove_file(dir.join(name));
         }
     }
@@ -672,24 +592,13 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
     source.applied = Some(written);
     source.problem = (!problems.is_empty()).then(|| problems.join("; "));
     state.record(dir);
-    let in_use = Shared::in_use(&state);
-    if let Err(e) = shared.lease.set(&in_use) {
-        tracing::warn!(error = %e, "cannot record the modules in use; a purge might remove one");
-    }
-}
-
-/// Why `name` is not served: `owner` declares it too and comes first.
-fn duplicate(name: &str, owner: &Path) -> String {
-    format!(
-        "{name}: also declared in {}, which comes first by file name and is the one served",
-        owner.file_name().unwrap_or_default().to_string_lossy()
-    )
 }
 
 /// A plugin file is gone: so are its ECDS files, and a duplicate of one of its plugins
 /// is written in its place.
 fn remove_source(shared: &Shared, path: &Path) {
     let mut state = shared.state();
+    state.pending.remove(path);
     let Some(source) = state.sources.remove(path) else {
         return;
     };
@@ -698,8 +607,6 @@ fn remove_source(shared: &Shared, path: &Path) {
     }
     state.queue_unserved();
     state.record(&shared.options.ecds_dir);
-    let in_use = Shared::in_use(&state);
-    if let Err(e) = shared.lease.set(&in_use) {
-        tracing::warn!(error = %e, "cannot record the modules in use");
-    }
+    drop(state);
+    shared.record_lease();
 }

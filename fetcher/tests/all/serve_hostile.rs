@@ -167,3 +167,115 @@ fn duplicate_names_go_to_the_first_file_and_readyz_names_what_is_not_served() {
     );
     wait_for("ready", Duration::from_secs(10), || serve.ready());
 }
+
+/// The module each ECDS file in `ecds` names, where it names one.
+fn named_modules(ecds: &std::path::Path) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(ecds)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".yaml"))
+        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .flat_map(|t| {
+            t.lines()
+                .filter_map(|l| {
+                    Some(
+                        l.split_once("filename:")?
+                            .1
+                            .trim()
+                            .trim_matches('\'')
+                            .into(),
+                    )
+                })
+                .collect::<Vec<std::path::PathBuf>>()
+        })
+        .collect()
+}
+
+/// Another process purges the cache all along, with every module expired at once: no module
+/// an ECDS file names is ever gone, since `serve` leases a module before naming it.
+#[test]
+fn a_purge_running_all_along_never_removes_a_module_an_ecds_file_names() {
+    let d = dirs();
+    let modules = d.tmp.path().join("modules");
+    std::fs::create_dir_all(&modules).unwrap();
+    for i in 0..30 {
+        let m = modules.join(format!("m{i}.wasm"));
+        std::fs::write(&m, module(&format!("m{i}"))).unwrap();
+        write_plugin(
+            &d.plugins.join(format!("p{i}.yaml")),
+            &wasm_plugin(&format!("p{i}"), &format!("file://{}", m.display()), ""),
+        );
+    }
+    let serve = d.serve(&[], &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let purger = {
+        let (cache, stop) = (d.cache.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = crate::support::fetcher()
+                    .env("WASM_MODULE_EXPIRY", "1ns")
+                    .arg("purge")
+                    .arg("--cache-dir")
+                    .arg(&cache)
+                    .output();
+            }
+        })
+    };
+    let check = || {
+        for m in named_modules(&d.ecds) {
+            assert!(
+                m.is_file(),
+                "{} is named but was purged\n{}",
+                m.display(),
+                serve.log()
+            );
+        }
+    };
+    wait_for("every plugin served", Duration::from_secs(60), || {
+        check();
+        serve.ready()
+    });
+    let until = std::time::Instant::now() + Duration::from_secs(2);
+    while std::time::Instant::now() < until {
+        check();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    purger.join().unwrap();
+}
+
+/// A second `serve` with its own cache, on an ECDS directory a running `serve` writes,
+/// would undo the first one's files: it refuses to start and says why.
+#[test]
+fn a_second_serve_on_the_same_ecds_directory_refuses_to_start() {
+    let d = dirs();
+    let first = d.serve(&[], &[]);
+    first.wait_ready();
+    let err = d.tmp.path().join("second.log");
+    let mut second = crate::support::fetcher()
+        .arg("serve")
+        .arg("--plugins")
+        .arg(&d.plugins)
+        .arg("--ecds-dir")
+        .arg(&d.ecds)
+        .arg("--cache-dir")
+        .arg(d.tmp.path().join("other-cache"))
+        .args(["--metrics-addr", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&err).unwrap())
+        .spawn()
+        .unwrap();
+    let mut status = None;
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        wait_for("the second serve exits", Duration::from_secs(10), || {
+            status = second.try_wait().unwrap();
+            status.is_some()
+        })
+    }));
+    let _ = second.kill();
+    let _ = second.wait();
+    let log = std::fs::read_to_string(&err).unwrap();
+    assert!(status.is_some_and(|s| !s.success()), "still running: {log}");
+    assert!(log.contains("another wasm-fetcher serve"), "{log}");
+    assert!(log.contains(&d.ecds.display().to_string()), "{log}");
+    assert!(first.ready());
+}
