@@ -43,6 +43,14 @@ pub(super) fn lock_ecds_dir(dir: &Path) -> Result<DirLock, ServeError> {
     }
 }
 
+/// Removes the temp files in `dir` a writer killed mid-write left (a live writer holds a lock
+/// on its own): without this a crash loop would fill the volume. Returns how many.
+pub(super) fn remove_orphaned_temp_files(dir: &Path) -> usize {
+    wasm_common::fs::remove_unheld(dir, |name| {
+        name.starts_with(".wasm-fetcher-") && name != super::written::RECORD
+    })
+}
+
 pub(super) fn check_ecds_dir(dir: &Path) -> Result<(), ServeError> {
     let bad = |reason: String| ServeError::EcdsDir {
         path: dir.to_path_buf(),

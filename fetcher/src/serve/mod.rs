@@ -189,6 +189,14 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     dir::check_ecds_dir(&options.ecds_dir)?;
     let _dir_lock = dir::lock_ecds_dir(&options.ecds_dir)?;
+    let orphans = dir::remove_orphaned_temp_files(&options.ecds_dir)
+        + options.cache.remove_orphaned_downloads();
+    if orphans > 0 {
+        tracing::info!(
+            orphans,
+            "removed the temp files of writers killed mid-write"
+        );
+    }
     let mut watcher = Watcher::new(&options.plugins);
     let lease = Lease::take(&options.cache, &dir::lease_holder(&options.ecds_dir))?;
     let shared = Arc::new(Shared {

@@ -279,3 +279,40 @@ fn a_second_serve_on_the_same_ecds_directory_refuses_to_start() {
     assert!(log.contains(&d.ecds.display().to_string()), "{log}");
     assert!(first.ready());
 }
+
+/// What `kill -9` leaves: a temp file in the ECDS directory and a download cut short in the
+/// cache. The next start removes them, but not the files a live writer holds locked.
+#[test]
+fn a_start_removes_the_temp_files_of_killed_writers_and_keeps_live_ones() {
+    let d = dirs();
+    let tmp = d.cache.join("tmp");
+    std::fs::create_dir_all(&tmp).unwrap();
+    let dead = [
+        d.ecds.join(".wasm-fetcher-Ab12Cd"),
+        tmp.join("download-Xy34.part"),
+    ];
+    let live = [
+        d.ecds.join(".wasm-fetcher-Ef56Gh"),
+        tmp.join("download-Zw78.part"),
+    ];
+    let mut held = Vec::new();
+    for f in dead.iter().chain(&live) {
+        std::fs::write(f, b"partial").unwrap();
+    }
+    for f in &live {
+        let file = std::fs::File::options().write(true).open(f).unwrap();
+        file.try_lock().unwrap();
+        held.push(file);
+    }
+    let serve = d.serve(&[], &[]);
+    serve.wait_ready();
+    wait_for(
+        "the dead writers' files removed",
+        Duration::from_secs(10),
+        || dead.iter().all(|f| !f.exists()),
+    );
+    for f in &live {
+        assert!(f.exists(), "{} is held by a live writer", f.display());
+    }
+    drop(held);
+}
