@@ -49,6 +49,13 @@ pub struct ServeArgs {
     /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
+    /// Bound on the bytes of all plugin files together: files past it (in name order) are not
+    /// read, and /readyz names them.
+    #[arg(long, env = "WASM_PLUGINS_MAX_BYTES", default_value_t = 64 << 20)]
+    pub max_plugin_bytes: u64,
+    /// Bound on pulls running at once; the others wait their turn.
+    #[arg(long, env = "WASM_MAX_CONCURRENT_PULLS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_pulls: u32,
     /// A PEM public key (ECDSA P-256, as cosign.pub): every plugin's module must be an oci:// image
     /// carrying a cosign signature by it, checked before anything is cached
     /// [default: $WASM_VERIFY_KEY].
@@ -76,6 +83,8 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     options.verify_every = args.verify_interval;
     options.backoff.deadline = args.pull_timeout;
     options.metrics_prefix = args.metrics_prefix.clone();
+    options.max_plugin_bytes = args.max_plugin_bytes;
+    options.max_concurrent_pulls = args.max_concurrent_pulls as usize;
     // One thread: the work is waiting on files and sockets. Hashing and index writes go to a
     // few blocking threads (each would keep its own malloc arena: 50 plugins pulled at once
     // must not leave 50 of them resident).

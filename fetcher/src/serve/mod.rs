@@ -51,6 +51,10 @@ pub struct Options {
     pub backoff: retry::Backoff,
     /// Put before every metric name (`istio_agent_` for Istio's spelling).
     pub metrics_prefix: String,
+    /// Bound on the bytes of all plugin files together (each is also bounded alone).
+    pub max_plugin_bytes: u64,
+    /// Bound on pulls running at once: 1500 slow sources do not hold 1500 connections.
+    pub max_concurrent_pulls: usize,
 }
 
 impl Options {
@@ -65,6 +69,8 @@ impl Options {
             verify_every: Duration::from_secs(60),
             backoff: retry::Backoff::default(),
             metrics_prefix: String::new(),
+            max_plugin_bytes: 64 << 20,
+            max_concurrent_pulls: 8,
         }
     }
 }
@@ -104,6 +110,8 @@ struct Shared {
     purge_gate: tokio::sync::RwLock<()>,
     /// Lease writes one at a time, so an older set never lands after a newer one.
     lease_writes: Mutex<()>,
+    /// One permit per pull that may run now.
+    pulls: tokio::sync::Semaphore,
 }
 
 impl Shared {
@@ -197,8 +205,9 @@ pub async fn run(
             "removed the temp files of writers killed mid-write"
         );
     }
-    let mut watcher = Watcher::new(&options.plugins);
+    let mut watcher = Watcher::new(&options.plugins, options.max_plugin_bytes);
     let lease = Lease::take(&options.cache, &dir::lease_holder(&options.ecds_dir))?;
+    let pulls = tokio::sync::Semaphore::new(options.max_concurrent_pulls.max(1));
     let shared = Arc::new(Shared {
         metrics: Metrics::new(&options.metrics_prefix),
         options,
@@ -206,6 +215,7 @@ pub async fn run(
         lease,
         purge_gate: tokio::sync::RwLock::new(()),
         lease_writes: Mutex::default(),
+        pulls,
     });
     shared.refresh_cache_entries();
     {
@@ -431,6 +441,9 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
             continue;
         }
         let request = render::plan(plugin, &opts.render);
+        let Ok(_turn) = shared.pulls.acquire().await else {
+            return;
+        };
         let pulled = retry::pull(
             &request,
             &opts.cache,

@@ -316,3 +316,74 @@ fn a_start_removes_the_temp_files_of_killed_writers_and_keeps_live_ones() {
     }
     drop(held);
 }
+
+/// Six slow sources with `--max-concurrent-pulls 2`: two connections at a time, not six.
+#[test]
+fn pulls_wait_their_turn_under_the_concurrency_bound() {
+    let d = dirs();
+    let routes: Vec<(String, Behaviour)> = (0..6)
+        .map(|i| {
+            let m = module(&format!("s{i}"));
+            (
+                format!("/s{i}.wasm"),
+                Behaviour::Slow(Duration::from_secs(2), m),
+            )
+        })
+        .collect();
+    let server = Server::start(
+        routes
+            .iter()
+            .map(|(p, b)| (p.as_str(), b.clone()))
+            .collect(),
+    );
+    for i in 0..6 {
+        write_plugin(
+            &d.plugins.join(format!("s{i}.yaml")),
+            &wasm_plugin(&format!("s{i}"), &server.url(&format!("/s{i}.wasm")), ""),
+        );
+    }
+    let serve = d.serve(&[("WASM_MAX_CONCURRENT_PULLS", "2")], &[]);
+    wait_for("the first pulls", Duration::from_secs(10), || {
+        server.connections() >= 2
+    });
+    std::thread::sleep(Duration::from_millis(1000));
+    assert_eq!(server.connections(), 2, "{}", serve.log());
+    serve.wait_ready();
+    assert_eq!(server.connections(), 6);
+}
+
+/// Plugin files together past `--max-plugin-bytes`: those first by name are read, the rest
+/// are not (nor held in memory), and `/readyz` names them.
+#[test]
+fn plugin_files_past_the_total_bound_are_not_read() {
+    let d = dirs();
+    let m = d.tmp.path().join("m.wasm");
+    std::fs::write(&m, module("m")).unwrap();
+    let pad = format!("# {}\n", "x".repeat(1500));
+    for name in ["a", "b"] {
+        write_plugin(
+            &d.plugins.join(format!("{name}.yaml")),
+            &format!(
+                "{pad}{}",
+                wasm_plugin(name, &format!("file://{}", m.display()), "")
+            ),
+        );
+    }
+    let serve = d.serve(&[], &["--max-plugin-bytes", "3000"]);
+    wait_for("a.yaml served", Duration::from_secs(10), || {
+        d.ecds.join("test.a.yaml").is_file()
+    });
+    let (status, body) = get(&serve.addr, "/readyz").unwrap();
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body.contains("b.yaml") && body.contains("--max-plugin-bytes"),
+        "{body}"
+    );
+    assert!(!d.ecds.join("test.b.yaml").exists());
+    std::fs::remove_file(d.plugins.join("a.yaml")).unwrap();
+    wait_for(
+        "b.yaml read once a.yaml is gone",
+        Duration::from_secs(10),
+        || d.ecds.join("test.b.yaml").is_file(),
+    );
+}
