@@ -133,7 +133,7 @@ pub fn resource(p: &WasmPlugin, pulled: Result<&Pulled, &FetchError>) -> EcdsRes
                 fallback.config(filter_type),
                 Outcome::Fallback {
                     fallback,
-                    error: crate::reference::redact_userinfo(&crate::error::chain(e)),
+                    error: crate::reference::redact_for_display(&crate::error::chain(e)),
                 },
                 format!("{}-{}", short(p.version()), fallback.stat_prefix()),
             )

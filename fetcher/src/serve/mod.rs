@@ -453,7 +453,7 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         )
         .await;
         if let Err(e) = &pulled {
-            tracing::error!(plugin = %plugin.qualified_name(), error = %crate::error::chain(e), "module not available; writing the plugin's fallback");
+            tracing::error!(plugin = %plugin.qualified_name(), error = %crate::reference::redact_for_display(&crate::error::chain(e)), "module not available; writing the plugin's fallback");
         }
         resources.push(render::resource(plugin, pulled.as_ref()));
     }

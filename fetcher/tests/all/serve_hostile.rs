@@ -387,3 +387,34 @@ fn plugin_files_past_the_total_bound_are_not_read() {
         || d.ecds.join("test.b.yaml").is_file(),
     );
 }
+
+/// A source URL with a password and a token in its query, serving a file that is not Wasm
+/// (here, a secret): neither the log nor `/readyz` quotes the password, the token or the
+/// file's bytes.
+#[test]
+fn logs_and_readyz_quote_no_secret_from_urls_or_bytes() {
+    let d = dirs();
+    let server = Server::start(vec![(
+        "/key.wasm",
+        Behaviour::Ok(b"SECRETKEY=hunter3".to_vec()),
+    )]);
+    let url = server
+        .url("/key.wasm?token=s3cr3t")
+        .replace("http://", "http://user:hunter2@");
+    write_plugin(&d.plugins.join("k.yaml"), &wasm_plugin("k", &url, ""));
+    write_plugin(
+        &d.plugins.join("x.yaml"),
+        "kind: WasmPlugin\nspec: [s3cr3t\n",
+    );
+    let serve = d.serve(&[], &[]);
+    wait_for("the fallback written", Duration::from_secs(10), || {
+        d.ecds.join("test.k.yaml").is_file()
+    });
+    let (_, readyz) = get(&serve.addr, "/readyz").unwrap();
+    let ecds = std::fs::read_to_string(d.ecds.join("test.k.yaml")).unwrap();
+    for (what, text) in [("log", serve.log()), ("readyz", readyz), ("ecds", ecds)] {
+        for secret in ["hunter2", "token=s3cr3t", "53 45 43 52"] {
+            assert!(!text.contains(secret), "{what} quotes {secret}: {text}");
+        }
+    }
+}
