@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub enum Mode {
     /// 0600, the temp file's own: compiled code only this user may load.
     Private,
+    /// 0640: read by the owner's group too (an Envoy sharing the pod's `fsGroup`).
+    GroupReadable,
     /// 0644: a module or an index an Envoy running as another user reads.
     WorldReadable,
 }
@@ -48,6 +50,9 @@ fn set_mode(path: &Path, mode: Mode) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     match mode {
         Mode::Private => Ok(()),
+        Mode::GroupReadable => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o640))
+        }
         Mode::WorldReadable => {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
         }

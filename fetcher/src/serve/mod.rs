@@ -55,6 +55,8 @@ pub struct Options {
     pub max_plugin_bytes: u64,
     /// Bound on pulls running at once: 1500 slow sources do not hold 1500 connections.
     pub max_concurrent_pulls: usize,
+    /// Who may read the ECDS files (see docs/security.md).
+    pub ecds_mode: wasm_common::fs::Mode,
 }
 
 impl Options {
@@ -71,6 +73,7 @@ impl Options {
             metrics_prefix: String::new(),
             max_plugin_bytes: 64 << 20,
             max_concurrent_pulls: 8,
+            ecds_mode: wasm_common::fs::Mode::WorldReadable,
         }
     }
 }
@@ -571,7 +574,7 @@ fn apply_locked(shared: &Shared, path: &Path, generation: u64, resources: Vec<Ec
         let result = if unchanged {
             Ok(())
         } else {
-            r.write_atomically(dir).map(drop)
+            r.write_with_mode(dir, shared.options.ecds_mode).map(drop)
         };
         match result {
             Ok(()) => {

@@ -418,3 +418,21 @@ fn logs_and_readyz_quote_no_secret_from_urls_or_bytes() {
         }
     }
 }
+
+/// `--ecds-mode 0600`: the ECDS files, which hold pluginConfig values, are this user's alone.
+#[test]
+fn ecds_files_get_the_mode_asked() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    let m = d.tmp.path().join("m.wasm");
+    std::fs::write(&m, module("m")).unwrap();
+    let url = format!("file://{}", m.display());
+    write_plugin(&d.plugins.join("p.yaml"), &wasm_plugin("p", &url, ""));
+    let serve = d.serve(&[], &["--ecds-mode", "0600"]);
+    serve.wait_ready();
+    let mode = std::fs::metadata(d.ecds.join("test.p.yaml"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+}
