@@ -13,6 +13,8 @@ use std::time::{Duration, Instant};
 pub enum Mode {
     /// 0600, the temp file's own: compiled code only this user may load.
     Private,
+    /// 0640: read by the owner's group too (an Envoy sharing the pod's `fsGroup`).
+    GroupReadable,
     /// 0644: a module or an index an Envoy running as another user reads.
     WorldReadable,
 }
@@ -35,6 +37,7 @@ pub fn write_whole(
     sync: bool,
 ) -> std::io::Result<()> {
     let mut tmp = tempfile::Builder::new().prefix(prefix).tempfile_in(dir)?;
+    hold(tmp.as_file());
     tmp.write_all(bytes)?;
     if sync {
         tmp.as_file().sync_all()?;
@@ -47,6 +50,9 @@ fn set_mode(path: &Path, mode: Mode) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     match mode {
         Mode::Private => Ok(()),
+        Mode::GroupReadable => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o640))
+        }
         Mode::WorldReadable => {
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
         }
@@ -56,6 +62,34 @@ fn set_mode(path: &Path, mode: Mode) -> std::io::Result<()> {
 #[cfg(not(unix))]
 fn set_mode(_path: &Path, _mode: Mode) -> std::io::Result<()> {
     Ok(())
+}
+
+/// Marks a temp file as being written by a live process: the lock lasts as long as the file
+/// is open, so [`remove_unheld`] after a crash removes only what no one writes. A file
+/// system without locks leaves the file unmarked, which only makes it removable.
+pub fn hold(file: &File) {
+    let _ = file.try_lock();
+}
+
+/// Removes each file in `dir` that `is_temp` picks and no process holds (see [`hold`]): what
+/// writers killed mid-write left. Returns how many were removed.
+pub fn remove_unheld(dir: &Path, is_temp: impl Fn(&str) -> bool) -> usize {
+    let mut removed = 0;
+    for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        if !name.to_str().is_some_and(&is_temp) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(file) = File::options().write(true).open(&path) else {
+            continue;
+        };
+        if file.try_lock().is_ok() && same_file(&file, &path) && std::fs::remove_file(&path).is_ok()
+        {
+            removed += 1;
+        }
+    }
+    removed
 }
 
 /// The lock file at `path` (created if missing), taken exclusively; `None` while another

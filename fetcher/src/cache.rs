@@ -167,6 +167,12 @@ impl Cache {
         }
     }
 
+    /// Removes the downloads no live process writes (each holds a lock on its file): what a
+    /// killed one left. Returns how many.
+    pub fn remove_orphaned_downloads(&self) -> usize {
+        wasm_common::fs::remove_unheld(&self.root.join("tmp"), |name| name.ends_with(".part"))
+    }
+
     /// A temp file to stream a download into.
     pub fn staging(&self, max_size: u64) -> Result<Staging, FetchError> {
         let dir = self.root.join("tmp");
@@ -175,6 +181,7 @@ impl Cache {
             .suffix(".part")
             .tempfile_in(&dir)
             .map_err(|e| io_error(&dir, e))?;
+        wasm_common::fs::hold(file.as_file());
         Ok(Staging {
             file,
             hasher: Hasher::new(),

@@ -47,6 +47,7 @@ pub fn purge(
     settings: &Settings,
     in_use: &BTreeSet<Sha256>,
 ) -> Result<Purged, FetchError> {
+    let _purging = purge_lock(cache)?;
     let mut keep = leased(cache);
     keep.extend(in_use.iter().copied());
     let now = index::now();
@@ -124,6 +125,19 @@ fn leases_dir(cache: &Cache) -> PathBuf {
     cache.root().join("in-use")
 }
 
+/// A purge of a large index takes well under this; a longer wait means the holder is stuck.
+const PURGE_LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Held by a purge from reading the leases to removing modules, and for a moment by a lease
+/// holder checking that its modules are still there ([`Lease::hold`]): a module is either
+/// seen leased by the purge or seen gone by its holder, never neither.
+fn purge_lock(cache: &Cache) -> Result<File, FetchError> {
+    let dir = leases_dir(cache);
+    std::fs::create_dir_all(&dir).map_err(|e| io_error(&dir, e))?;
+    let path = dir.join("purge.lock");
+    wasm_common::fs::lock_within(&path, PURGE_LOCK_WAIT).map_err(|e| io_error(&path, e))
+}
+
 impl Lease {
     /// Takes the lease named `holder` (a file-name-safe word). Refused while another live
     /// process holds it: two processes writing one set of configs would undo each other.
@@ -152,6 +166,19 @@ impl Lease {
             list: dir.join(format!("{holder}.json")),
             cache: cache.clone(),
         })
+    }
+
+    /// [`Lease::set`], then the modules of `modules` a purge removed before it could see them
+    /// leased: those must be fetched again before a config names them. Blocks while a purge
+    /// runs.
+    pub fn hold(&self, modules: &BTreeSet<Sha256>) -> Result<BTreeSet<Sha256>, FetchError> {
+        self.set(modules)?;
+        let _purging = purge_lock(&self.cache)?;
+        Ok(modules
+            .iter()
+            .filter(|sha| self.cache.lookup(sha).is_none())
+            .copied()
+            .collect())
     }
 
     /// Replaces the set of modules this lease keeps, atomically.

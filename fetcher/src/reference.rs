@@ -73,6 +73,16 @@ pub fn canonical_key(text: &str) -> String {
 /// `text` with the userinfo of every URL in it (`scheme://user:password@host`) replaced by
 /// `***`: what a program prints or logs about a URL a user typed must not repeat a password.
 pub fn redact_userinfo(text: &str) -> String {
+    redact(text, false)
+}
+
+/// `text` as a log line, an error or `/readyz` may show it: [`redact_userinfo`], and every
+/// URL's query string replaced by `?***` (a token or a signature often rides there).
+pub fn redact_for_display(text: &str) -> String {
+    redact(text, true)
+}
+
+fn redact(text: &str, hide_query: bool) -> String {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(i) = rest.find("://") {
@@ -90,6 +100,16 @@ pub fn redact_userinfo(text: &str) -> String {
             None => out.push_str(authority),
         }
         rest = after;
+        if hide_query {
+            let url_end = rest
+                .find(|c: char| c.is_whitespace() || matches!(c, ')' | '"' | '\'' | '>' | ','))
+                .unwrap_or(rest.len());
+            if let Some(q) = rest[..url_end].find('?') {
+                out.push_str(&rest[..q]);
+                out.push_str("?***");
+                rest = &rest[url_end..];
+            }
+        }
     }
     out.push_str(rest);
     out
@@ -104,6 +124,18 @@ mod tests {
             Source::Oci(r) => r,
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn display_hides_userinfo_and_query_strings() {
+        assert_eq!(
+            redact_for_display("GET (http://u:p@h/m.wasm?token=t&x=1#f) then https://k/a?sig=s b"),
+            "GET (http://***@h/m.wasm?***) then https://k/a?*** b"
+        );
+        assert_eq!(
+            redact_for_display("oci://h/a:1 no query"),
+            "oci://h/a:1 no query"
+        );
     }
 
     #[test]

@@ -116,14 +116,9 @@ const COMPONENT_VERSION: [u8; 4] = [0x0d, 0, 1, 0];
 /// Checks the first 8 bytes of a module.
 pub fn check_wasm_header(head: &[u8]) -> Result<(), FetchError> {
     if head.len() < 8 || &head[..4] != MAGIC {
-        let shown: String = head
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect::<Vec<_>>()
-            .join(" ");
+        // The bytes themselves are not quoted: a file that is not Wasm may be a key or a token.
         return Err(FetchError::NotWasm {
-            reason: format!("it does not start with \\0asm; first bytes: [{shown}]"),
+            reason: "it does not start with \\0asm".into(),
         });
     }
     match &head[4..8] {

@@ -33,8 +33,8 @@ pub struct ServeArgs {
     /// Overrides every plugin's imagePullPolicy (Never: an offline node serving a warmed cache).
     #[arg(long, value_enum)]
     pub pull_policy: Option<PullPolicy>,
-    /// Where Kubernetes pull secrets are mounted: imagePullSecret NAME reads
-    /// DIR/NAME/.dockerconfigjson.
+    /// Where Kubernetes pull secrets are mounted: imagePullSecret NAME of a plugin in
+    /// namespace NS reads DIR/NS/NAME/.dockerconfigjson.
     #[arg(long)]
     pub pull_secrets: Option<PathBuf>,
     /// How often the plugins directory is checked, Go duration syntax.
@@ -49,6 +49,18 @@ pub struct ServeArgs {
     /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file.
     #[arg(long)]
     pub ca_file: Option<PathBuf>,
+    /// Bound on the bytes of all plugin files together: files past it (in name order) are not
+    /// read, and /readyz names them.
+    #[arg(long, env = "WASM_PLUGINS_MAX_BYTES", default_value_t = 64 << 20)]
+    pub max_plugin_bytes: u64,
+    /// Bound on pulls running at once; the others wait their turn.
+    #[arg(long, env = "WASM_MAX_CONCURRENT_PULLS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_concurrent_pulls: u32,
+    /// Who may read the ECDS files, which hold pluginConfig and vmConfig.env values: 0644 when
+    /// Envoy runs as another user without a shared group, 0640 with a shared group (fsGroup),
+    /// 0600 when Envoy runs as this user.
+    #[arg(long, value_enum, default_value = "0644")]
+    pub ecds_mode: EcdsMode,
     /// A PEM public key (ECDSA P-256, as cosign.pub): every plugin's module must be an oci:// image
     /// carrying a cosign signature by it, checked before anything is cached
     /// [default: $WASM_VERIFY_KEY].
@@ -59,6 +71,16 @@ pub struct ServeArgs {
     /// place, never cached nor purged [default: $WASM_IMAGE_VOLUME_ROOT].
     #[arg(long, value_name = "DIR")]
     pub image_volume_root: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum EcdsMode {
+    #[value(name = "0644")]
+    WorldReadable,
+    #[value(name = "0640")]
+    GroupReadable,
+    #[value(name = "0600")]
+    Private,
 }
 
 /// Runs `serve` until SIGTERM or SIGINT.
@@ -84,6 +106,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     options.verify_every = args.verify_interval;
     options.backoff.deadline = args.pull_timeout;
     options.metrics_prefix = args.metrics_prefix.clone();
+    options.max_plugin_bytes = args.max_plugin_bytes;
+    options.max_concurrent_pulls = args.max_concurrent_pulls as usize;
+    options.ecds_mode = match args.ecds_mode {
+        EcdsMode::WorldReadable => wasm_common::fs::Mode::WorldReadable,
+        EcdsMode::GroupReadable => wasm_common::fs::Mode::GroupReadable,
+        EcdsMode::Private => wasm_common::fs::Mode::Private,
+    };
     // One thread: the work is waiting on files and sockets. Hashing and index writes go to a
     // few blocking threads (each would keep its own malloc arena: 50 plugins pulled at once
     // must not leave 50 of them resident).

@@ -141,7 +141,7 @@ pub fn resource(p: &WasmPlugin, pulled: Result<&Pulled, &FetchError>) -> EcdsRes
                 fallback.config(filter_type),
                 Outcome::Fallback {
                     fallback,
-                    error: crate::reference::redact_userinfo(&crate::error::chain(e)),
+                    error: crate::reference::redact_for_display(&crate::error::chain(e)),
                 },
                 format!("{}-{}", short(p.version()), fallback.stat_prefix()),
             )
@@ -296,8 +296,18 @@ impl EcdsResource {
     /// Writes the file into `dir` whole or not at all: a temp file in `dir` then a rename, so
     /// Envoy watching `dir` sees the old file or the new one, never a part. Returns its path.
     pub fn write_atomically(&self, dir: &Path) -> Result<PathBuf, WriteError> {
+        self.write_with_mode(dir, wasm_common::fs::Mode::WorldReadable)
+    }
+
+    /// [`Self::write_atomically`], readable as `mode` says (the file holds `pluginConfig` and
+    /// `vmConfig.env` values).
+    pub fn write_with_mode(
+        &self,
+        dir: &Path,
+        mode: wasm_common::fs::Mode,
+    ) -> Result<PathBuf, WriteError> {
         let path = dir.join(&self.file_name);
-        write_atomically(&path, self.to_yaml().as_bytes())?;
+        write_with_mode(&path, self.to_yaml().as_bytes(), mode)?;
         Ok(path)
     }
 }
@@ -305,11 +315,18 @@ impl EcdsResource {
 /// Replaces `path` with `bytes` by a rename from a temp file beside it (same directory, so
 /// the rename is atomic), readable by all (Envoy may run as another user).
 pub fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), WriteError> {
+    write_with_mode(path, bytes, wasm_common::fs::Mode::WorldReadable)
+}
+
+fn write_with_mode(
+    path: &Path,
+    bytes: &[u8],
+    mode: wasm_common::fs::Mode,
+) -> Result<(), WriteError> {
     let dir = match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
     };
-    let mode = wasm_common::fs::Mode::WorldReadable;
     wasm_common::fs::write_whole(dir, ".wasm-fetcher-", path, bytes, mode, true).map_err(|source| {
         WriteError {
             path: path.to_path_buf(),

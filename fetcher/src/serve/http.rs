@@ -1,19 +1,30 @@
 //! `/metrics`, `/healthz` and `/readyz` over HTTP/1.1. A handful of GETs from a scraper and a
 //! kubelet need no framework: the request head is parsed with `httparse` (already built, under
-//! hyper) from a buffer with a fixed cap, each connection has a deadline, and the number of
-//! open connections is bounded, so a client that misbehaves costs a few KiB for a few seconds.
+//! hyper) from a buffer with a fixed cap, so a client that misbehaves costs a few KiB.
+//!
+//! Connections are bounded, and an idle or slow client cannot keep a probe out: the request
+//! head must arrive within [`HEAD_DEADLINE`] (a byte a second never gets there), and when
+//! every slot is taken a new connection takes the slot of the one that has waited longest for
+//! its request. A probe sends its request at once and is answered in a millisecond, so it is
+//! never the one waiting longest; the reserve is every slot whose client has not spoken yet.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::oneshot;
 
 /// The whole request head must fit; these endpoints take no body.
 const MAX_HEAD: usize = 8 * 1024;
-/// Reading the request and writing the answer, together.
-const CONNECTION_DEADLINE: Duration = Duration::from_secs(5);
-const MAX_CONNECTIONS: usize = 32;
+/// From accept to the end of the request head.
+const HEAD_DEADLINE: Duration = Duration::from_secs(2);
+/// Writing the answer.
+const WRITE_DEADLINE: Duration = Duration::from_secs(5);
+const MAX_CONNECTIONS: usize = 64;
+/// How long a new connection waits for a slot once one was freed for it.
+const SLOT_WAIT: Duration = Duration::from_millis(200);
 
 /// What the endpoints answer with.
 pub trait Endpoints: Send + Sync + 'static {
@@ -22,52 +33,151 @@ pub trait Endpoints: Send + Sync + 'static {
     fn ready(&self) -> Result<(), String>;
 }
 
+/// The connections still waiting for their request head, oldest first; each is closed when
+/// its sender is used (or dropped).
+#[derive(Default)]
+struct Waiting {
+    next: u64,
+    queue: BTreeMap<u64, oneshot::Sender<()>>,
+}
+
+impl Waiting {
+    fn add(&mut self) -> (u64, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        let id = self.next;
+        self.next += 1;
+        self.queue.insert(id, tx);
+        (id, rx)
+    }
+
+    /// Closes the connection that has waited longest; false if none waits.
+    fn evict_oldest(&mut self) -> bool {
+        match self.queue.pop_first() {
+            Some((_, tx)) => {
+                let _ = tx.send(());
+                true
+            }
+            None => false,
+        }
+    }
+}
+
 /// Answers on `listener` until the task is dropped or aborted.
 pub async fn serve(listener: TcpListener, endpoints: Arc<dyn Endpoints>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let waiting = Arc::new(Mutex::new(Waiting::default()));
     loop {
         let Ok((stream, _)) = listener.accept().await else {
             // Out of descriptors or a reset before accept: try again shortly.
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            drop(stream);
-            continue;
+        let slot = match slots.clone().try_acquire_owned() {
+            Ok(slot) => slot,
+            Err(_) => {
+                if !wasm_common::sync::lock(&waiting).evict_oldest() {
+                    // Every slot is writing an answer, which ends within its deadline.
+                    drop(stream);
+                    continue;
+                }
+                match tokio::time::timeout(SLOT_WAIT, slots.clone().acquire_owned()).await {
+                    Ok(Ok(slot)) => slot,
+                    _ => {
+                        drop(stream);
+                        continue;
+                    }
+                }
+            }
         };
+        let (id, evicted) = wasm_common::sync::lock(&waiting).add();
         let endpoints = endpoints.clone();
+        let waiting = waiting.clone();
         tokio::spawn(async move {
-            let _ = tokio::time::timeout(CONNECTION_DEADLINE, answer(stream, &*endpoints)).await;
+            let _ = connection(stream, &*endpoints, id, evicted, &waiting).await;
+            wasm_common::sync::lock(&waiting).queue.remove(&id);
             drop(slot);
         });
     }
 }
 
-async fn answer(mut stream: TcpStream, endpoints: &dyn Endpoints) -> std::io::Result<()> {
+async fn connection(
+    mut stream: TcpStream,
+    endpoints: &dyn Endpoints,
+    id: u64,
+    evicted: oneshot::Receiver<()>,
+    waiting: &Mutex<Waiting>,
+) -> std::io::Result<()> {
+    let request = tokio::select! {
+        r = tokio::time::timeout(HEAD_DEADLINE, read_head(&mut stream)) => match r {
+            Ok(r) => r?,
+            Err(_) => return Ok(()),
+        },
+        _ = evicted => return Ok(()),
+    };
+    wasm_common::sync::lock(waiting).queue.remove(&id);
+    let Some((status, body, head_only)) = request.map(|r| r.answer(endpoints)) else {
+        return Ok(());
+    };
+    tokio::time::timeout(
+        WRITE_DEADLINE,
+        write_answer(&mut stream, status, &body, head_only),
+    )
+    .await
+    .unwrap_or(Ok(()))
+}
+
+/// What the request head said, or why it is refused.
+enum Request {
+    Parsed { method: String, path: String },
+    Refused(u16, &'static str),
+}
+
+impl Request {
+    /// Status, body, and whether only the head is sent (`HEAD`).
+    fn answer(self, endpoints: &dyn Endpoints) -> (u16, String, bool) {
+        match self {
+            Request::Parsed { method, path } => {
+                let (status, body) = route(&method, &path, endpoints);
+                (status, body, method == "HEAD")
+            }
+            Request::Refused(status, why) => (status, why.to_string(), false),
+        }
+    }
+}
+
+/// The request head; `None` if the client closed first.
+async fn read_head(stream: &mut TcpStream) -> std::io::Result<Option<Request>> {
     let mut buf = vec![0u8; MAX_HEAD];
     let mut filled = 0;
-    let (status, body) = loop {
+    loop {
         if filled == buf.len() {
-            break (431, "request head too large\n".to_string());
+            return Ok(Some(Request::Refused(431, "request head too large\n")));
         }
         let n = stream.read(&mut buf[filled..]).await?;
         if n == 0 {
-            return Ok(());
+            return Ok(None);
         }
         filled += n;
         let mut headers = [httparse::EMPTY_HEADER; 32];
         let mut req = httparse::Request::new(&mut headers);
-        match req.parse(&buf[..filled]) {
+        return Ok(Some(match req.parse(&buf[..filled]) {
             Ok(httparse::Status::Partial) => continue,
-            Err(httparse::Error::TooManyHeaders) => {
-                break (431, "too many headers\n".to_string());
-            }
-            Err(_) => break (400, "malformed request\n".to_string()),
-            Ok(httparse::Status::Complete(_)) => {
-                break route(req.method.unwrap_or(""), req.path.unwrap_or(""), endpoints);
-            }
-        }
-    };
+            Err(httparse::Error::TooManyHeaders) => Request::Refused(431, "too many headers\n"),
+            Err(_) => Request::Refused(400, "malformed request\n"),
+            Ok(httparse::Status::Complete(_)) => Request::Parsed {
+                method: req.method.unwrap_or("").to_string(),
+                path: req.path.unwrap_or("").to_string(),
+            },
+        }));
+    }
+}
+
+async fn write_answer(
+    stream: &mut TcpStream,
+    status: u16,
+    body: &str,
+    head_only: bool,
+) -> std::io::Result<()> {
     let reason = match status {
         200 => "OK",
         400 => "Bad Request",
@@ -81,18 +191,25 @@ async fn answer(mut stream: TcpStream, endpoints: &dyn Endpoints) -> std::io::Re
     } else {
         "text/plain; charset=utf-8"
     };
+    let allow = if status == 405 {
+        "allow: GET, HEAD\r\n"
+    } else {
+        ""
+    };
     let head = format!(
-        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        "HTTP/1.1 {status} {reason}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\n{allow}connection: close\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).await?;
-    stream.write_all(body.as_bytes()).await?;
+    if !head_only {
+        stream.write_all(body.as_bytes()).await?;
+    }
     stream.shutdown().await
 }
 
 fn route(method: &str, path: &str, endpoints: &dyn Endpoints) -> (u16, String) {
     if method != "GET" && method != "HEAD" {
-        return (405, "only GET is served\n".into());
+        return (405, "only GET and HEAD are served\n".into());
     }
     match path.split('?').next().unwrap_or("") {
         "/metrics" => (200, endpoints.metrics()),

@@ -11,9 +11,11 @@
 //! The modules the written files name are held in a lease (`crate::lifecycle`), so no purge,
 //! this process's or the CLI's, removes a module Envoy loads.
 
+mod dir;
 pub mod http;
 pub mod metrics;
 pub mod retry;
+mod state;
 pub mod watch;
 mod written;
 
@@ -31,6 +33,7 @@ use crate::error::FetchError;
 use crate::lifecycle::{self, Lease};
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
+use state::{duplicate, Claim, Source, State};
 use watch::{Change, Content, Watcher};
 
 /// How `serve` runs; the CLI fills it from flags and the environment.
@@ -48,6 +51,12 @@ pub struct Options {
     pub backoff: retry::Backoff,
     /// Put before every metric name (`istio_agent_` for Istio's spelling).
     pub metrics_prefix: String,
+    /// Bound on the bytes of all plugin files together (each is also bounded alone).
+    pub max_plugin_bytes: u64,
+    /// Bound on pulls running at once: 1500 slow sources do not hold 1500 connections.
+    pub max_concurrent_pulls: usize,
+    /// Who may read the ECDS files (see docs/security.md).
+    pub ecds_mode: wasm_common::fs::Mode,
 }
 
 impl Options {
@@ -62,6 +71,9 @@ impl Options {
             verify_every: Duration::from_secs(60),
             backoff: retry::Backoff::default(),
             metrics_prefix: String::new(),
+            max_plugin_bytes: 64 << 20,
+            max_concurrent_pulls: 8,
+            ecds_mode: wasm_common::fs::Mode::WorldReadable,
         }
     }
 }
@@ -85,81 +97,10 @@ pub enum ServeError {
     },
     #[error("the ECDS directory {} is not a writable directory ({reason}); create it, on the same volume Envoy reads (--ecds-dir)", path.display())]
     EcdsDir { path: PathBuf, reason: String },
+    #[error("another wasm-fetcher serve is writing the ECDS directory {} (it holds {} there); run one serve per ECDS directory", path.display(), dir::DIR_LOCK)]
+    EcdsDirTaken { path: PathBuf },
     #[error(transparent)]
     Fetch(#[from] FetchError),
-}
-
-/// One plugin file and what is on disk for it.
-#[derive(Debug)]
-struct Source {
-    generation: u64,
-    content: Content,
-    /// The ECDS files written for it, by file name; `None` until the first conversion.
-    applied: Option<BTreeMap<String, EcdsResource>>,
-    /// Why its newest version is not what is served, if it is not.
-    problem: Option<String>,
-}
-
-#[derive(Debug, Default)]
-struct State {
-    next_generation: u64,
-    sources: BTreeMap<PathBuf, Source>,
-    /// True once the directory was read once.
-    scanned: bool,
-    /// ECDS files an earlier run recorded writing that no source has claimed since; once every
-    /// source is served, those left are files of plugins deleted meanwhile, and are removed.
-    leftover: BTreeSet<String>,
-    /// What the record in the ECDS directory says.
-    recorded: BTreeSet<String>,
-}
-
-impl State {
-    /// The ECDS files `serve` answers for: those written for a source, and the leftovers
-    /// still waiting to be claimed or removed.
-    fn written(&self) -> BTreeSet<String> {
-        self.sources
-            .values()
-            .flat_map(|s| s.applied.iter().flat_map(|a| a.keys().cloned()))
-            .chain(self.leftover.iter().cloned())
-            .collect()
-    }
-
-    /// Brings the record in `dir` in line with what is written, if it is not.
-    fn record(&mut self, dir: &Path) {
-        let written = self.written();
-        if written != self.recorded {
-            written::store(dir, &written);
-            self.recorded = written;
-        }
-    }
-
-    /// Once the directory was read and every source is served, removes the leftovers no
-    /// source claimed: the files of plugins deleted while `serve` was down.
-    fn sweep_leftovers(&mut self, dir: &Path) {
-        let settled = self.scanned && self.sources.values().all(|s| s.applied.is_some());
-        if self.leftover.is_empty() || !settled {
-            return;
-        }
-        let claimed: BTreeSet<String> = self
-            .sources
-            .values()
-            .flat_map(|s| s.applied.iter().flat_map(|a| a.keys().cloned()))
-            .collect();
-        for name in std::mem::take(&mut self.leftover) {
-            if !claimed.contains(&name) {
-                match std::fs::remove_file(dir.join(&name)) {
-                    Ok(()) => {
-                        tracing::info!(file = %name, "removed the ECDS file of a plugin deleted while serve was down")
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => {
-                        tracing::warn!(file = %name, error = %e, "cannot remove the ECDS file of a deleted plugin")
-                    }
-                }
-            }
-        }
-        self.record(dir);
-    }
 }
 
 struct Shared {
@@ -170,6 +111,10 @@ struct Shared {
     /// Held (shared) by a conversion from its pull until its files and lease are written,
     /// (exclusive) by a purge: a module just pulled is in the lease before a purge looks.
     purge_gate: tokio::sync::RwLock<()>,
+    /// Lease writes one at a time, so an older set never lands after a newer one.
+    lease_writes: Mutex<()>,
+    /// One permit per pull that may run now.
+    pulls: tokio::sync::Semaphore,
 }
 
 impl Shared {
@@ -177,7 +122,7 @@ impl Shared {
         wasm_common::sync::lock(&self.state)
     }
 
-    /// The digests of the modules the written files name.
+    /// The digests of the modules the written files name, and those about to be named.
     fn in_use(state: &State) -> BTreeSet<crate::Sha256> {
         state
             .sources
@@ -187,7 +132,25 @@ impl Shared {
                 Outcome::Module { sha256, .. } => Some(*sha256),
                 Outcome::Fallback { .. } => None,
             })
+            .chain(state.pending.values().flatten().copied())
             .collect()
+    }
+
+    /// Brings the lease in line with the modules in use.
+    fn record_lease(&self) {
+        let _one = wasm_common::sync::lock(&self.lease_writes);
+        let in_use = Self::in_use(&self.state());
+        if let Err(e) = self.lease.set(&in_use) {
+            tracing::warn!(error = %e, "cannot record the modules in use; a purge might remove one");
+        }
+    }
+
+    /// Leases the modules in use, pending ones included, and returns those a purge removed
+    /// before it could see them leased. Blocks while a purge runs: call off the runtime.
+    fn hold_lease(&self) -> Result<BTreeSet<crate::Sha256>, FetchError> {
+        let _one = wasm_common::sync::lock(&self.lease_writes);
+        let in_use = Self::in_use(&self.state());
+        self.lease.hold(&in_use)
     }
 
     fn refresh_cache_entries(&self) {
@@ -207,15 +170,16 @@ impl http::Endpoints for Shared {
         if !state.scanned {
             return Err("the plugins directory has not been read yet".into());
         }
+        // Ready means every plugin declared is served: its module or its fallback is written.
         let waiting: Vec<String> = state
             .sources
             .iter()
-            .filter(|(_, s)| s.applied.is_none())
-            .map(|(path, s)| {
+            .flat_map(|(path, s)| {
                 let name = path.file_name().unwrap_or_default().to_string_lossy();
-                match &s.problem {
-                    Some(p) => format!("{name}: {p}"),
-                    None => format!("{name}: pulling"),
+                match (&s.applied, &s.problem) {
+                    (None, Some(p)) => vec![format!("{name}: {p}")],
+                    (None, None) => vec![format!("{name}: pulling")],
+                    (Some(_), _) => s.unserved.clone(),
                 }
             })
             .collect();
@@ -227,30 +191,6 @@ impl http::Endpoints for Shared {
     }
 }
 
-/// The name of the lease a `serve` writing `ecds_dir` holds: one writer per directory.
-fn lease_holder(ecds_dir: &Path) -> String {
-    use sha2::Digest;
-    let dir = std::fs::canonicalize(ecds_dir).unwrap_or_else(|_| ecds_dir.to_path_buf());
-    let digest = hex::encode(sha2::Sha256::digest(dir.as_os_str().as_encoded_bytes()));
-    format!("serve-{}", &digest[..32])
-}
-
-fn check_ecds_dir(dir: &Path) -> Result<(), ServeError> {
-    let bad = |reason: String| ServeError::EcdsDir {
-        path: dir.to_path_buf(),
-        reason,
-    };
-    let meta = std::fs::metadata(dir).map_err(|e| bad(e.to_string()))?;
-    if !meta.is_dir() {
-        return Err(bad("not a directory".into()));
-    }
-    tempfile::Builder::new()
-        .prefix(".wasm-fetcher-probe-")
-        .tempfile_in(dir)
-        .map(drop)
-        .map_err(|e| bad(e.to_string()))
-}
-
 /// Runs until `control` says stop (or is closed). `listener`, if any, answers `/metrics`,
 /// `/healthz` and `/readyz`.
 pub async fn run(
@@ -258,15 +198,27 @@ pub async fn run(
     listener: Option<tokio::net::TcpListener>,
     mut control: mpsc::Receiver<Control>,
 ) -> Result<(), ServeError> {
-    check_ecds_dir(&options.ecds_dir)?;
-    let mut watcher = Watcher::new(&options.plugins);
-    let lease = Lease::take(&options.cache, &lease_holder(&options.ecds_dir))?;
+    dir::check_ecds_dir(&options.ecds_dir)?;
+    let _dir_lock = dir::lock_ecds_dir(&options.ecds_dir)?;
+    let orphans = dir::remove_orphaned_temp_files(&options.ecds_dir)
+        + options.cache.remove_orphaned_downloads();
+    if orphans > 0 {
+        tracing::info!(
+            orphans,
+            "removed the temp files of writers killed mid-write"
+        );
+    }
+    let mut watcher = Watcher::new(&options.plugins, options.max_plugin_bytes);
+    let lease = Lease::take(&options.cache, &dir::lease_holder(&options.ecds_dir))?;
+    let pulls = tokio::sync::Semaphore::new(options.max_concurrent_pulls.max(1));
     let shared = Arc::new(Shared {
         metrics: Metrics::new(&options.metrics_prefix),
         options,
         state: Mutex::default(),
         lease,
         purge_gate: tokio::sync::RwLock::new(()),
+        lease_writes: Mutex::default(),
+        pulls,
     });
     shared.refresh_cache_entries();
     {
@@ -311,6 +263,8 @@ pub async fn run(
                                     state.sources.insert(path.clone(), Source {
                                         generation: 0,
                                         content,
+                                        claims: Vec::new(),
+                                        unserved: Vec::new(),
                                         applied: None,
                                         problem: None,
                                     });
@@ -340,6 +294,10 @@ pub async fn run(
                 Some(Control::Stop) | None => break Ok(()),
             },
         };
+        let again: BTreeSet<PathBuf> = again
+            .into_iter()
+            .chain(std::mem::take(&mut shared.state().reconvert))
+            .collect();
         for path in again {
             let generation = {
                 let mut state = shared.state();
@@ -450,7 +408,20 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         }
     };
     let plugins = match plugins {
-        Ok(p) => p,
+        Ok(p) => {
+            let claims: Vec<Claim> = p.iter().map(Claim::of).collect();
+            let mut state = shared.state();
+            match state.sources.get_mut(path) {
+                Some(s) if s.generation == generation => {
+                    if s.claims != claims {
+                        s.claims = claims;
+                        state.queue_unserved();
+                    }
+                }
+                _ => return,
+            }
+            p
+        }
         Err(problem) => {
             shared
                 .metrics
@@ -465,8 +436,17 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         }
     };
     let mut resources = Vec::with_capacity(plugins.len());
+    let mut seen = BTreeSet::new();
     for plugin in &plugins {
+        // Only the owner of a name pulls for it, and within a file only the first document.
+        let file = render::file_name(plugin);
+        if !seen.insert(file.clone()) || shared.state().owner(&file) != Some(path) {
+            continue;
+        }
         let request = render::plan(plugin, &opts.render);
+        let Ok(_turn) = shared.pulls.acquire().await else {
+            return;
+        };
         let pulled = retry::pull(
             &request,
             &opts.cache,
@@ -476,9 +456,40 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         )
         .await;
         if let Err(e) = &pulled {
-            tracing::error!(plugin = %plugin.qualified_name(), error = %crate::error::chain(e), "module not available; writing the plugin's fallback");
+            tracing::error!(plugin = %plugin.qualified_name(), error = %crate::reference::redact_for_display(&crate::error::chain(e)), "module not available; writing the plugin's fallback");
         }
         resources.push(render::resource(plugin, pulled.as_ref()));
+    }
+    // The modules are leased before a file names them, and checked to be there under the
+    // purge lock: a purge in another process either sees them leased or they are pulled again.
+    let modules: BTreeSet<crate::Sha256> = resources
+        .iter()
+        .filter_map(|r| match &r.outcome {
+            Outcome::Module { sha256, .. } => Some(*sha256),
+            Outcome::Fallback { .. } => None,
+        })
+        .collect();
+    shared
+        .state()
+        .pending
+        .insert(path.to_path_buf(), modules.clone());
+    let held = {
+        let shared = shared.clone();
+        tokio::task::spawn_blocking(move || shared.hold_lease()).await
+    };
+    match held {
+        Ok(Ok(gone)) if gone.is_disjoint(&modules) => {}
+        Ok(Ok(_)) => {
+            tracing::warn!(path = %path.display(), "a purge removed a module before it was leased; pulling it again");
+            let mut state = shared.state();
+            state.pending.remove(path);
+            state.reconvert.insert(path.to_path_buf());
+            return;
+        }
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot lease the modules in use; a purge might remove one")
+        }
+        Err(e) => tracing::warn!(error = %e, "leasing the modules in use did not finish"),
     }
     apply(shared, path, generation, resources);
     shared.refresh_cache_entries();
@@ -486,8 +497,14 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
 
 /// Writes `resources` for the file at `path`, unless a newer generation of it was seen.
 fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResource>) {
+    apply_locked(shared, path, generation, resources);
+    shared.record_lease();
+}
+
+fn apply_locked(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResource>) {
     let dir = &shared.options.ecds_dir;
     let mut state = shared.state();
+    state.pending.remove(path);
     let current = state
         .sources
         .get(path)
@@ -496,13 +513,53 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
         tracing::debug!(path = %path.display(), generation, "a newer version arrived; result dropped");
         return;
     }
-    // Another file's plugin already owns this ECDS file name: the first one keeps it.
-    let taken: BTreeSet<String> = state
+    let claims = state
         .sources
+        .get(path)
+        .map(|s| s.claims.clone())
+        .unwrap_or_default();
+    let owners: BTreeMap<String, PathBuf> = claims
         .iter()
-        .filter(|(p, _)| p.as_path() != path)
-        .flat_map(|(_, s)| s.applied.iter().flat_map(|a| a.keys().cloned()))
+        .filter_map(|c| Some((c.file.clone(), state.owner(&c.file)?.to_path_buf())))
         .collect();
+    let ours = |file: &str| owners.get(file).is_some_and(|o| o == path);
+    let mut unserved = Vec::new();
+    let mut seen = BTreeSet::new();
+    for c in &claims {
+        if !seen.insert(c.file.as_str()) {
+            unserved.push(format!(
+                "{}: declared again in a later document of this file; the first is served",
+                c.name
+            ));
+        } else if let Some(owner) = owners.get(&c.file).filter(|o| *o != path) {
+            unserved.push(duplicate(&c.name, owner));
+        }
+    }
+    // A name that became ours while this pull ran has no resource yet: convert again.
+    if claims
+        .iter()
+        .any(|c| ours(&c.file) && !resources.iter().any(|r| r.file_name == c.file))
+    {
+        state.reconvert.insert(path.to_path_buf());
+    }
+    // The names this source now writes are no longer served for a later duplicate.
+    for (other, s) in state
+        .sources
+        .iter_mut()
+        .filter(|(p, _)| p.as_path() != path)
+    {
+        let Some(applied) = s.applied.as_mut() else {
+            continue;
+        };
+        for r in resources.iter().filter(|r| ours(&r.file_name)) {
+            if applied.remove(&r.file_name).is_some() {
+                if let Some(c) = s.claims.iter().find(|c| c.file == r.file_name) {
+                    s.unserved.push(duplicate(&c.name, path));
+                }
+                tracing::warn!(file = %other.display(), plugin = %r.file_name, "duplicate plugin name: the file first by name serves it");
+            }
+        }
+    }
     let Some(source) = state.sources.get_mut(path) else {
         return;
     };
@@ -510,19 +567,14 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
     let mut written = BTreeMap::new();
     let mut problems = Vec::new();
     for r in resources {
-        if taken.contains(&r.file_name) {
-            shared.metrics.conversion(ConversionResult::MarshalFailure);
-            problems.push(format!(
-                "{} is written for another file's WasmPlugin of the same namespace and name",
-                r.file_name
-            ));
+        if !ours(&r.file_name) {
             continue;
         }
         let unchanged = previous.get(&r.file_name) == Some(&r) && dir.join(&r.file_name).is_file();
         let result = if unchanged {
             Ok(())
         } else {
-            r.write_atomically(dir).map(drop)
+            r.write_with_mode(dir, shared.options.ecds_mode).map(drop)
         };
         match result {
             Ok(()) => {
@@ -537,6 +589,14 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
             }
             Err(e) => {
                 shared.metrics.conversion(ConversionResult::MarshalFailure);
+                let name = claims
+                    .iter()
+                    .find(|c| c.file == r.file_name)
+                    .map_or(r.name.as_str(), |c| c.name.as_str());
+                unserved.push(format!(
+                    "{name}: its ECDS file cannot be written ({})",
+                    e.source
+                ));
                 problems.push(e.to_string());
                 // What was there stays there, and stays counted.
                 if let Some(old) = previous.get(&r.file_name) {
@@ -545,30 +605,32 @@ fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResou
             }
         }
     }
+    // A file no longer written for this source goes, unless another source owns it now.
     for name in previous.keys().filter(|n| !written.contains_key(*n)) {
-        let _ = std::fs::remove_file(dir.join(name));
+        if owners.get(name).is_none_or(|o| o == path) {
+            let _ = std::fs::remove_file(dir.join(name));
+        }
     }
+    problems.extend(unserved.iter().cloned());
+    source.unserved = unserved;
     source.applied = Some(written);
     source.problem = (!problems.is_empty()).then(|| problems.join("; "));
     state.record(dir);
-    let in_use = Shared::in_use(&state);
-    if let Err(e) = shared.lease.set(&in_use) {
-        tracing::warn!(error = %e, "cannot record the modules in use; a purge might remove one");
-    }
 }
 
-/// A plugin file is gone: so are its ECDS files.
+/// A plugin file is gone: so are its ECDS files, and a duplicate of one of its plugins
+/// is written in its place.
 fn remove_source(shared: &Shared, path: &Path) {
     let mut state = shared.state();
+    state.pending.remove(path);
     let Some(source) = state.sources.remove(path) else {
         return;
     };
     for name in source.applied.iter().flat_map(|a| a.keys()) {
         let _ = std::fs::remove_file(shared.options.ecds_dir.join(name));
     }
+    state.queue_unserved();
     state.record(&shared.options.ecds_dir);
-    let in_use = Shared::in_use(&state);
-    if let Err(e) = shared.lease.set(&in_use) {
-        tracing::warn!(error = %e, "cannot record the modules in use");
-    }
+    drop(state);
+    shared.record_lease();
 }

@@ -81,7 +81,7 @@ pub async fn pull(
         }
         match outcome {
             Err(e) if transient(&e) && Instant::now() + pause < end => {
-                tracing::warn!(url = %crate::reference::redact_userinfo(&req.url), error = %e, retry_in = ?pause, "pull failed; retrying");
+                tracing::warn!(url = %crate::reference::redact_for_display(&req.url), error = %crate::reference::redact_for_display(&e.to_string()), retry_in = ?pause, "pull failed; retrying");
                 tokio::time::sleep(pause).await;
                 pause = (pause * 2).min(backoff.max);
             }

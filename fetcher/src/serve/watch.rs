@@ -65,7 +65,9 @@ pub enum Change {
 #[derive(Debug)]
 pub struct Watcher {
     dir: PathBuf,
-    seen: BTreeMap<PathBuf, (Stamp, String)>,
+    /// Each file's stamp, version, and whether it was left unread for the total bound.
+    seen: BTreeMap<PathBuf, (Stamp, String, bool)>,
+    max_total: u64,
 }
 
 /// Whether a directory entry is a plugin file: `*.yaml`, `*.yml` or `*.json`, not hidden (a
@@ -78,10 +80,13 @@ fn is_plugin_file(name: &str) -> bool {
 }
 
 impl Watcher {
-    pub fn new(dir: &Path) -> Self {
+    /// Watches `dir`, reading at most `max_total` bytes of plugin files in all: the files
+    /// past it, in path order, are not read (and not kept in memory), and say so.
+    pub fn new(dir: &Path, max_total: u64) -> Self {
         Self {
             dir: dir.to_path_buf(),
             seen: BTreeMap::new(),
+            max_total,
         }
     }
 
@@ -101,18 +106,29 @@ impl Watcher {
             }
         }
         let mut changes = Vec::new();
+        let mut total: u64 = 0;
         for (path, s) in &present {
+            total = total.saturating_add(s.len);
+            let over = total > self.max_total;
             match self.seen.get(path) {
-                Some((old, _)) if old == s => continue,
+                Some((old, _, was_over)) if old == s && *was_over == over => continue,
                 _ => {}
             }
-            let content = read(path);
+            let content = if over {
+                Content::Unreadable(format!(
+                    "{}: not read: the plugin files together exceed {} bytes (--max-plugin-bytes, WASM_PLUGINS_MAX_BYTES); those first by name are read",
+                    path.display(),
+                    self.max_total
+                ))
+            } else {
+                read(path)
+            };
             let unchanged = self
                 .seen
                 .get(path)
-                .is_some_and(|(_, v)| v == content.version());
+                .is_some_and(|(_, v, _)| v == content.version());
             self.seen
-                .insert(path.clone(), (*s, content.version().to_string()));
+                .insert(path.clone(), (*s, content.version().to_string(), over));
             if !unchanged {
                 changes.push(Change::Updated(path.clone(), content));
             }
@@ -155,7 +171,7 @@ mod tests {
     #[test]
     fn reports_new_changed_and_removed_files_once() {
         let dir = tempfile::tempdir().unwrap();
-        let mut w = Watcher::new(dir.path());
+        let mut w = Watcher::new(dir.path(), u64::MAX);
         let a = dir.path().join("a.yaml");
         std::fs::write(&a, "one").unwrap();
         std::fs::write(dir.path().join(".a.yaml.swp"), "x").unwrap();
@@ -191,7 +207,7 @@ mod tests {
         std::fs::write(d.join("..2026_1/p.yaml"), "one").unwrap();
         symlink("..2026_1", d.join("..data")).unwrap();
         symlink("..data/p.yaml", d.join("p.yaml")).unwrap();
-        let mut w = Watcher::new(d);
+        let mut w = Watcher::new(d, u64::MAX);
         let first = w.poll().unwrap();
         assert!(
             matches!(&first[..], [Change::Updated(p, Content::Text { text, .. })] if p.ends_with("p.yaml") && text == "one"),
