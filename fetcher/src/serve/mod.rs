@@ -123,15 +123,12 @@ impl Shared {
     }
 
     /// The digests of the modules the written files name, and those about to be named.
-    fn in_use(state: &State) -> BTreeSet<crate::Sha256> {
+    fn in_use(&self, state: &State) -> BTreeSet<crate::Sha256> {
         state
             .sources
             .values()
             .flat_map(|s| s.applied.iter().flat_map(|a| a.values()))
-            .filter_map(|r| match &r.outcome {
-                Outcome::Module { sha256, .. } => Some(*sha256),
-                Outcome::Fallback { .. } => None,
-            })
+            .filter_map(|r| cached_module(&self.options.cache, &r.outcome))
             .chain(state.pending.values().flatten().copied())
             .collect()
     }
@@ -139,7 +136,7 @@ impl Shared {
     /// Brings the lease in line with the modules in use.
     fn record_lease(&self) {
         let _one = wasm_common::sync::lock(&self.lease_writes);
-        let in_use = Self::in_use(&self.state());
+        let in_use = self.in_use(&self.state());
         if let Err(e) = self.lease.set(&in_use) {
             tracing::warn!(error = %e, "cannot record the modules in use; a purge might remove one");
         }
@@ -149,7 +146,7 @@ impl Shared {
     /// before it could see them leased. Blocks while a purge runs: call off the runtime.
     fn hold_lease(&self) -> Result<BTreeSet<crate::Sha256>, FetchError> {
         let _one = wasm_common::sync::lock(&self.lease_writes);
-        let in_use = Self::in_use(&self.state());
+        let in_use = self.in_use(&self.state());
         self.lease.hold(&in_use)
     }
 
@@ -365,7 +362,7 @@ fn needing_refresh(shared: &Shared, rehash: bool) -> Vec<PathBuf> {
 
 async fn purge_now(shared: &Arc<Shared>) {
     let _gate = shared.purge_gate.write().await;
-    let in_use = Shared::in_use(&shared.state());
+    let in_use = shared.in_use(&shared.state());
     let (cache, settings) = (
         shared.options.cache.clone(),
         shared.options.settings.clone(),
@@ -462,12 +459,10 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
     }
     // The modules are leased before a file names them, and checked to be there under the
     // purge lock: a purge in another process either sees them leased or they are pulled again.
+    // A module read in place from an image volume is not the cache's: no purge can touch it.
     let modules: BTreeSet<crate::Sha256> = resources
         .iter()
-        .filter_map(|r| match &r.outcome {
-            Outcome::Module { sha256, .. } => Some(*sha256),
-            Outcome::Fallback { .. } => None,
-        })
+        .filter_map(|r| cached_module(&shared.options.cache, &r.outcome))
         .collect();
     shared
         .state()
@@ -493,6 +488,15 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
     }
     apply(shared, path, generation, resources);
     shared.refresh_cache_entries();
+}
+
+/// The cached module an ECDS resource names, which a lease must keep from a purge; `None` for
+/// a fallback and for a module read in place from an image volume, which no purge touches.
+fn cached_module(cache: &Cache, outcome: &Outcome) -> Option<crate::Sha256> {
+    match outcome {
+        Outcome::Module { sha256, path } => (*path == cache.module_path(sha256)).then_some(*sha256),
+        Outcome::Fallback { .. } => None,
+    }
 }
 
 /// Writes `resources` for the file at `path`, unless a newer generation of it was seen.
