@@ -41,6 +41,9 @@ pub struct Settings {
     /// volumes the kubelet mounted under this directory (`crate::source::image_volume`), read
     /// in place; no registry is asked and nothing is cached.
     pub image_volume_root: Option<std::path::PathBuf>,
+    /// `WASM_REGISTRY_CONFIG_DIR` or `--registry-config-dir`: containerd's hosts directory
+    /// (`DIR/<host>/hosts.toml`), the mirrors to pull through (`crate::oci::hosts`).
+    pub registry_config_dir: Option<std::path::PathBuf>,
 }
 
 impl Settings {
@@ -100,6 +103,7 @@ impl Default for Settings {
             cache_max_bytes: None,
             verify_key: None,
             image_volume_root: None,
+            registry_config_dir: None,
         }
     }
 }
@@ -187,6 +191,9 @@ impl Settings {
         }
         if let Some(v) = var("WASM_IMAGE_VOLUME_ROOT") {
             s.image_volume_root = Some(v.into());
+        }
+        if let Some(v) = var("WASM_REGISTRY_CONFIG_DIR") {
+            s.registry_config_dir = Some(v.into());
         }
         Ok(s)
     }

@@ -55,6 +55,11 @@ pub struct PullArgs {
     /// [default: $WASM_VERIFY_KEY].
     #[arg(long, value_name = "FILE")]
     verify_key: Option<PathBuf>,
+    /// Pull oci:// images through the registry mirrors of containerd's hosts directory:
+    /// DIR/<registry>/hosts.toml (or DIR/_default/hosts.toml), at most 64 KiB
+    /// [default: $WASM_REGISTRY_CONFIG_DIR].
+    #[arg(long, value_name = "DIR")]
+    registry_config_dir: Option<PathBuf>,
 }
 
 /// A pull as the flags and the environment ask for it, every input read and checked.
@@ -75,6 +80,9 @@ impl PullOptions {
         }
         if let Some(ca) = &args.ca_file {
             settings.add_ca_file(ca)?;
+        }
+        if let Some(dir) = args.registry_config_dir {
+            settings.registry_config_dir = Some(dir);
         }
         let cache = Cache::open(&args.cache_dir.unwrap_or_else(Cache::default_dir))?;
         Ok(Self {

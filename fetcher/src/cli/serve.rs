@@ -71,6 +71,11 @@ pub struct ServeArgs {
     /// place, never cached nor purged [default: $WASM_IMAGE_VOLUME_ROOT].
     #[arg(long, value_name = "DIR")]
     pub image_volume_root: Option<PathBuf>,
+    /// Pull oci:// images through the registry mirrors of containerd's hosts directory:
+    /// DIR/<registry>/hosts.toml (or DIR/_default/hosts.toml), at most 64 KiB
+    /// [default: $WASM_REGISTRY_CONFIG_DIR].
+    #[arg(long, value_name = "DIR")]
+    pub registry_config_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
@@ -97,6 +102,9 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(root) = &args.image_volume_root {
         settings.image_volume_root = Some(root.clone());
+    }
+    if let Some(dir) = &args.registry_config_dir {
+        settings.registry_config_dir = Some(dir.clone());
     }
     let cache = Cache::open(&args.cache_dir.clone().unwrap_or_else(Cache::default_dir))?;
     let mut options = serve::Options::new(&args.plugins, &args.ecds_dir, cache, settings);

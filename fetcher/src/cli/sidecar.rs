@@ -33,6 +33,11 @@ pub struct Fetching {
     /// [default: $WASM_IMAGE_VOLUME_ROOT].
     #[arg(long, value_name = "DIR")]
     image_volume_root: Option<PathBuf>,
+    /// Pull oci:// images through the registry mirrors of containerd's hosts directory:
+    /// DIR/<registry>/hosts.toml (or DIR/_default/hosts.toml), at most 64 KiB
+    /// [default: $WASM_REGISTRY_CONFIG_DIR].
+    #[arg(long, value_name = "DIR")]
+    registry_config_dir: Option<PathBuf>,
 }
 
 impl Fetching {
@@ -49,6 +54,9 @@ impl Fetching {
         }
         if let Some(root) = &self.image_volume_root {
             settings.image_volume_root = Some(root.clone());
+        }
+        if let Some(dir) = &self.registry_config_dir {
+            settings.registry_config_dir = Some(dir.clone());
         }
         let dir = self.cache_dir.clone().unwrap_or_else(Cache::default_dir);
         Ok((Cache::open(&dir)?, settings))

@@ -50,6 +50,8 @@ pub struct Distribution {
     registry: String,
     repository: String,
     scheme: Scheme,
+    /// The API root on the host: `/v2`, or a mirror's path (`super::hosts`).
+    root: String,
     /// Unverified TLS or plain HTTP is allowed (`WASM_INSECURE_REGISTRIES`).
     insecure: bool,
     credentials: RegistryAuth,
@@ -106,11 +108,18 @@ impl Distribution {
             registry: registry.to_string(),
             repository: repository.to_string(),
             scheme,
+            root: "/v2".into(),
             insecure,
             credentials,
             authorization: None,
             access,
         })
+    }
+
+    /// Requests go below `root` (a mirror's API root) instead of `/v2`.
+    pub(crate) fn at_root(mut self, root: &str) -> Self {
+        self.root = root.to_string();
+        self
     }
 
     pub fn registry(&self) -> &str {
@@ -170,7 +179,12 @@ impl Distribution {
     }
 
     fn url(&self, rest: &str) -> String {
-        format!("{}://{}/v2/{rest}", self.scheme.as_str(), self.registry)
+        format!(
+            "{}://{}{}/{rest}",
+            self.scheme.as_str(),
+            self.registry,
+            self.root
+        )
     }
 
     /// `GET /v2/`: any answer proves the protocol; a 401 names the authentication to use.

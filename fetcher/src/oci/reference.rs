@@ -44,17 +44,21 @@ impl OciRef {
 
     /// Loopback registries may fall back to plain HTTP, as go-containerregistry (Istio) allows.
     pub fn is_loopback(&self) -> bool {
-        let host = self
-            .registry
-            .rsplit_once(':')
-            .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
-            .map_or(self.registry.as_str(), |(h, _)| h);
-        let host = host.trim_start_matches('[').trim_end_matches(']');
-        host == "localhost"
-            || host
-                .parse::<std::net::IpAddr>()
-                .is_ok_and(|ip| ip.is_loopback())
+        is_loopback_host(&self.registry)
     }
+}
+
+/// Whether `host[:port]` names this machine (`localhost` or a loopback address).
+pub fn is_loopback_host(host_port: &str) -> bool {
+    let host = host_port
+        .rsplit_once(':')
+        .filter(|(_, port)| port.chars().all(|c| c.is_ascii_digit()))
+        .map_or(host_port, |(h, _)| h);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    host == "localhost"
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The reference after `oci://`: `host[:port]/repo[:tag][@sha256:hex]`.

@@ -12,6 +12,7 @@ use oci_client::manifest::OciImageManifest;
 use oci_client::secrets::RegistryAuth;
 
 use super::distribution::{Access, Distribution, PingFailure, Scheme};
+use super::hosts::{self, Endpoint, Hosts};
 use super::manifest::ImageDigests;
 use super::manifest::{self as media, parse_json, parse_manifest, pick_child};
 use super::reference::OciRef;
@@ -183,14 +184,76 @@ impl Registry {
         }))
     }
 
+    /// The first request to a host of hosts.toml: its scheme is the URL's, its roots the
+    /// `ca` files beside the others, and only the registry itself gets its credentials.
+    async fn connect_to(&self, e: &Endpoint) -> Result<Distribution, FetchError> {
+        let settings = hosts::settings_for(e, &self.settings)?;
+        let credentials = if e.upstream {
+            self.credentials.clone()
+        } else {
+            RegistryAuth::Anonymous
+        };
+        let mut d = Distribution::new(
+            &e.host,
+            &self.repository,
+            e.scheme,
+            e.skip_verify,
+            credentials,
+            &settings,
+            self.access,
+        )?
+        .at_root(&e.root);
+        match d.ping().await {
+            Ok(()) => Ok(d),
+            Err(PingFailure::Send(err)) => Err(d.send_error(err)),
+            Err(PingFailure::BadRequest) => Err(FetchError::Registry {
+                message: format!("{}{}/ answered HTTP 400", e.host, e.root),
+            }),
+            Err(PingFailure::Other(err)) => Err(err),
+        }
+    }
+
     /// Fetches the manifest (and, for an index, the chosen child's); returns the connection
-    /// for the layer download.
+    /// for the layer download. A pull with `--registry-config-dir` goes through the mirrors
+    /// of the registry's hosts.toml in order, each failure that another host could mend
+    /// ([`hosts::falls_through`]) moving on to the next, and the server last.
     pub async fn resolve(
         &self,
         r: &OciRef,
         platform: Option<&str>,
     ) -> Result<(Distribution, Resolved), FetchError> {
-        let d = self.connect().await?;
+        let hosts = match (&self.settings.registry_config_dir, self.access) {
+            (Some(dir), Access::Pull) => {
+                hosts::load(dir, &self.registry, r.digest.is_some(), &self.settings)?
+            }
+            _ => Hosts::default(),
+        };
+        for mirror in &hosts.mirrors {
+            let attempt = match self.connect_to(mirror).await {
+                Ok(d) => self.resolve_on(d, r, platform).await,
+                Err(e) => Err(e),
+            };
+            match attempt {
+                Ok(found) => return Ok(found),
+                Err(e) if hosts::falls_through(&e) => {
+                    tracing::warn!(mirror = %mirror.host, "trying the next host after: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let d = match &hosts.server {
+            Some(server) => self.connect_to(server).await?,
+            None => self.connect().await?,
+        };
+        self.resolve_on(d, r, platform).await
+    }
+
+    async fn resolve_on(
+        &self,
+        d: Distribution,
+        r: &OciRef,
+        platform: Option<&str>,
+    ) -> Result<(Distribution, Resolved), FetchError> {
         let accepted = media::accept_manifests();
         let pinned = r.digest.map(Digest);
         let reference = match (pinned, &r.tag) {

@@ -14,6 +14,7 @@ mod image;
 mod image_volume;
 mod layers;
 mod library;
+mod mirrors;
 mod net_guard;
 mod oci_registry;
 mod pull_file;

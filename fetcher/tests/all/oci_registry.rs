@@ -19,6 +19,8 @@ pub struct Options {
     pub tls: bool,
     /// Token authentication: every request is challenged with `Bearer realm="<this>"`.
     pub token_realm: Option<&'static str>,
+    /// A pull-through cache of the registry at this URL (`proxy: remoteurl`).
+    pub proxy_remote: Option<String>,
 }
 
 pub struct Registry {
@@ -152,6 +154,9 @@ impl Registry {
                     "auth: {{token: {{realm: \"{realm}\", service: test-registry, issuer: test-issuer, rootcertbundle: {}}}}}\n",
                     dir.path().join("ca.pem").display()
                 ));
+            }
+            if let Some(remote) = &options.proxy_remote {
+                config.push_str(&format!("proxy: {{remoteurl: \"{remote}\"}}\n"));
             }
             let config_path = dir.path().join("config.yml");
             std::fs::write(&config_path, config).unwrap();

@@ -1,0 +1,335 @@
+//! Registry mirrors, configured as containerd configures them: `DIR/<host>/hosts.toml` (or
+//! `DIR/_default/hosts.toml`) lists `[host."URL"]` entries, tried in file order, then `server`
+//! (the registry itself when absent). <https://github.com/containerd/containerd/blob/main/docs/hosts.md>
+//!
+//! A mirror is another party: it gets none of the upstream registry's credentials, and its
+//! URL passes the same rules as a registry's (plain HTTP only to loopback or a host listed in
+//! `WASM_INSECURE_REGISTRIES`, every address through the guard).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::distribution::Scheme;
+use crate::error::FetchError;
+use crate::settings::Settings;
+
+/// A hosts.toml is a few dozen lines; anything larger is not one.
+pub const HOSTS_TOML_LIMIT: u64 = 64 << 10;
+/// `ca` files: the same bound as `--ca-file`.
+const CA_LIMIT: u64 = crate::regular_file::CA_FILE_LIMIT;
+
+/// One place to pull from, in the order to try.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    /// `host[:port]`.
+    pub host: String,
+    pub scheme: Scheme,
+    /// The API root: `/v2` below the URL's path, or the path itself with `override_path`.
+    pub root: String,
+    /// `skip_verify`: TLS without verification (or plain HTTP for an `http` URL).
+    pub skip_verify: bool,
+    /// `ca`: PEM files trusted for this host only, resolved against the file's directory.
+    pub ca: Vec<PathBuf>,
+    /// The registry itself (the reference's host): the only endpoint its credentials go to.
+    pub upstream: bool,
+}
+
+/// What a pull tries: the mirrors, then the server. `server` is `None` when hosts.toml names
+/// none, so the registry is reached as without a hosts.toml (its protocol found by ping).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Hosts {
+    pub mirrors: Vec<Endpoint>,
+    pub server: Option<Endpoint>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct File {
+    server: Option<String>,
+    #[serde(default)]
+    host: toml::Table,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HostEntry {
+    capabilities: Option<Vec<String>>,
+    #[serde(default)]
+    skip_verify: bool,
+    ca: Option<OneOrMany>,
+    #[serde(default)]
+    override_path: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// The hosts to pull `registry`'s image from, from the hosts.toml under `dir` that names it
+/// (or `_default`); none when neither exists. `by_digest`: the reference is pinned, so a
+/// host that may only `pull` (not `resolve` tags) can serve it.
+pub fn load(
+    dir: &Path,
+    registry: &str,
+    by_digest: bool,
+    settings: &Settings,
+) -> Result<Hosts, FetchError> {
+    let own = dir.join(registry).join("hosts.toml");
+    let path = if own.exists() {
+        own
+    } else {
+        let fallback = dir.join("_default").join("hosts.toml");
+        if !fallback.exists() {
+            return Ok(Hosts::default());
+        }
+        fallback
+    };
+    let bytes = crate::regular_file::read_input(&path, "hosts.toml", HOSTS_TOML_LIMIT)?;
+    parse(&bytes, &path, registry, by_digest, settings)
+}
+
+fn bad(path: &Path, reason: String) -> FetchError {
+    FetchError::Read {
+        what: "hosts.toml",
+        path: path.to_path_buf(),
+        reason,
+    }
+}
+
+/// Parses a hosts.toml read from `path`.
+pub fn parse(
+    bytes: &[u8],
+    path: &Path,
+    registry: &str,
+    by_digest: bool,
+    settings: &Settings,
+) -> Result<Hosts, FetchError> {
+    let text = std::str::from_utf8(bytes).map_err(|_| bad(path, "not UTF-8 text".into()))?;
+    let file: File = toml::from_str(text).map_err(|e| bad(path, format!("not valid: {e}")))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let mut mirrors = Vec::new();
+    for (url, value) in file.host {
+        let entry: HostEntry = value
+            .try_into()
+            .map_err(|e| bad(path, format!("[host.{url:?}]: {e}")))?;
+        let caps = entry
+            .capabilities
+            .unwrap_or_else(|| vec!["pull".into(), "resolve".into(), "push".into()]);
+        for c in &caps {
+            if !matches!(c.as_str(), "pull" | "resolve" | "push") {
+                return Err(bad(
+                    path,
+                    format!("[host.{url:?}]: unknown capability {c:?} (pull, resolve, push)"),
+                ));
+            }
+        }
+        let has = |c: &str| caps.iter().any(|x| x == c);
+        let ca = match entry.ca {
+            None => Vec::new(),
+            Some(OneOrMany::One(p)) => vec![base.join(p)],
+            Some(OneOrMany::Many(ps)) => ps.into_iter().map(|p| base.join(p)).collect(),
+        };
+        let endpoint = endpoint(
+            &url,
+            entry.override_path,
+            entry.skip_verify,
+            ca,
+            registry,
+            settings,
+        )
+        .map_err(|reason| bad(path, format!("[host.{url:?}]: {reason}")))?;
+        if has("pull") && (has("resolve") || by_digest) {
+            mirrors.push(endpoint);
+        }
+    }
+    let server = file
+        .server
+        .map(|url| {
+            endpoint(&url, false, false, Vec::new(), registry, settings)
+                .map_err(|reason| bad(path, format!("server {url:?}: {reason}")))
+        })
+        .transpose()?;
+    Ok(Hosts { mirrors, server })
+}
+
+/// An endpoint from a URL of hosts.toml; plain HTTP is refused unless the host is loopback or
+/// listed in `WASM_INSECURE_REGISTRIES`.
+fn endpoint(
+    raw: &str,
+    override_path: bool,
+    skip_verify: bool,
+    ca: Vec<PathBuf>,
+    registry: &str,
+    settings: &Settings,
+) -> Result<Endpoint, String> {
+    let url = url::Url::parse(raw).map_err(|e| format!("not a URL ({e})"))?;
+    let scheme = match url.scheme() {
+        "https" => Scheme::Https,
+        "http" => Scheme::Http,
+        other => return Err(format!("scheme {other:?}: only http and https")),
+    };
+    if !url.username().is_empty() || url.password().is_some() || url.query().is_some() {
+        return Err("a host URL holds no credentials nor query".into());
+    }
+    let host = match (url.host_str(), url.port()) {
+        (Some(h), Some(p)) => format!("{h}:{p}"),
+        (Some(h), None) => h.to_string(),
+        (None, _) => return Err("no host".into()),
+    };
+    let loopback = super::reference::is_loopback_host(&host);
+    if scheme == Scheme::Http && !loopback && !settings.is_insecure_registry(&host) {
+        return Err(format!(
+            "plain HTTP to {host}: only loopback hosts or hosts listed in WASM_INSECURE_REGISTRIES may be reached without TLS"
+        ));
+    }
+    crate::guard::check_url(&url, &settings.blocked_cidrs).map_err(|r| r.to_string())?;
+    let path = url.path().trim_end_matches('/');
+    let root = if override_path || path.ends_with("/v2") {
+        path.to_string()
+    } else {
+        format!("{path}/v2")
+    };
+    Ok(Endpoint {
+        upstream: host == registry,
+        host,
+        scheme,
+        root,
+        skip_verify,
+        ca,
+    })
+}
+
+/// Whether a host's failure sends the pull on to the next host, as containerd does: it could
+/// not be reached, or answered an error (404, 5xx, a refusal to a mirror that got no
+/// credentials). An answer that is wrong (a digest mismatch, a size over the limit) or a
+/// guard refusal ends the pull: another host would not make it right.
+pub fn falls_through(e: &FetchError) -> bool {
+    matches!(
+        e,
+        FetchError::Network { .. }
+            | FetchError::TimedOut { .. }
+            | FetchError::NotFound { .. }
+            | FetchError::HttpStatus { .. }
+            | FetchError::Registry { .. }
+            | FetchError::Unauthorized { .. }
+            | FetchError::UntrustedCertificate { .. }
+            | FetchError::Truncated { .. }
+    )
+}
+
+/// The settings to reach `e` with: its own `ca` files trusted beside the others.
+pub fn settings_for(e: &Endpoint, settings: &Settings) -> Result<Settings, FetchError> {
+    let mut s = settings.clone();
+    for path in &e.ca {
+        let pem = crate::regular_file::read_input(path, "hosts.toml ca", CA_LIMIT)?;
+        s.add_ca_pem(pem).map_err(|reason| FetchError::Read {
+            what: "hosts.toml ca",
+            path: path.clone(),
+            reason,
+        })?;
+    }
+    Ok(s)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parsed(text: &str) -> Result<Hosts, FetchError> {
+        parse(
+            text.as_bytes(),
+            Path::new("/etc/mirrors/reg.example/hosts.toml"),
+            "reg.example",
+            false,
+            &Settings::default(),
+        )
+    }
+
+    #[test]
+    fn hosts_keep_file_order_and_only_pull_resolve_hosts_serve_a_tag() {
+        let h = parsed(
+            r#"
+server = "https://reg.example"
+[host."https://z.mirror/cache"]
+  capabilities = ["pull", "resolve"]
+  ca = "z.pem"
+[host."https://push.only"]
+  capabilities = ["push"]
+[host."http://127.0.0.1:5001"]
+[host."https://a.mirror/v2/custom"]
+  override_path = true
+  skip_verify = true
+[host."https://blobs.only"]
+  capabilities = ["pull"]
+"#,
+        )
+        .unwrap();
+        let hosts: Vec<_> = h.mirrors.iter().map(|m| m.host.as_str()).collect();
+        assert_eq!(hosts, ["z.mirror", "127.0.0.1:5001", "a.mirror"]);
+        assert_eq!(h.mirrors[0].root, "/cache/v2");
+        assert_eq!(
+            h.mirrors[0].ca,
+            [PathBuf::from("/etc/mirrors/reg.example/z.pem")]
+        );
+        assert_eq!(h.mirrors[1].scheme, Scheme::Http);
+        assert_eq!(h.mirrors[2].root, "/v2/custom");
+        assert!(h.mirrors[2].skip_verify);
+        assert!(h.mirrors.iter().all(|m| !m.upstream));
+        let server = h.server.unwrap();
+        assert!(server.upstream);
+        assert_eq!(server.root, "/v2");
+    }
+
+    #[test]
+    fn a_pull_only_host_serves_a_digest() {
+        let h = parse(
+            b"[host.\"https://blobs.only\"]\ncapabilities = [\"pull\"]\n",
+            Path::new("hosts.toml"),
+            "reg.example",
+            true,
+            &Settings::default(),
+        )
+        .unwrap();
+        assert_eq!(h.mirrors.len(), 1);
+    }
+
+    #[test]
+    fn bad_files_are_refused_naming_the_file_and_the_fault() {
+        for (text, words) in [
+            ("server = ", "not valid"),
+            ("[host.\"https://m\"]\ncolour = 1\n", "colour"),
+            ("[host.\"https://m\"]\ncapabilities = [\"fly\"]\n", "fly"),
+            ("[host.\"http://m.example\"]\n", "plain HTTP to m.example"),
+            ("[host.\"ftp://m\"]\n", "only http and https"),
+            ("[host.\"https://u:p@m\"]\n", "credentials"),
+            ("[host.\"https://169.254.169.254\"]\n", "169.254.169.254"),
+        ] {
+            let e = parsed(text).unwrap_err().to_string();
+            assert!(
+                e.contains("/etc/mirrors/reg.example/hosts.toml") && e.contains(words),
+                "{text:?}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn listed_insecure_hosts_may_be_plain_http() {
+        let s = Settings {
+            insecure_registries: vec!["m.example".into()],
+            ..Settings::default()
+        };
+        let h = parse(
+            b"[host.\"http://m.example\"]\n",
+            Path::new("hosts.toml"),
+            "reg.example",
+            false,
+            &s,
+        )
+        .unwrap();
+        assert_eq!(h.mirrors[0].scheme, Scheme::Http);
+    }
+}
