@@ -10,6 +10,8 @@ pub enum FetchError {
     ChecksumMismatch { expected: String, actual: String },
     #[error("not a Wasm module ({reason})")]
     NotWasm { reason: String },
+    #[error("not an Envoy dynamic module for {platform} ({reason}); push a lib<name>.so built for that platform")]
+    NotDynamicModule { platform: String, reason: String },
     #[error("exceeds size limit of {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES)")]
     TooLarge { limit: u64 },
     #[error("unsupported scheme {scheme:?}: use file://, http:// or https://")]

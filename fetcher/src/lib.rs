@@ -17,6 +17,7 @@
 #[cfg(test)]
 mod alloc_meter;
 pub mod cache;
+pub mod dynamic_module;
 pub mod envoy;
 pub mod error;
 mod guard;

@@ -32,9 +32,15 @@ pub struct PullArgs {
     /// regular file of at most 1 MiB.
     #[arg(long)]
     pull_secret: Option<PathBuf>,
-    /// Image index platform, os/arch (e.g. wasip1/wasm, linux/amd64).
+    /// Image index platform, os/arch (e.g. wasip1/wasm, linux/amd64); for a dynamic module
+    /// the default is this host's.
     #[arg(long)]
     platform: Option<String>,
+    /// Pull an Envoy dynamic module (pushed with --layout dynamic-module) for this Envoy
+    /// minor version (e.g. 1.40); prints the directory to name in
+    /// ENVOY_DYNAMIC_MODULES_SEARCH_PATH, which holds lib<name>.so.
+    #[arg(long, value_parser = wasm_fetcher::dynamic_module::parse_envoy_version, conflicts_with_all = ["verify_key", "pull_policy", "resource_version"])]
+    envoy_version: Option<String>,
     /// Bound on the whole pull (waiting for another process's pull of the same source
     /// included), Go duration syntax; must be more than 0.
     #[arg(long, default_value = "30s", value_parser = settings::parse_timeout)]
@@ -69,6 +75,7 @@ pub struct PullOptions {
     pub settings: Settings,
     pub timeout: Duration,
     pub json: bool,
+    pub envoy_version: Option<String>,
 }
 
 impl PullOptions {
@@ -101,6 +108,7 @@ impl PullOptions {
             settings,
             timeout: args.timeout,
             json: args.json,
+            envoy_version: args.envoy_version,
         })
     }
 }
@@ -112,6 +120,20 @@ pub fn run(args: PullArgs) -> Result<(), Failure> {
 
 fn pull(args: PullArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<()> {
     let o = PullOptions::from_args(args, progress)?;
+    if let Some(version) = &o.envoy_version {
+        let pulled = super::within(o.timeout, async {
+            Ok(
+                wasm_fetcher::dynamic_module::pull(&o.request, version, &o.cache, &o.settings)
+                    .await?,
+            )
+        })?;
+        if o.json {
+            println!("{}", serde_json::to_string(&pulled)?);
+        } else {
+            println!("{}", pulled.dir.display());
+        }
+        return Ok(());
+    }
     let pulled = super::within(o.timeout, async {
         Ok(wasm_fetcher::pull(&o.request, &o.cache, &o.settings).await?)
     })?;

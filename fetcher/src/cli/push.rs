@@ -17,8 +17,14 @@ pub struct PushArgs {
     /// wasm: Istio's Wasm artifact (2 layers: config and module), which Istio, Envoy
     /// Gateway and this fetcher pull; compat: a 1-layer OCI image whose tar.gz layer holds
     /// plugin.wasm, for registries and tools that take only images.
+    /// dynamic-module: an Envoy dynamic module (lib<name>.so, an ELF shared object) as an
+    /// image index with one manifest for its os/arch, read from the ELF header.
     #[arg(long, value_enum, default_value_t)]
     layout: Layout,
+    /// With --layout dynamic-module: the Envoy minor versions it loads on, comma-separated
+    /// (e.g. 1.40,1.41).
+    #[arg(long, value_delimiter = ',', value_parser = wasm_fetcher::dynamic_module::parse_envoy_version)]
+    envoy_versions: Vec<String>,
     /// Refuse a module that exports no proxy_abi_version_* function.
     #[arg(long)]
     check_abi: bool,
@@ -75,6 +81,9 @@ pub struct PushOptions {
 
 impl PushOptions {
     pub fn from_args(args: PushArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<Self> {
+        if (args.layout == Layout::DynamicModule) == args.envoy_versions.is_empty() {
+            anyhow::bail!("--envoy-versions goes with --layout dynamic-module, and it needs them");
+        }
         let mut settings = Settings::from_env()?;
         settings.insecure_registries.extend(args.insecure_registry);
         let output = match (args.json, args.wasmplugin) {
@@ -97,6 +106,7 @@ impl PushOptions {
                 url: args.url,
                 layout: args.layout,
                 check_abi: args.check_abi,
+                envoy_versions: args.envoy_versions,
                 pull_secret: args.pull_secret,
                 sign_key: args
                     .sign_key

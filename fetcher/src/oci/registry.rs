@@ -35,7 +35,10 @@ impl Resolved {
         let layers = &self.manifest.layers;
         let wasm: Vec<&OciDescriptor> = layers
             .iter()
-            .filter(|l| media::WASM_LAYERS.contains(&l.media_type.as_str()))
+            .filter(|l| {
+                media::WASM_LAYERS.contains(&l.media_type.as_str())
+                    || l.media_type == crate::dynamic_module::LAYER
+            })
             .collect();
         let istio = layers
             .iter()

@@ -28,6 +28,9 @@ pub enum Layout {
     Wasm,
     /// A single-layer OCI image whose layer is a tar.gz holding `plugin.wasm`.
     Compat,
+    /// An Envoy dynamic module (`lib<name>.so`): an image index with one manifest per
+    /// os/arch (`crate::dynamic_module`).
+    DynamicModule,
 }
 
 impl std::fmt::Display for Layout {
@@ -35,6 +38,7 @@ impl std::fmt::Display for Layout {
         f.write_str(match self {
             Layout::Wasm => "wasm",
             Layout::Compat => "compat",
+            Layout::DynamicModule => "dynamic-module",
         })
     }
 }
@@ -52,6 +56,8 @@ pub struct Blob {
 #[derive(Debug, Clone)]
 pub struct Image {
     pub blobs: Vec<Blob>,
+    /// Manifests an index names, `(digest, bytes)`, pushed by digest before it.
+    pub children: Vec<(String, Vec<u8>)>,
     pub manifest: Vec<u8>,
     pub manifest_digest: String,
 }
@@ -104,6 +110,9 @@ pub fn build(layout: Layout, module: &[u8], abi_versions: &[String]) -> Result<I
             let layers = vec![descriptor(media::OCI_TAR_GZIP_LAYER, &layer, None)];
             (media::OCI_IMAGE_CONFIG, config, layers, layer)
         }
+        Layout::DynamicModule => {
+            return Err("a dynamic module's image is built by dynamic_module::build".into())
+        }
     };
     let manifest = OciImageManifest {
         schema_version: 2,
@@ -130,6 +139,7 @@ pub fn build(layout: Layout, module: &[u8], abi_versions: &[String]) -> Result<I
     }
     Ok(Image {
         blobs,
+        children: Vec::new(),
         manifest_digest: digest_of(&manifest),
         manifest,
     })

@@ -36,6 +36,8 @@ pub struct PushRequest {
     pub progress: Progress,
     /// Also writes a cosign signature of the pushed manifest with this key.
     pub sign_key: Option<crate::keys::SignKey>,
+    /// With `Layout::DynamicModule`: the Envoy minor versions the module loads on.
+    pub envoy_versions: Vec<String>,
 }
 
 /// What a push did.
@@ -70,6 +72,8 @@ pub struct Pushed {
 pub enum PushError {
     #[error("not a Wasm module: {} ({reason}); push takes a core module, such as the filter `make filter` builds", path.display())]
     NotWasm { path: PathBuf, reason: String },
+    #[error("not an Envoy dynamic module: {} ({reason})", path.display())]
+    NotDynamicModule { path: PathBuf, reason: String },
     #[error("not a proxy-wasm module: {} exports no {}* function; build it with a proxy-wasm SDK, or push without --check-abi", path.display(), inspect::ABI_EXPORT_PREFIX)]
     NoAbi { path: PathBuf },
     #[error("denied: registry {registry} refused the push to {repository} (HTTP {status}); pass --pull-secret with a Docker config JSON whose entry for {registry} has push (write) access to {repository}")]
@@ -141,20 +145,36 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
     let r = target(&req.url)?;
     let tag = r.tag.clone().unwrap_or_default();
     let module = read_module(&req.module, settings.max_size)?;
-    let abi_versions = inspect::abi_versions(&module).map_err(|reason| PushError::NotWasm {
-        path: req.module.clone(),
-        reason,
-    })?;
-    if req.check_abi && abi_versions.is_empty() {
-        return Err(PushError::NoAbi {
+    let (abi_versions, image) = if req.layout == Layout::DynamicModule {
+        let file_name = req
+            .module
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let image = crate::dynamic_module::build(&module, file_name, &req.envoy_versions).map_err(
+            |reason| PushError::NotDynamicModule {
+                path: req.module.clone(),
+                reason,
+            },
+        )?;
+        (Vec::new(), image)
+    } else {
+        let abi_versions = inspect::abi_versions(&module).map_err(|reason| PushError::NotWasm {
             path: req.module.clone(),
-        });
-    }
-    let image = layout::build(req.layout, &module, &abi_versions).map_err(|message| {
-        FetchError::Registry {
-            message: format!("cannot build the image: {message}"),
+            reason,
+        })?;
+        if req.check_abi && abi_versions.is_empty() {
+            return Err(PushError::NoAbi {
+                path: req.module.clone(),
+            });
         }
-    })?;
+        let image = layout::build(req.layout, &module, &abi_versions).map_err(|message| {
+            FetchError::Registry {
+                message: format!("cannot build the image: {message}"),
+            }
+        })?;
+        (abi_versions, image)
+    };
     let pushed = |outcome| Pushed {
         url: req.url.clone(),
         digest_url: format!(
@@ -179,6 +199,9 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
                 if !upload::has_blob(&d, &blob.digest).await? {
                     upload::put_blob(&d, blob, &req.progress).await?;
                 }
+            }
+            for (digest, child) in &image.children {
+                upload::put_manifest(&d, digest, child, digest).await?;
             }
             upload::put_manifest(&d, &tag, &image.manifest, &image.manifest_digest).await?;
             Outcome::Pushed

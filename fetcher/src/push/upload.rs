@@ -115,7 +115,7 @@ pub async fn put_manifest(
     let rest = format!("{}/manifests/{tag}", d.repository());
     let req = d
         .upload(Method::PUT, &format!("/v2/{rest}"))?
-        .header(CONTENT_TYPE, media::OCI_MANIFEST)
+        .header(CONTENT_TYPE, media_type_of(manifest))
         .body(manifest.to_vec());
     let resp = send_upload(d, req, "the manifest's PUT").await?;
     if !resp.status().is_success() {
@@ -133,6 +133,15 @@ pub async fn put_manifest(
         .into());
     }
     Ok(())
+}
+
+/// The document's own `mediaType` (an index says it is one), else an OCI image manifest.
+fn media_type_of(manifest: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(manifest)
+        .ok()
+        .and_then(|v| v["mediaType"].as_str().map(str::to_string))
+        .filter(|t| media::MANIFESTS.contains(&t.as_str()) || media::INDEXES.contains(&t.as_str()))
+        .unwrap_or_else(|| media::OCI_MANIFEST.to_string())
 }
 
 async fn send(

@@ -9,6 +9,7 @@ mod cache_integrity;
 mod cred_helper;
 mod deadline;
 mod deploy;
+mod dynamic_module;
 mod hostile_registry;
 mod image;
 mod image_volume;

@@ -1,0 +1,241 @@
+//! `pull --envoy-version`: one dynamic module out of an image index, by platform and Envoy
+//! version, into `<cache>/dynamic-modules/<sha256>/lib<name>.so` (0644: `dlopen` needs read,
+//! not execute, and an Envoy running as another user reads it).
+
+use std::io::Read;
+use std::path::PathBuf;
+
+use serde_json::Value;
+
+use super::{elf, image::module_name, ENVOY_VERSIONS, LAYER, TITLE};
+use crate::oci::manifest::{accept_manifests, parse_manifest, ImageDigests};
+use crate::oci::registry::{Registry, Resolved};
+use crate::reference::Source;
+use crate::verify::{parse_digest, Digest, Sha256};
+use crate::{Cache, FetchError, PullRequest, Settings};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct DynamicPulled {
+    /// The directory to name in `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+    pub dir: PathBuf,
+    /// `dir/lib<name>.so`.
+    pub path: PathBuf,
+    /// What Envoy's `dynamic_module_config.name` says.
+    pub name: String,
+    pub sha256: Sha256,
+    pub platform: String,
+    pub envoy_version: String,
+    pub manifest_digest: Digest,
+    pub index_digest: Digest,
+    /// No module bytes were downloaded.
+    pub from_cache: bool,
+}
+
+/// The module for `envoy_version` on `req.platform` (default this host's). A pin
+/// (`req.sha256`) may name the index, the chosen manifest or the module itself. Nothing is
+/// cached unless every check passes.
+pub async fn pull(
+    req: &PullRequest,
+    envoy_version: &str,
+    cache: &Cache,
+    settings: &Settings,
+) -> Result<DynamicPulled, FetchError> {
+    let r = match Source::parse(&req.url)? {
+        Source::Oci(r) => r,
+        _ => {
+            return Err(FetchError::BadUrl {
+                reason: "a dynamic module is pulled from oci://REGISTRY/REPO[:TAG][@sha256:…]"
+                    .into(),
+            })
+        }
+    };
+    let platform = req.platform.clone().unwrap_or_else(elf::host_platform);
+    let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry).await?;
+    let registry = Registry::new(&r, creds, settings);
+    let d = registry.connect().await?;
+    let reference = match (r.digest, &r.tag) {
+        (Some(digest), _) => Digest(digest).to_string(),
+        (None, Some(tag)) => tag.clone(),
+        (None, None) => "latest".into(),
+    };
+    let accept = accept_manifests();
+    let (bytes, index_digest) = d.manifest(&reference, &accept).await?;
+    let index: Value = serde_json::from_slice(&bytes).map_err(|e| FetchError::Registry {
+        message: format!("index is not JSON: {e}"),
+    })?;
+    let child = pick(&index, &platform, envoy_version)?;
+    let (bytes, manifest_digest) = d.manifest(&child, &accept).await?;
+    let manifest = parse_manifest(&bytes)?;
+    let layer = match manifest.layers.as_slice() {
+        [only] if only.media_type == LAYER => only.clone(),
+        layers => {
+            return Err(FetchError::UnsupportedLayout {
+                found: layers.iter().map(|l| l.media_type.clone()).collect(),
+            })
+        }
+    };
+    let sha256 = parse_digest(&layer.digest)?.0;
+    if let Some(pin) = req.sha256 {
+        if ![index_digest.0, manifest_digest.0, sha256].contains(&pin) {
+            return Err(FetchError::ChecksumMismatch {
+                expected: pin.hex(),
+                actual: format!(
+                    "index {index_digest}, manifest {manifest_digest}, module sha256:{}",
+                    sha256.hex()
+                ),
+            });
+        }
+    }
+    let file_name = layer
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(TITLE))
+        .map(String::as_str)
+        .unwrap_or_default();
+    let name = module_name(file_name)
+        .map_err(|reason| not_module(&platform, reason))?
+        .to_string();
+    let dir = cache.root().join("dynamic-modules").join(sha256.hex());
+    let path = dir.join(file_name);
+    let pulled = |from_cache| DynamicPulled {
+        dir: dir.clone(),
+        path: path.clone(),
+        name: name.clone(),
+        sha256,
+        platform: platform.clone(),
+        envoy_version: envoy_version.to_string(),
+        manifest_digest,
+        index_digest,
+        from_cache,
+    };
+    if read_bounded(&path, settings.max_size).is_ok_and(|b| Sha256::of(&b) == sha256) {
+        return Ok(pulled(true));
+    }
+    let resolved = Resolved {
+        manifest,
+        digests: ImageDigests {
+            manifest: manifest_digest,
+            index: Some(index_digest),
+        },
+    };
+    let staging = cache.staging(settings.max_size)?;
+    let mut staging = registry.download(&d, cache, &resolved, staging).await?;
+    let tmp = staging.reopen()?;
+    let module = read_all(tmp, settings.max_size, &path)?;
+    let found = elf::platform(&module).map_err(|reason| not_module(&platform, reason))?;
+    if found != platform {
+        return Err(not_module(&platform, format!("built for {found}")));
+    }
+    let io = |e: std::io::Error| FetchError::Cache {
+        path: dir.clone(),
+        message: e.to_string(),
+    };
+    std::fs::create_dir_all(&dir).map_err(io)?;
+    wasm_common::fs::write_whole(
+        &dir,
+        ".lib",
+        &path,
+        &module,
+        wasm_common::fs::Mode::WorldReadable,
+        false,
+    )
+    .map_err(io)?;
+    Ok(pulled(false))
+}
+
+fn not_module(platform: &str, reason: String) -> FetchError {
+    FetchError::NotDynamicModule {
+        platform: platform.to_string(),
+        reason,
+    }
+}
+
+/// The child for `platform` whose annotation lists `envoy_version`.
+fn pick(index: &Value, platform: &str, envoy_version: &str) -> Result<String, FetchError> {
+    let children = index["manifests"].as_array().ok_or_else(|| FetchError::NotFound {
+        what: "an image index (the reference names a single manifest; push with --layout dynamic-module)".into(),
+    })?;
+    let platform_of = |c: &Value| {
+        format!(
+            "{}/{}",
+            c["platform"]["os"].as_str().unwrap_or_default(),
+            c["platform"]["architecture"].as_str().unwrap_or_default()
+        )
+    };
+    let versions_of = |c: &Value| {
+        c["annotations"][ENVOY_VERSIONS]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let on_platform: Vec<&Value> = children
+        .iter()
+        .filter(|c| platform_of(c) == platform)
+        .collect();
+    if on_platform.is_empty() {
+        return Err(FetchError::NotFound {
+            what: format!(
+                "no dynamic module for platform {platform} in the index (it has: {})",
+                children
+                    .iter()
+                    .map(platform_of)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        });
+    }
+    on_platform
+        .iter()
+        .find(|c| versions_of(c).split(',').any(|v| v.trim() == envoy_version))
+        .and_then(|c| c["digest"].as_str())
+        .map(str::to_string)
+        .ok_or_else(|| FetchError::NotFound {
+            what: format!(
+                "no dynamic module for Envoy {envoy_version} on {platform} (the index has Envoy versions: {})",
+                on_platform.iter().map(|c| versions_of(c)).collect::<Vec<_>>().join("; ")
+            ),
+        })
+}
+
+fn read_bounded(path: &std::path::Path, limit: u64) -> std::io::Result<Vec<u8>> {
+    read_all(std::fs::File::open(path)?, limit, path).map_err(std::io::Error::other)
+}
+
+fn read_all(
+    file: std::fs::File,
+    limit: u64,
+    path: &std::path::Path,
+) -> Result<Vec<u8>, FetchError> {
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| FetchError::Cache {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+    if bytes.len() as u64 > limit {
+        return Err(FetchError::TooLarge { limit });
+    }
+    Ok(bytes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_is_picked_by_platform_then_envoy_version_or_refused_by_name() {
+        let index = serde_json::json!({"manifests": [
+            {"digest": "sha256:aa", "platform": {"os": "linux", "architecture": "arm64"},
+             "annotations": {ENVOY_VERSIONS: "1.40,1.41"}},
+            {"digest": "sha256:bb", "platform": {"os": "linux", "architecture": "amd64"},
+             "annotations": {ENVOY_VERSIONS: "1.40"}},
+        ]});
+        assert_eq!(pick(&index, "linux/arm64", "1.41").unwrap(), "sha256:aa");
+        assert_eq!(pick(&index, "linux/amd64", "1.40").unwrap(), "sha256:bb");
+        let e = pick(&index, "linux/amd64", "1.41").unwrap_err().to_string();
+        assert!(e.contains("Envoy 1.41 on linux/amd64"), "{e}");
+        let e = pick(&index, "linux/s390x", "1.40").unwrap_err().to_string();
+        assert!(e.contains("platform linux/s390x"), "{e}");
+    }
+}
