@@ -37,7 +37,9 @@ proxy_wasm::main! {{
 }}
 
 thread_local! {
-    /// The VM's log level (one VM per thread in Envoy and in the harness).
+    /// The level below which nothing is logged: the VM configuration's, or Envoy's when that
+    /// is higher, since Envoy drops those lines after the guest has formatted and passed them
+    /// (one VM per thread in Envoy and in the harness).
     static LEVEL: Cell<LogLevel> = const { Cell::new(LogLevel::Info) };
     /// The linear memory size last reported, in 64 KiB pages.
     static PAGES: Cell<usize> = const { Cell::new(0) };
@@ -56,6 +58,21 @@ fn note_memory() {
 
 pub(crate) fn enabled(level: LogLevel) -> bool {
     LEVEL.with(|l| level >= l.get())
+}
+
+/// Sets the level from the VM configuration and Envoy's level, read once here (at VM start and
+/// at each configuration) rather than per line: a level Envoy lowers at run time
+/// (`/logging?wasm=debug`) takes effect at the plugin's next configuration.
+fn set_level(vm: &VmConfig) {
+    let host = match raw::host_log_level() {
+        Some(0) | None => LogLevel::Trace,
+        Some(1) => LogLevel::Debug,
+        Some(2) => LogLevel::Info,
+        Some(3) => LogLevel::Warn,
+        Some(4) => LogLevel::Error,
+        Some(_) => LogLevel::Critical,
+    };
+    LEVEL.with(|l| l.set(vm.log_level.max(host)));
 }
 
 /// Logs `wasm-filter: <message>` at a level, formatting only when the level is enabled.
@@ -119,7 +136,7 @@ impl RootContext for Root {
             .and_then(|bytes| VmConfig::parse(&bytes));
         match parsed {
             Ok(vm) => {
-                LEVEL.with(|l| l.set(vm.log_level));
+                set_level(&vm);
                 self.vm = Rc::new(vm);
                 true
             }
@@ -134,6 +151,7 @@ impl RootContext for Root {
     }
 
     fn on_configure(&mut self, size: usize) -> bool {
+        set_level(&self.vm);
         let parsed = read_config(raw::PLUGIN_CONFIGURATION, size, "plugin configuration")
             .and_then(|bytes| PluginConfig::parse(&bytes));
         let config = match parsed {

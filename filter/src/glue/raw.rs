@@ -26,6 +26,7 @@ pub const HTTP_RESPONSE_STREAM: u32 = 1;
 #[link(wasm_import_module = "env")]
 extern "C" {
     fn proxy_log(level: u32, m: *const u8, ml: usize) -> u32;
+    fn proxy_get_log_level(level: *mut u32) -> u32;
     fn proxy_get_buffer_bytes(
         t: u32,
         start: usize,
@@ -103,6 +104,17 @@ fn get(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option<Vec<
         OK => Ok(Some(owned(p, l))),
         NOT_FOUND | EMPTY => Ok(None),
         status => Err(status),
+    }
+}
+
+/// The level below which Envoy drops the module's log lines (its `wasm` logger's); `None` if
+/// the host cannot say.
+pub fn host_log_level() -> Option<u32> {
+    let mut level = 0;
+    // SAFETY: out-pointer to a local.
+    match unsafe { proxy_get_log_level(&mut level) } {
+        OK => Some(level),
+        _ => None,
     }
 }
 
