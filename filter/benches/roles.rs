@@ -3,14 +3,22 @@
 //! 1. Real Envoy 1.40 (V8) at 1, 2, 4 and 8 workers, one keep-alive client connection per
 //!    worker per listener: the median time per request and the throughput through a listener
 //!    running each role, against the same listener without any filter, with a module that does
-//!    nothing in each callback (`noop.wat`), with Envoy's Lua filter and with its native
-//!    `header_mutation` filter making the header role's edits, and with the HTTP roles as the
-//!    Envoy dynamic module (`target/release/libwasm_filter.so`); the listeners taken in turn
-//!    within one run so load changes hit all alike. Then Envoy's resident memory with each
-//!    alone. `WASM_FILTER_BENCH_WORKERS=1,2` picks the worker counts. With binaryen's
-//!    `wasm-opt` on PATH, the header role's module after `wasm-opt -Oz` is measured too.
-//!    Then Envoy's RSS before and after a header-keyed rate limit sees 100 000 distinct keys
-//!    (`WASM_FILTER_BENCH_KEYS=1000000` for a million).
+//!    nothing in each callback (`noop.wat`), the same exporting only the header callbacks
+//!    (`noop-headers-only.wat`), the same making the header role's hostcalls and nothing else
+//!    (`hostcalls.wat`), with Envoy's Lua filter and with its native `header_mutation` filter
+//!    making the header role's edits, and with the HTTP roles as the Envoy dynamic module
+//!    (`target/release/libwasm_filter.so`); the listeners taken in turn within one run, each
+//!    variant's added time the median of its round-by-round differences with no filter, so
+//!    load changes hit all alike; Envoy's CPU time per request likewise. Then Envoy's
+//!    resident memory and its allocator's heap with each variant alone, the variants in turn,
+//!    three times (`WASM_FILTER_BENCH_RSS_SAMPLES`). `WASM_FILTER_BENCH_WORKERS=1,2` picks the
+//!    worker counts, `WASM_FILTER_BENCH_ROUNDS` the rounds (10),
+//!    `WASM_FILTER_BENCH_VARIANTS=Lua,http-` the variants (by the start of their names),
+//!    `WASM_FILTER_BENCH_MODULES=label=a.wasm,label2=b.wat` adds other modules with the
+//!    header role's configuration. With binaryen's `wasm-opt` on PATH, the header role's
+//!    module after `wasm-opt -Oz` is measured too. Then Envoy's RSS before and after a
+//!    header-keyed rate limit sees 100 000 distinct keys (`WASM_FILTER_BENCH_KEYS=1000000` for
+//!    a million, `0` for none).
 //! 2. The harness: time per request for each role.
 //! 3. Guest linear memory per worker VM after 10k and 100k requests through each role (the
 //!    filter logs its memory each time it grows).
@@ -169,12 +177,13 @@ fn main() {
     };
 
     let dir = tempfile::tempdir().unwrap();
-    let noop = dir.path().join("noop.wasm");
-    std::fs::write(
-        &noop,
-        wat::parse_file(Path::new(env!("CARGO_MANIFEST_DIR")).join("benches/noop.wat")).unwrap(),
-    )
-    .unwrap();
+    let bench_module = |name: &str| {
+        let wasm = dir.path().join(format!("{name}.wasm"));
+        let wat = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("benches/{name}.wat"));
+        std::fs::write(&wasm, wat::parse_file(wat).unwrap()).unwrap();
+        wasm
+    };
+    let noop = bench_module("noop");
     let mut variants = vec![
         Variant {
             name: "no filter".into(),
@@ -183,6 +192,22 @@ fn main() {
         Variant {
             name: "do-nothing module".into(),
             filters: vec![envoy::wasm_plugin("floor", &json!({}), &noop)],
+        },
+        Variant {
+            name: "do-nothing, header callbacks only".into(),
+            filters: vec![envoy::wasm_plugin(
+                "floor-headers",
+                &json!({}),
+                &bench_module("noop-headers-only"),
+            )],
+        },
+        Variant {
+            name: "do-nothing + header role's hostcalls".into(),
+            filters: vec![envoy::wasm_plugin(
+                "hostcalls",
+                &json!({}),
+                &bench_module("hostcalls"),
+            )],
         },
         Variant {
             name: "our module, no edits".into(),
@@ -234,6 +259,35 @@ fn main() {
             filters: vec![envoy::dynamic_module(&r.config)],
         });
     }
+    // Other builds of the module (or other modules, `.wat` too) beside this one, with the
+    // header role's configuration: `WASM_FILTER_BENCH_MODULES=label=a.wasm,label2=b.wat`.
+    for (label, path) in std::env::var("WASM_FILTER_BENCH_MODULES")
+        .unwrap_or_default()
+        .split(',')
+        .filter_map(|m| m.split_once('='))
+    {
+        let code = if path.ends_with(".wat") {
+            let wasm = dir.path().join(format!("m-{label}.wasm"));
+            std::fs::write(&wasm, wat::parse_file(path).unwrap()).unwrap();
+            wasm
+        } else {
+            PathBuf::from(path)
+        };
+        variants.push(Variant {
+            name: format!("header role, {label}"),
+            filters: vec![envoy::wasm_plugin(
+                &format!("m-{label}"),
+                &roles[0].config,
+                &code,
+            )],
+        });
+    }
+    // `WASM_FILTER_BENCH_VARIANTS=Lua,header`: only the variants whose names start with one of
+    // these (and no filter, the baseline).
+    if let Ok(keep) = std::env::var("WASM_FILTER_BENCH_VARIANTS") {
+        let keep: Vec<&str> = keep.split(',').filter(|k| !k.is_empty()).collect();
+        variants.retain(|v| v.name == "no filter" || keep.iter().any(|k| v.name.starts_with(k)));
+    }
     let workers: Vec<usize> = std::env::var("WASM_FILTER_BENCH_WORKERS")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
@@ -255,7 +309,7 @@ fn main() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(100_000);
-    if let Some(bin) = envoy::envoy_bin() {
+    if let (Some(bin), true) = (envoy::envoy_bin(), keys > 0) {
         println!("== real Envoy, 1 worker: RSS with a header-keyed rate limit across {keys} distinct keys");
         match envoy::rss_across_keys(&bin, dir.path(), &module, keys) {
             None => println!("  (Envoy did not answer)"),
@@ -310,26 +364,21 @@ fn report(
     workers: usize,
     check: &mut impl FnMut(String, bool),
 ) {
-    let base = m[0];
     println!(
-        "  {:<38} {:>10} {:>10} {:>12} {:>9}",
-        "", "median us", "added us", "req/s", "RSS MiB"
+        "  {:<44} {:>9} {:>8} {:>7} {:>10} {:>7} {:>17}",
+        "", "median us", "added us", "req/s", "CPU us/req", "RSS MiB", "heap / live MiB"
     );
     for (v, r) in variants.iter().zip(m) {
         println!(
-            "  {:<38} {:>10.1} {:>+10.1} {:>12.0} {:>9.1}",
-            v.name,
-            r.median_us,
-            r.median_us - base.median_us,
-            r.rps,
-            r.rss_mib
+            "  {:<44} {:>9.1} {:>+8.1} {:>7.0} {:>10.1} {:>7.1} {:>8.1} / {:>5.1}",
+            v.name, r.median_us, r.added_us, r.rps, r.cpu_us, r.rss_mib, r.heap_mib.0, r.heap_mib.1
         );
     }
     let added = |name: &str| {
         variants
             .iter()
             .position(|v| v.name == name)
-            .map(|i| m[i].median_us - base.median_us)
+            .map(|i| m[i].added_us)
     };
     // Each HTTP role's added time as a dynamic module over its added time as Wasm.
     for v in variants {

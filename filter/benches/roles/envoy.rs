@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
-/// Requests per connection per round, rounds, and warm-up requests per connection.
+/// Requests per connection per round, rounds (`WASM_FILTER_BENCH_ROUNDS` overrides), and
+/// warm-up requests per connection.
 const BATCH: usize = 200;
 const ROUNDS: usize = 10;
 const WARM_UP: usize = 500;
@@ -35,8 +36,19 @@ pub struct Measured {
     pub median_us: f64,
     /// Requests per second over all connections.
     pub rps: f64,
-    /// Envoy's resident memory with this variant alone, MiB.
+    /// The time this variant adds over the first variant (no filter): the median over the
+    /// rounds of the difference between their batches' medians in the same round, so a
+    /// change in the machine's load between rounds cancels out.
+    pub added_us: f64,
+    /// Envoy's CPU time per request (all its threads), microseconds: the first variant's
+    /// median over the rounds plus this variant's paired difference with it, as `added_us`.
+    /// What the variant costs Envoy itself, beside a latency a busy machine blurs.
+    pub cpu_us: f64,
+    /// Envoy's resident memory with this variant alone, MiB (median of the samples).
     pub rss_mib: f64,
+    /// Envoy's allocator at the same moment: heap held from the system, and allocated in
+    /// it (MiB, from the sample whose RSS is the median).
+    pub heap_mib: (f64, f64),
 }
 
 /// `$ENVOY_BIN`, else the repository's `.venv/bin/envoy` (cargo runs a bench from its
@@ -200,8 +212,8 @@ fn listener(name: &str, port: u16, filters: &[Value]) -> Value {
             "http_filters": chain}}]}]})
 }
 
-/// A running Envoy, killed when dropped.
-struct Envoy(Child);
+/// A running Envoy and its admin port, killed when dropped.
+struct Envoy(Child, u16);
 
 impl Drop for Envoy {
     fn drop(&mut self) {
@@ -225,7 +237,9 @@ impl Envoy {
             .zip(ports)
             .map(|(v, port)| listener(&v.name, *port, &v.filters))
             .collect();
-        let bootstrap = json!({"static_resources": {"listeners": listeners, "clusters": [{
+        let admin = free_port();
+        let bootstrap = json!({"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+            "static_resources": {"listeners": listeners, "clusters": [{
             "name": "backend", "connect_timeout": "1s", "type": "STATIC",
             "load_assignment": {"cluster_name": "backend", "endpoints": [{"lb_endpoints": [{"endpoint":
                 {"address": {"socket_address": {"address": "127.0.0.1", "port_value": backend}}}}]}]}}]}});
@@ -244,7 +258,43 @@ impl Envoy {
             .stderr(Stdio::null())
             .spawn()
             .ok()?;
-        Some(Self(child))
+        Some(Self(child, admin))
+    }
+
+    /// CPU time of all Envoy's threads so far, nanoseconds (`schedstat`'s first field).
+    fn cpu_ns(&self) -> u64 {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{}/task", self.0.id())) else {
+            return 0;
+        };
+        tasks
+            .flatten()
+            .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+            .filter_map(|s| s.split_whitespace().next()?.parse::<u64>().ok())
+            .sum()
+    }
+
+    /// Envoy's allocator (`/memory` on its admin port): the bytes its heap holds from the
+    /// system and the bytes allocated in it, MiB. The difference is memory freed but kept
+    /// (after V8 compiled a module, for one).
+    fn heap_mib(&self) -> (f64, f64) {
+        let read = || -> Option<Value> {
+            let mut c = TcpStream::connect(("127.0.0.1", self.1)).ok()?;
+            c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+            c.write_all(b"GET /memory HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
+                .ok()?;
+            let mut text = String::new();
+            c.read_to_string(&mut text).ok()?;
+            // The body is chunked: the JSON object between the first `{` and the last `}`.
+            serde_json::from_str(text.get(text.find('{')?..=text.rfind('}')?)?).ok()
+        };
+        let mib = |v: &Value, key: &str| {
+            v[key]
+                .as_str()
+                .and_then(|n| n.parse::<f64>().ok())
+                .unwrap_or(0.0)
+                / 1048576.0
+        };
+        read().map_or((0.0, 0.0), |v| (mib(&v, "heap_size"), mib(&v, "allocated")))
     }
 
     fn rss_mib(&self) -> f64 {
@@ -342,30 +392,92 @@ pub fn measure(
     }
     let mut times: Vec<Vec<Duration>> = vec![Vec::new(); variants.len()];
     let mut walls = vec![Duration::ZERO; variants.len()];
-    for _ in 0..ROUNDS {
+    // Per round and variant: the batch's median time and Envoy's CPU time per request, so
+    // each variant is compared with the baseline's batch of the same round.
+    let mut round_us: Vec<Vec<(f64, f64)>> = vec![Vec::new(); variants.len()];
+    for _ in 0..rounds() {
         for (i, c) in conns.iter_mut().enumerate() {
+            let before = together.cpu_ns();
             let (t, wall) = batch(c, BATCH)?;
+            let spent = together.cpu_ns().saturating_sub(before) as f64 / 1e3;
+            round_us[i].push((
+                median(t.clone()).as_secs_f64() * 1e6,
+                spent / (BATCH * workers) as f64,
+            ));
             times[i].extend(t);
             walls[i] += wall;
         }
     }
+    // Paired differences with variant 0 (no filter), round by round; their medians.
+    let paired = |i: usize, pick: fn(&(f64, f64)) -> f64| {
+        let mut d: Vec<f64> = round_us[i]
+            .iter()
+            .zip(&round_us[0])
+            .map(|(v, b)| pick(v) - pick(b))
+            .collect();
+        d.sort_by(f64::total_cmp);
+        d.get(d.len() / 2).copied().unwrap_or(0.0)
+    };
+    let added: Vec<(f64, f64)> = (0..variants.len())
+        .map(|i| (paired(i, |r| r.0), paired(i, |r| r.1)))
+        .collect();
+    let cpu_base = {
+        let mut c: Vec<f64> = round_us[0].iter().map(|r| r.1).collect();
+        c.sort_by(f64::total_cmp);
+        c.get(c.len() / 2).copied().unwrap_or(0.0)
+    };
     drop(conns);
     drop(together);
-    let requests = (BATCH * ROUNDS * workers) as f64;
-    let mut out = Vec::with_capacity(variants.len());
-    for (i, v) in variants.iter().enumerate() {
-        let port = free_port();
-        let alone = Envoy::start(envoy, dir, &[v], &[port], backend, workers)?;
-        let mut c = connect(port, workers)?;
-        batch(&mut c, RSS_WARM_UP)?;
-        let rss_mib = alone.rss_mib();
-        out.push(Measured {
-            median_us: median(std::mem::take(&mut times[i])).as_secs_f64() * 1e6,
-            rps: requests / walls[i].as_secs_f64(),
-            rss_mib,
-        });
+    let requests = (BATCH * rounds() * workers) as f64;
+    // Memory: each variant alone, the variants in turn, `rss_samples()` times; the median.
+    let mut rss: Vec<Vec<(f64, (f64, f64))>> = vec![Vec::new(); variants.len()];
+    for _ in 0..rss_samples() {
+        for (i, v) in variants.iter().enumerate() {
+            let port = free_port();
+            let alone = Envoy::start(envoy, dir, &[v], &[port], backend, workers)?;
+            let mut c = connect(port, workers)?;
+            batch(&mut c, RSS_WARM_UP)?;
+            rss[i].push((alone.rss_mib(), alone.heap_mib()));
+        }
     }
+    let out = rss
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut samples)| {
+            samples.sort_by(|a, b| a.0.total_cmp(&b.0));
+            let (rss_mib, heap_mib) = samples
+                .get(samples.len() / 2)
+                .copied()
+                .unwrap_or((0.0, (0.0, 0.0)));
+            Measured {
+                median_us: median(std::mem::take(&mut times[i])).as_secs_f64() * 1e6,
+                rps: requests / walls[i].as_secs_f64(),
+                added_us: added[i].0,
+                cpu_us: cpu_base + added[i].1,
+                rss_mib,
+                heap_mib,
+            }
+        })
+        .collect();
     Some(out)
+}
+
+fn rounds() -> usize {
+    std::env::var("WASM_FILTER_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(ROUNDS)
+}
+
+/// How many times each variant's Envoy is started alone for its memory
+/// (`WASM_FILTER_BENCH_RSS_SAMPLES`, default 3): one start can read a few MiB off.
+fn rss_samples() -> usize {
+    std::env::var("WASM_FILTER_BENCH_RSS_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(3)
 }
 
 /// Envoy's RSS (MiB) with a header-keyed rate limit at one worker: after 1 000 requests with
