@@ -11,7 +11,7 @@
 //!    variant's added time the median of its round-by-round differences with no filter, so
 //!    load changes hit all alike; Envoy's CPU time per request likewise. Then Envoy's
 //!    resident memory and its allocator's heap with each variant alone, the variants in turn,
-//!    three times (`WASM_FILTER_BENCH_RSS_SAMPLES`). `WASM_FILTER_BENCH_WORKERS=1,2` picks the
+//!    three times at one worker, once at more (`WASM_FILTER_BENCH_RSS_SAMPLES`). `WASM_FILTER_BENCH_WORKERS=1,2` picks the
 //!    worker counts, `WASM_FILTER_BENCH_ROUNDS` the rounds (10),
 //!    `WASM_FILTER_BENCH_VARIANTS=Lua,http-` the variants (by the start of their names),
 //!    `WASM_FILTER_BENCH_MODULES=label=a.wasm,label2=b.wat` adds other modules with the

@@ -431,7 +431,7 @@ pub fn measure(
     let requests = (BATCH * rounds() * workers) as f64;
     // Memory: each variant alone, the variants in turn, `rss_samples()` times; the median.
     let mut rss: Vec<Vec<(f64, (f64, f64))>> = vec![Vec::new(); variants.len()];
-    for _ in 0..rss_samples() {
+    for _ in 0..rss_samples(workers) {
         for (i, v) in variants.iter().enumerate() {
             let port = free_port();
             let alone = Envoy::start(envoy, dir, &[v], &[port], backend, workers)?;
@@ -471,13 +471,14 @@ fn rounds() -> usize {
 }
 
 /// How many times each variant's Envoy is started alone for its memory
-/// (`WASM_FILTER_BENCH_RSS_SAMPLES`, default 3): one start can read a few MiB off.
-fn rss_samples() -> usize {
+/// (`WASM_FILTER_BENCH_RSS_SAMPLES`; by default 3 at one worker, where the memory target is
+/// checked, and 1 at more, which keeps `make bench` to minutes).
+fn rss_samples(workers: usize) -> usize {
     std::env::var("WASM_FILTER_BENCH_RSS_SAMPLES")
         .ok()
         .and_then(|v| v.parse().ok())
         .filter(|n| *n > 0)
-        .unwrap_or(3)
+        .unwrap_or(if workers == 1 { 3 } else { 1 })
 }
 
 /// Envoy's RSS (MiB) with a header-keyed rate limit at one worker: after 1 000 requests with
