@@ -158,6 +158,14 @@ impl Proxy {
         lock(&shared.log).set_level(options.log_level);
         let _ = shared.node.set(bootstrap.node.clone());
         let _ = shared.routes.set(Arc::new(bootstrap.clone()));
+        let _ = shared.clusters_without_endpoints.set(
+            bootstrap
+                .clusters
+                .iter()
+                .filter(|c| c.endpoints.is_empty())
+                .map(|c| c.name.clone())
+                .collect(),
+        );
         let factory = VmFactory::new(runtime, &bootstrap)?;
         let destinations = bootstrap
             .listeners

@@ -118,6 +118,18 @@ pub struct HttpConnectionManager {
     /// Wasm filters in chain order; the router is always last.
     pub filters: Vec<WasmPlugin>,
     pub routes: RouteConfig,
+    /// A deny-all RBAC filter (a fail-closed plugin's fallback) after this many of `filters`:
+    /// requests get its 403 there, and the filters after it never see them.
+    pub deny_at: Option<usize>,
+}
+
+/// The RBAC filter that stands in for a Wasm filter whose module could not be fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RbacFallback {
+    /// No rules: every request passes (the plugin fails open).
+    AllowAll,
+    /// Empty rules: every request is denied (the plugin fails closed).
+    DenyAll,
 }
 
 #[derive(Debug, Clone, Default)]

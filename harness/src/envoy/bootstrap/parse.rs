@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::model::*;
 use super::typed_config::{type_name, types};
-use super::{fields, shape};
+use super::{ecds, fields, shape};
 
 impl Bootstrap {
     pub fn load(path: &Path) -> Result<Self, BootstrapError> {
@@ -28,6 +28,9 @@ impl Bootstrap {
     /// reads, `TypedStruct`s seen through; fields the harness does not emulate are refused.
     pub fn from_value(path: &Path, doc: &Value) -> Result<Self, BootstrapError> {
         let mut doc = doc.clone();
+        shape::normalize(&mut doc, shape::TypedStructs::Unwrap)?;
+        // What discovery files configure is normalized like the rest.
+        ecds::inline(&mut doc)?;
         shape::normalize(&mut doc, shape::TypedStructs::Unwrap)?;
         let parsed = Self::from_normalized(path, &doc)?;
         fields::refuse_unemulated(&doc)?;
@@ -202,16 +205,11 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
             .ok_or_else(|| invalid(at, "route_config is required"))?,
     )?;
     let mut filters = Vec::new();
+    let mut deny_at = None;
     let mut saw_router = false;
     for (i, f) in array(Some(hcm), "http_filters").iter().enumerate() {
         let fat = format!("{at}.typed_config.http_filters[{i}]");
         let typed = f.get("typed_config").unwrap_or(&Value::Null);
-        if f.get("config_discovery").is_some_and(|c| !c.is_null()) {
-            return Err(invalid(
-                &format!("{fat}.config_discovery"),
-                "filter configuration discovery (ECDS) is not emulated: give the filter its typed_config (the Wasm typed_config of the ECDS file, which `wasm-fetcher render` writes)",
-            ));
-        }
         if saw_router {
             return Err(invalid(&fat, "the router must be the last HTTP filter"));
         }
@@ -221,6 +219,12 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
                 typed.get("config").unwrap_or(&Value::Null),
             )?),
             types::ROUTER => saw_router = true,
+            types::HTTP_RBAC => {
+                if super::rbac::fallback(&fat, typed, "rules_stat_prefix")? == RbacFallback::DenyAll
+                {
+                    deny_at.get_or_insert(filters.len());
+                }
+            }
             other => {
                 return Err(BootstrapError::UnsupportedFilter {
                     at: fat,
@@ -237,6 +241,7 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
         stat_prefix,
         filters,
         routes,
+        deny_at,
     })
 }
 
@@ -398,6 +403,13 @@ fn parse_plugin(at: &str, config: &Value) -> Result<WasmPlugin, BootstrapError> 
         }
     };
     let mut environment = Vec::new();
+    // Envoy passes the variables of its own environment these name; one it lacks is left out.
+    for key in array(vm.get("environment_variables"), "host_env_keys") {
+        let key = key.as_str().unwrap_or_default();
+        if let Ok(value) = std::env::var(key) {
+            environment.push((key.to_string(), value));
+        }
+    }
     if let Some(kv) = vm
         .pointer("/environment_variables/key_values")
         .and_then(Value::as_object)

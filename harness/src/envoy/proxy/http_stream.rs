@@ -177,7 +177,8 @@ impl<'a> HttpStream<'a> {
         let listener = self.listener_index;
         let n = self.worker().slots[listener].len();
         self.contexts = vec![None; n];
-        for i in 0..n {
+        // Filters after a deny-all RBAC filter never see a request, so never make a context.
+        for i in 0..self.hcm.deny_at.map_or(n, |k| k.min(n)) {
             if let Some(slot) = self.worker().slots[listener][i] {
                 if self.worker().vms[slot.vm].failed.is_none() {
                     let conn = self.connection.clone();
@@ -320,26 +321,34 @@ impl<'a> HttpStream<'a> {
             grpc,
         } = router::incoming(request, number);
         let end_at_headers = chunks.is_empty() && trailers.is_none();
-        let decode_order = Order::Forward(n);
+        // A deny-all RBAC filter stops the request before the filters after it.
+        let reach = self.hcm.deny_at.map_or(n, |k| k.min(n));
+        let decode_order = Order::Forward(reach);
         let (headers, decoded) =
             self.headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0);
         self.share_request(headers);
         let decoded =
             decoded.and_then(|()| self.data_phase(Dir::Request, decode_order, chunks, trailers));
-        let (response, encode_from) = match decoded {
+        // How many filters the response runs back through.
+        let (response, encoders) = match decoded {
             Err((_, StopReason::Halt(halt))) => return Err(halt),
             Err((i, StopReason::LocalReply(source, reply))) => {
                 trace.local_reply = Some(source);
-                (router::local_reply_response(&reply, grpc), i)
+                (router::local_reply_response(&reply, grpc), i + 1)
+            }
+            Ok(_) if self.hcm.deny_at.is_some() => {
+                trace.local_reply = Some(LocalReplySource::Rbac);
+                let reply = router::rbac_denied();
+                (router::local_reply_response(&reply, grpc), reach)
             }
             Ok((body, trailers)) => {
                 let response = self.route_and_forward(body, trailers, grpc, upstream, trace)?;
-                (response, n.saturating_sub(1))
+                (response, n)
             }
         };
         // Encode: the response runs back through the filters, last to first, starting at the
         // one that produced a local reply.
-        let encode_order = Order::Backward(if n == 0 { 0 } else { encode_from + 1 });
+        let encode_order = Order::Backward(encoders);
         let Outgoing {
             status,
             headers,
@@ -408,6 +417,16 @@ impl<'a> HttpStream<'a> {
             Routed::Reply(source, reply) => {
                 trace.local_reply = Some(source);
                 reply
+            }
+            Routed::Upstream(cluster)
+                if router::upstream_protocol(self.bootstrap, &cluster)
+                    == crate::envoy::bootstrap::UpstreamProtocol::Http2
+                    && router::http2_length_mismatch(&headers, &body).is_some() =>
+            {
+                let note = router::http2_length_mismatch(&headers, &body).unwrap_or_default();
+                trace.notes.push(note);
+                trace.local_reply = Some(LocalReplySource::UpstreamReset);
+                router::local_reply_response(&router::protocol_error(), grpc)
             }
             Routed::Upstream(cluster) => {
                 let mut body = body;

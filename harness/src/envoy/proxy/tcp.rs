@@ -25,6 +25,7 @@
 //! plugin's failure policy: fail-closed closes the connection, fail-open passes bytes through.
 
 use super::threads::{PluginSlot, Threads};
+use crate::engine::abi::BufferType;
 use crate::engine::host;
 use crate::engine::host::filter_state::TCP_PROXY_CLUSTER;
 use crate::engine::vm::Vm;
@@ -223,6 +224,10 @@ impl<'a> TcpConnection<'a> {
                 Way::Downstream => s.downstream_data = data,
                 Way::Upstream => s.upstream_data = data,
             }
+            s.in_data_callback = Some(match way {
+                Way::Downstream => BufferType::DownstreamData,
+                Way::Upstream => BufferType::UpstreamData,
+            });
         }
         let result = match way {
             Way::Downstream => self.vm(v).on_downstream_data(ctx, size, end),
@@ -240,6 +245,7 @@ impl<'a> TcpConnection<'a> {
         let Some(s) = self.vm(v).tcp_state(ctx) else {
             return (FlowAfter::Continue, Vec::new());
         };
+        s.in_data_callback = None;
         let data = std::mem::take(match way {
             Way::Downstream => &mut s.downstream_data,
             Way::Upstream => &mut s.upstream_data,

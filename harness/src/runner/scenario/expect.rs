@@ -124,6 +124,8 @@ pub enum LocalReplyKind {
     DirectResponse,
     NoRoute,
     NoCluster,
+    Rbac,
+    UpstreamReset,
 }
 
 impl LocalReplyKind {
@@ -135,6 +137,8 @@ impl LocalReplyKind {
             Some(LocalReplySource::DirectResponse) => Self::DirectResponse,
             Some(LocalReplySource::NoRoute) => Self::NoRoute,
             Some(LocalReplySource::NoCluster { .. }) => Self::NoCluster,
+            Some(LocalReplySource::Rbac) => Self::Rbac,
+            Some(LocalReplySource::UpstreamReset) => Self::UpstreamReset,
         }
     }
 }
