@@ -275,9 +275,9 @@ impl Proxy {
         events: &[TcpEvent],
     ) -> Result<TcpOutcome, TrafficError> {
         let listener = self.listener_index(listener)?;
-        let Some(cluster) = self.bootstrap.listeners[listener]
+        let Some((cluster, deny_at)) = self.bootstrap.listeners[listener]
             .tcp()
-            .map(|tcp| tcp.proxy.cluster.clone())
+            .map(|tcp| (tcp.proxy.cluster.clone(), tcp.deny_at))
         else {
             return Err(TrafficError::HttpListener {
                 name: self.bootstrap.listeners[listener].name.clone(),
@@ -292,7 +292,7 @@ impl Proxy {
             &mut self.threads,
             w,
             listener,
-            plugins,
+            (plugins, deny_at),
             cluster,
             &self.bootstrap.clusters,
         )

@@ -146,3 +146,62 @@ fn other_rbac_rules_and_config_sources_are_refused_by_field() {
         text(&o)
     );
 }
+
+#[test]
+fn a_network_deny_all_closes_the_connection_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let wasm = assembled(d, "tcp-bytes.wat");
+    let network = |name: &str| {
+        json!({"name": name, "config_discovery": {
+            "config_source": {"path_config_source": {"path": d.join(format!("{name}.yaml"))}},
+            "type_urls": FilterType::Network.type_urls(),
+        }})
+    };
+    write_ecds(
+        d,
+        "counter",
+        json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.network.wasm.v3.Wasm",
+            "config": {"name": "tcp-bytes", "root_id": "tcp-bytes", "vm_config": {
+                "vm_id": "tcp-bytes", "runtime": "envoy.wasm.runtime.v8",
+                "code": {"local": {"filename": wasm}}}}
+        }),
+    );
+    write_ecds(d, "open", Fallback::AllowAll.config(FilterType::Network));
+    write_ecds(d, "shut", Fallback::DenyAll.config(FilterType::Network));
+    let proxy = json!({"name": "envoy.filters.network.tcp_proxy", "typed_config": {
+        "@type": "type.googleapis.com/envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy",
+        "stat_prefix": "tcp", "cluster": "backend"}});
+    let listener = |name: &str, port: u16, fallback: &str| {
+        json!({"name": name, "address": {"socket_address": {"address": "127.0.0.1", "port_value": port}},
+               "filter_chains": [{"filters": [network("counter"), network(fallback), proxy]}]})
+    };
+    let b = bootstrap_variant(d, &wasm, None, |doc| {
+        doc["node"] = json!({"id": "harness-test", "cluster": "harness-test"});
+        doc["static_resources"]["listeners"] = json!([
+            listener("open", 10001, "open"),
+            listener("shut", 10002, "shut")
+        ]);
+    });
+    let s = scenario(
+        d,
+        &b,
+        "  - name: allow-all passes the bytes
+    listener: open
+    connection: [{downstream: ping}, {upstream: pong}, {close: downstream}]
+    expect: {upstream_received: '[ping', downstream_received: 'pong!'}
+  - name: deny-all closes at the client's first bytes, after the filters ahead of it saw them
+    listener: shut
+    connection: [{downstream: ping}]
+    expect:
+      upstream_received: ''
+      downstream_received: ''
+      log_counts: [{contains: downstream data size=4 eos=0, count: 1}]
+",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}

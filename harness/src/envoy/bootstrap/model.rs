@@ -103,6 +103,9 @@ impl Listener {
 pub struct TcpChain {
     pub filters: Vec<WasmPlugin>,
     pub proxy: TcpProxy,
+    /// A deny-all network RBAC filter (a fail-closed plugin's fallback) after this many of
+    /// `filters`: it closes the connection when the client's first bytes reach it.
+    pub deny_at: Option<usize>,
 }
 
 /// `envoy.filters.network.tcp_proxy`: every connection goes to one cluster.

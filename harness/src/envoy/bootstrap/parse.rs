@@ -121,6 +121,7 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
     let mut http = None;
     let mut network = Vec::new();
     let mut tcp_proxy = None;
+    let mut deny_at = None;
     for (i, f) in filters.iter().enumerate() {
         let fat = format!("{at}.filter_chains[0].filters[{i}]");
         let typed = f.get("typed_config").unwrap_or(&Value::Null);
@@ -131,7 +132,12 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
             ));
         }
         match type_name(typed).as_str() {
-            types::HCM if !network.is_empty() => {
+            types::NETWORK_RBAC => {
+                if super::rbac::fallback(&fat, typed, "stat_prefix")? == RbacFallback::DenyAll {
+                    deny_at.get_or_insert(network.len());
+                }
+            }
+            types::HCM if !network.is_empty() || deny_at.is_some() => {
                 return Err(invalid(
                     &fat,
                     "network Wasm filters in front of http_connection_manager are not emulated (they would see the raw HTTP bytes): use HTTP Wasm filters, or tcp_proxy",
@@ -168,6 +174,7 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
         (None, Some(proxy)) => FilterChain::Tcp(TcpChain {
             filters: network,
             proxy,
+            deny_at,
         }),
         (None, None) => {
             return Err(invalid(

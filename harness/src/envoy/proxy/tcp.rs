@@ -52,6 +52,8 @@ pub(super) struct TcpConnection<'a> {
     threads: &'a mut Threads,
     w: usize,
     plugins: &'a [WasmPlugin],
+    /// Where a deny-all RBAC filter stands among the filters (see `TcpChain::deny_at`).
+    deny_at: Option<usize>,
     slots: Vec<Option<PluginSlot>>,
     /// Per filter: (vm, context) once created.
     contexts: Vec<Option<(usize, u32)>>,
@@ -77,7 +79,7 @@ impl<'a> TcpConnection<'a> {
         threads: &'a mut Threads,
         w: usize,
         listener: usize,
-        plugins: &'a [WasmPlugin],
+        (plugins, deny_at): (&'a [WasmPlugin], Option<usize>),
         cluster: String,
         clusters: &'a [Cluster],
     ) -> Self {
@@ -87,6 +89,7 @@ impl<'a> TcpConnection<'a> {
             threads,
             w,
             plugins,
+            deny_at,
             contexts: vec![None; n],
             held: [vec![Vec::new(); n], vec![Vec::new(); n]],
             outcome: TcpOutcome {
@@ -280,6 +283,12 @@ impl<'a> TcpConnection<'a> {
         };
         let side = way as usize;
         for i in order {
+            // The RBAC filter reads only the client's bytes; the first that reach it close.
+            if way == Way::Downstream && self.deny_at == Some(i) {
+                return self.close(
+                    "a deny-all RBAC filter closed the connection (rbac_deny_close)".into(),
+                );
+            }
             let mut buffer = std::mem::take(&mut self.held[side][i]);
             buffer.append(&mut data);
             let (step, out) = self.callback(i, way, buffer, end);
@@ -291,6 +300,10 @@ impl<'a> TcpConnection<'a> {
                 }
                 FlowAfter::Close(why) => return self.close(why),
             }
+        }
+        if way == Way::Downstream && self.deny_at.is_some_and(|k| k >= n) {
+            return self
+                .close("a deny-all RBAC filter closed the connection (rbac_deny_close)".into());
         }
         match way {
             Way::Downstream => self.outcome.upstream_received.append(&mut data),
