@@ -210,6 +210,8 @@ pub enum LocalReplySource {
     NoRoute,
     /// The route's cluster does not exist (Envoy's 503 `cluster_not_found`).
     NoCluster { cluster: String },
+    /// The route's cluster has no endpoint (Envoy's 503 `no healthy upstream`).
+    NoHealthyUpstream { cluster: String },
     /// A deny-all RBAC filter, a fail-closed plugin's fallback (403 `RBAC: access denied`).
     Rbac,
     /// The upstream stream was reset before a response (Envoy's router answers 502/503).

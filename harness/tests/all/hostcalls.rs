@@ -1,6 +1,7 @@
-//! Hostcalls filters make that Envoy 1.40 accepts at the edges of a stream: trailers added from
-//! the last body callback, bytes written into a network filter's empty end-of-stream buffer.
-//! Each shipped scenario runs in the harness and through real Envoy, compared.
+//! What filters meet at the edges of a stream, as Envoy 1.40 has it: trailers added from
+//! the last body callback, bytes written into a network filter's empty end-of-stream buffer,
+//! callouts and routes to clusters without endpoints, a reset callout, a stale length over
+//! HTTP/2. Each runs in the harness and through real Envoy, compared.
 
 use std::path::{Path, PathBuf};
 
@@ -139,6 +140,53 @@ fn a_body_that_no_longer_matches_its_length_is_a_502_over_http2() {
       local_reply: upstream_reset
 ",
     );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}
+
+#[test]
+fn a_route_to_a_cluster_without_endpoints_is_a_503_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |doc| {
+        doc["static_resources"]["clusters"][0]["load_assignment"]["endpoints"] =
+            serde_json::json!([]);
+    });
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: no endpoint to send the request to
+    request: {path: /api}
+    expect:
+      reached_upstream: false
+      local_reply: no_healthy_upstream
+      response: {status: 503, body: no healthy upstream, headers: {x-served-by: wasm-filter}}
+",
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}
+
+#[test]
+fn tcp_proxy_to_a_cluster_without_endpoints_closes_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = shipped(dir.path(), "tcp-bytes.yaml", "tcp-bytes.wat");
+    let b = dir.path().join("tcp-bytes.bootstrap.yaml");
+    let mut doc: serde_json::Value =
+        serde_norway::from_str(&std::fs::read_to_string(&b).unwrap()).unwrap();
+    doc["static_resources"]["clusters"][0]["load_assignment"]["endpoints"] = serde_json::json!([]);
+    std::fs::write(&b, serde_json::to_string(&doc).unwrap()).unwrap();
+    std::fs::write(
+        &s,
+        format!(
+            "bootstrap: {}\nworkers: 1\nrequests:
+  - name: no endpoint for tcp_proxy
+    connection: [{{downstream: ping}}]
+    expect: {{upstream_received: '', downstream_received: ''}}
+",
+            b.display()
+        ),
+    )
+    .unwrap();
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
 }

@@ -88,6 +88,16 @@ pub(super) fn route(
                 router_reply(503, Vec::new(), grpc),
             )
         }
+        Some(RouteAction::Cluster(cluster))
+            if bootstrap
+                .cluster(&cluster)
+                .is_some_and(|c| c.endpoints.is_empty()) =>
+        {
+            Routed::Reply(
+                LocalReplySource::NoHealthyUpstream { cluster },
+                router_reply(503, b"no healthy upstream".to_vec(), grpc),
+            )
+        }
         Some(RouteAction::Cluster(cluster)) => {
             headers::replace(headers, "x-envoy-expected-rq-timeout-ms", b"15000".to_vec());
             Routed::Upstream(cluster)

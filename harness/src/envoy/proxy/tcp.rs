@@ -153,8 +153,14 @@ impl<'a> TcpConnection<'a> {
                 .map(|v| String::from_utf8_lossy(v).into_owned())
         });
         let cluster = steered.unwrap_or_else(|| self.cluster.clone());
-        if !self.clusters.iter().any(|c| c.name == cluster) {
-            return self.close(format!("no cluster {cluster:?} (tcp_proxy)"));
+        match self.clusters.iter().find(|c| c.name == cluster) {
+            None => return self.close(format!("no cluster {cluster:?} (tcp_proxy)")),
+            Some(c) if c.endpoints.is_empty() => {
+                return self.close(format!(
+                    "cluster {cluster:?} has no endpoint: no healthy upstream (tcp_proxy)"
+                ))
+            }
+            Some(_) => {}
         }
         self.outcome.cluster = cluster;
         self.connected = true;

@@ -124,6 +124,7 @@ pub enum LocalReplyKind {
     DirectResponse,
     NoRoute,
     NoCluster,
+    NoHealthyUpstream,
     Rbac,
     UpstreamReset,
 }
@@ -137,6 +138,7 @@ impl LocalReplyKind {
             Some(LocalReplySource::DirectResponse) => Self::DirectResponse,
             Some(LocalReplySource::NoRoute) => Self::NoRoute,
             Some(LocalReplySource::NoCluster { .. }) => Self::NoCluster,
+            Some(LocalReplySource::NoHealthyUpstream { .. }) => Self::NoHealthyUpstream,
             Some(LocalReplySource::Rbac) => Self::Rbac,
             Some(LocalReplySource::UpstreamReset) => Self::UpstreamReset,
         }
