@@ -107,6 +107,14 @@ fn rbac_fallbacks_allow_or_deny_as_in_envoy() {
       local_reply: rbac
       response: {status: 403, body: 'RBAC: access denied'}
       log_counts: [{contains: wat guest saw request headers, count: 1}]
+  - name: a request with a body is denied the same way
+    listener: closed
+    request: {method: POST, path: /, body: hello}
+    expect:
+      reached_upstream: false
+      local_reply: rbac
+      response: {status: 403, body: 'RBAC: access denied'}
+      log_counts: [{contains: wat guest saw request headers, count: 1}]
 ",
     );
     let o = harness(&["run", s.to_str().unwrap()]);

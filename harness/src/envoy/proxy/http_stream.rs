@@ -327,8 +327,14 @@ impl<'a> HttpStream<'a> {
         let (headers, decoded) =
             self.headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0);
         self.share_request(headers);
-        let decoded =
-            decoded.and_then(|()| self.data_phase(Dir::Request, decode_order, chunks, trailers));
+        // Envoy's RBAC filter answers in its headers callback: no filter decodes the body.
+        let denied = self.hcm.deny_at.is_some() && decoded.is_ok();
+        let decoded = match decoded {
+            Ok(()) if denied => Ok((Vec::new(), None)),
+            _ => {
+                decoded.and_then(|()| self.data_phase(Dir::Request, decode_order, chunks, trailers))
+            }
+        };
         // How many filters the response runs back through.
         let (response, encoders) = match decoded {
             Err((_, StopReason::Halt(halt))) => return Err(halt),
@@ -336,10 +342,19 @@ impl<'a> HttpStream<'a> {
                 trace.local_reply = Some(source);
                 (router::local_reply_response(&reply, grpc), i + 1)
             }
-            Ok(_) if self.hcm.deny_at.is_some() => {
+            Ok(_) if denied => {
                 trace.local_reply = Some(LocalReplySource::Rbac);
-                let reply = router::rbac_denied();
-                (router::local_reply_response(&reply, grpc), reach)
+                let mut response = router::local_reply_response(&router::rbac_denied(), grpc);
+                // Answered before the request's body was read: Envoy's HTTP/1 codec closes
+                // the connection after the response.
+                if !end_at_headers {
+                    crate::envoy::http::headers::replace(
+                        &mut response.headers,
+                        "connection",
+                        b"close".to_vec(),
+                    );
+                }
+                (response, reach)
             }
             Ok((body, trailers)) => {
                 let response = self.route_and_forward(body, trailers, grpc, upstream, trace)?;
@@ -423,8 +438,9 @@ impl<'a> HttpStream<'a> {
                     == crate::envoy::bootstrap::UpstreamProtocol::Http2
                     && router::http2_length_mismatch(&headers, &body).is_some() =>
             {
-                let note = router::http2_length_mismatch(&headers, &body).unwrap_or_default();
-                trace.notes.push(note);
+                trace
+                    .notes
+                    .extend(router::http2_length_mismatch(&headers, &body));
                 trace.local_reply = Some(LocalReplySource::UpstreamReset);
                 router::local_reply_response(&router::protocol_error(), grpc)
             }
