@@ -56,6 +56,8 @@ pub struct Shared {
     pub node: std::sync::OnceLock<serde_json::Value>,
     /// The configuration's routes, for the route and cluster a stream's `xds.*` properties name.
     pub routes: std::sync::OnceLock<Arc<dyn properties::RouteTable>>,
+    /// Clusters with no endpoint: Envoy's async client fails a call to one as it is made.
+    pub clusters_without_endpoints: std::sync::OnceLock<Vec<String>>,
     /// Numbers VM instances (from 1) so queue notifications find the one that registered.
     next_instance: AtomicU64,
 }
@@ -118,6 +120,9 @@ pub struct HttpStreamState {
     pub dynamic_metadata: Arc<crate::engine::metadata::DynamicMetadata>,
     /// Set while `proxy_on_log` runs (Envoy's access-log phase): the maps as the stream ended.
     pub access_log: Option<AccessLogMaps>,
+    /// The trailers a body callback at end of stream may create by editing them (Envoy's
+    /// `getMap`: `addDecodedTrailers` / `addEncodedTrailers`), while that callback runs.
+    pub addable_trailers: Option<crate::engine::abi::MapType>,
 }
 
 /// What Envoy's access log hands `proxy_on_log` (`Context::log`): the request headers, the
@@ -187,6 +192,9 @@ pub struct TcpStreamState {
     pub continue_downstream: bool,
     /// Set by `proxy_close_stream`: the connection is closed once the callback returns.
     pub close: bool,
+    /// The buffer Envoy hands the data callback that runs (`onData` / `onWrite`): there even
+    /// when empty, as at the end of stream, so the guest may insert bytes into it.
+    pub in_data_callback: Option<crate::engine::abi::BufferType>,
 }
 
 #[derive(Debug)]

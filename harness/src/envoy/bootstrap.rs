@@ -4,10 +4,12 @@
 //! sees (another HTTP filter, RDS, regex routes) is an error naming the field, never a silent
 //! skip: a harness that quietly ignores config would pass tests Envoy fails.
 
+mod ecds;
 mod fields;
 mod model;
 mod parse;
 mod protocol;
+mod rbac;
 mod routes;
 mod shape;
 mod typed_config;

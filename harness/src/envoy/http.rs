@@ -210,6 +210,12 @@ pub enum LocalReplySource {
     NoRoute,
     /// The route's cluster does not exist (Envoy's 503 `cluster_not_found`).
     NoCluster { cluster: String },
+    /// The route's cluster has no endpoint (Envoy's 503 `no healthy upstream`).
+    NoHealthyUpstream { cluster: String },
+    /// A deny-all RBAC filter, a fail-closed plugin's fallback (403 `RBAC: access denied`).
+    Rbac,
+    /// The upstream stream was reset before a response (Envoy's router answers 502/503).
+    UpstreamReset,
 }
 
 /// What the client saw.
@@ -342,9 +348,10 @@ pub enum HttpCallAnswer {
     Reply(UpstreamReply),
     /// The upstream closes the connection without answering: Envoy's router answers 503.
     Disconnect,
-    /// The call's stream is reset before a response: the guest sees `(0, 0, 0)` and status
-    /// `BrokenConnection` "reset" (Envoy's failure path, e.g. a response over the buffer
-    /// limit; no upstream behaviour produces it, so real Envoy cannot be made to show it).
+    /// The upstream starts its response, then resets the stream: Envoy's router cannot
+    /// answer in its place once the response started, so the call fails; the guest sees
+    /// `(0, 0, 0)` and status `BrokenConnection` "reset" (with `--envoy` the upstream does
+    /// just that).
     Reset,
 }
 

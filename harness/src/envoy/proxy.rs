@@ -158,6 +158,14 @@ impl Proxy {
         lock(&shared.log).set_level(options.log_level);
         let _ = shared.node.set(bootstrap.node.clone());
         let _ = shared.routes.set(Arc::new(bootstrap.clone()));
+        let _ = shared.clusters_without_endpoints.set(
+            bootstrap
+                .clusters
+                .iter()
+                .filter(|c| c.endpoints.is_empty())
+                .map(|c| c.name.clone())
+                .collect(),
+        );
         let factory = VmFactory::new(runtime, &bootstrap)?;
         let destinations = bootstrap
             .listeners
@@ -267,9 +275,9 @@ impl Proxy {
         events: &[TcpEvent],
     ) -> Result<TcpOutcome, TrafficError> {
         let listener = self.listener_index(listener)?;
-        let Some(cluster) = self.bootstrap.listeners[listener]
+        let Some((cluster, deny_at)) = self.bootstrap.listeners[listener]
             .tcp()
-            .map(|tcp| tcp.proxy.cluster.clone())
+            .map(|tcp| (tcp.proxy.cluster.clone(), tcp.deny_at))
         else {
             return Err(TrafficError::HttpListener {
                 name: self.bootstrap.listeners[listener].name.clone(),
@@ -284,7 +292,7 @@ impl Proxy {
             &mut self.threads,
             w,
             listener,
-            plugins,
+            (plugins, deny_at),
             cluster,
             &self.bootstrap.clusters,
         )

@@ -194,6 +194,10 @@ impl RealEnvoy {
                 let state = Arc::new(Mutex::new(UpstreamState::default()));
                 let up = Upstream::start(name.clone(), state.clone())?;
                 upstreams.insert(name.clone(), state);
+                // A cluster without endpoints keeps none: Envoy fails calls to it.
+                if !has_endpoints(c) {
+                    continue;
+                }
                 c["load_assignment"] = serde_json::json!({
                     "cluster_name": name,
                     "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": up.port}}}}]}]
@@ -459,6 +463,20 @@ fn call_record(seen: SeenRequest) -> CallRecord {
 
 /// Makes every Wasm `code.local.filename` absolute against the current directory, which is
 /// how Envoy resolves it, so the copy in a temp directory loads the same module.
+/// Whether a cluster's `load_assignment` names any endpoint.
+fn has_endpoints(cluster: &Value) -> bool {
+    cluster
+        .pointer("/load_assignment/endpoints")
+        .and_then(Value::as_array)
+        .is_some_and(|localities| {
+            localities.iter().any(|l| {
+                l.get("lb_endpoints")
+                    .and_then(Value::as_array)
+                    .is_some_and(|e| !e.is_empty())
+            })
+        })
+}
+
 fn absolutize_wasm_paths(v: &mut Value) {
     match v {
         Value::Object(map) => {

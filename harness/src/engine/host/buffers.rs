@@ -151,11 +151,18 @@ fn proxy_set_buffer_bytes(
         let data = memory::read(&caller, data_ptr, data_size)?;
         let state = caller.data_mut();
         let id = state.context_id();
+        let mut in_callback = false;
         let buf = match (ty, state.contexts.get_mut(&id)) {
             (BufferType::HttpRequestBody, Some(ContextKind::Http(s))) => &mut s.request_body,
             (BufferType::HttpResponseBody, Some(ContextKind::Http(s))) => &mut s.response_body,
-            (BufferType::DownstreamData, Some(ContextKind::Tcp(s))) => &mut s.downstream_data,
-            (BufferType::UpstreamData, Some(ContextKind::Tcp(s))) => &mut s.upstream_data,
+            (BufferType::DownstreamData | BufferType::UpstreamData, Some(ContextKind::Tcp(s))) => {
+                in_callback = s.in_data_callback == Some(ty);
+                if ty == BufferType::DownstreamData {
+                    &mut s.downstream_data
+                } else {
+                    &mut s.upstream_data
+                }
+            }
             (BufferType::DownstreamData | BufferType::UpstreamData, _) => {
                 return Err(HostError::Status(Status::NotFound))
             }
@@ -164,7 +171,7 @@ fn proxy_set_buffer_bytes(
             }
             _ => return Err(HostError::Status(Status::BadArgument)),
         };
-        if buf.is_empty() {
+        if buf.is_empty() && !in_callback {
             // No body in flight: Envoy has no buffer to modify.
             return Err(Status::BadArgument.into());
         }

@@ -208,6 +208,17 @@ fn proxy_http_call(
             for (k, _) in headers.iter_mut() {
                 k.make_ascii_lowercase();
             }
+            // Envoy's router answers a cluster with no endpoint inside the async client's
+            // `send`, which then returns no request: the call fails as it is made.
+            if caller
+                .data()
+                .shared
+                .clusters_without_endpoints
+                .get()
+                .is_some_and(|c| c.contains(&cluster))
+            {
+                return Err(Status::InternalFailure.into());
+            }
             // What Envoy's async client and router add on the way out.
             if !body.is_empty() {
                 crate::engine::header_map::replace(

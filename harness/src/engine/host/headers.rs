@@ -52,13 +52,19 @@ fn map_mut(state: &mut HostState, ty: MapType) -> Option<&mut HeaderMap> {
         ContextKind::Http(s) => s,
         _ => return None,
     };
-    match ty {
-        MapType::RequestHeaders => s.request_headers.as_mut(),
-        MapType::RequestTrailers => s.request_trailers.as_mut(),
-        MapType::ResponseHeaders => s.response_headers.as_mut(),
-        MapType::ResponseTrailers => s.response_trailers.as_mut(),
-        _ => None,
+    let map = match ty {
+        MapType::RequestHeaders => &mut s.request_headers,
+        MapType::RequestTrailers => &mut s.request_trailers,
+        MapType::ResponseHeaders => &mut s.response_headers,
+        MapType::ResponseTrailers => &mut s.response_trailers,
+        _ => return None,
+    };
+    // A body callback at end of stream that edits the trailers the message has not got adds
+    // them, as Envoy's `getMap` does; the chain hands them on after this filter.
+    if map.is_none() && s.addable_trailers == Some(ty) {
+        *map = Some(HeaderMap::new());
     }
+    map.as_mut()
 }
 
 use crate::engine::header_map::{add, get, remove, replace};
@@ -182,6 +188,8 @@ fn edit(
     let ty = map_type(ty)?;
     let adding =
         memory::check(caller, key_ptr, key_size)? + memory::check(caller, value.0, value.1)?;
+    // Envoy resolves the map (adding trailers where it may) before it edits it.
+    map_mut(caller.data_mut(), ty).ok_or(Status::BadArgument)?;
     check_growth(caller, ty, adding)?;
     let key = memory::read_string(caller, key_ptr, key_size)?;
     let value = memory::read(caller, value.0, value.1)?;
@@ -259,7 +267,8 @@ fn proxy_get_header_map_size(
         ) {
             return Err(Status::BadArgument.into());
         }
-        let size: usize = map_ref(caller.data(), ty)
+        // Envoy sizes the map it would edit (`getMap`), which may add trailers.
+        let size: usize = map_mut(caller.data_mut(), ty)
             .ok_or(Status::BadArgument)?
             .iter()
             .map(|(k, v)| k.len() + v.len())

@@ -130,6 +130,7 @@ const PLUGIN: &[(&str, Kind)] = &[
     ("vm_config.code.remote", Map),
     ("vm_config.environment_variables", Map),
     ("vm_config.environment_variables.key_values", Map),
+    ("vm_config.environment_variables.host_env_keys", List),
 ];
 
 /// Where the tables above apply, beyond the root.
@@ -305,7 +306,6 @@ fn reason(key: &str) -> &'static str {
         "listener_filters" => "listener filters are not emulated",
         "typed_per_filter_config" => "per-route filter configuration is not emulated",
         "capability_restriction_config" => "capability restrictions are not emulated: every hostcall is allowed",
-        "host_env_keys" => "host environment variables are not passed to guests: use key_values",
         "dynamic_resources" => "xDS is not emulated: give the listeners and clusters in static_resources",
         _ => "not emulated by the harness, and Envoy would act on it: remove it to run this bootstrap in the harness",
     }

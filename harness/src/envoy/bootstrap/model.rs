@@ -103,6 +103,9 @@ impl Listener {
 pub struct TcpChain {
     pub filters: Vec<WasmPlugin>,
     pub proxy: TcpProxy,
+    /// A deny-all network RBAC filter (a fail-closed plugin's fallback) after this many of
+    /// `filters`: it closes the connection when the client's first bytes reach it.
+    pub deny_at: Option<usize>,
 }
 
 /// `envoy.filters.network.tcp_proxy`: every connection goes to one cluster.
@@ -118,6 +121,18 @@ pub struct HttpConnectionManager {
     /// Wasm filters in chain order; the router is always last.
     pub filters: Vec<WasmPlugin>,
     pub routes: RouteConfig,
+    /// A deny-all RBAC filter (a fail-closed plugin's fallback) after this many of `filters`:
+    /// requests get its 403 there, and the filters after it never see them.
+    pub deny_at: Option<usize>,
+}
+
+/// The RBAC filter that stands in for a Wasm filter whose module could not be fetched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RbacFallback {
+    /// No rules: every request passes (the plugin fails open).
+    AllowAll,
+    /// Empty rules: every request is denied (the plugin fails closed).
+    DenyAll,
 }
 
 #[derive(Debug, Clone, Default)]

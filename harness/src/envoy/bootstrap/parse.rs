@@ -8,7 +8,7 @@ use serde_json::Value;
 
 use super::model::*;
 use super::typed_config::{type_name, types};
-use super::{fields, shape};
+use super::{ecds, fields, shape};
 
 impl Bootstrap {
     pub fn load(path: &Path) -> Result<Self, BootstrapError> {
@@ -28,6 +28,9 @@ impl Bootstrap {
     /// reads, `TypedStruct`s seen through; fields the harness does not emulate are refused.
     pub fn from_value(path: &Path, doc: &Value) -> Result<Self, BootstrapError> {
         let mut doc = doc.clone();
+        shape::normalize(&mut doc, shape::TypedStructs::Unwrap)?;
+        // What discovery files configure is normalized like the rest.
+        ecds::inline(&mut doc)?;
         shape::normalize(&mut doc, shape::TypedStructs::Unwrap)?;
         let parsed = Self::from_normalized(path, &doc)?;
         fields::refuse_unemulated(&doc)?;
@@ -118,6 +121,7 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
     let mut http = None;
     let mut network = Vec::new();
     let mut tcp_proxy = None;
+    let mut deny_at = None;
     for (i, f) in filters.iter().enumerate() {
         let fat = format!("{at}.filter_chains[0].filters[{i}]");
         let typed = f.get("typed_config").unwrap_or(&Value::Null);
@@ -128,7 +132,12 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
             ));
         }
         match type_name(typed).as_str() {
-            types::HCM if !network.is_empty() => {
+            types::NETWORK_RBAC => {
+                if super::rbac::fallback(&fat, typed, "stat_prefix")? == RbacFallback::DenyAll {
+                    deny_at.get_or_insert(network.len());
+                }
+            }
+            types::HCM if !network.is_empty() || deny_at.is_some() => {
                 return Err(invalid(
                     &fat,
                     "network Wasm filters in front of http_connection_manager are not emulated (they would see the raw HTTP bytes): use HTTP Wasm filters, or tcp_proxy",
@@ -165,6 +174,7 @@ fn parse_listener(at: &str, l: &Value) -> Result<Listener, BootstrapError> {
         (None, Some(proxy)) => FilterChain::Tcp(TcpChain {
             filters: network,
             proxy,
+            deny_at,
         }),
         (None, None) => {
             return Err(invalid(
@@ -202,16 +212,11 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
             .ok_or_else(|| invalid(at, "route_config is required"))?,
     )?;
     let mut filters = Vec::new();
+    let mut deny_at = None;
     let mut saw_router = false;
     for (i, f) in array(Some(hcm), "http_filters").iter().enumerate() {
         let fat = format!("{at}.typed_config.http_filters[{i}]");
         let typed = f.get("typed_config").unwrap_or(&Value::Null);
-        if f.get("config_discovery").is_some_and(|c| !c.is_null()) {
-            return Err(invalid(
-                &format!("{fat}.config_discovery"),
-                "filter configuration discovery (ECDS) is not emulated: give the filter its typed_config (the Wasm typed_config of the ECDS file, which `wasm-fetcher render` writes)",
-            ));
-        }
         if saw_router {
             return Err(invalid(&fat, "the router must be the last HTTP filter"));
         }
@@ -221,6 +226,12 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
                 typed.get("config").unwrap_or(&Value::Null),
             )?),
             types::ROUTER => saw_router = true,
+            types::HTTP_RBAC => {
+                if super::rbac::fallback(&fat, typed, "rules_stat_prefix")? == RbacFallback::DenyAll
+                {
+                    deny_at.get_or_insert(filters.len());
+                }
+            }
             other => {
                 return Err(BootstrapError::UnsupportedFilter {
                     at: fat,
@@ -237,6 +248,7 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
         stat_prefix,
         filters,
         routes,
+        deny_at,
     })
 }
 
@@ -398,6 +410,13 @@ fn parse_plugin(at: &str, config: &Value) -> Result<WasmPlugin, BootstrapError> 
         }
     };
     let mut environment = Vec::new();
+    // Envoy passes the variables of its own environment these name; one it lacks is left out.
+    for key in array(vm.get("environment_variables"), "host_env_keys") {
+        let key = key.as_str().unwrap_or_default();
+        if let Ok(value) = std::env::var(key) {
+            environment.push((key.to_string(), value));
+        }
+    }
     if let Some(kv) = vm
         .pointer("/environment_variables/key_values")
         .and_then(Value::as_object)

@@ -177,7 +177,8 @@ impl<'a> HttpStream<'a> {
         let listener = self.listener_index;
         let n = self.worker().slots[listener].len();
         self.contexts = vec![None; n];
-        for i in 0..n {
+        // Filters after a deny-all RBAC filter never see a request, so never make a context.
+        for i in 0..self.hcm.deny_at.map_or(n, |k| k.min(n)) {
             if let Some(slot) = self.worker().slots[listener][i] {
                 if self.worker().vms[slot.vm].failed.is_none() {
                     let conn = self.connection.clone();
@@ -320,26 +321,49 @@ impl<'a> HttpStream<'a> {
             grpc,
         } = router::incoming(request, number);
         let end_at_headers = chunks.is_empty() && trailers.is_none();
-        let decode_order = Order::Forward(n);
+        // A deny-all RBAC filter stops the request before the filters after it.
+        let reach = self.hcm.deny_at.map_or(n, |k| k.min(n));
+        let decode_order = Order::Forward(reach);
         let (headers, decoded) =
             self.headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0);
         self.share_request(headers);
-        let decoded =
-            decoded.and_then(|()| self.data_phase(Dir::Request, decode_order, chunks, trailers));
-        let (response, encode_from) = match decoded {
+        // Envoy's RBAC filter answers in its headers callback: no filter decodes the body.
+        let denied = self.hcm.deny_at.is_some() && decoded.is_ok();
+        let decoded = match decoded {
+            Ok(()) if denied => Ok((Vec::new(), None)),
+            _ => {
+                decoded.and_then(|()| self.data_phase(Dir::Request, decode_order, chunks, trailers))
+            }
+        };
+        // How many filters the response runs back through.
+        let (response, encoders) = match decoded {
             Err((_, StopReason::Halt(halt))) => return Err(halt),
             Err((i, StopReason::LocalReply(source, reply))) => {
                 trace.local_reply = Some(source);
-                (router::local_reply_response(&reply, grpc), i)
+                (router::local_reply_response(&reply, grpc), i + 1)
+            }
+            Ok(_) if denied => {
+                trace.local_reply = Some(LocalReplySource::Rbac);
+                let mut response = router::local_reply_response(&router::rbac_denied(), grpc);
+                // Answered before the request's body was read: Envoy's HTTP/1 codec closes
+                // the connection after the response.
+                if !end_at_headers {
+                    crate::envoy::http::headers::replace(
+                        &mut response.headers,
+                        "connection",
+                        b"close".to_vec(),
+                    );
+                }
+                (response, reach)
             }
             Ok((body, trailers)) => {
                 let response = self.route_and_forward(body, trailers, grpc, upstream, trace)?;
-                (response, n.saturating_sub(1))
+                (response, n)
             }
         };
         // Encode: the response runs back through the filters, last to first, starting at the
         // one that produced a local reply.
-        let encode_order = Order::Backward(if n == 0 { 0 } else { encode_from + 1 });
+        let encode_order = Order::Backward(encoders);
         let Outgoing {
             status,
             headers,
@@ -408,6 +432,17 @@ impl<'a> HttpStream<'a> {
             Routed::Reply(source, reply) => {
                 trace.local_reply = Some(source);
                 reply
+            }
+            Routed::Upstream(cluster)
+                if router::upstream_protocol(self.bootstrap, &cluster)
+                    == crate::envoy::bootstrap::UpstreamProtocol::Http2
+                    && router::http2_length_mismatch(&headers, &body).is_some() =>
+            {
+                trace
+                    .notes
+                    .extend(router::http2_length_mismatch(&headers, &body));
+                trace.local_reply = Some(LocalReplySource::UpstreamReset);
+                router::local_reply_response(&router::protocol_error(), grpc)
             }
             Routed::Upstream(cluster) => {
                 let mut body = body;

@@ -88,6 +88,16 @@ pub(super) fn route(
                 router_reply(503, Vec::new(), grpc),
             )
         }
+        Some(RouteAction::Cluster(cluster))
+            if bootstrap
+                .cluster(&cluster)
+                .is_some_and(|c| c.endpoints.is_empty()) =>
+        {
+            Routed::Reply(
+                LocalReplySource::NoHealthyUpstream { cluster },
+                router_reply(503, b"no healthy upstream".to_vec(), grpc),
+            )
+        }
         Some(RouteAction::Cluster(cluster)) => {
             headers::replace(headers, "x-envoy-expected-rq-timeout-ms", b"15000".to_vec());
             Routed::Upstream(cluster)
@@ -138,6 +148,17 @@ pub(super) fn router_reply(status: u16, body: Vec<u8>, grpc: bool) -> Outgoing {
         headers.push(("content-type".into(), b"text/plain".to_vec()));
     }
     Outgoing::new(status, headers, body)
+}
+
+/// What Envoy's RBAC filter answers a request it denies (a deny-all fallback denies all).
+pub(super) fn rbac_denied() -> LocalReply {
+    LocalReply {
+        status: 403,
+        details: "rbac_access_denied_matched_policy[none]".into(),
+        body: b"RBAC: access denied".to_vec(),
+        headers: Vec::new(),
+        grpc_status: None,
+    }
 }
 
 /// Envoy's `sendLocalReply`: `:status`, the plugin's headers, then length and type; to a
@@ -293,6 +314,29 @@ pub(super) fn http1_framing(headers: &mut HeaderMap, body: &mut Vec<u8>, peer: &
             "content-length says {n} but the filters left a {}-byte body: the {peer} waits for the rest and Envoy would time out (a filter that changes a body's size must remove content-length in its headers callback)",
             body.len()
         )),
+    }
+}
+
+/// Over HTTP/2 a `content-length` the body does not match is a protocol error: Envoy's codec
+/// resets the stream before the upstream gets the request, and the router answers 502. Says
+/// why, when it does not match.
+pub(super) fn http2_length_mismatch(headers: &HeaderMap, body: &[u8]) -> Option<String> {
+    let declared = headers::get(headers, "content-length")
+        .and_then(|v| std::str::from_utf8(v).ok()?.trim().parse::<usize>().ok())?;
+    (declared != body.len()).then(|| format!(
+        "content-length says {declared} but the filters left a {}-byte body: over HTTP/2 that is a protocol error, so Envoy resets the upstream stream and answers 502 (a filter that changes a body's size must remove content-length in its headers callback)",
+        body.len()
+    ))
+}
+
+/// The router's answer to an upstream stream reset for a protocol error.
+pub(super) fn protocol_error() -> LocalReply {
+    LocalReply {
+        status: 502,
+        details: "upstream_reset_before_response_started{protocol_error}".into(),
+        body: b"upstream connect error or disconnect/reset before headers. reset reason: protocol error".to_vec(),
+        headers: Vec::new(),
+        grpc_status: None,
     }
 }
 

@@ -25,6 +25,7 @@
 //! plugin's failure policy: fail-closed closes the connection, fail-open passes bytes through.
 
 use super::threads::{PluginSlot, Threads};
+use crate::engine::abi::BufferType;
 use crate::engine::host;
 use crate::engine::host::filter_state::TCP_PROXY_CLUSTER;
 use crate::engine::vm::Vm;
@@ -51,6 +52,8 @@ pub(super) struct TcpConnection<'a> {
     threads: &'a mut Threads,
     w: usize,
     plugins: &'a [WasmPlugin],
+    /// Where a deny-all RBAC filter stands among the filters (see `TcpChain::deny_at`).
+    deny_at: Option<usize>,
     slots: Vec<Option<PluginSlot>>,
     /// Per filter: (vm, context) once created.
     contexts: Vec<Option<(usize, u32)>>,
@@ -76,7 +79,7 @@ impl<'a> TcpConnection<'a> {
         threads: &'a mut Threads,
         w: usize,
         listener: usize,
-        plugins: &'a [WasmPlugin],
+        (plugins, deny_at): (&'a [WasmPlugin], Option<usize>),
         cluster: String,
         clusters: &'a [Cluster],
     ) -> Self {
@@ -86,6 +89,7 @@ impl<'a> TcpConnection<'a> {
             threads,
             w,
             plugins,
+            deny_at,
             contexts: vec![None; n],
             held: [vec![Vec::new(); n], vec![Vec::new(); n]],
             outcome: TcpOutcome {
@@ -149,8 +153,14 @@ impl<'a> TcpConnection<'a> {
                 .map(|v| String::from_utf8_lossy(v).into_owned())
         });
         let cluster = steered.unwrap_or_else(|| self.cluster.clone());
-        if !self.clusters.iter().any(|c| c.name == cluster) {
-            return self.close(format!("no cluster {cluster:?} (tcp_proxy)"));
+        match self.clusters.iter().find(|c| c.name == cluster) {
+            None => return self.close(format!("no cluster {cluster:?} (tcp_proxy)")),
+            Some(c) if c.endpoints.is_empty() => {
+                return self.close(format!(
+                    "cluster {cluster:?} has no endpoint: no healthy upstream (tcp_proxy)"
+                ))
+            }
+            Some(_) => {}
         }
         self.outcome.cluster = cluster;
         self.connected = true;
@@ -223,6 +233,10 @@ impl<'a> TcpConnection<'a> {
                 Way::Downstream => s.downstream_data = data,
                 Way::Upstream => s.upstream_data = data,
             }
+            s.in_data_callback = Some(match way {
+                Way::Downstream => BufferType::DownstreamData,
+                Way::Upstream => BufferType::UpstreamData,
+            });
         }
         let result = match way {
             Way::Downstream => self.vm(v).on_downstream_data(ctx, size, end),
@@ -240,6 +254,7 @@ impl<'a> TcpConnection<'a> {
         let Some(s) = self.vm(v).tcp_state(ctx) else {
             return (FlowAfter::Continue, Vec::new());
         };
+        s.in_data_callback = None;
         let data = std::mem::take(match way {
             Way::Downstream => &mut s.downstream_data,
             Way::Upstream => &mut s.upstream_data,
@@ -274,6 +289,12 @@ impl<'a> TcpConnection<'a> {
         };
         let side = way as usize;
         for i in order {
+            // The RBAC filter reads only the client's bytes; the first that reach it close.
+            if way == Way::Downstream && self.deny_at == Some(i) {
+                return self.close(
+                    "a deny-all RBAC filter closed the connection (rbac_deny_close)".into(),
+                );
+            }
             let mut buffer = std::mem::take(&mut self.held[side][i]);
             buffer.append(&mut data);
             let (step, out) = self.callback(i, way, buffer, end);
@@ -285,6 +306,10 @@ impl<'a> TcpConnection<'a> {
                 }
                 FlowAfter::Close(why) => return self.close(why),
             }
+        }
+        if way == Way::Downstream && self.deny_at.is_some_and(|k| k >= n) {
+            return self
+                .close("a deny-all RBAC filter closed the connection (rbac_deny_close)".into());
         }
         match way {
             Way::Downstream => self.outcome.upstream_received.append(&mut data),

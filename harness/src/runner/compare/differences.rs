@@ -72,6 +72,12 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
             if h.body != e.body {
                 out.push("upstream request body differs".into());
             }
+            diff_headers(
+                "upstream request trailer",
+                &h.trailers,
+                &e.trailers,
+                &mut out,
+            );
         }
         (Some(_), None) => out.push("the harness reached the upstream, envoy did not".into()),
         (None, Some(_)) => out.push("envoy reached the upstream, the harness did not".into()),
@@ -86,6 +92,11 @@ pub fn compare(harness: &Exchange, envoy: &Exchange) -> Vec<String> {
                 ));
             }
             diff_headers("response", &h.headers, &e.headers, &mut out);
+            // Envoy's HTTP/1 codec gives the client trailers only where the connection manager
+            // enables them; the harness's client gets whatever the filters left.
+            if !e.trailers.is_empty() {
+                diff_headers("response trailer", &h.trailers, &e.trailers, &mut out);
+            }
             if h.body != e.body {
                 out.push(format!(
                     "response body: harness {:?}, envoy {:?}",

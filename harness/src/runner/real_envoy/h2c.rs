@@ -173,6 +173,12 @@ async fn answer_stream(mut respond: SendResponse<Bytes>, answer: UpstreamAnswer)
             respond.send_reset(h2::Reason::INTERNAL_ERROR);
             return;
         }
+        UpstreamAnswer::ResetAfterHeaders => {
+            if let Ok(mut stream) = respond.send_response(to_response(200, &[]), false) {
+                stream.send_reset(h2::Reason::INTERNAL_ERROR);
+            }
+            return;
+        }
     };
     let end_at_headers = body.is_empty() && trailers.is_empty();
     let Ok(mut stream) = respond.send_response(head, end_at_headers) else {

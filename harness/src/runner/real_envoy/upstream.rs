@@ -50,6 +50,9 @@ pub(super) enum UpstreamAnswer {
     Refuse,
     /// Close the connection without answering, as a crashing upstream does.
     Close,
+    /// Start a response, then reset the stream (HTTP/2 `RST_STREAM`; HTTP/1.1 closes within
+    /// the body): Envoy's router can no longer answer for the upstream, so the callout fails.
+    ResetAfterHeaders,
 }
 
 /// Whether a request came from Envoy's async client (a Wasm `proxy_http_call` or
@@ -110,9 +113,9 @@ impl UpstreamState {
         });
         match canned.map(|c| &c.answer) {
             Some(HttpCallAnswer::Reply(r)) => UpstreamAnswer::Reply(r.clone()),
-            // (Envoy's router turns a close into a 503; nothing on the wire makes Envoy
-            // report a callout reset.)
-            Some(HttpCallAnswer::Disconnect | HttpCallAnswer::Reset) => UpstreamAnswer::Close,
+            // Envoy's router turns a close before the response into a 503.
+            Some(HttpCallAnswer::Disconnect) => UpstreamAnswer::Close,
+            Some(HttpCallAnswer::Reset) => UpstreamAnswer::ResetAfterHeaders,
             None => UpstreamAnswer::Reply(self.reply.clone()),
         }
     }
@@ -186,6 +189,12 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
         });
         let reply = match answer {
             UpstreamAnswer::Reply(r) => r,
+            UpstreamAnswer::ResetAfterHeaders => {
+                use std::io::Write;
+                let _ =
+                    writer.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1024\r\n\r\ncut short");
+                return;
+            }
             // gRPC needs HTTP/2 (trailers): over HTTP/1.1 a gRPC callout is not answered.
             UpstreamAnswer::Grpc(_) | UpstreamAnswer::Refuse | UpstreamAnswer::Close => return,
         };

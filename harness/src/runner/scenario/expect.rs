@@ -124,6 +124,9 @@ pub enum LocalReplyKind {
     DirectResponse,
     NoRoute,
     NoCluster,
+    NoHealthyUpstream,
+    Rbac,
+    UpstreamReset,
 }
 
 impl LocalReplyKind {
@@ -135,6 +138,9 @@ impl LocalReplyKind {
             Some(LocalReplySource::DirectResponse) => Self::DirectResponse,
             Some(LocalReplySource::NoRoute) => Self::NoRoute,
             Some(LocalReplySource::NoCluster { .. }) => Self::NoCluster,
+            Some(LocalReplySource::NoHealthyUpstream { .. }) => Self::NoHealthyUpstream,
+            Some(LocalReplySource::Rbac) => Self::Rbac,
+            Some(LocalReplySource::UpstreamReset) => Self::UpstreamReset,
         }
     }
 }

@@ -3,6 +3,7 @@
 //! its callback runs, so the guest's hostcalls read and edit it there.
 
 use super::{ChainAfter, Dir, Halt, HttpStream, Order, Part, StopReason, Stopped};
+use crate::engine::abi::MapType;
 use crate::engine::host;
 use crate::envoy::http::HeaderMap;
 
@@ -72,15 +73,22 @@ impl HttpStream<'_> {
         let mut held: Vec<Option<Vec<u8>>> = vec![None; order.len()];
         let mut out = Vec::new();
         let last = chunks.len();
+        // Trailers start at the first filter, or after the one that added them.
+        let mut first = 0;
         for (k, chunk) in chunks.into_iter().enumerate() {
             let end_of_stream = k + 1 == last && trailers.is_none();
-            self.pass_chunk(dir, order, 0, chunk, end_of_stream, &mut held, &mut out)?;
+            if let Some((pos, added)) =
+                self.pass_chunk(dir, order, 0, chunk, end_of_stream, &mut held, &mut out)?
+            {
+                trailers = Some(added);
+                first = pos + 1;
+            }
         }
         let Some(t) = trailers.as_mut() else {
             return Ok((out, None));
         };
         let phase = dir.phase(Part::Trailers);
-        for pos in 0..order.len() {
+        for pos in first..order.len() {
             let i = order.at(pos);
             let count = t.len();
             let buffered = held[pos].take().unwrap_or_default();
@@ -129,7 +137,10 @@ impl HttpStream<'_> {
     }
 
     /// One chunk through the filters from position `from` of `order`, added to what each
-    /// filter holds; lands in `out` if every filter continues.
+    /// filter holds; lands in `out` if every filter continues. A filter that adds trailers
+    /// on the last chunk (Envoy's `addDecodedTrailers` / `addEncodedTrailers`) ends the
+    /// stream with them instead: the filters after it see the chunk without the end of
+    /// stream, and the trailers, with its position, are returned.
     #[allow(clippy::too_many_arguments)]
     fn pass_chunk(
         &mut self,
@@ -137,34 +148,54 @@ impl HttpStream<'_> {
         order: Order,
         from: usize,
         mut data: Vec<u8>,
-        end_of_stream: bool,
+        mut end_of_stream: bool,
         held: &mut [Option<Vec<u8>>],
         out: &mut Vec<u8>,
-    ) -> Result<(), Stopped> {
+    ) -> Result<Option<(usize, HeaderMap)>, Stopped> {
         let phase = dir.phase(Part::Body);
+        let mut added = None;
+        let trailers = match dir {
+            Dir::Request => MapType::RequestTrailers,
+            Dir::Response => MapType::ResponseTrailers,
+        };
         for (pos, slot) in held.iter_mut().enumerate().skip(from) {
             let i = order.at(pos);
             let mut buffer = slot.take().unwrap_or_default();
             buffer.append(&mut data);
             let size = buffer.len();
-            let unplaced = self.give_to_filter(i, buffer, |s, b| match dir {
-                Dir::Request => s.request_body = b,
-                Dir::Response => s.response_body = b,
+            let unplaced = self.give_to_filter(i, buffer, |s, b| {
+                s.addable_trailers = end_of_stream.then_some(trailers);
+                match dir {
+                    Dir::Request => s.request_body = b,
+                    Dir::Response => s.response_body = b,
+                }
             });
             let step = self.callback(i, phase, &mut |vm, ctx| match dir {
                 Dir::Request => vm.on_request_body(ctx, size, end_of_stream),
                 Dir::Response => vm.on_response_body(ctx, size, end_of_stream),
             });
-            let body = unplaced
+            let (body, new_trailers) = unplaced
+                .map(|b| (b, None))
                 .or_else(|| {
                     self.take_from_filter(i, |s| {
-                        Some(std::mem::take(match dir {
-                            Dir::Request => &mut s.request_body,
-                            Dir::Response => &mut s.response_body,
-                        }))
+                        s.addable_trailers = None;
+                        Some(match dir {
+                            Dir::Request => (
+                                std::mem::take(&mut s.request_body),
+                                s.request_trailers.take(),
+                            ),
+                            Dir::Response => (
+                                std::mem::take(&mut s.response_body),
+                                s.response_trailers.take(),
+                            ),
+                        })
                     })
                 })
                 .unwrap_or_default();
+            if let Some(t) = new_trailers.filter(|_| end_of_stream) {
+                added = Some((pos, t));
+                end_of_stream = false;
+            }
             match step {
                 ChainAfter::Continue => data = body,
                 ChainAfter::Paused(why) if end_of_stream => {
@@ -172,13 +203,13 @@ impl HttpStream<'_> {
                 }
                 ChainAfter::Paused(_) => {
                     *slot = Some(body);
-                    return Ok(());
+                    return Ok(added);
                 }
                 ChainAfter::Stop(r) => return Err((i, r)),
             }
         }
         out.append(&mut data);
-        Ok(())
+        Ok(added)
     }
 
     /// Hands `value` to filter `i`'s stream state; gives it back when the filter has no

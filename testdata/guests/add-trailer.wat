@@ -1,0 +1,52 @@
+;; Adds a trailer from the body callbacks at end of stream, when the message has none: Envoy
+;; then adds the trailers (`addDecodedTrailers` / `addEncodedTrailers`), the filters after
+;; this one see them, and they go out with the message (to an HTTP/2 upstream, or to a client
+;; whose connection manager enables HTTP/1 trailers). Request: `x-added: request`; response:
+;; `x-added: response`; each logs "<request|response> trailer added: <status>". It removes
+;; the response's content-length in its headers callback, so Envoy sends the response to an
+;; HTTP/1.1 client chunked, with trailers.
+(module
+  (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
+  (import "env" "proxy_add_header_map_value" (func $add (param i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_remove_header_map_value" (func $remove (param i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 16384))
+  (data (i32.const 16) "x-added")
+  (data (i32.const 32) "request")
+  (data (i32.const 48) "response")
+  (data (i32.const 64) "content-length")
+  (data (i32.const 96) " trailer added: ")
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "malloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
+    (local.get $p))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  ;; Adds `x-added: <word>` to map $map and logs "<word> trailer added: <status>".
+  (func $add_trailer (param $map i32) (param $word i32) (param $len i32)
+    (local $status i32) (local $at i32)
+    (local.set $status (call $add (local.get $map) (i32.const 16) (i32.const 7)
+      (local.get $word) (local.get $len)))
+    (memory.copy (i32.const 1024) (local.get $word) (local.get $len))
+    (local.set $at (i32.add (i32.const 1024) (local.get $len)))
+    (memory.copy (local.get $at) (i32.const 96) (i32.const 16))
+    (local.set $at (i32.add (local.get $at) (i32.const 16)))
+    (i32.store8 (local.get $at) (i32.add (i32.const 48) (local.get $status)))
+    (drop (call $log (i32.const 2) (i32.const 1024)
+      (i32.sub (i32.add (local.get $at) (i32.const 1)) (i32.const 1024)))))
+  (func (export "proxy_on_request_headers") (param i32 i32 i32) (result i32) (i32.const 0))
+  (func (export "proxy_on_response_headers") (param i32 i32 i32) (result i32)
+    (drop (call $remove (i32.const 2) (i32.const 64) (i32.const 14)))
+    (i32.const 0))
+  (func (export "proxy_on_request_body") (param i32 i32) (param $eos i32) (result i32)
+    (if (local.get $eos) (then (call $add_trailer (i32.const 1) (i32.const 32) (i32.const 7))))
+    (i32.const 0))
+  (func (export "proxy_on_response_body") (param i32 i32) (param $eos i32) (result i32)
+    (if (local.get $eos) (then (call $add_trailer (i32.const 3) (i32.const 48) (i32.const 8))))
+    (i32.const 0))
+  (func (export "proxy_on_log") (param i32))
+  (func (export "proxy_on_done") (param i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_delete") (param i32)))

@@ -1,0 +1,43 @@
+;; A network (TCP) filter that writes into the empty buffer Envoy hands its data callbacks at
+;; the end of stream: "<end>" into the client's last (empty) data, so the upstream receives it
+;; before the close, and "<bye>" into the upstream's, so the client does. Each logs
+;; "<downstream|upstream> insert at end: <status>" with what proxy_set_buffer_bytes answered.
+(module
+  (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
+  (import "env" "proxy_set_buffer_bytes" (func $set (param i32 i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (global $heap (mut i32) (i32.const 16384))
+  (data (i32.const 16) "<end>")
+  (data (i32.const 32) "<bye>")
+  (data (i32.const 64) "downstream insert at end: ")
+  (data (i32.const 96) "upstream insert at end: ")
+  (func (export "proxy_abi_version_0_2_1"))
+  (func (export "malloc") (param $n i32) (result i32)
+    (local $p i32)
+    (local.set $p (global.get $heap))
+    (global.set $heap (i32.add (global.get $heap) (local.get $n)))
+    (local.get $p))
+  (func (export "proxy_on_context_create") (param i32 i32))
+  (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_new_connection") (param i32) (result i32) (i32.const 0))
+  ;; Inserts 5 bytes at $text into buffer $ty if it is empty and the stream ends; logs the
+  ;; status after the prefix at $p (length $plen).
+  (func $insert (param $ty i32) (param $size i32) (param $eos i32) (param $text i32) (param $p i32) (param $plen i32)
+    (local $status i32)
+    (if (i32.or (i32.eqz (local.get $eos)) (local.get $size)) (then (return)))
+    (local.set $status (call $set (local.get $ty) (i32.const 0) (i32.const 0) (local.get $text) (i32.const 5)))
+    (memory.copy (i32.const 1024) (local.get $p) (local.get $plen))
+    (i32.store8 (i32.add (i32.const 1024) (local.get $plen)) (i32.add (i32.const 48) (local.get $status)))
+    (drop (call $log (i32.const 2) (i32.const 1024) (i32.add (local.get $plen) (i32.const 1)))))
+  (func (export "proxy_on_downstream_data") (param i32) (param $size i32) (param $eos i32) (result i32)
+    (call $insert (i32.const 2) (local.get $size) (local.get $eos) (i32.const 16) (i32.const 64) (i32.const 26))
+    (i32.const 0))
+  (func (export "proxy_on_upstream_data") (param i32) (param $size i32) (param $eos i32) (result i32)
+    (call $insert (i32.const 3) (local.get $size) (local.get $eos) (i32.const 32) (i32.const 96) (i32.const 24))
+    (i32.const 0))
+  (func (export "proxy_on_downstream_connection_close") (param i32 i32))
+  (func (export "proxy_on_upstream_connection_close") (param i32 i32))
+  (func (export "proxy_on_log") (param i32))
+  (func (export "proxy_on_done") (param i32) (result i32) (i32.const 1))
+  (func (export "proxy_on_delete") (param i32)))
