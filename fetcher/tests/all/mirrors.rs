@@ -1,12 +1,15 @@
 //! Pulls through registry mirrors configured in containerd's hosts.toml
 //! (`--registry-config-dir`): a real `docker-registry` pull-through cache in front of another,
-//! the fallback to the upstream, the credential rule, and the files refused.
+//! the fallback to the upstream, the credential rule, and the files refused; `serve` and
+//! `render` pull through the mirror too.
 
 use std::path::Path;
 
 use oci_client::secrets::RegistryAuth;
 
+use crate::image_volume::ecds_module;
 use crate::oci_registry::{Options, Registry};
+use crate::serve_support::{dirs, wasm_plugin, write_plugin};
 use crate::support::*;
 
 const WASM: &str = "application/wasm";
@@ -20,8 +23,18 @@ fn hosts_toml(dir: &Path, registry: &str, text: &str) -> std::path::PathBuf {
     path
 }
 
-#[test]
-fn a_pull_goes_through_the_mirror_and_falls_back_to_the_upstream_when_it_is_down() {
+/// A registry holding one module, a `docker-registry` pull-through cache in front of it, and
+/// the hosts directory that names the cache as the registry's mirror.
+struct Mirrored {
+    upstream: Registry,
+    mirror: Registry,
+    tmp: tempfile::TempDir,
+    config: std::path::PathBuf,
+    url: String,
+    module: Vec<u8>,
+}
+
+fn mirrored() -> Mirrored {
     let upstream = Registry::start(false);
     let module = module("mirrored");
     upstream.push(
@@ -30,7 +43,7 @@ fn a_pull_goes_through_the_mirror_and_falls_back_to_the_upstream_when_it_is_down
         CNCF_CONFIG,
         &RegistryAuth::Anonymous,
     );
-    let mut mirror = Registry::start_with(Options {
+    let mirror = Registry::start_with(Options {
         proxy_remote: Some(format!("http://{}", upstream.host)),
         ..Default::default()
     });
@@ -46,6 +59,26 @@ fn a_pull_goes_through_the_mirror_and_falls_back_to_the_upstream_when_it_is_down
         ),
     );
     let url = format!("oci://{}/mods/m:v1", upstream.host);
+    Mirrored {
+        upstream,
+        mirror,
+        tmp,
+        config,
+        url,
+        module,
+    }
+}
+
+#[test]
+fn a_pull_goes_through_the_mirror_and_falls_back_to_the_upstream_when_it_is_down() {
+    let Mirrored {
+        upstream,
+        mut mirror,
+        tmp,
+        config,
+        url,
+        module,
+    } = mirrored();
     let dir = config.to_str().unwrap();
 
     let o = pull(
@@ -140,6 +173,43 @@ fn a_malformed_or_oversized_hosts_toml_is_refused_naming_it() {
             "{words}: {err}"
         );
     }
+}
+
+#[test]
+fn serve_pulls_through_the_mirror_of_its_registry_config_dir() {
+    let m = mirrored();
+    let d = dirs();
+    write_plugin(&d.plugins.join("m.yaml"), &wasm_plugin("m", &m.url, ""));
+    let serve = d.serve(&[], &["--registry-config-dir", m.config.to_str().unwrap()]);
+    serve.wait_ready();
+    let path = ecds_module(&d.ecds.join("test.m.yaml"));
+    assert_eq!(std::fs::read(path).unwrap(), m.module);
+    assert_eq!(m.mirror.requests("GET", "/v2/mods/m/manifests/v1"), 1);
+    assert_eq!(m.mirror.requests("GET", "/v2/mods/m/blobs/"), 1);
+    assert!(serve.stop().success());
+}
+
+#[test]
+fn render_pulls_through_the_mirror_of_its_registry_config_dir() {
+    let m = mirrored();
+    let plugin = m.tmp.path().join("m.yaml");
+    std::fs::write(&plugin, wasm_plugin("m", &m.url, "")).unwrap();
+    let out = m.tmp.path().join("ecds");
+    let o = fetcher()
+        .arg("render")
+        .arg(&plugin)
+        .arg("-o")
+        .arg(&out)
+        .arg("--cache-dir")
+        .arg(m.tmp.path().join("cache"))
+        .arg("--registry-config-dir")
+        .arg(&m.config)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let path = ecds_module(&out.join("test.m.yaml"));
+    assert_eq!(std::fs::read(path).unwrap(), m.module);
+    assert_eq!(m.mirror.requests("GET", "/v2/mods/m/manifests/v1"), 1);
 }
 
 fn stdout_json_path(o: &std::process::Output) -> std::path::PathBuf {
