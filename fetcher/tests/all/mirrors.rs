@@ -34,7 +34,7 @@ struct Mirrored {
     module: Vec<u8>,
 }
 
-fn mirrored() -> Mirrored {
+fn mirrored(tls: bool) -> Mirrored {
     let upstream = Registry::start(false);
     let module = module("mirrored");
     upstream.push(
@@ -45,6 +45,7 @@ fn mirrored() -> Mirrored {
     );
     let mirror = Registry::start_with(Options {
         proxy_remote: Some(format!("http://{}", upstream.host)),
+        tls,
         ..Default::default()
     });
     let tmp = tempfile::tempdir().unwrap();
@@ -53,9 +54,10 @@ fn mirrored() -> Mirrored {
         &config,
         &upstream.host,
         &format!(
-            "server = \"http://{up}\"\n\n[host.\"http://{m}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+            "server = \"http://{up}\"\n\n[host.\"{scheme}://{m}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
             up = upstream.host,
-            m = mirror.host
+            m = mirror.host,
+            scheme = if tls { "https" } else { "http" },
         ),
     );
     let url = format!("oci://{}/mods/m:v1", upstream.host);
@@ -78,7 +80,7 @@ fn a_pull_goes_through_the_mirror_and_falls_back_to_the_upstream_when_it_is_down
         config,
         url,
         module,
-    } = mirrored();
+    } = mirrored(false);
     let dir = config.to_str().unwrap();
 
     let o = pull(
@@ -177,7 +179,7 @@ fn a_malformed_or_oversized_hosts_toml_is_refused_naming_it() {
 
 #[test]
 fn serve_pulls_through_the_mirror_of_its_registry_config_dir() {
-    let m = mirrored();
+    let m = mirrored(false);
     let d = dirs();
     write_plugin(&d.plugins.join("m.yaml"), &wasm_plugin("m", &m.url, ""));
     let serve = d.serve(&[], &["--registry-config-dir", m.config.to_str().unwrap()]);
@@ -191,7 +193,7 @@ fn serve_pulls_through_the_mirror_of_its_registry_config_dir() {
 
 #[test]
 fn render_pulls_through_the_mirror_of_its_registry_config_dir() {
-    let m = mirrored();
+    let m = mirrored(false);
     let plugin = m.tmp.path().join("m.yaml");
     std::fs::write(&plugin, wasm_plugin("m", &m.url, "")).unwrap();
     let out = m.tmp.path().join("ecds");
@@ -210,6 +212,58 @@ fn render_pulls_through_the_mirror_of_its_registry_config_dir() {
     let path = ecds_module(&out.join("test.m.yaml"));
     assert_eq!(std::fs::read(path).unwrap(), m.module);
     assert_eq!(m.mirror.requests("GET", "/v2/mods/m/manifests/v1"), 1);
+}
+
+/// A mirror serving TLS with a certificate of its own CA (IP SAN 127.0.0.1): its `ca` lets the
+/// pull through; without it the mirror is refused for that certificate and the pull falls back
+/// to the upstream, as containerd does; `skip_verify` lets it through unverified.
+#[test]
+fn a_tls_mirror_is_trusted_by_its_ca_or_skip_verify_and_refused_otherwise() {
+    let m = mirrored(true);
+    let upstream_pulls = || m.upstream.requests("GET", "/v2/mods/m/manifests/v1");
+    let mirror_pulls = || m.mirror.requests("GET", "/v2/mods/m/manifests/v1");
+    let head = format!(
+        "server = \"http://{}\"\n\n[host.\"https://{}\"]\n  capabilities = [\"pull\", \"resolve\"]\n",
+        m.upstream.host, m.mirror.host
+    );
+    let ca = format!("  ca = \"{}\"\n", m.mirror.ca_file().display());
+    for (n, (extra, through_mirror)) in [
+        (ca.as_str(), true),
+        ("", false),
+        ("  skip_verify = true\n", true),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        hosts_toml(&m.config, &m.upstream.host, &format!("{head}{extra}"));
+        let (upstream_before, mirror_before) = (upstream_pulls(), mirror_pulls());
+        let o = pull_env(
+            &m.tmp.path().join(format!("c{n}")),
+            &[("WASM_FETCHER_LOG", "warn")],
+            &[
+                "--registry-config-dir",
+                m.config.to_str().unwrap(),
+                "--json",
+                &m.url,
+            ],
+        );
+        assert!(o.status.success(), "{extra}: {}", stderr(&o));
+        assert_eq!(std::fs::read(stdout_json_path(&o)).unwrap(), m.module);
+        let by_mirror = (
+            mirror_pulls() - mirror_before,
+            upstream_pulls() - upstream_before,
+        );
+        if through_mirror {
+            assert_eq!(by_mirror.0, 1, "{extra}: {}", stderr(&o));
+        } else {
+            assert_eq!(by_mirror, (0, 1), "{extra}: {}", stderr(&o));
+            let err = stderr(&o);
+            assert!(
+                err.contains(&m.mirror.host) && err.contains("certificate"),
+                "the refusal names the mirror and its certificate: {err}"
+            );
+        }
+    }
 }
 
 fn stdout_json_path(o: &std::process::Output) -> std::path::PathBuf {
