@@ -266,6 +266,68 @@ fn a_tls_mirror_is_trusted_by_its_ca_or_skip_verify_and_refused_otherwise() {
     }
 }
 
+/// A mirror served under a path (`http: prefix: /mirror/`): a host URL without `/v2` gets it
+/// added, and with `override_path` its path is the API root as written, so `/mirror` then asks
+/// `/mirror/mods/...`, which that mirror does not serve, and the pull falls back.
+#[test]
+fn override_path_takes_the_host_path_as_the_api_root() {
+    let upstream = Registry::start(false);
+    let module = module("prefixed");
+    upstream.push(
+        "mods/m:v1",
+        vec![(WASM, module.clone())],
+        CNCF_CONFIG,
+        &RegistryAuth::Anonymous,
+    );
+    let mirror = Registry::start_with(Options {
+        proxy_remote: Some(format!("http://{}", upstream.host)),
+        prefix: Some("/mirror/"),
+        ..Default::default()
+    });
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("certs.d");
+    let url = format!("oci://{}/mods/m:v1", upstream.host);
+    for (n, (path, override_path, asked)) in [
+        ("/mirror", false, "/mirror/v2/mods/m/manifests/v1"),
+        ("/mirror/v2", true, "/mirror/v2/mods/m/manifests/v1"),
+        ("/mirror", true, "/mirror/mods/m/manifests/v1"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        hosts_toml(
+            &config,
+            &upstream.host,
+            &format!(
+                "server = \"http://{}\"\n\n[host.\"http://{}{path}\"]\n  override_path = {override_path}\n",
+                upstream.host, mirror.host
+            ),
+        );
+        let upstream_before = upstream.requests("GET", "/v2/mods/m/manifests/v1");
+        let asked_before = mirror.requests("GET", asked);
+        let o = pull(
+            &tmp.path().join(format!("c{n}")),
+            &[
+                "--registry-config-dir",
+                config.to_str().unwrap(),
+                "--json",
+                &url,
+            ],
+        );
+        assert!(o.status.success(), "{path}: {}", stderr(&o));
+        assert_eq!(std::fs::read(stdout_json_path(&o)).unwrap(), module);
+        assert_eq!(mirror.requests("GET", asked), asked_before + 1, "{path}");
+        // A mirror miss is the pull-through's own fetch from the upstream; a fallback is ours.
+        let upstream_after = upstream.requests("GET", "/v2/mods/m/manifests/v1");
+        let fell_back = asked.starts_with("/mirror/mods");
+        assert_eq!(
+            upstream_after - upstream_before,
+            usize::from(n == 0 || fell_back),
+            "{path}"
+        );
+    }
+}
+
 fn stdout_json_path(o: &std::process::Output) -> std::path::PathBuf {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v["path"].as_str().unwrap().into()

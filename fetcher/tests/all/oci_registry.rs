@@ -21,6 +21,8 @@ pub struct Options {
     pub token_realm: Option<&'static str>,
     /// A pull-through cache of the registry at this URL (`proxy: remoteurl`).
     pub proxy_remote: Option<String>,
+    /// Served under this path (`http: prefix`): the API at `PREFIX/v2/`.
+    pub prefix: Option<&'static str>,
 }
 
 pub struct Registry {
@@ -139,6 +141,10 @@ impl Registry {
                     "http: {{addr: 127.0.0.1:{port}, tls: {{certificate: {}, key: {}}}}}\n",
                     dir.path().join("server.pem").display(),
                     dir.path().join("server.key").display()
+                ));
+            } else if let Some(prefix) = options.prefix {
+                config.push_str(&format!(
+                    "http: {{addr: 127.0.0.1:{port}, prefix: \"{prefix}\"}}\n"
                 ));
             } else {
                 config.push_str(&format!("http: {{addr: 127.0.0.1:{port}}}\n"));
