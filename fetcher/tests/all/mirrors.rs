@@ -12,9 +12,6 @@ use crate::oci_registry::{Options, Registry};
 use crate::serve_support::{dirs, wasm_plugin, write_plugin};
 use crate::support::*;
 
-const WASM: &str = "application/wasm";
-const CNCF_CONFIG: &str = "application/vnd.wasm.config.v0+json";
-
 fn hosts_toml(dir: &Path, registry: &str, text: &str) -> std::path::PathBuf {
     let d = dir.join(registry);
     std::fs::create_dir_all(&d).unwrap();
@@ -37,12 +34,7 @@ struct Mirrored {
 fn mirrored(tls: bool) -> Mirrored {
     let upstream = Registry::start(false);
     let module = module("mirrored");
-    upstream.push(
-        "mods/m:v1",
-        vec![(WASM, module.clone())],
-        CNCF_CONFIG,
-        &RegistryAuth::Anonymous,
-    );
+    upstream.push_module("mods/m:v1", &module, &RegistryAuth::Anonymous);
     let mirror = Registry::start_with(Options {
         proxy_remote: Some(format!("http://{}", upstream.host)),
         tls,
@@ -113,12 +105,7 @@ fn a_mirror_gets_no_upstream_credentials_and_its_404_falls_through() {
     let upstream = Registry::start(true);
     let module = module("private");
     let basic = RegistryAuth::Basic("user".into(), "pass".into());
-    upstream.push(
-        "mods/p:v1",
-        vec![(WASM, module.clone())],
-        CNCF_CONFIG,
-        &basic,
-    );
+    upstream.push_module("mods/p:v1", &module, &basic);
     let mirror = Server::start(vec![]);
     let tmp = tempfile::tempdir().unwrap();
     let config = tmp.path().join("certs.d");
@@ -273,12 +260,7 @@ fn a_tls_mirror_is_trusted_by_its_ca_or_skip_verify_and_refused_otherwise() {
 fn override_path_takes_the_host_path_as_the_api_root() {
     let upstream = Registry::start(false);
     let module = module("prefixed");
-    upstream.push(
-        "mods/m:v1",
-        vec![(WASM, module.clone())],
-        CNCF_CONFIG,
-        &RegistryAuth::Anonymous,
-    );
+    upstream.push_module("mods/m:v1", &module, &RegistryAuth::Anonymous);
     let mirror = Registry::start_with(Options {
         proxy_remote: Some(format!("http://{}", upstream.host)),
         prefix: Some("/mirror/"),

@@ -11,6 +11,10 @@ use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
+/// The layer and config media types of a module pushed in the CNCF Wasm artifact layout.
+pub const WASM: &str = "application/wasm";
+pub const CNCF_CONFIG: &str = "application/vnd.wasm.config.v0+json";
+
 #[derive(Default, Clone)]
 pub struct Options {
     /// Basic auth for `user:pass` (htpasswd from apache2-utils).
@@ -219,6 +223,11 @@ impl Registry {
         let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
         let needle = format!("\"{method} {prefix}");
         log.lines().filter(|l| l.contains(&needle)).count()
+    }
+
+    /// Pushes `module` as a one-layer CNCF Wasm artifact; returns the manifest digest.
+    pub fn push_module(&self, repo_tag: &str, module: &[u8], auth: &RegistryAuth) -> String {
+        self.push(repo_tag, vec![(WASM, module.to_vec())], CNCF_CONFIG, auth)
     }
 
     /// Pushes an image with these layers and config; returns the manifest digest.
