@@ -201,8 +201,7 @@ fn a_compat_image_mounted_as_the_kubelet_would_is_served_to_real_envoy_uncached(
     assert_eq!(std::fs::read(&module_path).unwrap(), module);
 
     // The node: serve reads the mount in place; Envoy runs the module from it.
-    let serve = d.serve(&[], &["--image-volume-root", root.to_str().unwrap()]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &["--image-volume-root", root.to_str().unwrap()]);
     let served = d.ecds.join("test.mounted.yaml");
     assert_eq!(ecds_module(&served), module_path.display().to_string());
     let refused = std::fs::read_to_string(d.ecds.join("test.wrong-pin.yaml")).unwrap();

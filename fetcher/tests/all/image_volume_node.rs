@@ -72,7 +72,7 @@ fn a_module_change_rolls_the_fetcher_pod_and_the_same_envoy_serves_the_new_modul
             &d.tmp.path().join(format!("layout-{version}")),
             &mount.dir,
         );
-        let serve = d.serve(
+        let serve = d.serve_ready(
             &[],
             &[
                 "--image-volume-root",
@@ -80,7 +80,6 @@ fn a_module_change_rolls_the_fetcher_pod_and_the_same_envoy_serves_the_new_modul
                 "--copy-image-volumes",
             ],
         );
-        serve.wait_ready();
         (serve, root)
     };
     write_plugin(&d.plugins.join("node.yaml"), &plugin(1));

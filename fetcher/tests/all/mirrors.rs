@@ -169,8 +169,7 @@ fn serve_pulls_through_the_mirror_of_its_registry_config_dir() {
     let m = mirrored(false);
     let d = dirs();
     write_plugin(&d.plugins.join("m.yaml"), &wasm_plugin("m", &m.url, ""));
-    let serve = d.serve(&[], &["--registry-config-dir", m.config.to_str().unwrap()]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &["--registry-config-dir", m.config.to_str().unwrap()]);
     let path = ecds_module(&d.ecds.join("test.m.yaml"));
     assert_eq!(std::fs::read(path).unwrap(), m.module);
     assert_eq!(m.mirror.requests("GET", "/v2/mods/m/manifests/v1"), 1);
