@@ -39,7 +39,7 @@ pub struct Settings {
     pub verify_key: Option<crate::keys::VerifyKey>,
     /// `WASM_IMAGE_VOLUME_ROOT` or `--image-volume-root`: `oci://` modules are the image
     /// volumes the kubelet mounted under this directory (`crate::source::image_volume`), read
-    /// in place; no registry is asked and nothing is cached.
+    /// in place (or copied, with `copy_image_volumes`); no registry is asked.
     pub image_volume_root: Option<std::path::PathBuf>,
     /// `serve --copy-image-volumes`: a module read from an image volume is copied into the
     /// cache, which an Envoy in another pod reads, instead of being named in place.
