@@ -59,6 +59,10 @@ pub struct ModuleEntry {
     pub modified_ns: Option<u64>,
     pub pulled_at: u64,
     pub last_used: u64,
+    /// A copy of a module read from an image volume (`serve --copy-image-volumes`): the image
+    /// is its home, so the copy goes once no config names it rather than when it expires.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub image_volume_copy: bool,
 }
 
 impl ModuleEntry {
@@ -257,6 +261,7 @@ impl IndexFile {
                     modified_ns: None,
                     pulled_at: mtime,
                     last_used: mtime,
+                    image_volume_copy: false,
                 };
                 (sha, entry)
             })
@@ -322,6 +327,7 @@ mod tests {
             modified_ns: None,
             pulled_at: 0,
             last_used,
+            image_volume_copy: false,
         };
         let source = |sha| SourceEntry {
             sha256: sha,

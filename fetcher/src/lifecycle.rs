@@ -112,6 +112,29 @@ pub fn purge(
     Ok(purged)
 }
 
+/// Removes the copies of image-volume modules (`ModuleEntry::image_volume_copy`) that neither
+/// `in_use` nor a live lease names: the image is the module's home, and a copy no config names
+/// is of an image the node moved on from. Returns their digests.
+pub fn purge_copies(cache: &Cache, in_use: &BTreeSet<Sha256>) -> Result<Vec<Sha256>, FetchError> {
+    let _purging = purge_lock(cache)?;
+    let mut keep = leased(cache);
+    keep.extend(in_use.iter().copied());
+    IndexFile::new(cache).update(|idx| {
+        let gone: Vec<Sha256> = idx
+            .modules
+            .iter()
+            .filter(|(sha, m)| m.image_volume_copy && !keep.contains(sha))
+            .map(|(sha, _)| *sha)
+            .collect();
+        for sha in &gone {
+            idx.modules.remove(sha);
+            let _ = std::fs::remove_file(cache.module_path(sha));
+        }
+        idx.sources.retain(|_, s| !gone.contains(&s.sha256));
+        gone
+    })
+}
+
 /// A process's claim on the modules it uses (see the module docs). Dropping it (or the
 /// process dying) ends the claim.
 #[derive(Debug)]
@@ -267,6 +290,7 @@ mod tests {
                             modified_ns: None,
                             pulled_at: 1,
                             last_used,
+                            image_volume_copy: false,
                         },
                     );
                     shas.push(sha);
@@ -302,6 +326,40 @@ mod tests {
         drop(lease);
         assert!(leased(&cache).is_empty());
         assert!(!leases_dir(&cache).join("serve.json").exists());
+    }
+
+    #[test]
+    fn only_copies_of_image_volumes_no_one_names_go_at_once() {
+        let now = index::now();
+        let (_d, cache, shas) = cache_with(&[(1, now, 100), (2, now, 100), (3, now, 100)]);
+        IndexFile::new(&cache)
+            .update(|idx| {
+                for sha in &shas[1..] {
+                    idx.modules.get_mut(sha).unwrap().image_volume_copy = true;
+                }
+            })
+            .unwrap();
+        let lease = Lease::take(&cache, "other").unwrap();
+        lease.set(&BTreeSet::from([shas[2]])).unwrap();
+        assert_eq!(
+            purge_copies(&cache, &BTreeSet::new()).unwrap(),
+            vec![shas[1]]
+        );
+        assert!(
+            cache.lookup(&shas[0]).is_some(),
+            "a pulled module waits for its expiry"
+        );
+        assert!(cache.lookup(&shas[1]).is_none());
+        assert!(cache.lookup(&shas[2]).is_some(), "a leased copy stays");
+        drop(lease);
+        assert_eq!(
+            purge_copies(&cache, &BTreeSet::from([shas[2]])).unwrap(),
+            vec![]
+        );
+        assert_eq!(
+            purge_copies(&cache, &BTreeSet::new()).unwrap(),
+            vec![shas[2]]
+        );
     }
 
     #[test]

@@ -157,7 +157,7 @@ pub async fn pull(
         .as_deref()
         .and_then(|root| image_volume::Mount::of(&pull.source, root))
     {
-        return mounted(&pull, &mount, settings).await;
+        return mounted(&pull, &mount, cache, settings).await;
     }
     let index = IndexFile::new(cache);
     let idx = index.load()?;
@@ -167,7 +167,7 @@ pub async fn pull(
         if pull.already_recorded(&idx, &p) {
             return Ok(p);
         }
-        return match record(&index, &pull, p.clone(), None).await {
+        return match record(&index, &pull, p.clone(), None, false).await {
             // The module is there and checked; only the bookkeeping could not be written.
             Err(FetchError::CacheReadOnly { path, message }) => {
                 tracing::warn!(path = %path.display(), %message, "cache is read-only; last use not recorded");
@@ -185,7 +185,7 @@ pub async fn pull(
     let _lock = lock_source(cache, &pull.key).await?;
     if pull.policy != PullPolicy::Always || req.resource_version.is_some() {
         if let Some(p) = pull.cached(&index.load()?, cache) {
-            return record(&index, &pull, p, None).await;
+            return record(&index, &pull, p, None, false).await;
         }
     }
     let mut staging = cache.staging(settings.max_size)?;
@@ -212,16 +212,18 @@ pub async fn pull(
         pin: pin.matched,
         from_cache,
     };
-    record(&index, &pull, pulled, image.and_then(|i| i.index)).await
+    record(&index, &pull, pulled, image.and_then(|i| i.index), false).await
 }
 
-/// An `oci://` source the kubelet mounted as an image volume: read in place, never cached.
-/// The container runtime checked the image against the digest the pod pins; here the
-/// module's bytes are checked against a `sha256` pin, which must name them (a manifest digest
-/// is the pod's to pin).
+/// An `oci://` source the kubelet mounted as an image volume: read in place, or with
+/// `Settings::copy_image_volumes` copied into the cache once (a copy already there and intact
+/// is taken as is). The container runtime checked the image against the digest the pod pins;
+/// here the module's bytes are checked against a `sha256` pin, which must name them (a
+/// manifest digest is the pod's to pin).
 async fn mounted(
     pull: &Pull<'_>,
     mount: &image_volume::Mount,
+    cache: &Cache,
     settings: &Settings,
 ) -> Result<Pulled, FetchError> {
     if pull.verified {
@@ -231,16 +233,42 @@ async fn mounted(
                 .into(),
         ));
     }
-    let (path, sha256) =
-        image_volume::read(mount, pull.req.sha256.as_ref(), settings.max_size).await?;
-    Ok(Pulled {
+    let pin = pull.req.sha256.as_ref();
+    let (path, sha256) = image_volume::read(mount, pin, settings.max_size).await?;
+    let mut pulled = Pulled {
         path,
         source: pull.key.clone(),
         sha256,
         manifest_digest: None,
         pin: pull.req.sha256.map(|_| PinMatch::ModuleSha256),
         from_cache: true,
-    })
+    };
+    if !settings.copy_image_volumes {
+        return Ok(pulled);
+    }
+    let index = IndexFile::new(cache);
+    let recorded = index.load()?.modules.get(&sha256).map(ModuleEntry::stamp);
+    // Marked as a copy only when copied here: a module a direct pull left keeps its expiry.
+    match cache.lookup_intact(&sha256, cache::Verify::Stamp(recorded)) {
+        Some(path) => pulled.path = path,
+        None => {
+            let staging = cache.staging(settings.max_size)?;
+            let (staging, sha) = image_volume::copy(mount, pin, settings.max_size, staging).await?;
+            // The file changed between the two reads: the bytes checked are not those copied.
+            let (path, _) = cache.commit(staging, Some(&sha256)).map_err(|e| match e {
+                FetchError::ChecksumMismatch { .. } => FetchError::Read {
+                    what: "image volume module",
+                    path: mount.module(),
+                    reason: format!("it changed while read (now sha256 {sha})"),
+                },
+                other => other,
+            })?;
+            pulled.path = path;
+            pulled.from_cache = false;
+        }
+    }
+    let copied = !pulled.from_cache;
+    record(&index, pull, pulled, None, copied).await
 }
 
 /// The cross-process lock on one source. Waiting polls instead of blocking a thread in the
@@ -275,6 +303,7 @@ async fn record(
     pull: &Pull<'_>,
     pulled: Pulled,
     index_digest: Option<Digest>,
+    image_volume_copy: bool,
 ) -> Result<Pulled, FetchError> {
     let index = index.clone();
     let (key, resource) = (pull.key.clone(), pull.resource.clone());
@@ -286,6 +315,7 @@ async fn record(
             resource: &resource,
             version: version.as_deref(),
             index_digest,
+            image_volume_copy,
         };
         record_now(&index, &recorded, pulled)
     })
@@ -302,6 +332,8 @@ struct Recorded<'a> {
     resource: &'a str,
     version: Option<&'a str>,
     index_digest: Option<Digest>,
+    /// The module was just copied from an image volume (`ModuleEntry::image_volume_copy`).
+    image_volume_copy: bool,
 }
 
 /// Records a successful pull: the module's use, what the source resolved to, and (only now,
@@ -321,8 +353,12 @@ fn record_now(index: &IndexFile, r: &Recorded, pulled: Pulled) -> Result<Pulled,
                 modified_ns: None,
                 pulled_at: now,
                 last_used: now,
+                image_volume_copy: false,
             });
         entry.last_used = now;
+        // Set here, not only for a new entry: a missing index is rebuilt from the module
+        // files, the one just copied included, before this update sees it.
+        entry.image_volume_copy |= r.image_volume_copy;
         if entry.source.is_empty() {
             // Found by a rebuilt index, which cannot know where a module came from.
             entry.source = r.key.to_string();

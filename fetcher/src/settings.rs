@@ -39,8 +39,11 @@ pub struct Settings {
     pub verify_key: Option<crate::keys::VerifyKey>,
     /// `WASM_IMAGE_VOLUME_ROOT` or `--image-volume-root`: `oci://` modules are the image
     /// volumes the kubelet mounted under this directory (`crate::source::image_volume`), read
-    /// in place; no registry is asked and nothing is cached.
+    /// in place (or copied, with `copy_image_volumes`); no registry is asked.
     pub image_volume_root: Option<std::path::PathBuf>,
+    /// `serve --copy-image-volumes`: a module read from an image volume is copied into the
+    /// cache, which an Envoy in another pod reads, instead of being named in place.
+    pub copy_image_volumes: bool,
     /// `WASM_REGISTRY_CONFIG_DIR` or `--registry-config-dir`: containerd's hosts directory
     /// (`DIR/<host>/hosts.toml`), the mirrors to pull through (`crate::oci::hosts`).
     pub registry_config_dir: Option<std::path::PathBuf>,
@@ -103,6 +106,7 @@ impl Default for Settings {
             cache_max_bytes: None,
             verify_key: None,
             image_volume_root: None,
+            copy_image_volumes: false,
             registry_config_dir: None,
         }
     }

@@ -71,6 +71,12 @@ pub struct ServeArgs {
     /// place, never cached nor purged [default: $WASM_IMAGE_VOLUME_ROOT].
     #[arg(long, value_name = "DIR")]
     pub image_volume_root: Option<PathBuf>,
+    /// Copy each module read from an image volume into the cache (checked, whole, bounded by
+    /// ISTIO_WASM_MAX_BINARY_SIZE_BYTES) and name the copy in the ECDS files: for an Envoy in
+    /// another pod that mounts the cache and ECDS directories (a hostPath) read-only, so a
+    /// module change rolls this pod, never Envoy. A copy goes once no ECDS file names it.
+    #[arg(long)]
+    pub copy_image_volumes: bool,
     /// Pull oci:// images through the registry mirrors of containerd's hosts directory:
     /// DIR/<registry>/hosts.toml (or DIR/_default/hosts.toml), at most 64 KiB
     /// [default: $WASM_REGISTRY_CONFIG_DIR].
@@ -102,6 +108,13 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     if let Some(root) = &args.image_volume_root {
         settings.image_volume_root = Some(root.clone());
+    }
+    if args.copy_image_volumes {
+        anyhow::ensure!(
+            settings.image_volume_root.is_some(),
+            "--copy-image-volumes copies modules from image volumes; say where they are mounted (--image-volume-root or WASM_IMAGE_VOLUME_ROOT)"
+        );
+        settings.copy_image_volumes = true;
     }
     if let Some(dir) = &args.registry_config_dir {
         settings.registry_config_dir = Some(dir.clone());

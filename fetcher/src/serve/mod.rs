@@ -16,6 +16,7 @@ pub mod http;
 pub mod metrics;
 pub mod retry;
 mod state;
+mod upkeep;
 pub mod watch;
 mod written;
 
@@ -30,7 +31,7 @@ use tokio::task::JoinSet;
 use crate::envoy::render::{self, EcdsResource, Outcome};
 use crate::envoy::wasmplugin::WasmPlugin;
 use crate::error::FetchError;
-use crate::lifecycle::{self, Lease};
+use crate::lifecycle::Lease;
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
 use state::{duplicate, Claim, Source, State};
@@ -274,20 +275,22 @@ pub async fn run(
                                 h.abort();
                             }
                             remove_source(&shared, &path);
+                            let shared = shared.clone();
+                            tasks.spawn(async move { upkeep::purge_copies(&shared).await });
                         }
                     }
                 }
                 shared.state().scanned = true;
                 updated
             }
-            _ = verify.tick() => needing_refresh(&shared, false),
+            _ = verify.tick() => upkeep::needing_refresh(&shared, false),
             _ = purge.tick() => {
                 let shared = shared.clone();
-                tasks.spawn(async move { purge_now(&shared).await });
+                tasks.spawn(async move { upkeep::purge_now(&shared).await });
                 Vec::new()
             }
             c = control.recv() => match c {
-                Some(Control::Reverify) => needing_refresh(&shared, true),
+                Some(Control::Reverify) => upkeep::needing_refresh(&shared, true),
                 Some(Control::Stop) | None => break Ok(()),
             },
         };
@@ -325,63 +328,6 @@ pub async fn run(
         e.abort();
     }
     outcome
-}
-
-/// Sources whose modules are gone or damaged on disk, or which run on a fallback: they are
-/// converted again. `rehash` checks every byte (SIGHUP); otherwise size and mtime against the
-/// index.
-fn needing_refresh(shared: &Shared, rehash: bool) -> Vec<PathBuf> {
-    let cache = &shared.options.cache;
-    let idx = crate::index::IndexFile::new(cache)
-        .load()
-        .unwrap_or_default();
-    let state = shared.state();
-    state
-        .sources
-        .iter()
-        .filter(|(_, s)| {
-            s.applied.as_ref().is_some_and(|files| {
-                files.values().any(|r| match &r.outcome {
-                    Outcome::Fallback { .. } => true,
-                    Outcome::Module { sha256: sha, .. } => {
-                        let verify = if rehash {
-                            crate::cache::Verify::Hash
-                        } else {
-                            crate::cache::Verify::Stamp(
-                                idx.modules.get(sha).map(crate::index::ModuleEntry::stamp),
-                            )
-                        };
-                        cache.lookup_intact(sha, verify).is_none()
-                    }
-                })
-            })
-        })
-        .map(|(p, _)| p.clone())
-        .collect()
-}
-
-async fn purge_now(shared: &Arc<Shared>) {
-    let _gate = shared.purge_gate.write().await;
-    let in_use = shared.in_use(&shared.state());
-    let (cache, settings) = (
-        shared.options.cache.clone(),
-        shared.options.settings.clone(),
-    );
-    let purged =
-        tokio::task::spawn_blocking(move || lifecycle::purge(&cache, &settings, &in_use)).await;
-    match purged {
-        Ok(Ok(p)) => {
-            for sha in &p.expired {
-                tracing::info!(%sha, "purged: unused for WASM_MODULE_EXPIRY");
-            }
-            for sha in &p.evicted {
-                tracing::info!(%sha, "evicted: over WASM_CACHE_MAX_BYTES");
-            }
-        }
-        Ok(Err(e)) => tracing::warn!(error = %e, "purge failed"),
-        Err(e) => tracing::warn!(error = %e, "purge did not finish"),
-    }
-    shared.refresh_cache_entries();
 }
 
 /// Pulls and renders every plugin of one file's content, then writes the files if this is
@@ -487,6 +433,8 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         Err(e) => tracing::warn!(error = %e, "leasing the modules in use did not finish"),
     }
     apply(shared, path, generation, resources);
+    drop(_gate);
+    upkeep::purge_copies(shared).await;
     shared.refresh_cache_entries();
 }
 

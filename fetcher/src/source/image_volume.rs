@@ -10,12 +10,17 @@
 //! the source's canonical key ([`crate::reference::Source::key`]), and it is mounted at
 //! `ROOT/<name>`. `render --image-volumes` writes the pod's side of that mapping and `serve`
 //! reads by it, so the two agree by construction.
+//!
+//! With `serve --copy-image-volumes` the checked module is also copied into the cache (on a
+//! node directory an Envoy in another pod reads): the DaemonSet that mounts the images rolls on
+//! a module change, and the Envoy reading the copies never does.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use sha2::Digest as _;
 
+use crate::cache::Staging;
 use crate::error::FetchError;
 use crate::reference::Source;
 use crate::verify::Sha256;
@@ -62,14 +67,38 @@ pub async fn read(
 ) -> Result<(PathBuf, Sha256), FetchError> {
     let path = mount.module();
     let checked = path.clone();
-    let sha = tokio::task::spawn_blocking(move || hash_module(&checked, max_size))
+    let sha = tokio::task::spawn_blocking(move || scan(&checked, max_size, |_| Ok(())))
         .await
         .map_err(|e| FetchError::Io(std::io::Error::other(format!("reading the module: {e}"))))??;
     crate::verify::check_pin(pin, &sha)?;
     Ok((path, sha))
 }
 
-fn hash_module(path: &Path, max_size: u64) -> Result<Sha256, FetchError> {
+/// [`read`], streaming the module's bytes into `staging` on the way: the staged copy and the
+/// returned sha256 are of the same bytes, read once.
+pub async fn copy(
+    mount: &Mount,
+    pin: Option<&Sha256>,
+    max_size: u64,
+    mut staging: Staging,
+) -> Result<(Staging, Sha256), FetchError> {
+    let path = mount.module();
+    let (staging, sha) = tokio::task::spawn_blocking(move || {
+        scan(&path, max_size, |chunk| staging.write(chunk)).map(|sha| (staging, sha))
+    })
+    .await
+    .map_err(|e| FetchError::Io(std::io::Error::other(format!("copying the module: {e}"))))??;
+    crate::verify::check_pin(pin, &sha)?;
+    Ok((staging, sha))
+}
+
+/// Hashes the module at `path`, handing each chunk read to `sink`, after checking it is a
+/// regular file of at most `max_size` bytes that starts like a core Wasm module.
+fn scan(
+    path: &Path,
+    max_size: u64,
+    mut sink: impl FnMut(&[u8]) -> Result<(), FetchError>,
+) -> Result<Sha256, FetchError> {
     let unreadable = |reason: String| FetchError::Read {
         what: "image volume module",
         path: path.to_path_buf(),
@@ -120,6 +149,7 @@ fn hash_module(path: &Path, max_size: u64) -> Result<Sha256, FetchError> {
             head.extend_from_slice(&buf[..want]);
         }
         hasher.update(&buf[..n]);
+        sink(&buf[..n])?;
     }
     crate::verify::check_wasm_header(&head)?;
     Ok(Sha256(hasher.finalize().into()))

@@ -8,8 +8,10 @@
 //! fetcher's paths, read-only (an ECDS file names the module by the fetcher's path); the
 //! WasmPlugins in the ConfigMap pass the fetcher's parser and are exactly the plugins whose ECDS
 //! files the bootstrap reads. A fetcher reading image volumes (`--image-volume-root`) finds the
-//! volume each plugin's URL maps to, pinned by digest and mounted read-only where it looks, in
-//! Envoy too, and the plugins' pull secrets among the pod's `imagePullSecrets`.
+//! volume each plugin's URL maps to, pinned by digest and mounted read-only where it looks (in
+//! an Envoy of the same pod too), and the plugins' pull secrets among the pod's
+//! `imagePullSecrets`; an Envoy in another pod mounts no image and the fetcher copies
+//! (`--copy-image-volumes`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -229,6 +231,7 @@ fn check_file(path: &Path) {
     let mut pull_secret_mounts: BTreeSet<String> = BTreeSet::new();
     // With --image-volume-root: the root, and the pod (the kubelet pulls with its secrets).
     let mut image_volumes: Option<(String, &Value)> = None;
+    let mut copies = false;
     for d in docs.iter().filter(|d| d["spec"]["template"].is_object()) {
         let pod = &d["spec"]["template"]["spec"];
         let volumes: BTreeMap<String, &Value> = pod["volumes"]
@@ -288,6 +291,7 @@ fn check_file(path: &Path) {
             if let Some(root) = flag(&args, "--image-volume-root") {
                 image_volumes = Some((root.to_string(), pod));
             }
+            copies = args.iter().any(|a| a == "--copy-image-volumes");
             // imagePullSecret NAME is read from DIR/NAMESPACE/NAME/.dockerconfigjson: a Secret
             // volume.
             let secrets = flag(&args, "--pull-secrets")
@@ -422,6 +426,18 @@ fn check_file(path: &Path) {
             }
         }
     }
+    // An image volume is seen only in its own pod: an Envoy in another pod reads copies.
+    if image_volumes.is_some() {
+        let envoy_mounts_images = envoy_pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|v| v["image"].is_object());
+        assert_eq!(
+            envoy_mounts_images, !copies,
+            "{name}: an Envoy beside the image volumes reads them in place, one in its own pod reads the copies --copy-image-volumes makes"
+        );
+    }
     let text = bootstrap.to_string();
     let referenced: BTreeSet<String> = text
         .match_indices(&format!("{ecds}/"))
@@ -432,7 +448,7 @@ fn check_file(path: &Path) {
 
 /// A plugin served from an image volume: the pod declares the volume the fetcher looks for
 /// (its name from the plugin's URL), pinned by digest, with a pull policy Kubernetes knows;
-/// every container that reads modules mounts it read-only at ROOT/NAME; the plugin's pull
+/// every container of the pod that reads modules mounts it read-only at ROOT/NAME; the plugin's pull
 /// secret is one of the pod's imagePullSecrets.
 fn check_image_volume(file: &str, p: &WasmPlugin, root: &str, pod: &Value) {
     let source = wasm_fetcher::reference::Source::parse(&p.url).unwrap();

@@ -77,8 +77,22 @@ struct VolumeMount {
     read_only: bool,
 }
 
+/// What the kubelet does for an image volume: pull `reference` (skopeo, into an OCI layout at
+/// `layout`) and unpack its layers at `mount_path`.
+pub fn kubelet_mounts(reference: &str, layout: &Path, mount_path: &Path) {
+    let o = std::process::Command::new("skopeo")
+        .args(["copy", "--quiet", "--src-tls-verify=false"])
+        .arg(format!("docker://{reference}"))
+        .arg(format!("oci:{}:v", layout.display()))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "skopeo: {}", stderr(&o));
+    std::fs::create_dir_all(mount_path).unwrap();
+    unpack(layout, &blob(layout, &tagged(layout, "v")), mount_path);
+}
+
 /// The module path the ECDS file at `path` names.
-fn ecds_module(path: &Path) -> String {
+pub fn ecds_module(path: &Path) -> String {
     let doc: serde_json::Value = serde_norway::from_slice(&std::fs::read(path).unwrap()).unwrap();
     doc.pointer("/resources/0/typed_config/config/vm_config/code/local/filename")
         .and_then(|f| f.as_str())
@@ -179,21 +193,15 @@ fn a_compat_image_mounted_as_the_kubelet_would_is_served_to_real_envoy_uncached(
     );
 
     // The kubelet: pull the reference the pod pins, unpack its layers at the mount path.
-    let layout = d.tmp.path().join("layout");
-    let o = std::process::Command::new("skopeo")
-        .args(["copy", "--quiet", "--src-tls-verify=false"])
-        .arg(format!("docker://{}", volume.image.reference))
-        .arg(format!("oci:{}:v", layout.display()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "skopeo: {}", stderr(&o));
-    std::fs::create_dir_all(&mount_path).unwrap();
-    unpack(&layout, &blob(&layout, &tagged(&layout, "v")), &mount_path);
+    kubelet_mounts(
+        &volume.image.reference,
+        &d.tmp.path().join("layout"),
+        &mount_path,
+    );
     assert_eq!(std::fs::read(&module_path).unwrap(), module);
 
     // The node: serve reads the mount in place; Envoy runs the module from it.
-    let serve = d.serve(&[], &["--image-volume-root", root.to_str().unwrap()]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &["--image-volume-root", root.to_str().unwrap()]);
     let served = d.ecds.join("test.mounted.yaml");
     assert_eq!(ecds_module(&served), module_path.display().to_string());
     let refused = std::fs::read_to_string(d.ecds.join("test.wrong-pin.yaml")).unwrap();

@@ -13,6 +13,7 @@ mod dynamic_module;
 mod hostile_registry;
 mod image;
 mod image_volume;
+mod image_volume_node;
 mod layers;
 mod library;
 mod mirrors;

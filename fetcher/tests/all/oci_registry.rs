@@ -11,6 +11,10 @@ use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
+/// The layer and config media types of a module pushed in the CNCF Wasm artifact layout.
+pub const WASM: &str = "application/wasm";
+pub const CNCF_CONFIG: &str = "application/vnd.wasm.config.v0+json";
+
 #[derive(Default, Clone)]
 pub struct Options {
     /// Basic auth for `user:pass` (htpasswd from apache2-utils).
@@ -21,6 +25,8 @@ pub struct Options {
     pub token_realm: Option<&'static str>,
     /// A pull-through cache of the registry at this URL (`proxy: remoteurl`).
     pub proxy_remote: Option<String>,
+    /// Served under this path (`http: prefix`): the API at `PREFIX/v2/`.
+    pub prefix: Option<&'static str>,
 }
 
 pub struct Registry {
@@ -140,6 +146,10 @@ impl Registry {
                     dir.path().join("server.pem").display(),
                     dir.path().join("server.key").display()
                 ));
+            } else if let Some(prefix) = options.prefix {
+                config.push_str(&format!(
+                    "http: {{addr: 127.0.0.1:{port}, prefix: \"{prefix}\"}}\n"
+                ));
             } else {
                 config.push_str(&format!("http: {{addr: 127.0.0.1:{port}}}\n"));
             }
@@ -213,6 +223,11 @@ impl Registry {
         let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
         let needle = format!("\"{method} {prefix}");
         log.lines().filter(|l| l.contains(&needle)).count()
+    }
+
+    /// Pushes `module` as a one-layer CNCF Wasm artifact; returns the manifest digest.
+    pub fn push_module(&self, repo_tag: &str, module: &[u8], auth: &RegistryAuth) -> String {
+        self.push(repo_tag, vec![(WASM, module.to_vec())], CNCF_CONFIG, auth)
     }
 
     /// Pushes an image with these layers and config; returns the manifest digest.

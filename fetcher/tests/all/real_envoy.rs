@@ -153,6 +153,10 @@ impl Envoy {
         matches!(self.child.try_wait(), Ok(None))
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn admin(&self, path: &str) -> Option<String> {
         let address = std::fs::read_to_string(&self.admin_path).ok()?;
         let (_, text) = http_get(address.trim(), path).ok()?;

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use oci_client::secrets::RegistryAuth;
 
-use crate::oci_registry::{Options, Registry};
+use crate::oci_registry::{Options, Registry, CNCF_CONFIG};
 use crate::support::*;
 
 pub fn tar_gz_with(name: &str, data: &[u8]) -> Vec<u8> {
@@ -33,20 +33,12 @@ fn read(v: &serde_json::Value) -> Vec<u8> {
     std::fs::read(PathBuf::from(v["path"].as_str().unwrap())).unwrap()
 }
 
-const WASM: &str = "application/wasm";
-const CNCF_CONFIG: &str = "application/vnd.wasm.config.v0+json";
-
 #[test]
 fn the_three_layouts_are_accepted() {
     let reg = Registry::start(false);
     let anon = RegistryAuth::Anonymous;
     let single = module("single");
-    reg.push(
-        "cncf/filter:1.0",
-        vec![(WASM, single.clone())],
-        CNCF_CONFIG,
-        &anon,
-    );
+    reg.push_module("cncf/filter:1.0", &single, &anon);
     let istio = module("istio");
     reg.push(
         "istio/filter:1.0",
@@ -112,12 +104,7 @@ fn a_missing_image_is_not_found() {
 fn if_not_present_and_never_serve_from_the_cache_without_the_registry() {
     let mut reg = Registry::start(false);
     let m = module("ifnp");
-    reg.push(
-        "p/filter:1.0",
-        vec![(WASM, m.clone())],
-        CNCF_CONFIG,
-        &RegistryAuth::Anonymous,
-    );
+    reg.push_module("p/filter:1.0", &m, &RegistryAuth::Anonymous);
     let dir = tempfile::tempdir().unwrap();
     let url = format!("oci://{}/p/filter:1.0", reg.host);
     let never_url = format!("oci://{}/p/other:1.0", reg.host);
@@ -140,12 +127,7 @@ fn always_rechecks_a_moving_tag_and_same_version_uses_the_cache() {
     let reg = Registry::start(false);
     let anon = RegistryAuth::Anonymous;
     let v1 = module("v1");
-    reg.push(
-        "a/filter:latest",
-        vec![(WASM, v1.clone())],
-        CNCF_CONFIG,
-        &anon,
-    );
+    reg.push_module("a/filter:latest", &v1, &anon);
     let dir = tempfile::tempdir().unwrap();
     let url = format!("oci://{}/a/filter:latest", reg.host);
     let (_, first) = json_pull(
@@ -154,12 +136,7 @@ fn always_rechecks_a_moving_tag_and_same_version_uses_the_cache() {
     );
     assert_eq!(read(&first), v1);
     let v2 = module("v2");
-    reg.push(
-        "a/filter:latest",
-        vec![(WASM, v2.clone())],
-        CNCF_CONFIG,
-        &anon,
-    );
+    reg.push_module("a/filter:latest", &v2, &anon);
     // Same resource version: Always serves the cache.
     let (_, same) = json_pull(
         dir.path(),
@@ -201,12 +178,7 @@ fn always_rechecks_a_moving_tag_and_same_version_uses_the_cache() {
 fn a_pin_may_be_the_manifest_digest_or_the_module_sha256() {
     let reg = Registry::start(false);
     let m = module("pinned");
-    let digest = reg.push(
-        "pin/filter:1.0",
-        vec![(WASM, m.clone())],
-        CNCF_CONFIG,
-        &RegistryAuth::Anonymous,
-    );
+    let digest = reg.push_module("pin/filter:1.0", &m, &RegistryAuth::Anonymous);
     let dir = tempfile::tempdir().unwrap();
     let url = format!("oci://{}/pin/filter:1.0", reg.host);
     let (o, v) = json_pull(
@@ -242,12 +214,7 @@ fn a_registry_with_auth_says_unauthorized_then_accepts_the_pull_secret() {
     let reg = Registry::start(true);
     let creds = RegistryAuth::Basic("user".into(), "pass".into());
     let m = module("private");
-    reg.push(
-        "priv/filter:1.0",
-        vec![(WASM, m.clone())],
-        CNCF_CONFIG,
-        &creds,
-    );
+    reg.push_module("priv/filter:1.0", &m, &creds);
     let dir = tempfile::tempdir().unwrap();
     let url = format!("oci://{}/priv/filter:1.0", reg.host);
     let cache = dir.path().join("cache");
@@ -280,12 +247,7 @@ fn a_tls_registry_is_verified_unless_trusted_by_ca_file_or_listed_insecure() {
         ..Default::default()
     });
     let m = module("tls");
-    reg.push(
-        "tls/filter:1.0",
-        vec![(WASM, m.clone())],
-        CNCF_CONFIG,
-        &RegistryAuth::Anonymous,
-    );
+    reg.push_module("tls/filter:1.0", &m, &RegistryAuth::Anonymous);
     let url = format!("oci://{}/tls/filter:1.0", reg.host);
     // The same module over HTTPS: the registry's blob endpoint is a plain GET.
     let https = format!(
@@ -362,12 +324,7 @@ fn a_registry_that_never_answers_times_out_within_the_timeout() {
 fn a_plain_http_registry_listed_insecure_is_reached_after_the_tls_attempt() {
     let reg = Registry::start(false);
     let m = module("insecure-plain");
-    reg.push(
-        "plain/filter:1.0",
-        vec![(WASM, m.clone())],
-        CNCF_CONFIG,
-        &RegistryAuth::Anonymous,
-    );
+    reg.push_module("plain/filter:1.0", &m, &RegistryAuth::Anonymous);
     let url = format!("oci://{}/plain/filter:1.0", reg.host);
     let dir = tempfile::tempdir().unwrap();
     let o = pull_env(

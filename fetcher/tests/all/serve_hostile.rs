@@ -50,8 +50,7 @@ fn probes_answer_through_idle_and_slow_clients_and_head_has_no_body() {
     use std::io::{Read, Write};
     use std::net::TcpStream;
     let d = dirs();
-    let serve = d.serve(&[], &[]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &[]);
     let idle: Vec<TcpStream> = (0..40)
         .map(|_| TcpStream::connect(&serve.addr).unwrap())
         .collect();
@@ -248,32 +247,8 @@ fn a_purge_running_all_along_never_removes_a_module_an_ecds_file_names() {
 #[test]
 fn a_second_serve_on_the_same_ecds_directory_refuses_to_start() {
     let d = dirs();
-    let first = d.serve(&[], &[]);
-    first.wait_ready();
-    let err = d.tmp.path().join("second.log");
-    let mut second = crate::support::fetcher()
-        .arg("serve")
-        .arg("--plugins")
-        .arg(&d.plugins)
-        .arg("--ecds-dir")
-        .arg(&d.ecds)
-        .arg("--cache-dir")
-        .arg(d.tmp.path().join("other-cache"))
-        .args(["--metrics-addr", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&err).unwrap())
-        .spawn()
-        .unwrap();
-    let mut status = None;
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        wait_for("the second serve exits", Duration::from_secs(10), || {
-            status = second.try_wait().unwrap();
-            status.is_some()
-        })
-    }));
-    let _ = second.kill();
-    let _ = second.wait();
-    let log = std::fs::read_to_string(&err).unwrap();
+    let first = d.serve_ready(&[], &[]);
+    let (status, log) = d.serve_to_exit(&d.tmp.path().join("other-cache"));
     assert!(status.is_some_and(|s| !s.success()), "still running: {log}");
     assert!(log.contains("another wasm-fetcher serve"), "{log}");
     assert!(log.contains(&d.ecds.display().to_string()), "{log}");
@@ -304,8 +279,7 @@ fn a_start_removes_the_temp_files_of_killed_writers_and_keeps_live_ones() {
         file.try_lock().unwrap();
         held.push(file);
     }
-    let serve = d.serve(&[], &[]);
-    serve.wait_ready();
+    let _serve = d.serve_ready(&[], &[]);
     wait_for(
         "the dead writers' files removed",
         Duration::from_secs(10),
@@ -428,8 +402,7 @@ fn ecds_files_get_the_mode_asked() {
     std::fs::write(&m, module("m")).unwrap();
     let url = format!("file://{}", m.display());
     write_plugin(&d.plugins.join("p.yaml"), &wasm_plugin("p", &url, ""));
-    let serve = d.serve(&[], &["--ecds-mode", "0600"]);
-    serve.wait_ready();
+    let _serve = d.serve_ready(&[], &["--ecds-mode", "0600"]);
     let mode = std::fs::metadata(d.ecds.join("test.p.yaml"))
         .unwrap()
         .permissions()

@@ -98,8 +98,7 @@ fn purges_spare_the_modules_in_use_and_remove_the_rest() {
         ("WASM_MODULE_EXPIRY", "1ns"),
         ("WASM_PURGE_INTERVAL", "300ms"),
     ];
-    let serve = d.serve(&env, &[]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&env, &[]);
     wait_for(
         "the unused module is purged",
         Duration::from_secs(10),
@@ -187,8 +186,7 @@ fn metrics_count_a_known_sequence_of_pulls_and_readyz_names_what_is_missing() {
     let url = server.url("/good.wasm");
     // a: a fetch; then b: the same module, from the cache.
     write_plugin(&d.plugins.join("a.yaml"), &wasm_plugin("a", &url, ""));
-    let serve = d.serve(&[], &["--verify-interval", "1h"]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &["--verify-interval", "1h"]);
     write_plugin(&d.plugins.join("b.yaml"), &wasm_plugin("b", &url, ""));
     // c: not a module; d: a pin the bytes do not match. Both get their fallback.
     write_plugin(
@@ -264,8 +262,7 @@ fn sighup_brings_back_a_deleted_or_damaged_module_file() {
         &d.plugins.join("p.yaml"),
         &wasm_plugin("p", &server.url("/m.wasm"), ""),
     );
-    let serve = d.serve(&[], &["--verify-interval", "1h"]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &["--verify-interval", "1h"]);
     let file = module_file(&d.cache, &m);
     std::fs::remove_file(&file).unwrap();
     serve.signal(libc::SIGHUP);
@@ -321,8 +318,7 @@ fn kill_9_mid_pull_leaves_a_cache_the_next_start_uses_as_is_and_sigterm_leaves_w
     drop(serve);
     assert!(!d.ecds.join("test.b.yaml").exists());
 
-    let serve = d.serve(&[], &[]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &[]);
     assert_eq!(
         server.hits("/fast.wasm"),
         1,
@@ -386,11 +382,10 @@ fn failed_pulls_are_retried_with_backoff_until_the_deadline_then_the_fallback_is
     );
     // One HTTP attempt per pull: every retry here is serve's own.
     let started = Instant::now();
-    let serve = d.serve(
+    let serve = d.serve_ready(
         &[("WASM_HTTP_REQUEST_MAX_RETRIES", "1")],
         &["--pull-timeout", "3s", "--verify-interval", "1h"],
     );
-    serve.wait_ready();
     assert_eq!(
         ecds_module(&d.ecds, "a"),
         Some(module_file(&d.cache, &m).display().to_string()),
@@ -442,14 +437,12 @@ fn a_plugin_deleted_while_serve_is_down_loses_its_ecds_file_at_the_next_start() 
     // A file someone else keeps in the directory Envoy watches.
     let theirs = d.ecds.join("theirs.other.yaml");
     std::fs::write(&theirs, "resources: []\n").unwrap();
-    let serve = d.serve(&[], &[]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &[]);
     assert!(ecds_module(&d.ecds, "a").is_some() && ecds_module(&d.ecds, "b").is_some());
     assert!(serve.stop().success());
 
     std::fs::remove_file(d.plugins.join("b.yaml")).unwrap();
-    let serve = d.serve(&[], &[]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &[]);
     // The file goes first, then the log line says so.
     wait_for(
         "serve says it removed b's file",

@@ -57,8 +57,7 @@ fn envoy_follows_plugin_config_then_module_changes_without_restart_or_dropped_re
     let text = wasm_plugin("hot", &v1, &header_role("one"));
     let file = plugins.join("hot.yaml");
     write_plugin(&file, &text);
-    let serve = d.serve(&[], &[]);
-    serve.wait_ready();
+    let serve = d.serve_ready(&[], &[]);
     assert!(ecds.join("test.hot.yaml").is_file(), "{}", serve.log());
 
     let mut envoy = Envoy::start(&ecds_bootstrap(dir.path(), ecds, &[&text], upstream.host()));

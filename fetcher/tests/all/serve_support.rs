@@ -48,6 +48,44 @@ impl Dirs {
     pub fn serve(&self, env: &[(&str, &str)], args: &[&str]) -> Serve {
         Serve::start(&self.plugins, &self.ecds, &self.cache, env, args)
     }
+
+    /// `serve` on these plugins and ECDS directories with the cache `cache`, for a start that
+    /// must fail: its exit status (`None` if it still ran after 10 s; it is then killed) and
+    /// its log.
+    pub fn serve_to_exit(&self, cache: &Path) -> (Option<std::process::ExitStatus>, String) {
+        let err = cache.with_extension("log");
+        let mut child = fetcher()
+            .arg("serve")
+            .arg("--plugins")
+            .arg(&self.plugins)
+            .arg("--ecds-dir")
+            .arg(&self.ecds)
+            .arg("--cache-dir")
+            .arg(cache)
+            .args(["--metrics-addr", "127.0.0.1:0"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&err).unwrap())
+            .spawn()
+            .unwrap();
+        let start = Instant::now();
+        let status = loop {
+            let status = child.try_wait().unwrap();
+            if status.is_some() || start.elapsed() > Duration::from_secs(10) {
+                break status;
+            }
+            std::thread::sleep(Duration::from_millis(25));
+        };
+        let _ = child.kill();
+        let _ = child.wait();
+        (status, std::fs::read_to_string(&err).unwrap_or_default())
+    }
+
+    /// [`Dirs::serve`], once `/readyz` answers 200.
+    pub fn serve_ready(&self, env: &[(&str, &str)], args: &[&str]) -> Serve {
+        let serve = self.serve(env, args);
+        serve.wait_ready();
+        serve
+    }
 }
 
 pub fn dirs() -> Dirs {
