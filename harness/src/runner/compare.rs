@@ -4,6 +4,7 @@
 //! are paired by the step itself.
 
 mod differences;
+pub mod generated;
 mod logs;
 
 use std::fmt;
@@ -133,7 +134,7 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
             return report;
         }
     };
-    let mut reader = EnvoyLogReader::new(&real.log_path);
+    let mut reader = EnvoyLogReader::new(&real.log_path).with_stderr(&real.stderr_path);
     std::thread::sleep(LOG_SETTLE);
     let envoy_startup = reader.since_last();
     if let Some(want) = &scenario.expect_start {
@@ -181,12 +182,19 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
             std::thread::sleep(LOG_SETTLE);
         }
         let envoy_lines = reader.since_last();
-        compared.logs = logs::compare(
-            &compared.harness.log_records,
-            &envoy_lines,
-            &reader,
-            conditions,
-        );
+        compared.logs = match step {
+            Step::Request(case) if generated::envoy_generates_request_id(&case.to_request()) => {
+                let (h, e) =
+                    generated::mask_request_ids(&compared.harness.log_records, &envoy_lines);
+                logs::compare(&h, &e, &reader, conditions)
+            }
+            _ => logs::compare(
+                &compared.harness.log_records,
+                &envoy_lines,
+                &reader,
+                conditions,
+            ),
+        };
         // Envoy's lines for the step hold its expectations too, unless something the harness
         // does not reproduce can add or change lines (with several workers only the counts
         // tied to a worker are left out).
@@ -318,12 +326,23 @@ fn envoy_request(
             .filter_map(|c| c.to_canned().ok())
             .collect(),
     };
-    let sent = real.send_with_calls(
+    // A stream the harness saw held is sent so that Envoy's hold ends the step too (the
+    // client closes once Envoy shows it held), not a 30 s timeout.
+    let held = compared
+        .harness
+        .outcome
+        .exchange()
+        .is_some_and(|ex| ex.stalled().is_some());
+    let (listener, request, reply) = (
         case.listener.as_deref(),
         &case.to_request(),
         &case.upstream_reply(),
-        &canned,
     );
+    let sent = if held {
+        real.send_may_hold(listener, request, reply, &canned)
+    } else {
+        real.send_with_calls(listener, request, reply, &canned)
+    };
     let (ex, envoy_calls) = match sent {
         Ok(sent) => sent,
         Err(e) => {

@@ -13,6 +13,7 @@ mod bodies;
 mod bootstraps;
 mod callouts;
 mod cli;
+mod compared;
 mod envoy;
 mod guests;
 mod hostile;

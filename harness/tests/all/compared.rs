@@ -1,0 +1,80 @@
+//! What `run --envoy` compares beyond headers and statuses: values Envoy makes up, streams a
+//! filter leaves paused, and a Wasm service's exit lines, each through the harness and real
+//! Envoy 1.40.
+
+use wasm_harness::compare::LogComparison;
+use wasm_harness::Verdict;
+
+use crate::logs::shipped_with_binary_guest;
+use crate::support::*;
+
+#[test]
+fn generated_request_ids_compare_as_generated_and_a_held_stream_as_paused() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = shipped_with_binary_guest(
+        dir.path(),
+        "request-headers.yaml",
+        "request-headers.bootstrap.yaml",
+        "request-headers.wat",
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    assert_eq!(report.cases.len(), 5, "{report:#}");
+    for case in &report.cases {
+        assert_eq!(
+            case.logs,
+            LogComparison::Same,
+            "{}: {report:#}",
+            case.name()
+        );
+    }
+    // Envoy's id is its own (random), not the harness's: masked, not equal.
+    let routed = report.cases[0].envoy.exchange().unwrap();
+    let sent = routed.upstream.as_ref().unwrap();
+    let id = wasm_harness::http::headers::get(&sent.headers, "x-request-id").unwrap();
+    assert!(!id.starts_with(b"00005eed-"), "{report:#}");
+    // The held stream: no response on either side, and Envoy held it (not a 30 s timeout).
+    let held = &report.cases[3];
+    assert!(held.harness.outcome.exchange().unwrap().stalled().is_some());
+    let why = held.envoy.exchange().unwrap().stalled().unwrap();
+    assert!(why.contains("envoy held the request"), "{report:#}");
+}
+
+#[test]
+fn a_singleton_services_exit_lines_are_compared_with_envoys() {
+    let dir = tempfile::tempdir().unwrap();
+    let service = assembled(dir.path(), "shutdown.wat");
+    let b = bootstrap_variant(dir.path(), &filter_wasm(), None, |doc| {
+        doc["bootstrap_extensions"] = serde_json::json!([{
+            "name": "envoy.bootstrap.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.wasm.v3.WasmService",
+                "singleton": true,
+                "config": {
+                    "name": "exit-lines",
+                    "root_id": "exit-lines",
+                    "vm_config": {
+                        "vm_id": "exit-lines",
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": {"local": {"filename": service.display().to_string()}}
+                    }
+                }
+            }
+        }]);
+    });
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - {name: request, request: {path: /}, expect: {response: {status: 200}}}
+  - shutdown: true
+    expect:
+      log_counts:
+        - {contains: root on_done, worker: main, count: 1}
+        - {contains: root on_delete, worker: main, count: 1}
+",
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    let shutdown = report.cases.last().unwrap();
+    assert_eq!(shutdown.logs, LogComparison::Same, "{report:#}");
+}
