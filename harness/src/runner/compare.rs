@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::envoy::bootstrap::UpstreamProtocol;
 use crate::envoy::http::Exchange;
 use crate::envoy::proxy::TcpOutcome;
 use crate::runner::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
@@ -170,8 +171,14 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
     }
     for step in &scenario.requests {
         let workers = opts.workers_for(&scenario);
-        let conditions = step_conditions(step, harness.ticking(), workers);
+        let ticking = harness.ticking();
         let in_harness = harness.step(step);
+        let upstream = in_harness
+            .outcome
+            .exchange()
+            .and_then(|ex| ex.upstream.as_ref())
+            .map(|seen| harness.upstream_protocol(&seen.cluster));
+        let conditions = step_conditions(step, ticking, workers, upstream);
         if matches!(step, Step::Shutdown(_)) {
             // Lines still waiting for Envoy's log flush belong before the signal.
             std::thread::sleep(LOG_SETTLE);
@@ -214,15 +221,25 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
 }
 
 /// What, in Envoy, can add lines to a step or change them, which the harness does not
-/// reproduce exactly.
-fn step_conditions(step: &Step, ticking: bool, workers: usize) -> logs::Conditions {
+/// reproduce exactly. `upstream`: what the cluster the harness routed the request to speaks.
+fn step_conditions(
+    step: &Step,
+    ticking: bool,
+    workers: usize,
+    upstream: Option<UpstreamProtocol>,
+) -> logs::Conditions {
     let body = |chunks: &[u8], more: &[Vec<u8>]| !chunks.is_empty() || !more.is_empty();
     match step {
         Step::Advance(_) => logs::Conditions::Advance,
         _ if ticking => logs::Conditions::Ticking,
         Step::Request(case) => {
             let (request, reply) = (case.to_request(), case.upstream_reply());
-            if body(&request.body, &request.body_chunks) || body(&reply.body, &reply.body_chunks) {
+            // Envoy's HTTP/2 codec hands the filters each DATA frame the upstream sent (one
+            // per chunk of the reply), as the harness hands the chunks; its HTTP/1 codec the
+            // pieces it reads. A reply no upstream sent hands nothing.
+            let reply_repieced = body(&reply.body, &reply.body_chunks)
+                && upstream.is_some_and(|p| p != UpstreamProtocol::Http2);
+            if body(&request.body, &request.body_chunks) || reply_repieced {
                 logs::Conditions::Bodies
             } else if crate::envoy::http::metadata::has_unordered_map(&request.dynamic_metadata) {
                 logs::Conditions::UnorderedMetadata

@@ -78,3 +78,58 @@ fn a_singleton_services_exit_lines_are_compared_with_envoys() {
     let shutdown = report.cases.last().unwrap();
     assert_eq!(shutdown.logs, LogComparison::Same, "{report:#}");
 }
+
+/// An HTTP/2 cluster's response body reaches the filters one DATA frame (one chunk of the
+/// reply) at a time in Envoy, as in the harness: its lines are compared, and its log
+/// expectations checked on Envoy's lines too.
+#[test]
+fn a_response_body_from_an_http2_cluster_is_compared_chunk_by_chunk() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "body-buffer.wat");
+    let b = bootstrap_variant(dir.path(), &wasm, None, |doc| {
+        doc["static_resources"]["clusters"][0]["typed_extension_protocol_options"] = serde_json::json!({
+            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+                "explicit_http_config": {"http2_protocol_options": {}}
+            }
+        });
+    });
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: chunks and trailers
+    request: {}
+    upstream: {status: 200, body: ab, body_chunks: [cde, f], trailers: {x-checksum: abc}}
+    expect:
+      log_counts: [{contains: 'response body size=', count: 3}]
+      logs: ['response body size=6 eos=0']
+  - name: chunks
+    request: {}
+    upstream: {status: 200, body: ab, body_chunks: [cde, f]}
+    expect:
+      logs: ['response body size=5 eos=0', 'response body size=6 eos=1']
+",
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    for case in &report.cases {
+        assert_eq!(
+            case.logs,
+            LogComparison::Same,
+            "{}: {report:#}",
+            case.name()
+        );
+    }
+    let wrong = std::fs::read_to_string(&s)
+        .unwrap()
+        .replace("count: 3}", "count: 4}");
+    std::fs::write(&s, wrong).unwrap();
+    let report = differential(&s);
+    assert!(
+        report.cases[0]
+            .envoy_failures
+            .iter()
+            .any(|f| f.contains("Envoy wrote 3")),
+        "{report:#}"
+    );
+}
