@@ -239,7 +239,10 @@ fn step_conditions(
             // pieces it reads. A reply no upstream sent hands nothing.
             let reply_repieced = body(&reply.body, &reply.body_chunks)
                 && upstream.is_some_and(|p| p != UpstreamProtocol::Http2);
-            if body(&request.body, &request.body_chunks) || reply_repieced {
+            // Likewise a request body the client sends over HTTP/2, a DATA frame a chunk.
+            let request_repieced = body(&request.body, &request.body_chunks)
+                && request.protocol != crate::envoy::http::Downstream::Http2;
+            if request_repieced || reply_repieced {
                 logs::Conditions::Bodies
             } else if crate::envoy::http::metadata::has_unordered_map(&request.dynamic_metadata) {
                 logs::Conditions::UnorderedMetadata

@@ -9,6 +9,7 @@
 //! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
 
 mod client;
+mod h2_client;
 mod h2c;
 mod held;
 pub mod log;
@@ -26,8 +27,8 @@ use serde_json::Value;
 use wasm_common::sync::lock;
 
 use crate::envoy::http::{
-    CallRecord, CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, StreamEnd,
-    UpstreamReply,
+    CallRecord, CannedGrpcCall, CannedHttpCall, Downstream, Exchange, Request, SeenRequest,
+    StreamEnd, UpstreamReply,
 };
 use crate::envoy::http1;
 use crate::envoy::traffic::TrafficError;
@@ -340,12 +341,15 @@ impl RealEnvoy {
             request,
             reply,
             canned,
-            |port, request| match http1_exchange(port, request) {
-                Ok(r) => Ok(StreamEnd::Answered(r)),
-                Err(http1::Http1Error::Closed) => Ok(StreamEnd::Reset(
-                    "envoy closed the connection without a response".to_string(),
-                )),
-                Err(e) => Err(TrafficError::EnvoyRequest(e)),
+            |port, request| match request.protocol {
+                Downstream::Http2 => h2_client::exchange(port, request),
+                Downstream::Http1 => match http1_exchange(port, request) {
+                    Ok(r) => Ok(StreamEnd::Answered(r)),
+                    Err(http1::Http1Error::Closed) => Ok(StreamEnd::Reset(
+                        "envoy closed the connection without a response".to_string(),
+                    )),
+                    Err(e) => Err(TrafficError::EnvoyRequest(e)),
+                },
             },
         )
     }

@@ -19,7 +19,7 @@ fn generated_request_ids_compare_as_generated_and_a_held_stream_as_paused() {
     );
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
-    assert_eq!(report.cases.len(), 5, "{report:#}");
+    assert_eq!(report.cases.len(), 6, "{report:#}");
     for case in &report.cases {
         assert_eq!(
             case.logs,
@@ -132,4 +132,55 @@ fn a_response_body_from_an_http2_cluster_is_compared_chunk_by_chunk() {
             .any(|f| f.contains("Envoy wrote 3")),
         "{report:#}"
     );
+}
+
+/// A request body the client sends over HTTP/2 reaches the filters one DATA frame (one chunk)
+/// at a time in Envoy, as in the harness, with its trailers: its lines are compared, and its
+/// log expectations checked on Envoy's lines too.
+#[test]
+fn a_request_body_over_http2_is_compared_chunk_by_chunk_with_its_trailers() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = assembled(dir.path(), "body-buffer.wat");
+    let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
+    let s = scenario(
+        dir.path(),
+        &b,
+        "  - name: chunks
+    request: {protocol: http2, method: POST, body: ab, body_chunks: [cde, f]}
+    expect:
+      response: {status: 200}
+      upstream: {body: '[abcdef]'}
+      log_counts: [{contains: 'request body size=', count: 3}]
+      logs: ['request body size=5 eos=0', 'request body size=6 eos=1']
+  - name: chunks and trailers
+    request: {protocol: http2, method: POST, body: ab, body_chunks: [cde, f], trailers: {x-checksum: abc}}
+    expect:
+      response: {status: 200}
+      log_counts: [{contains: 'request body size=', count: 3}]
+      logs: ['request body size=6 eos=0']
+",
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    for case in &report.cases {
+        assert_eq!(
+            case.logs,
+            LogComparison::Same,
+            "{}: {report:#}",
+            case.name()
+        );
+    }
+    let wrong = std::fs::read_to_string(&s)
+        .unwrap()
+        .replace("count: 3}", "count: 4}");
+    std::fs::write(&s, wrong).unwrap();
+    let report = differential(&s);
+    for case in &report.cases {
+        assert!(
+            case.envoy_failures
+                .iter()
+                .any(|f| f.contains("Envoy wrote 3")),
+            "{report:#}"
+        );
+    }
 }
