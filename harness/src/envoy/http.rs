@@ -77,6 +77,31 @@ pub struct Request {
     /// of them would set it), read through the `metadata` property.
     #[serde(skip_serializing_if = "DynamicMetadata::is_empty")]
     pub dynamic_metadata: DynamicMetadata,
+    /// What the client speaks to the listener.
+    #[serde(skip_serializing_if = "Downstream::is_http1")]
+    pub protocol: Downstream,
+}
+
+/// The protocol a client speaks to a listener: it decides how Envoy's codec hands the
+/// request to the filters.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Downstream {
+    /// HTTP/1.1, a body sent whole with its `content-length`, no trailers (what the client
+    /// sends over HTTP/1.1 lacks them).
+    #[default]
+    Http1,
+    /// HTTP/2 over cleartext (prior knowledge): pseudo-headers in the order the `h2` crate
+    /// writes them (`:method`, `:scheme`, `:authority`, `:path`), each body chunk one DATA
+    /// frame (one body callback in Envoy), trailers as a last HEADERS frame, no
+    /// `content-length` unless the request has one.
+    Http2,
+}
+
+impl Downstream {
+    pub fn is_http1(&self) -> bool {
+        *self == Self::Http1
+    }
 }
 
 impl Request {

@@ -120,6 +120,11 @@ enum Framing {
 }
 
 fn framing(head: &[u8], is_request: bool) -> Result<Framing, Http1Error> {
+    // A 1xx, 204 or 304 response has no body, whatever its headers say (RFC 9112, 6.3).
+    let status = head.split(|&b| b == b' ').nth(1);
+    if !is_request && status.is_some_and(|s| s.starts_with(b"1") || s == b"204" || s == b"304") {
+        return Ok(Framing::None);
+    }
     let mut length = None;
     let mut chunked = false;
     for line in head.split(|&b| b == b'\n').skip(1) {
@@ -305,14 +310,29 @@ pub fn request(
 ) -> Result<Response, Http1Error> {
     let deadline = Instant::now() + timeout;
     let io = |e| Http1Error::from_io(e, timeout);
-    let pseudo = |name: &str| {
-        String::from_utf8_lossy(crate::envoy::http::header(headers, name).unwrap_or_default())
-            .into_owned()
-    };
     let conn = TcpStream::connect_timeout(&addr, timeout).map_err(io)?;
     let mut conn = DeadlineStream {
         stream: conn,
         deadline,
+    };
+    conn.write_all(&request_head(headers)).map_err(io)?;
+    conn.write_all(body).map_err(io)?;
+    let mut reader = BufReader::new(conn);
+    let message = read_message(&mut reader, false, limits)
+        .map_err(|e| match e {
+            Http1Error::Io(e) => io(e),
+            other => other,
+        })?
+        .ok_or(Http1Error::Closed)?;
+    let _ = reader.get_ref().stream.shutdown(Shutdown::Both);
+    parse_response(message)
+}
+
+/// A request's first line and header block, as [`request`] writes them.
+pub(crate) fn request_head(headers: &HeaderMap) -> Vec<u8> {
+    let pseudo = |name: &str| {
+        String::from_utf8_lossy(crate::envoy::http::header(headers, name).unwrap_or_default())
+            .into_owned()
     };
     let mut out = format!(
         "{} {} HTTP/1.1\r\nhost: {}\r\n",
@@ -328,20 +348,10 @@ pub fn request(
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"\r\n");
-    conn.write_all(&out).map_err(io)?;
-    conn.write_all(body).map_err(io)?;
-    let mut reader = BufReader::new(conn);
-    let message = read_message(&mut reader, false, limits)
-        .map_err(|e| match e {
-            Http1Error::Io(e) => io(e),
-            other => other,
-        })?
-        .ok_or(Http1Error::Closed)?;
-    let _ = reader.get_ref().stream.shutdown(Shutdown::Both);
-    parse_response(message)
+    out
 }
 
-fn parse_response(message: Message) -> Result<Response, Http1Error> {
+pub(crate) fn parse_response(message: Message) -> Result<Response, Http1Error> {
     let mut headers_buf = [httparse::EMPTY_HEADER; 128];
     let mut resp = httparse::Response::new(&mut headers_buf);
     resp.parse(&message.head)
@@ -440,6 +450,17 @@ mod tests {
             ),
             Err(Http1Error::BodyTooLarge { .. })
         ));
+    }
+
+    #[test]
+    fn a_204_or_304_response_has_no_body() {
+        for head in [
+            "HTTP/1.1 204 No Content\r\n\r\n",
+            "HTTP/1.1 304 Not Modified\r\ncontent-length: 5\r\n\r\n",
+        ] {
+            let m = read(head.as_bytes(), false, SMALL).unwrap().unwrap();
+            assert!(m.body.is_empty(), "{head}");
+        }
     }
 
     #[test]

@@ -4,6 +4,7 @@
 //! are paired by the step itself.
 
 mod differences;
+pub mod generated;
 mod logs;
 
 use std::fmt;
@@ -12,6 +13,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::envoy::bootstrap::UpstreamProtocol;
 use crate::envoy::http::Exchange;
 use crate::envoy::proxy::TcpOutcome;
 use crate::runner::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
@@ -133,7 +135,7 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
             return report;
         }
     };
-    let mut reader = EnvoyLogReader::new(&real.log_path);
+    let mut reader = EnvoyLogReader::new(&real.log_path).with_stderr(&real.stderr_path);
     std::thread::sleep(LOG_SETTLE);
     let envoy_startup = reader.since_last();
     if let Some(want) = &scenario.expect_start {
@@ -169,8 +171,14 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
     }
     for step in &scenario.requests {
         let workers = opts.workers_for(&scenario);
-        let conditions = step_conditions(step, harness.ticking(), workers);
+        let ticking = harness.ticking();
         let in_harness = harness.step(step);
+        let upstream = in_harness
+            .outcome
+            .exchange()
+            .and_then(|ex| ex.upstream.as_ref())
+            .map(|seen| harness.upstream_protocol(&seen.cluster));
+        let conditions = step_conditions(step, ticking, workers, upstream);
         if matches!(step, Step::Shutdown(_)) {
             // Lines still waiting for Envoy's log flush belong before the signal.
             std::thread::sleep(LOG_SETTLE);
@@ -181,12 +189,19 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
             std::thread::sleep(LOG_SETTLE);
         }
         let envoy_lines = reader.since_last();
-        compared.logs = logs::compare(
-            &compared.harness.log_records,
-            &envoy_lines,
-            &reader,
-            conditions,
-        );
+        compared.logs = match step {
+            Step::Request(case) if generated::envoy_generates_request_id(&case.to_request()) => {
+                let (h, e) =
+                    generated::mask_request_ids(&compared.harness.log_records, &envoy_lines);
+                logs::compare(&h, &e, &reader, conditions)
+            }
+            _ => logs::compare(
+                &compared.harness.log_records,
+                &envoy_lines,
+                &reader,
+                conditions,
+            ),
+        };
         // Envoy's lines for the step hold its expectations too, unless something the harness
         // does not reproduce can add or change lines (with several workers only the counts
         // tied to a worker are left out).
@@ -206,15 +221,28 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
 }
 
 /// What, in Envoy, can add lines to a step or change them, which the harness does not
-/// reproduce exactly.
-fn step_conditions(step: &Step, ticking: bool, workers: usize) -> logs::Conditions {
+/// reproduce exactly. `upstream`: what the cluster the harness routed the request to speaks.
+fn step_conditions(
+    step: &Step,
+    ticking: bool,
+    workers: usize,
+    upstream: Option<UpstreamProtocol>,
+) -> logs::Conditions {
     let body = |chunks: &[u8], more: &[Vec<u8>]| !chunks.is_empty() || !more.is_empty();
     match step {
         Step::Advance(_) => logs::Conditions::Advance,
         _ if ticking => logs::Conditions::Ticking,
         Step::Request(case) => {
             let (request, reply) = (case.to_request(), case.upstream_reply());
-            if body(&request.body, &request.body_chunks) || body(&reply.body, &reply.body_chunks) {
+            // Envoy's HTTP/2 codec hands the filters each DATA frame the upstream sent (one
+            // per chunk of the reply), as the harness hands the chunks; its HTTP/1 codec the
+            // pieces it reads. A reply no upstream sent hands nothing.
+            let reply_repieced = body(&reply.body, &reply.body_chunks)
+                && upstream.is_some_and(|p| p != UpstreamProtocol::Http2);
+            // Likewise a request body the client sends over HTTP/2, a DATA frame a chunk.
+            let request_repieced = body(&request.body, &request.body_chunks)
+                && request.protocol != crate::envoy::http::Downstream::Http2;
+            if request_repieced || reply_repieced {
                 logs::Conditions::Bodies
             } else if crate::envoy::http::metadata::has_unordered_map(&request.dynamic_metadata) {
                 logs::Conditions::UnorderedMetadata
@@ -318,12 +346,23 @@ fn envoy_request(
             .filter_map(|c| c.to_canned().ok())
             .collect(),
     };
-    let sent = real.send_with_calls(
+    // A stream the harness saw held is sent so that Envoy's hold ends the step too (the
+    // client closes once Envoy shows it held), not a 30 s timeout.
+    let held = compared
+        .harness
+        .outcome
+        .exchange()
+        .is_some_and(|ex| ex.stalled().is_some());
+    let (listener, request, reply) = (
         case.listener.as_deref(),
         &case.to_request(),
         &case.upstream_reply(),
-        &canned,
     );
+    let sent = if held {
+        real.send_may_hold(listener, request, reply, &canned)
+    } else {
+        real.send_with_calls(listener, request, reply, &canned)
+    };
     let (ex, envoy_calls) = match sent {
         Ok(sent) => sent,
         Err(e) => {

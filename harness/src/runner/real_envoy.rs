@@ -9,7 +9,9 @@
 //! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
 
 mod client;
+mod h2_client;
 mod h2c;
+mod held;
 pub mod log;
 pub mod metadata;
 mod tcp;
@@ -25,8 +27,8 @@ use serde_json::Value;
 use wasm_common::sync::lock;
 
 use crate::envoy::http::{
-    CallRecord, CannedGrpcCall, CannedHttpCall, Exchange, Request, SeenRequest, StreamEnd,
-    UpstreamReply,
+    CallRecord, CannedGrpcCall, CannedHttpCall, Downstream, Exchange, Request, SeenRequest,
+    StreamEnd, UpstreamReply,
 };
 use crate::envoy::http1;
 use crate::envoy::traffic::TrafficError;
@@ -119,6 +121,9 @@ pub struct RealEnvoy {
     /// The dynamic metadata keys a request may seed (see [`metadata`]).
     metadata_keys: Vec<(String, String)>,
     pub log_path: PathBuf,
+    /// Envoy's stderr: its refusals' plain lines, and what it logs at exit after closing
+    /// `log_path` (read with [`log::EnvoyLogReader::with_stderr`]).
+    pub stderr_path: PathBuf,
     admin_path: PathBuf,
 }
 
@@ -216,8 +221,11 @@ impl RealEnvoy {
         std::fs::write(&config, serde_json::to_vec_pretty(&doc).unwrap_or_default())
             .map_err(|e| io("write config", e))?;
         let log_path = dir.path().join("envoy.log");
+        // A file of its own: Envoy writes at exit, once its log file is closed, to stderr
+        // (sharing the log file, stderr's writes from offset 0 would overwrite its start).
+        let stderr_path = dir.path().join("envoy.stderr");
         let admin_path = dir.path().join("admin-address");
-        let log = std::fs::File::create(&log_path).map_err(|e| io("log file", e))?;
+        let log = std::fs::File::create(&stderr_path).map_err(|e| io("stderr file", e))?;
         let child = Command::new(envoy)
             .arg("-c")
             .arg(&config)
@@ -242,6 +250,7 @@ impl RealEnvoy {
             metadata_keys,
             admin_path: admin_path.clone(),
             log_path,
+            stderr_path,
         };
         running.wait_listening(&admin_path, Duration::from_secs(60))?;
         Ok(running)
@@ -260,11 +269,12 @@ impl RealEnvoy {
                 }
             }
             if let Ok(Some(status)) = self.child.try_wait() {
-                let text = crate::engine::input::read_text(&self.log_path, log::MAX_LOG_BYTES);
                 return Err(EnvoyError::Exited {
                     status: status.to_string(),
                     tail: self.log_tail(),
-                    log: log::parse(&text.unwrap_or_default()),
+                    log: log::EnvoyLogReader::new(&self.log_path)
+                        .with_stderr(&self.stderr_path)
+                        .all(),
                 });
             }
             if start.elapsed() > limit {
@@ -289,16 +299,19 @@ impl RealEnvoy {
         })
     }
 
+    /// The last lines of the log file, then of stderr.
     pub fn log_tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log_path).unwrap_or_default();
+        let read =
+            |p: &Path| crate::engine::input::read_text(p, log::MAX_LOG_BYTES).unwrap_or_default();
+        let text = read(&self.log_path) + &read(&self.stderr_path);
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(20)..].join("\n")
     }
 
     /// The `wasm log` lines Envoy wrote so far.
     pub fn wasm_logs(&self) -> Vec<String> {
-        std::fs::read_to_string(&self.log_path)
-            .unwrap_or_default()
+        let read = |p: &Path| std::fs::read_to_string(p).unwrap_or_default();
+        (read(&self.log_path) + &read(&self.stderr_path))
             .lines()
             .filter(|l| l.contains("wasm log"))
             .map(str::to_string)
@@ -327,6 +340,34 @@ impl RealEnvoy {
         reply: &UpstreamReply,
         canned: &Canned,
     ) -> Result<(Exchange, Vec<CallRecord>), TrafficError> {
+        self.send_through(
+            listener,
+            request,
+            reply,
+            canned,
+            |port, request| match request.protocol {
+                Downstream::Http2 => h2_client::exchange(port, request),
+                Downstream::Http1 => match http1_exchange(port, request) {
+                    Ok(r) => Ok(StreamEnd::Answered(r)),
+                    Err(http1::Http1Error::Closed) => Ok(StreamEnd::Reset(
+                        "envoy closed the connection without a response".to_string(),
+                    )),
+                    Err(e) => Err(TrafficError::EnvoyRequest(e)),
+                },
+            },
+        )
+    }
+
+    /// [`RealEnvoy::send_with_calls`] with `client` sending the request to the listener's
+    /// port and telling how its stream ended.
+    fn send_through(
+        &mut self,
+        listener: Option<&str>,
+        request: &Request,
+        reply: &UpstreamReply,
+        canned: &Canned,
+        client: impl FnOnce(u16, &Request) -> Result<StreamEnd, TrafficError>,
+    ) -> Result<(Exchange, Vec<CallRecord>), TrafficError> {
         let name = listener.unwrap_or(&self.first_listener);
         let port = *self
             .listeners
@@ -344,13 +385,7 @@ impl RealEnvoy {
             })
             .collect();
         let request = &metadata::with_headers(request, &self.metadata_keys)?;
-        let end = match http1_exchange(port, request) {
-            Ok(r) => StreamEnd::Answered(r),
-            Err(http1::Http1Error::Closed) => {
-                StreamEnd::Reset("envoy closed the connection without a response".to_string())
-            }
-            Err(e) => return Err(TrafficError::EnvoyRequest(e)),
-        };
+        let end = client(port, request)?;
         let mut seen: Vec<(u64, SeenRequest)> = Vec::new();
         for (k, s) in &self.upstreams {
             let s = lock(s);

@@ -358,6 +358,10 @@ pub struct RequestSpec {
     /// `{NAMESPACE: {KEY: VALUE}}`: the stream's dynamic metadata when the Wasm filters run.
     #[serde(default)]
     pub dynamic_metadata: crate::envoy::http::DynamicMetadata,
+    /// `http1` (default) or `http2`: what the client speaks (see
+    /// [`crate::envoy::http::Downstream`]).
+    #[serde(default)]
+    pub protocol: crate::envoy::http::Downstream,
 }
 
 fn default_method() -> String {
@@ -501,6 +505,7 @@ impl RequestCase {
                 trailers: self.request.trailers.to_map(),
             },
             dynamic_metadata: self.request.dynamic_metadata.clone(),
+            protocol: self.request.protocol,
         }
     }
 

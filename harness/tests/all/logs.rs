@@ -13,7 +13,12 @@ use crate::support::*;
 
 /// A copy of the shipped scenario `name` beside a copy of `bootstrap` whose module is the
 /// assembled `guest` (real Envoy loads binary modules only).
-fn shipped_with_binary_guest(dir: &Path, name: &str, bootstrap: &str, guest: &str) -> PathBuf {
+pub(crate) fn shipped_with_binary_guest(
+    dir: &Path,
+    name: &str,
+    bootstrap: &str,
+    guest: &str,
+) -> PathBuf {
     let wasm = assembled(dir, guest);
     let scenarios = root().join("testdata/scenarios");
     let b = std::fs::read_to_string(scenarios.join(bootstrap))

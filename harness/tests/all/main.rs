@@ -13,6 +13,7 @@ mod bodies;
 mod bootstraps;
 mod callouts;
 mod cli;
+mod compared;
 mod ecds;
 mod envoy;
 mod guests;

@@ -404,14 +404,17 @@ impl<'a> HttpStream<'a> {
                 }
             }
         };
-        let message = &mut response.message;
-        frame(
-            &mut message.headers,
-            &mut message.body,
-            "client",
-            &mut trace.notes,
-        )?;
-        router::finalize_downstream(&mut response);
+        // Towards an HTTP/2 client Envoy's HTTP/2 codec frames the body: no HTTP/1 framing.
+        if request.protocol == crate::envoy::http::Downstream::Http1 {
+            let message = &mut response.message;
+            frame(
+                &mut message.headers,
+                &mut message.body,
+                "client",
+                &mut trace.notes,
+            )?;
+        }
+        router::finalize_downstream(&mut response, request.protocol);
         Ok(response)
     }
 

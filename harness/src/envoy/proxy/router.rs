@@ -7,7 +7,9 @@ use std::fmt::Write as _;
 
 use crate::engine::host::LocalReply;
 use crate::envoy::bootstrap::{Bootstrap, RouteAction, RouteConfig, UpstreamProtocol};
-use crate::envoy::http::{headers, HeaderMap, LocalReplySource, Request, Response, UpstreamReply};
+use crate::envoy::http::{
+    headers, Downstream, HeaderMap, LocalReplySource, Request, Response, UpstreamReply,
+};
 
 /// A request as the connection manager hands it to the filters.
 pub(super) struct Incoming {
@@ -23,18 +25,28 @@ pub(super) struct Incoming {
 /// when the client sent none. `number` numbers the request for its id.
 pub(super) fn incoming(request: &Request, number: usize) -> Incoming {
     let mut headers = HeaderMap::with_capacity(request.headers.len() + ROOM_FOR_FILTERS);
-    headers.extend([
+    let (authority, path, method, scheme) = (
         (":authority".into(), request.authority.clone().into_bytes()),
         (":path".into(), request.path.clone().into_bytes()),
         (":method".into(), request.method.clone().into_bytes()),
         (":scheme".into(), b"http".to_vec()),
-    ]);
+    );
+    // Envoy keeps the pseudo-headers in the order its codec produced them: its HTTP/1 codec
+    // this one, HTTP/2 the order the client sent.
+    match request.protocol {
+        Downstream::Http1 => headers.extend([authority, path, method, scheme]),
+        Downstream::Http2 => headers.extend([method, scheme, authority, path]),
+    }
     headers.extend(request.headers.iter().cloned());
     let grpc =
         headers::get(&headers, "content-type").is_some_and(|v| v.starts_with(b"application/grpc"));
     let chunks = request.chunks();
     let body_len: usize = chunks.iter().map(Vec::len).sum();
-    if body_len > 0 && headers::get(&headers, "content-length").is_none() {
+    // The HTTP/1.1 client sends a body with its length; an HTTP/2 one needs none.
+    if body_len > 0
+        && request.protocol == Downstream::Http1
+        && headers::get(&headers, "content-length").is_none()
+    {
         headers.push(("content-length".into(), body_len.to_string().into_bytes()));
     }
     headers::replace(&mut headers, "x-forwarded-proto", b"http".to_vec());
@@ -341,15 +353,17 @@ pub(super) fn protocol_error() -> LocalReply {
 }
 
 /// What the connection manager does after the filters, on the way to the client.
-pub(super) fn finalize_downstream(response: &mut Response) {
+pub(super) fn finalize_downstream(response: &mut Response, protocol: Downstream) {
     response.status = headers::get(&response.headers, ":status")
         .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok())
         .unwrap_or(response.status);
     headers::replace(&mut response.headers, "server", b"envoy".to_vec());
     // Envoy's HTTP/1 codec ends a bodiless response with `content-length: 0` unless the
-    // status forbids a body (seen on its failure-policy 503, whose local reply has none).
+    // status forbids a body (seen on its failure-policy 503, whose local reply has none);
+    // its HTTP/2 codec needs no length.
     let bodiless_status = response.status < 200 || matches!(response.status, 204 | 304);
     if response.body.is_empty()
+        && protocol == Downstream::Http1
         && !bodiless_status
         && headers::get(&response.headers, "content-length").is_none()
         && headers::get(&response.headers, "transfer-encoding").is_none()

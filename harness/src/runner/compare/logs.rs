@@ -67,7 +67,7 @@ pub enum Conditions {
     Ticking,
     /// An `advance`: the harness's virtual clock against Envoy's real wait.
     Advance,
-    /// The step carries a body: Envoy's body callbacks follow its socket reads.
+    /// The step carries a body over HTTP/1.1: Envoy's body callbacks follow its socket reads.
     Bodies,
     /// Several workers: Envoy's kernel, not the harness's round robin, picks the worker of
     /// each connection, so each worker's VM has seen other traffic before this step.
@@ -158,7 +158,7 @@ pub fn compare(
     let why = match conditions {
         Conditions::Quiet => return LogComparison::Differs(differences),
         Conditions::Bodies => {
-            "the step carries a body, which Envoy's HTTP/1 codec hands to the filters in the pieces it reads"
+            "a body over HTTP/1.1: Envoy's codec hands it to the filters as its reads go (HTTP/2 compares)"
         }
         Conditions::Workers => {
             "several workers: Envoy's kernel picks each connection's worker (one worker compares exactly)"

@@ -46,6 +46,19 @@ pub(super) fn bound_listeners(admin_path: &Path) -> Option<HashMap<String, u16>>
 }
 
 pub(super) fn http1_exchange(port: u16, request: &Request) -> Result<Response, http1::Http1Error> {
+    let (headers, body) = on_the_wire(request);
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    http1::request(
+        addr,
+        &headers,
+        &body,
+        Duration::from_secs(30),
+        http1::Limits::new(MAX_BODY_BYTES),
+    )
+}
+
+/// The header block (pseudo-headers first) and the body this client sends for `request`.
+pub(super) fn on_the_wire(request: &Request) -> (HeaderMap, Vec<u8>) {
     let mut headers: HeaderMap = vec![
         (":method".into(), request.method.clone().into_bytes()),
         (":path".into(), request.path.clone().into_bytes()),
@@ -58,12 +71,5 @@ pub(super) fn http1_exchange(port: u16, request: &Request) -> Result<Response, h
     if !body.is_empty() {
         headers.push(("content-length".into(), body.len().to_string().into_bytes()));
     }
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    http1::request(
-        addr,
-        &headers,
-        &body,
-        Duration::from_secs(30),
-        http1::Limits::new(MAX_BODY_BYTES),
-    )
+    (headers, body)
 }

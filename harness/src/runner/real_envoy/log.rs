@@ -95,8 +95,12 @@ fn parse_line(line: &str) -> Option<EnvoyRecord> {
 /// Reads a running Envoy's log as it grows, and names its threads.
 pub struct EnvoyLogReader {
     path: PathBuf,
-    /// Records already handed out.
+    /// Envoy's stderr: where it logs once its log file is closed at exit (a singleton Wasm
+    /// service's `on_done` / `on_delete` lines go there).
+    exit_path: Option<PathBuf>,
+    /// Records already handed out, of the log file and of stderr.
     seen: usize,
+    exit_seen: usize,
     threads: HashMap<u64, LogThread>,
 }
 
@@ -104,34 +108,56 @@ impl EnvoyLogReader {
     pub fn new(path: &Path) -> Self {
         Self {
             path: path.to_path_buf(),
+            exit_path: None,
             seen: 0,
+            exit_seen: 0,
             threads: HashMap::new(),
         }
     }
 
+    /// The reader, reading the records Envoy writes to `stderr` after closing its log file
+    /// too (after the log file's own).
+    pub fn with_stderr(mut self, stderr: &Path) -> Self {
+        self.exit_path = Some(stderr.to_path_buf());
+        self
+    }
+
     /// Every record so far.
     pub fn all(&mut self) -> Vec<EnvoyRecord> {
-        let text = crate::engine::input::read_text(&self.path, MAX_LOG_BYTES).unwrap_or_default();
-        let records = parse(&text);
+        let (mut records, exit) = self.read();
+        records.extend(exit);
+        records
+    }
+
+    /// The log file's records and stderr's, threads named.
+    fn read(&mut self) -> (Vec<EnvoyRecord>, Vec<EnvoyRecord>) {
+        let read = |p: &Path| {
+            parse(&crate::engine::input::read_text(p, MAX_LOG_BYTES).unwrap_or_default())
+        };
+        let records = read(&self.path);
+        let exit = self.exit_path.as_deref().map(read).unwrap_or_default();
         if let Some(first) = records.first() {
             // The first line (`initializing epoch 0`) is the main thread's.
             self.threads.entry(first.tid).or_insert(LogThread::Main);
         }
-        for r in &records {
+        for r in records.iter().chain(&exit) {
             if let std::collections::hash_map::Entry::Vacant(slot) = self.threads.entry(r.tid) {
                 if let Some(w) = worker_number(r.tid) {
                     slot.insert(LogThread::Worker(w));
                 }
             }
         }
-        records
+        (records, exit)
     }
 
     /// The records written since the last call (all of them the first time).
     pub fn since_last(&mut self) -> Vec<EnvoyRecord> {
-        let mut records = self.all();
-        let new = records.split_off(self.seen.min(records.len()));
+        let (mut records, mut exit) = self.read();
+        let mut new = records.split_off(self.seen.min(records.len()));
         self.seen = records.len() + new.len();
+        let new_exit = exit.split_off(self.exit_seen.min(exit.len()));
+        self.exit_seen = exit.len() + new_exit.len();
+        new.extend(new_exit);
         new
     }
 

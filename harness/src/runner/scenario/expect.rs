@@ -55,6 +55,11 @@ pub struct Expect {
     /// Whether a plugin must reset the stream (`proxy_close_stream`): no response at all.
     #[serde(default)]
     pub reset: Option<bool>,
+    /// Whether the stream must still be paused after the step (`true`: a filter held it and
+    /// nothing resumed it, so no response came; its log lines are checked). Without it a held
+    /// stream is a failure.
+    #[serde(default)]
+    pub paused: Option<bool>,
     #[serde(default)]
     pub response: Option<MessageExpect>,
     #[serde(default)]
@@ -167,9 +172,26 @@ pub struct CallExpect {
 /// person: what was expected and what was seen.
 pub fn check_exchange(expect: &Expect, ex: &Exchange, logs: &WrittenLog) -> Vec<String> {
     let mut failures = Vec::new();
-    if let Some(why) = ex.stalled() {
-        failures.push(format!("the request never completed: {why}"));
-        return failures;
+    match (expect.paused, ex.stalled()) {
+        (Some(true), Some(_)) => {
+            check_logs(&expect.logs, &expect.log_counts, logs, &mut failures);
+            return failures;
+        }
+        (Some(true), None) => {
+            let end = match ex.response_status() {
+                Some(status) => format!("the client got a {status} response"),
+                None => format!("the stream was reset: {}", ex.reset().unwrap_or_default()),
+            };
+            failures.push(format!(
+                "expected the stream to be still paused after the step, but {end}"
+            ));
+            return failures;
+        }
+        (_, Some(why)) => {
+            failures.push(format!("the request never completed: {why}"));
+            return failures;
+        }
+        _ => {}
     }
     match (expect.reset, ex.reset()) {
         (Some(true), None) => {
@@ -567,6 +589,34 @@ mod tests {
             response[2].contains("\"x-b\": expected absent, saw \"2\""),
             "{failures:?}"
         );
+    }
+
+    #[test]
+    fn a_held_stream_passes_only_when_expected_paused() {
+        let exchange = |end| Exchange {
+            worker: 0,
+            upstream: None,
+            end,
+            local_reply: None,
+            notes: Vec::new(),
+        };
+        let held = exchange(http::StreamEnd::Stalled("held".into()));
+        let answered = exchange(http::StreamEnd::Answered(http::Response {
+            status: 200,
+            message: http::Message::default(),
+        }));
+        let paused: Expect = serde_norway::from_str("{paused: true, logs: [holding]}").unwrap();
+        let logs = WrittenLog::envoy(vec!["wasm log p: holding the stream".into()]);
+        assert!(check_exchange(&paused, &held, &logs).is_empty());
+        let failures = check_exchange(&paused, &held, &WrittenLog::envoy(Vec::new()));
+        assert_eq!(failures.len(), 1, "{failures:?}");
+        let failures = check_exchange(&paused, &answered, &logs);
+        assert!(
+            failures[0].ends_with("but the client got a 200 response"),
+            "{failures:?}"
+        );
+        let failures = check_exchange(&Expect::default(), &held, &logs);
+        assert_eq!(failures, ["the request never completed: held"]);
     }
 
     #[test]

@@ -1,0 +1,107 @@
+//! Values Envoy makes up, which no harness can repeat: compared as "generated", not as a
+//! difference.
+//!
+//! Envoy's connection manager gives a request without an `x-request-id` a random UUID
+//! (version 4); the harness gives it a numbered one of the same shape. A guest that logs its
+//! request headers (or the `request.id` property) writes it, so in a step whose request
+//! carries no `x-request-id` every version-4 UUID in a line, on both sides, reads as
+//! [`GENERATED_REQUEST_ID`] before the lines are compared. An id the client sends Envoy 1.40
+//! keeps (the harness refuses the fields that would make it replace one:
+//! `use_remote_address`, `preserve_external_request_id`, `generate_request_id`), so it is
+//! compared as it is.
+
+use crate::engine::host::LogRecord;
+use crate::envoy::http::{headers, Request};
+use crate::runner::real_envoy::log::EnvoyRecord;
+
+/// What a generated request id reads as in a compared line.
+pub const GENERATED_REQUEST_ID: &str = "<generated x-request-id>";
+
+const UUID_LEN: usize = 36;
+
+/// Whether Envoy makes up an `x-request-id` for `request`.
+pub fn envoy_generates_request_id(request: &Request) -> bool {
+    headers::get(&request.headers, "x-request-id").is_none()
+}
+
+/// The step's lines with every generated request id masked, both sides alike.
+pub fn mask_request_ids(
+    harness: &[LogRecord],
+    envoy: &[EnvoyRecord],
+) -> (Vec<LogRecord>, Vec<EnvoyRecord>) {
+    let harness = harness
+        .iter()
+        .map(|r| LogRecord {
+            message: mask(&r.message),
+            ..r.clone()
+        })
+        .collect();
+    let envoy = envoy
+        .iter()
+        .map(|r| EnvoyRecord {
+            text: mask(&r.text),
+            ..r.clone()
+        })
+        .collect();
+    (harness, envoy)
+}
+
+/// `text` with each version-4 UUID (`xxxxxxxx-xxxx-4xxx-[89ab]xxx-xxxxxxxxxxxx`, lower-case
+/// hex, as Envoy's request id extension and the harness write it) replaced.
+fn mask(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let mut copied = 0;
+    let mut i = 0;
+    while i + UUID_LEN <= bytes.len() {
+        if is_uuid_v4(&bytes[i..i + UUID_LEN]) {
+            out.push_str(&text[copied..i]);
+            out.push_str(GENERATED_REQUEST_ID);
+            i += UUID_LEN;
+            copied = i;
+        } else {
+            i += 1;
+        }
+    }
+    out.push_str(&text[copied..]);
+    out
+}
+
+fn is_uuid_v4(b: &[u8]) -> bool {
+    let hex = |c: u8| c.is_ascii_digit() || (b'a'..=b'f').contains(&c);
+    b.iter().enumerate().all(|(i, &c)| match i {
+        8 | 13 | 18 | 23 => c == b'-',
+        14 => c == b'4',
+        19 => matches!(c, b'8' | b'9' | b'a' | b'b'),
+        _ => hex(c),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn envoys_and_the_harnesss_ids_read_alike() {
+        let envoy = mask("request header x-request-id: 3f1c2a9e-51b7-4c0d-9e2f-6a7b8c9d0e1f");
+        let harness = mask("request header x-request-id: 00005eed-0000-4000-8000-000000000001");
+        assert_eq!(envoy, harness);
+        assert_eq!(
+            envoy,
+            format!("request header x-request-id: {GENERATED_REQUEST_ID}")
+        );
+    }
+
+    #[test]
+    fn other_values_stay() {
+        for text in [
+            "client-chosen-id",
+            "3f1c2a9e-51b7-1c0d-9e2f-6a7b8c9d0e1f",
+            "3F1C2A9E-51B7-4C0D-9E2F-6A7B8C9D0E1F",
+            "3f1c2a9e-51b7-4c0d-9e2f-6a7b8c9d0e1",
+            "é-multibyte text around 😀 stays whole",
+        ] {
+            assert_eq!(mask(text), text);
+        }
+    }
+}
