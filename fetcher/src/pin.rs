@@ -229,6 +229,7 @@ mod tests {
             modified_ns: None,
             pulled_at: 0,
             last_used: 0,
+            dynamic_module: None,
         };
         idx.modules.insert(sha(1), entry(Some(2), Some(3)));
         let plain = oci("oci://r/a:1");
