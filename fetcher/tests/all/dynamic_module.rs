@@ -18,7 +18,7 @@ use wasm_fetcher::dynamic_module::{CONFIG, ENVOY_VERSIONS, LAYER, TITLE};
 use crate::cache_integrity::{ls_json, purge};
 use crate::oci_registry::Registry;
 use crate::push::push_json;
-use crate::real_envoy::{http_get, Envoy};
+use crate::real_envoy::{http_get, validate, Envoy};
 use crate::support::*;
 
 fn shared_object() -> PathBuf {
@@ -127,6 +127,49 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
         4,
         "the four dynamic-module filters: {rewritten}"
     );
+    // `convert` pulls a dynamic-module filter's oci:// module for the Envoy version asked for
+    // and points the filter at it; without a version it refuses, naming the filter.
+    let source = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy-config/dynamic-module.yaml"),
+    )
+    .unwrap();
+    let remote = format!(
+        "{{name: wasm_filter, module: {{remote: {{http_uri: {{uri: \"{url}\", cluster: none, timeout: 5s}}, sha256: {}}}}}}}",
+        v["sha256"].as_str().unwrap()
+    );
+    let input = run.path().join("remote.yaml");
+    std::fs::write(&input, source.replace("{name: wasm_filter}", &remote)).unwrap();
+    let converted = run.path().join("converted.yaml");
+    let convert = |extra: &[&str]| {
+        fetcher()
+            .arg("convert")
+            .arg(&input)
+            .arg("-o")
+            .arg(&converted)
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = convert(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("http_filters[0].typed_config: a dynamic module from a registry is pulled for one Envoy: pass --envoy-version"),
+        "{}",
+        stderr(&o)
+    );
+    let o = convert(&["--envoy-version", "1.40"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&converted).unwrap();
+    assert_eq!(
+        text.matches(v["path"].as_str().unwrap()).count(),
+        4,
+        "{text}"
+    );
+    assert!(!text.contains("oci://"), "{text}");
+    validate(&converted).unwrap();
+
     let envoy = Envoy::start(&bootstrap);
     let (status, text) =
         http_get(&format!("127.0.0.1:{}", envoy.port("headers")), "/healthz").unwrap();
