@@ -33,11 +33,6 @@ pub enum RewriteError {
         path: std::path::PathBuf,
         reason: String,
     },
-    #[error("cannot read {path}: {source}")]
-    Read {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
     #[error("cannot make {path} absolute: {source}")]
     Path {
         path: std::path::PathBuf,
@@ -45,27 +40,29 @@ pub enum RewriteError {
     },
 }
 
-/// Points `doc` at `module`, by what the file is: a Wasm module goes into every Wasm plugin,
-/// an ELF shared object into every dynamic-module filter (refused unless it is one Envoy can
-/// load: 64-bit, `ET_DYN`, x86_64 or aarch64). Returns how many were rewritten.
+/// Points `doc` at `module`, by what it is: an Envoy dynamic module (named `*.so`, or an ELF
+/// file) goes into every dynamic-module filter, anything else into every Wasm plugin. The
+/// file need not exist here (the configuration may be for another machine); when it does, a
+/// dynamic module is refused unless Envoy could load it (64-bit, `ET_DYN`, x86_64 or
+/// aarch64). Returns how many were rewritten.
 pub fn point_at(doc: &mut Value, module: &Path) -> Result<usize, RewriteError> {
     let mut head = Vec::with_capacity(crate::dynamic_module::elf::HEADER_LEN);
-    std::fs::File::open(module)
+    let readable = std::fs::File::open(module)
         .and_then(|f| {
             let limit = crate::dynamic_module::elf::HEADER_LEN as u64;
             std::io::Read::read_to_end(&mut std::io::Read::take(f, limit), &mut head)
         })
-        .map_err(|source| RewriteError::Read {
-            path: module.to_path_buf(),
-            source,
-        })?;
-    if !head.starts_with(b"\x7fELF") {
+        .is_ok();
+    let named_so = module.extension().is_some_and(|e| e == "so");
+    if !named_so && !head.starts_with(b"\x7fELF") {
         return point_wasm_code_at(doc, module);
     }
-    crate::dynamic_module::elf::platform(&head).map_err(|reason| RewriteError::NotAModule {
-        path: module.to_path_buf(),
-        reason: format!("not an Envoy dynamic module ({reason})"),
-    })?;
+    if readable {
+        crate::dynamic_module::elf::platform(&head).map_err(|reason| RewriteError::NotAModule {
+            path: module.to_path_buf(),
+            reason: format!("not an Envoy dynamic module ({reason})"),
+        })?;
+    }
     let abs = std::path::absolute(module).map_err(|source| RewriteError::Path {
         path: module.to_path_buf(),
         source,
