@@ -117,17 +117,15 @@ impl Cache {
         let sha256 = Sha256::parse(dir.file_name()?.to_str()?).ok()?;
         let mut found = std::fs::read_dir(dir).ok()?.flatten().filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            crate::dynamic_module::module_name(&name).ok()?;
+            crate::shared_object::module_name(&name).ok()?;
             Some((name, e.metadata().ok().filter(|m| m.is_file())?))
         });
         let (file, meta) = found.next()?;
-        let mut head = [0u8; crate::dynamic_module::elf::HEADER_LEN];
+        let mut head = [0u8; crate::shared_object::HEADER_LEN];
         std::fs::File::open(dir.join(&file))
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
             .ok()?;
-        let platform = crate::dynamic_module::elf::platform(&head)
-            .ok()?
-            .to_string();
+        let platform = crate::shared_object::platform(&head).ok()?.to_string();
         Some(CachedFile {
             sha256,
             dynamic_module: Some(DynamicModuleFile { file, platform }),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::{elf, image::module_name, ENVOY_VERSIONS, LAYER, TITLE};
+use super::{elf, module_name, ENVOY_VERSIONS, LAYER, TITLE};
 use crate::cache::DynamicModuleFile;
 use crate::oci::manifest::{accept_manifests, parse_manifest, ImageDigests};
 use crate::oci::registry::{Registry, Resolved};
