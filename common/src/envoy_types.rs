@@ -28,6 +28,10 @@ types! {
     HTTP_RBAC = "envoy.extensions.filters.http.rbac.v3.RBAC";
     /// What Istio puts in place of a network Wasm filter that cannot be fetched.
     NETWORK_RBAC = "envoy.extensions.filters.network.rbac.v3.RBAC";
+    /// The HTTP dynamic-module filter (`envoy.filters.http.dynamic_modules`).
+    HTTP_DYNAMIC_MODULE = "envoy.extensions.filters.http.dynamic_modules.v3.DynamicModuleFilter";
+    /// The network dynamic-module filter (`envoy.filters.network.dynamic_modules`).
+    NETWORK_DYNAMIC_MODULE = "envoy.extensions.filters.network.dynamic_modules.v3.DynamicModuleNetworkFilter";
     HCM = "envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager";
     TCP_PROXY = "envoy.extensions.filters.network.tcp_proxy.v3.TcpProxy";
     ROUTER = "envoy.extensions.filters.http.router.v3.Router";

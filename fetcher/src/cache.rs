@@ -1,4 +1,6 @@
-//! The content-addressed module cache: `<dir>/modules/sha256/<hex>.wasm`.
+//! The content-addressed module cache: `<dir>/modules/sha256/<hex>.wasm`, and Envoy dynamic
+//! modules as `<dir>/dynamic-modules/<hex>/lib<name>.so` (a directory of their own, since Envoy
+//! finds one by name in `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`). One index lists both.
 //!
 //! A module becomes visible only whole and verified: bytes stream into a temp file in
 //! `<dir>/tmp/` (same filesystem) while being hashed, the header and the pin are checked, the
@@ -79,21 +81,83 @@ impl Cache {
         self.root.join("modules").join("sha256")
     }
 
-    /// Every module file in the cache with its metadata, whatever the index says: what an
-    /// index that is lost or damaged is rebuilt from.
-    pub fn module_files(&self) -> Vec<(Sha256, std::fs::Metadata)> {
+    fn dynamic_modules_dir(&self) -> PathBuf {
+        self.root.join("dynamic-modules")
+    }
+
+    /// Every module file in the cache (Wasm and dynamic) with its metadata, whatever the index
+    /// says: what an index that is lost or damaged is rebuilt from.
+    pub fn module_files(&self) -> Vec<CachedFile> {
         let dir = self.modules_dir();
-        std::fs::read_dir(&dir)
+        let wasm = std::fs::read_dir(&dir)
             .into_iter()
             .flatten()
             .flatten()
             .filter_map(|e| {
                 let name = e.file_name();
-                let sha = Sha256::parse(name.to_str()?.strip_suffix(".wasm")?).ok()?;
+                let sha256 = Sha256::parse(name.to_str()?.strip_suffix(".wasm")?).ok()?;
                 let meta = e.metadata().ok().filter(|m| m.is_file())?;
-                Some((sha, meta))
-            })
-            .collect()
+                Some(CachedFile {
+                    sha256,
+                    dynamic_module: None,
+                    meta,
+                })
+            });
+        let dynamic = std::fs::read_dir(self.dynamic_modules_dir())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| self.dynamic_module_file(&e.path()));
+        wasm.chain(dynamic).collect()
+    }
+
+    /// The one `lib<name>.so` in `dir` (`dynamic-modules/<hex>`) and the platform its ELF
+    /// header names; `None` for anything else (a pull's temp file, a damaged module).
+    fn dynamic_module_file(&self, dir: &Path) -> Option<CachedFile> {
+        let sha256 = Sha256::parse(dir.file_name()?.to_str()?).ok()?;
+        let mut found = std::fs::read_dir(dir).ok()?.flatten().filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            crate::shared_object::module_name(&name).ok()?;
+            Some((name, e.metadata().ok().filter(|m| m.is_file())?))
+        });
+        let (file, meta) = found.next()?;
+        let mut head = [0u8; crate::shared_object::HEADER_LEN];
+        std::fs::File::open(dir.join(&file))
+            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
+            .ok()?;
+        let platform = crate::shared_object::platform(&head).ok()?.to_string();
+        Some(CachedFile {
+            sha256,
+            dynamic_module: Some(DynamicModuleFile { file, platform }),
+            meta,
+        })
+    }
+
+    /// Where a dynamic module with this digest is kept: `dynamic-modules/<hex>/<file>`, `file`
+    /// being `lib<name>.so`.
+    pub fn dynamic_module_path(&self, sha: &Sha256, file: &str) -> PathBuf {
+        self.dynamic_modules_dir().join(sha.hex()).join(file)
+    }
+
+    /// Where the module with this digest is kept, Wasm or dynamic.
+    pub fn path_of(&self, sha: &Sha256, dynamic_module: Option<&DynamicModuleFile>) -> PathBuf {
+        match dynamic_module {
+            Some(d) => self.dynamic_module_path(sha, &d.file),
+            None => self.module_path(sha),
+        }
+    }
+
+    /// Removes a module's file (a dynamic module's directory with it). Envoy keeps a module it
+    /// has loaded: the mapping outlives the name.
+    pub fn remove(&self, sha: &Sha256, dynamic_module: Option<&DynamicModuleFile>) {
+        match dynamic_module {
+            Some(_) => {
+                let _ = std::fs::remove_dir_all(self.dynamic_modules_dir().join(sha.hex()));
+            }
+            None => {
+                let _ = std::fs::remove_file(self.module_path(sha));
+            }
+        }
     }
 
     pub fn root(&self) -> &Path {
@@ -214,6 +278,22 @@ impl Cache {
             .map_err(|e| io_error(&dest, e))?;
         Ok((dest, actual))
     }
+}
+
+/// A module file found on disk.
+#[derive(Debug)]
+pub struct CachedFile {
+    pub sha256: Sha256,
+    pub dynamic_module: Option<DynamicModuleFile>,
+    pub meta: std::fs::Metadata,
+}
+
+/// What makes a cached module an Envoy dynamic module: its file name (`lib<name>.so`, what
+/// Envoy searches for) and the `os/arch` it is built for.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DynamicModuleFile {
+    pub file: String,
+    pub platform: String,
 }
 
 /// What the index remembers of a module file to notice, without hashing, that it changed.

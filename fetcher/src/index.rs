@@ -63,9 +63,17 @@ pub struct ModuleEntry {
     /// is its home, so the copy goes once no config names it rather than when it expires.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub image_volume_copy: bool,
+    /// Set for an Envoy dynamic module; a Wasm module otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_module: Option<crate::cache::DynamicModuleFile>,
 }
 
 impl ModuleEntry {
+    /// Where its file is kept.
+    pub fn path(&self, cache: &Cache, sha: &Sha256) -> PathBuf {
+        cache.path_of(sha, self.dynamic_module.as_ref())
+    }
+
     pub fn stamp(&self) -> crate::cache::Stamp {
         crate::cache::Stamp {
             size: self.size,
@@ -246,8 +254,9 @@ impl IndexFile {
             .cache
             .module_files()
             .into_iter()
-            .map(|(sha, meta)| {
-                let mtime = meta
+            .map(|f| {
+                let mtime = f
+                    .meta
                     .modified()
                     .ok()
                     .and_then(|t| t.duration_since(UNIX_EPOCH).ok())
@@ -256,14 +265,15 @@ impl IndexFile {
                     source: String::new(),
                     manifest_digest: None,
                     index_digest: None,
-                    size: meta.len(),
+                    size: f.meta.len(),
                     // Not a verified stamp: the first lookup re-hashes the file.
                     modified_ns: None,
                     pulled_at: mtime,
                     last_used: mtime,
                     image_volume_copy: false,
+                    dynamic_module: f.dynamic_module,
                 };
-                (sha, entry)
+                (f.sha256, entry)
             })
             .collect();
         Loaded::Rebuilt {
@@ -328,6 +338,7 @@ mod tests {
             pulled_at: 0,
             last_used,
             image_volume_copy: false,
+            dynamic_module: None,
         };
         let source = |sha| SourceEntry {
             sha256: sha,
@@ -394,5 +405,29 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_lost_index_is_rebuilt_with_the_dynamic_modules_too() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache = Cache::open(dir.path()).unwrap();
+        let sha = Sha256([7; 32]);
+        let path = cache.dynamic_module_path(&sha, "libm.so");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let mut elf = b"\x7fELF\x02\x01\x01\0".to_vec();
+        elf.extend([0; 8]);
+        elf.extend(3u16.to_le_bytes());
+        elf.extend(183u16.to_le_bytes());
+        std::fs::write(&path, &elf).unwrap();
+        std::fs::write(path.with_file_name(".lib-partial"), b"x").unwrap();
+        let idx = IndexFile::new(&cache).load().unwrap();
+        assert_eq!(idx.modules.len(), 1);
+        let m = &idx.modules[&sha];
+        let kept = crate::cache::DynamicModuleFile {
+            file: "libm.so".into(),
+            platform: "linux/arm64".into(),
+        };
+        assert_eq!(m.dynamic_module, Some(kept));
+        assert_eq!(m.path(&cache, &sha), path);
     }
 }

@@ -35,6 +35,7 @@ pub mod reference;
 pub mod regular_file;
 pub mod serve;
 pub mod settings;
+pub mod shared_object;
 pub mod signature;
 mod source;
 mod tls;

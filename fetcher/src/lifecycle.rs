@@ -64,17 +64,17 @@ pub fn purge(
             }
         }
         if let Some(cap) = settings.cache_max_bytes {
-            let size_of = |sha: &Sha256, recorded: u64| {
-                if recorded > 0 {
-                    return recorded;
+            let size_of = |sha: &Sha256, m: &index::ModuleEntry| {
+                if m.size > 0 {
+                    return m.size;
                 }
-                std::fs::metadata(cache.module_path(sha)).map_or(0, |m| m.len())
+                std::fs::metadata(m.path(cache, sha)).map_or(0, |m| m.len())
             };
             let mut left: Vec<_> = idx
                 .modules
                 .iter()
                 .filter(|(sha, _)| !out.expired.contains(sha))
-                .map(|(sha, m)| (m.last_used, m.pulled_at, *sha, size_of(sha, m.size)))
+                .map(|(sha, m)| (m.last_used, m.pulled_at, *sha, size_of(sha, m)))
                 .collect();
             let mut total: u64 = left.iter().map(|(.., size)| size).sum();
             left.sort();
@@ -101,8 +101,9 @@ pub fn purge(
         }
         let gone: BTreeSet<Sha256> = out.removed().copied().collect();
         for sha in &gone {
-            idx.modules.remove(sha);
-            let _ = std::fs::remove_file(cache.module_path(sha));
+            if let Some(m) = idx.modules.remove(sha) {
+                cache.remove(sha, m.dynamic_module.as_ref());
+            }
         }
         idx.sources.retain(|_, s| !gone.contains(&s.sha256));
         out
@@ -291,6 +292,7 @@ mod tests {
                             pulled_at: 1,
                             last_used,
                             image_volume_copy: false,
+                            dynamic_module: None,
                         },
                     );
                     shas.push(sha);

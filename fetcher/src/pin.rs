@@ -230,6 +230,7 @@ mod tests {
             pulled_at: 0,
             last_used: 0,
             image_volume_copy: false,
+            dynamic_module: None,
         };
         idx.modules.insert(sha(1), entry(Some(2), Some(3)));
         let plain = oci("oci://r/a:1");

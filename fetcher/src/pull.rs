@@ -354,6 +354,7 @@ fn record_now(index: &IndexFile, r: &Recorded, pulled: Pulled) -> Result<Pulled,
                 pulled_at: now,
                 last_used: now,
                 image_volume_copy: false,
+                dynamic_module: None,
             });
         entry.last_used = now;
         // Set here, not only for a new entry: a missing index is rebuilt from the module
@@ -395,6 +396,9 @@ pub struct Listed {
     pub path: PathBuf,
     pub source: String,
     pub manifest_digest: Option<Digest>,
+    /// Set for an Envoy dynamic module (`lib<name>.so` and its platform).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dynamic_module: Option<cache::DynamicModuleFile>,
     pub size: u64,
     /// Unix seconds.
     pub last_used: u64,
@@ -409,12 +413,14 @@ pub fn list(cache: &Cache, settings: &Settings) -> Result<Vec<Listed>, FetchErro
         .modules
         .iter()
         .filter_map(|(sha, m)| {
-            let path = cache.lookup(sha)?;
+            let path = m.path(cache, sha);
+            path.is_file().then_some(())?;
             Some(Listed {
                 sha256: *sha,
                 path,
                 source: m.source.clone(),
                 manifest_digest: m.manifest_digest,
+                dynamic_module: m.dynamic_module.clone(),
                 size: m.size,
                 last_used: m.last_used,
                 expires: m.last_used.saturating_add(settings.module_expiry.as_secs()),

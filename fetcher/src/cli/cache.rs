@@ -60,8 +60,13 @@ pub fn ls(args: LsArgs) -> Result<(), Failure> {
             } else {
                 &m.source
             };
+            let kind = m
+                .dynamic_module
+                .as_ref()
+                .map(|d| format!(" [dynamic module {} for {}]", d.file, d.platform))
+                .unwrap_or_default();
             println!(
-                "{:<14} {:>10} {:>11}s {:>11}s  {}{}",
+                "{:<14} {:>10} {:>11}s {:>11}s  {}{}{kind}",
                 &m.sha256.hex()[..12],
                 m.size,
                 now.saturating_sub(m.last_used),

@@ -38,7 +38,8 @@ pub struct PullArgs {
     platform: Option<String>,
     /// Pull an Envoy dynamic module (pushed with --layout dynamic-module) for this Envoy
     /// minor version (e.g. 1.40); prints the directory to name in
-    /// ENVOY_DYNAMIC_MODULES_SEARCH_PATH, which holds lib<name>.so.
+    /// ENVOY_DYNAMIC_MODULES_SEARCH_PATH, which holds lib<name>.so (--json: also the file's
+    /// path, for `rewrite --module`).
     #[arg(long, value_parser = wasm_fetcher::dynamic_module::parse_envoy_version, conflicts_with_all = ["verify_key", "pull_policy", "resource_version"])]
     envoy_version: Option<String>,
     /// Bound on the whole pull (waiting for another process's pull of the same source

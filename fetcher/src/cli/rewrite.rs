@@ -1,4 +1,4 @@
-//! `wasm-fetcher rewrite`: an Envoy bootstrap pointed at a local module.
+//! `wasm-fetcher rewrite`: an Envoy bootstrap pointed at a local module, Wasm or dynamic.
 
 use std::path::PathBuf;
 
@@ -11,6 +11,8 @@ use super::Failure;
 pub struct RewriteArgs {
     /// The Envoy bootstrap, YAML or JSON: a regular file of at most 64 MiB.
     bootstrap: PathBuf,
+    /// The module to load: a Wasm module (for the Wasm plugins) or an Envoy dynamic module,
+    /// `lib<name>.so` (for the dynamic-module filters).
     #[arg(long)]
     module: PathBuf,
     /// Output file [default: stdout].
@@ -26,7 +28,7 @@ fn rewrite_file(args: &RewriteArgs) -> anyhow::Result<()> {
     let path = &args.bootstrap;
     let (_, mut doc) = super::read_document(path, "bootstrap")?;
     let named = || path.display().to_string();
-    rewrite::point_wasm_code_at(&mut doc, &args.module).with_context(named)?;
+    rewrite::point_at(&mut doc, &args.module).with_context(named)?;
     let yaml = serde_norway::to_string(&doc)?;
     match &args.output {
         Some(out) => {

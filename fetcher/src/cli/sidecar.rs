@@ -1,4 +1,5 @@
-//! The CLI edge of `render`, `prefetch` and `convert`: flags, reading the inputs, printing.
+//! The CLI edge of `render`, `prefetch` and `convert` (Wasm and dynamic-module filters): flags,
+//! reading the inputs, printing.
 //! Every input is read and checked before anything is fetched or written, so a refused input
 //! leaves the output as it was.
 
@@ -9,7 +10,7 @@ use anyhow::Context;
 use clap::Args;
 use wasm_fetcher::envoy::render::{self, Outcome};
 use wasm_fetcher::envoy::wasmplugin::WasmPlugin;
-use wasm_fetcher::envoy::{convert, image_volumes};
+use wasm_fetcher::envoy::{convert, dynamic_modules, image_volumes};
 use wasm_fetcher::{regular_file, settings, Cache, PullPolicy, Settings};
 
 #[derive(Args, Debug)]
@@ -122,6 +123,14 @@ pub struct ConvertArgs {
     /// .yaml or .yml, else the input's format [default: stdout].
     #[arg(long, short, value_name = "OUT")]
     output: Option<PathBuf>,
+    /// The Envoy minor version (e.g. 1.40) to pull dynamic modules for: a dynamic-module
+    /// filter whose module.remote.http_uri.uri is oci:// is pointed at the cached
+    /// lib<name>.so built for it.
+    #[arg(long, value_parser = wasm_fetcher::dynamic_module::parse_envoy_version)]
+    envoy_version: Option<String>,
+    /// The os/arch of those dynamic modules [default: this host's].
+    #[arg(long, requires = "envoy_version")]
+    platform: Option<String>,
     #[command(flatten)]
     fetching: Fetching,
 }
@@ -287,23 +296,44 @@ pub fn convert(args: ConvertArgs) -> anyhow::Result<()> {
     let (text, mut doc) = super::read_document(path, "input")?;
     // Checked before the cache is opened or anything fetched.
     let remote = convert::sites(&doc).with_context(named)?;
+    let native = dynamic_modules::remote_sites(&doc)
+        .map_err(anyhow::Error::msg)
+        .with_context(named)?;
+    let target = match (&args.envoy_version, native.first()) {
+        (Some(v), _) => Some(dynamic_modules::Target {
+            envoy_version: v.clone(),
+            platform: args.platform.clone(),
+        }),
+        (None, Some(site)) => anyhow::bail!(
+            "{}: {}: a dynamic module from a registry is pulled for one Envoy: pass --envoy-version (e.g. 1.40)",
+            named(),
+            site.at
+        ),
+        (None, None) => None,
+    };
     let json = match args.output.as_deref().and_then(Path::extension) {
         Some(e) if e == "json" => true,
         Some(e) if e == "yaml" || e == "yml" => false,
         _ => looks_like_json(&text),
     };
     // Nothing remote: passed through as it came, as Istio's agent passes such a resource.
-    if remote.is_empty() && json == looks_like_json(&text) {
+    if remote.is_empty() && native.is_empty() && json == looks_like_json(&text) {
         return emit(args.output.as_deref(), text.as_bytes());
     }
     let (cache, settings) = args.fetching.open()?;
     let rt = runtime()?;
-    let outcome = rt.block_on(convert::convert(
-        &mut doc,
-        &cache,
-        &settings,
-        args.fetching.timeout,
-    ));
+    let outcome = rt.block_on(async {
+        let converted = convert::convert(&mut doc, &cache, &settings, args.fetching.timeout)
+            .await
+            .map_err(anyhow::Error::from)?;
+        if let Some(target) = &target {
+            let limit = args.fetching.timeout;
+            dynamic_modules::convert(&mut doc, &native, target, &cache, &settings, limit)
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
+        anyhow::Ok(converted)
+    });
     rt.shutdown_background();
     let converted = outcome.with_context(named)?;
     for c in &converted {

@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::{elf, image::module_name, ENVOY_VERSIONS, LAYER, TITLE};
+use super::{elf, module_name, ENVOY_VERSIONS, LAYER, TITLE};
+use crate::cache::DynamicModuleFile;
 use crate::oci::manifest::{accept_manifests, parse_manifest, ImageDigests};
 use crate::oci::registry::{Registry, Resolved};
 use crate::reference::Source;
@@ -40,7 +41,9 @@ pub async fn pull(
     cache: &Cache,
     settings: &Settings,
 ) -> Result<DynamicPulled, FetchError> {
-    let r = match Source::parse(&req.url)? {
+    let source = Source::parse(&req.url)?;
+    let key = source.key();
+    let r = match source {
         Source::Oci(r) => r,
         _ => {
             return Err(FetchError::BadUrl {
@@ -95,8 +98,12 @@ pub async fn pull(
     let name = module_name(file_name)
         .map_err(|reason| not_module(&platform, reason))?
         .to_string();
-    let dir = cache.root().join("dynamic-modules").join(sha256.hex());
-    let path = dir.join(file_name);
+    let path = cache.dynamic_module_path(&sha256, file_name);
+    let dir = path.parent().map(PathBuf::from).unwrap_or_default();
+    let kept = DynamicModuleFile {
+        file: file_name.to_string(),
+        platform: platform.clone(),
+    };
     let pulled = |from_cache| DynamicPulled {
         dir: dir.clone(),
         path: path.clone(),
@@ -108,8 +115,19 @@ pub async fn pull(
         index_digest,
         from_cache,
     };
+    let done = |from_cache| {
+        let entry = Kept {
+            key: &key,
+            sha256,
+            manifest_digest,
+            index_digest,
+            file: kept.clone(),
+            path: &path,
+        };
+        record(cache, entry).map(|()| pulled(from_cache))
+    };
     if read_bounded(&path, settings.max_size).is_ok_and(|b| Sha256::of(&b) == sha256) {
-        return Ok(pulled(true));
+        return done(true);
     }
     let resolved = Resolved {
         manifest,
@@ -140,7 +158,52 @@ pub async fn pull(
         false,
     )
     .map_err(io)?;
-    Ok(pulled(false))
+    done(false)
+}
+
+/// A dynamic module just pulled or found, as the index records it.
+struct Kept<'a> {
+    key: &'a str,
+    sha256: Sha256,
+    manifest_digest: Digest,
+    index_digest: Digest,
+    file: DynamicModuleFile,
+    path: &'a std::path::Path,
+}
+
+/// Lists the module in the cache index beside the Wasm modules (`ls` shows it, `purge`
+/// expires and evicts it) and marks it used now. The index's sources are left alone: one
+/// reference names a different module per platform.
+fn record(cache: &Cache, k: Kept) -> Result<(), FetchError> {
+    let now = crate::index::now();
+    let stamp = crate::cache::Stamp::of_file(k.path);
+    crate::index::IndexFile::new(cache).update(|idx| {
+        let entry = idx
+            .modules
+            .entry(k.sha256)
+            .or_insert_with(|| crate::index::ModuleEntry {
+                source: k.key.to_string(),
+                manifest_digest: Some(k.manifest_digest),
+                index_digest: Some(k.index_digest),
+                size: 0,
+                modified_ns: None,
+                pulled_at: now,
+                last_used: now,
+                image_volume_copy: false,
+                dynamic_module: None,
+            });
+        entry.last_used = now;
+        if entry.source.is_empty() {
+            entry.source = k.key.to_string();
+        }
+        entry.manifest_digest = Some(k.manifest_digest);
+        entry.index_digest = Some(k.index_digest);
+        entry.dynamic_module = Some(k.file);
+        if let Some(stamp) = stamp {
+            entry.size = stamp.size;
+            entry.modified_ns = stamp.modified_ns;
+        }
+    })
 }
 
 fn not_module(platform: &str, reason: String) -> FetchError {

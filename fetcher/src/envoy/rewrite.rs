@@ -1,6 +1,8 @@
 //! Rewrites Envoy configuration so its Wasm plugins load a local (cached) module: every
 //! `vm_config.code` under a Wasm HTTP filter, Wasm network filter or Wasm service becomes
-//! `{local: {filename: <absolute path>}}`. Everything else is left as it was.
+//! `{local: {filename: <absolute path>}}`. Given an Envoy dynamic module (an ELF shared
+//! object) instead, every dynamic-module filter's `dynamic_module_config.module` does
+//! (`super::dynamic_modules`). Everything else is left as it was.
 
 use std::path::Path;
 
@@ -18,11 +20,57 @@ pub enum RewriteError {
         url::WASM_SERVICE
     )]
     NothingToRewrite,
+    #[error(
+        "no dynamic-module filter ({} or {}) found for the dynamic module",
+        url::HTTP_DYNAMIC_MODULE,
+        url::NETWORK_DYNAMIC_MODULE
+    )]
+    NoDynamicModuleFilter,
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{path}: {reason}")]
+    NotAModule {
+        path: std::path::PathBuf,
+        reason: String,
+    },
     #[error("cannot make {path} absolute: {source}")]
     Path {
         path: std::path::PathBuf,
         source: std::io::Error,
     },
+}
+
+/// Points `doc` at `module`, by what it is: an Envoy dynamic module (named `*.so`, or an ELF
+/// file) goes into every dynamic-module filter, anything else into every Wasm plugin. The
+/// file need not exist here (the configuration may be for another machine); when it does, a
+/// dynamic module is refused unless Envoy could load it (64-bit, `ET_DYN`, x86_64 or
+/// aarch64). Returns how many were rewritten.
+pub fn point_at(doc: &mut Value, module: &Path) -> Result<usize, RewriteError> {
+    let mut head = Vec::with_capacity(crate::dynamic_module::elf::HEADER_LEN);
+    let readable = std::fs::File::open(module)
+        .and_then(|f| {
+            let limit = crate::dynamic_module::elf::HEADER_LEN as u64;
+            std::io::Read::read_to_end(&mut std::io::Read::take(f, limit), &mut head)
+        })
+        .is_ok();
+    let named_so = module.extension().is_some_and(|e| e == "so");
+    if !named_so && !head.starts_with(b"\x7fELF") {
+        return point_wasm_code_at(doc, module);
+    }
+    if readable {
+        crate::dynamic_module::elf::platform(&head).map_err(|reason| RewriteError::NotAModule {
+            path: module.to_path_buf(),
+            reason: format!("not an Envoy dynamic module ({reason})"),
+        })?;
+    }
+    let abs = std::path::absolute(module).map_err(|source| RewriteError::Path {
+        path: module.to_path_buf(),
+        source,
+    })?;
+    match super::dynamic_modules::point_at(doc, &abs).map_err(RewriteError::Invalid)? {
+        0 => Err(RewriteError::NoDynamicModuleFilter),
+        n => Ok(n),
+    }
 }
 
 /// Points every Wasm plugin in `doc` at `module`; returns how many were rewritten.
@@ -128,5 +176,32 @@ http_filters:
             point_wasm_code_at(&mut doc, Path::new("/x.wasm")),
             Err(RewriteError::NothingToRewrite)
         ));
+    }
+
+    #[test]
+    fn a_shared_object_goes_to_the_dynamic_module_filters_only_if_envoy_can_load_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let elf = |e_type: u16| {
+            let mut h = b"\x7fELF\x02\x01\x01\0".to_vec();
+            h.extend([0; 8]);
+            h.extend(e_type.to_le_bytes());
+            h.extend(62u16.to_le_bytes());
+            h
+        };
+        let (so, exe) = (dir.path().join("libm.so"), dir.path().join("m"));
+        std::fs::write(&so, elf(3)).unwrap();
+        std::fs::write(&exe, elf(2)).unwrap();
+        let wasm_only = json!({"typed_config": {"@type": url::HTTP_WASM,
+                                                "config": {"vm_config": {}}}});
+        let e = point_at(&mut wasm_only.clone(), &so).unwrap_err();
+        assert!(matches!(e, RewriteError::NoDynamicModuleFilter), "{e}");
+        let mut dm = json!({"@type": url::HTTP_DYNAMIC_MODULE, "filter_name": "f"});
+        let e = point_at(&mut dm.clone(), &exe).unwrap_err().to_string();
+        assert!(e.contains("not a shared object"), "{e}");
+        assert_eq!(point_at(&mut dm, &so).unwrap(), 1);
+        assert_eq!(
+            dm["dynamic_module_config"]["module"]["local"]["filename"],
+            so.display().to_string()
+        );
     }
 }

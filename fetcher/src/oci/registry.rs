@@ -37,7 +37,7 @@ impl Resolved {
             .iter()
             .filter(|l| {
                 media::WASM_LAYERS.contains(&l.media_type.as_str())
-                    || l.media_type == crate::dynamic_module::LAYER
+                    || l.media_type == crate::shared_object::LAYER
             })
             .collect();
         let istio = layers

@@ -111,7 +111,7 @@ pub fn build(layout: Layout, module: &[u8], abi_versions: &[String]) -> Result<I
             (media::OCI_IMAGE_CONFIG, config, layers, layer)
         }
         Layout::DynamicModule => {
-            return Err("a dynamic module's image is built by dynamic_module::build".into())
+            return Err("a dynamic module's image is built by push::dynamic_module::build".into())
         }
     };
     let manifest = OciImageManifest {

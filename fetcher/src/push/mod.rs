@@ -4,6 +4,7 @@
 //! from `crate::oci::auth`, `WASM_INSECURE_REGISTRIES`, `--ca-file`, the address guard, the per-read
 //! timeout), with a token asked for `pull,push`.
 
+mod dynamic_module;
 pub mod inspect;
 pub mod layout;
 mod sign;
@@ -151,12 +152,13 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
             .file_name()
             .and_then(|n| n.to_str())
             .unwrap_or_default();
-        let image = crate::dynamic_module::build(&module, file_name, &req.envoy_versions).map_err(
-            |reason| PushError::NotDynamicModule {
-                path: req.module.clone(),
-                reason,
-            },
-        )?;
+        let image =
+            dynamic_module::build(&module, file_name, &req.envoy_versions).map_err(|reason| {
+                PushError::NotDynamicModule {
+                    path: req.module.clone(),
+                    reason,
+                }
+            })?;
         (Vec::new(), image)
     } else {
         let abi_versions = inspect::abi_versions(&module).map_err(|reason| PushError::NotWasm {

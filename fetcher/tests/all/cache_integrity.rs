@@ -5,7 +5,7 @@ use std::path::Path;
 
 use crate::support::*;
 
-fn ls_json(cache: &Path, env: &[(&str, &str)]) -> Vec<serde_json::Value> {
+pub fn ls_json(cache: &Path, env: &[(&str, &str)]) -> Vec<serde_json::Value> {
     let o = fetcher()
         .envs(env.iter().copied())
         .args(["ls", "--json", "--cache-dir"])
@@ -20,7 +20,7 @@ fn ls_json(cache: &Path, env: &[(&str, &str)]) -> Vec<serde_json::Value> {
         .clone()
 }
 
-fn purge(cache: &Path, expiry: &str) -> std::process::Output {
+pub fn purge(cache: &Path, expiry: &str) -> std::process::Output {
     fetcher()
         .env("WASM_MODULE_EXPIRY", expiry)
         .args(["purge", "--cache-dir"])

@@ -1,15 +1,24 @@
 //! `push --layout dynamic-module` of the real `target/release/libwasm_filter.so` (`make
 //! build`) to a loopback `docker-registry`, `pull --envoy-version` by platform into the
-//! cache, and real Envoy loading it from there on envoy-config/dynamic-module.yaml. The
-//! wrong platform, the wrong Envoy version are refused by name with nothing cached; a
-//! non-ELF body is refused at push.
+//! cache, and real Envoy loading it from there on envoy-config/dynamic-module.yaml; `ls`
+//! lists it and `purge` removes it like a Wasm module. The wrong platform, the wrong Envoy
+//! version are refused by name with nothing cached; a non-ELF body is refused at push, and at
+//! pull when a registry serves one, as is an ELF for another platform.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
+use oci_client::manifest::OciImageIndex;
+use oci_client::secrets::RegistryAuth;
+use oci_client::{Client, Reference};
+use wasm_fetcher::dynamic_module::{CONFIG, ENVOY_VERSIONS, LAYER, TITLE};
+
+use crate::cache_integrity::{ls_json, purge};
 use crate::oci_registry::Registry;
 use crate::push::push_json;
-use crate::real_envoy::{http_get, Envoy};
+use crate::real_envoy::{http_get, validate, Envoy};
 use crate::support::*;
 
 fn shared_object() -> PathBuf {
@@ -99,18 +108,68 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
         (Some(true), v["dir"].clone())
     );
 
-    // Envoy searches ENVOY_DYNAMIC_MODULES_SEARCH_PATH for lib<name>.so: the pulled directory.
-    std::env::set_var(
-        "ENVOY_DYNAMIC_MODULES_SEARCH_PATH",
-        v["dir"].as_str().unwrap(),
-    );
+    // `rewrite` points every dynamic-module filter at the cached file: Envoy loads it from
+    // there, with nothing on its search path.
     let run = tempfile::tempdir().unwrap();
+    std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", run.path());
     let bootstrap = run.path().join("dynamic-module.yaml");
-    std::fs::copy(
+    let o = fetcher()
+        .arg("rewrite")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy-config/dynamic-module.yaml"))
+        .args(["--module", v["path"].as_str().unwrap(), "-o"])
+        .arg(&bootstrap)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let rewritten = std::fs::read_to_string(&bootstrap).unwrap();
+    assert_eq!(
+        rewritten.matches(v["path"].as_str().unwrap()).count(),
+        4,
+        "the four dynamic-module filters: {rewritten}"
+    );
+    // `convert` pulls a dynamic-module filter's oci:// module for the Envoy version asked for
+    // and points the filter at it; without a version it refuses, naming the filter.
+    let source = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../envoy-config/dynamic-module.yaml"),
-        &bootstrap,
     )
     .unwrap();
+    let remote = format!(
+        "{{name: wasm_filter, module: {{remote: {{http_uri: {{uri: \"{url}\", cluster: none, timeout: 5s}}, sha256: {}}}}}}}",
+        v["sha256"].as_str().unwrap()
+    );
+    let input = run.path().join("remote.yaml");
+    std::fs::write(&input, source.replace("{name: wasm_filter}", &remote)).unwrap();
+    let converted = run.path().join("converted.yaml");
+    let convert = |extra: &[&str]| {
+        fetcher()
+            .arg("convert")
+            .arg(&input)
+            .arg("-o")
+            .arg(&converted)
+            .arg("--cache-dir")
+            .arg(cache.path())
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let o = convert(&[]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("http_filters[0].typed_config: a dynamic module from a registry is pulled for one Envoy: pass --envoy-version"),
+        "{}",
+        stderr(&o)
+    );
+    let o = convert(&["--envoy-version", "1.40"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&converted).unwrap();
+    assert_eq!(
+        text.matches(v["path"].as_str().unwrap()).count(),
+        4,
+        "{text}"
+    );
+    assert!(!text.contains("oci://"), "{text}");
+    validate(&converted).unwrap();
+
     let envoy = Envoy::start(&bootstrap);
     let (status, text) =
         http_get(&format!("127.0.0.1:{}", envoy.port("headers")), "/healthz").unwrap();
@@ -120,6 +179,98 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
             .contains("x-served-by: wasm-filter"),
         "{text}"
     );
+    drop(envoy);
+
+    let listed = ls_json(cache.path(), &[]);
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["sha256"], v["sha256"]);
+    assert_eq!(listed[0]["path"], v["path"]);
+    assert_eq!(listed[0]["source"], url.as_str());
+    assert_eq!(listed[0]["size"], module.len());
+    assert_eq!(
+        listed[0]["dynamic_module"],
+        serde_json::json!({"file": "libwasm_filter.so", "platform": host_platform()})
+    );
+    let kept = purge(cache.path(), "24h");
+    assert_eq!(kept.status.code(), Some(0), "{}", stderr(&kept));
+    assert!(path.is_file(), "used within the expiry: kept");
+    let purged = purge(cache.path(), "1ms");
+    assert_eq!(purged.status.code(), Some(0), "{}", stderr(&purged));
+    assert_eq!(
+        String::from_utf8_lossy(&purged.stdout).trim(),
+        format!("purged sha256:{}", v["sha256"].as_str().unwrap())
+    );
+    assert!(!Path::new(v["dir"].as_str().unwrap()).exists());
+    assert_eq!(ls_json(cache.path(), &[]), Vec::<serde_json::Value>::new());
+}
+
+/// Puts `filters/<repo_tag>` in the registry: an image index naming one module for
+/// `platform`, whose body is `body` as is. `push` refuses such bodies; a registry someone
+/// else fills may still serve them.
+fn serve_index(reg: &Registry, repo_tag: &str, platform: &str, body: Vec<u8>) {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let client = Client::new(ClientConfig {
+        protocol: ClientProtocol::Http,
+        ..Default::default()
+    });
+    let auth = RegistryAuth::Anonymous;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let child = format!("{}/filters/{}", reg.host, repo_tag.replace(':', ":child-"));
+    let child: Reference = child.parse().unwrap();
+    let title = BTreeMap::from([(TITLE.to_string(), "libwasm_filter.so".to_string())]);
+    let layer = ImageLayer::new(body, LAYER.into(), Some(title));
+    let config = Config::new(b"{}".to_vec(), CONFIG.into(), None);
+    rt.block_on(client.push(&child, &[layer], config, &auth, None))
+        .unwrap();
+    let oci_manifest = "application/vnd.oci.image.manifest.v1+json";
+    let (bytes, digest) = rt
+        .block_on(client.pull_manifest_raw(&child, &auth, &[oci_manifest]))
+        .unwrap();
+    let (os, arch) = platform.split_once('/').unwrap();
+    let index: OciImageIndex = serde_json::from_value(serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.index.v1+json",
+        "manifests": [{
+            "mediaType": oci_manifest, "digest": digest, "size": bytes.len(),
+            "platform": {"os": os, "architecture": arch},
+            "annotations": {ENVOY_VERSIONS: "1.40"},
+        }],
+    }))
+    .unwrap();
+    let reference: Reference = format!("{}/filters/{repo_tag}", reg.host).parse().unwrap();
+    rt.block_on(client.push_manifest_list(&reference, &auth, index))
+        .unwrap();
+}
+
+#[test]
+fn a_registry_serving_a_non_elf_body_or_an_elf_for_another_platform_is_refused_at_pull() {
+    let reg = Registry::start(false);
+    let so = std::fs::read(shared_object()).unwrap();
+    // The same shared object, its ELF header naming the other architecture.
+    let (other_machine, other_platform) = match host_platform() {
+        "linux/amd64" => (183u16, "linux/arm64"),
+        _ => (62u16, "linux/amd64"),
+    };
+    let mut other = so;
+    other[18..20].copy_from_slice(&other_machine.to_le_bytes());
+    let cache = tempfile::tempdir().unwrap();
+    for (repo_tag, body, words) in [
+        ("bad:notelf", module("not elf"), "no ELF magic"),
+        ("bad:other", other, &*format!("built for {other_platform}")),
+    ] {
+        serve_index(&reg, repo_tag, host_platform(), body);
+        let url = format!("oci://{}/filters/{repo_tag}", reg.host);
+        let o = pull(cache.path(), &[&url, "--envoy-version", "1.40"]);
+        assert_failed(&o, cache.path(), &url, words);
+        assert!(
+            stderr(&o).contains("not an Envoy dynamic module"),
+            "{}",
+            stderr(&o)
+        );
+    }
 }
 
 #[test]

@@ -8,6 +8,14 @@ use super::Outcome;
 use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
 use crate::body_ops::{BodyOperation, MAX_BUFFER_LIMIT};
 
+/// What Envoy hands the role, one hook at a time.
+#[derive(Debug, Clone, Copy)]
+pub enum Event {
+    Headers { end_of_stream: bool },
+    Body { end_of_stream: bool },
+    Trailers,
+}
+
 /// One stream's state.
 #[derive(Default)]
 pub struct BodyStream {
@@ -17,6 +25,25 @@ pub struct BodyStream {
 }
 
 impl BodyStream {
+    /// One hook of the stream. Once this filter answered the request itself (a local reply,
+    /// or the response reset), the response's hooks have nothing left to do.
+    pub fn on(
+        &mut self,
+        ops: &BodyOperation,
+        stream: &Stream,
+        which: Side,
+        event: Event,
+    ) -> Outcome {
+        if which == Side::Response && self.flow.answered() {
+            return Outcome::Continue;
+        }
+        match event {
+            Event::Headers { end_of_stream } => self.on_headers(ops, stream, which, end_of_stream),
+            Event::Body { end_of_stream } => self.on_body(ops, stream, which, end_of_stream),
+            Event::Trailers => self.on_trailers(ops, which),
+        }
+    }
+
     fn refuse(&mut self, stream: &Stream, which: Side, why: &str) -> Outcome {
         let (status, details) = which.refusal();
         log!(Info, "{} refused with {status}: {why}", which.name());
@@ -51,7 +78,7 @@ impl BodyStream {
         Outcome::StopNoBuffer
     }
 
-    pub fn on_headers(
+    fn on_headers(
         &mut self,
         ops: &BodyOperation,
         stream: &Stream,
@@ -61,9 +88,6 @@ impl BodyStream {
         if which == Side::Request && ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
             stream.remove_header(Side::Request, "accept-encoding");
-        }
-        if which == Side::Response && self.flow.answered() {
-            return Outcome::Continue;
         }
         let declared = || {
             stream
@@ -93,16 +117,13 @@ impl BodyStream {
         }
     }
 
-    pub fn on_body(
+    fn on_body(
         &mut self,
         ops: &BodyOperation,
         stream: &Stream,
         which: Side,
         end_of_stream: bool,
     ) -> Outcome {
-        if which == Side::Response && self.flow.answered() {
-            return Outcome::Continue;
-        }
         if which == Side::Response {
             if let Some(why) = &self.replacement {
                 let text = if end_of_stream { why.as_bytes() } else { b"" };
@@ -172,10 +193,7 @@ impl BodyStream {
         }
     }
 
-    pub fn on_trailers(&mut self, ops: &BodyOperation, which: Side) -> Outcome {
-        if which == Side::Response && self.flow.answered() {
-            return Outcome::Continue;
-        }
+    fn on_trailers(&mut self, ops: &BodyOperation, which: Side) -> Outcome {
         match self.flow.trailers(ops, which) {
             None => Outcome::Stop,
             Some(true) => {

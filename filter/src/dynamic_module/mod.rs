@@ -26,6 +26,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use abi::{EnvoyBuffer, Status as Outcome};
+use body::Event;
 use host::{log, Stream};
 
 use crate::body_flow::Side;
@@ -114,19 +115,19 @@ fn summary(role: &Role) -> String {
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
-    let init = catch_unwind(|| {
+    let init = guard(|| {
         let fault = std::env::var_os("WASM_FILTER_FAULT").is_some_and(|v| v == "panic");
         FAULT_INJECTION.store(fault, Ordering::Relaxed);
         abi::init()
     });
     match init {
-        Ok(Ok(())) => abi::ABI_VERSION.as_ptr().cast(),
-        Ok(Err(missing)) => {
+        Some(Ok(())) => abi::ABI_VERSION.as_ptr().cast(),
+        Some(Err(missing)) => {
             // No logger without the callbacks: Envoy's stderr is the one place left.
             eprintln!("wasm-filter: this Envoy does not export {missing}: the module needs Envoy 1.40's dynamic-module ABI");
             std::ptr::null()
         }
-        Err(_) => std::ptr::null(),
+        None => std::ptr::null(),
     }
 }
 
@@ -136,21 +137,21 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> *const c_void {
-    let made = catch_unwind(|| {
+    let made = guard(|| {
         // SAFETY: Envoy's buffers, valid for this hook; parsed into owned values here.
         let (name, config) = unsafe { (name.bytes(), config.bytes()) };
         parse(name, config)
     });
     match made {
-        Ok(Ok(config)) => {
+        Some(Ok(config)) => {
             log!(Info, "configured role {}", summary(&config.role));
             Arc::into_raw(Arc::new(config)).cast()
         }
-        Ok(Err(e)) => {
+        Some(Err(e)) => {
             log!(Error, "invalid plugin configuration: {e}");
             std::ptr::null()
         }
-        Err(_) => {
+        None => {
             log!(Error, "invalid plugin configuration: the parser panicked");
             std::ptr::null()
         }
@@ -200,7 +201,14 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: *const c_v
     }
 }
 
-/// Runs one hook of a stream under `catch_unwind`. A panic fails the request closed: a 500
+/// Runs `f` so that no panic unwinds into Envoy (undefined behaviour across `extern "C"`):
+/// `None` when it panicked. Every hook that can reach the roles' code goes through it; what
+/// a panic means is the hook's to say.
+fn guard<T>(f: impl FnOnce() -> T) -> Option<T> {
+    catch_unwind(AssertUnwindSafe(f)).ok()
+}
+
+/// Runs one hook of a stream under [`guard`]. A panic fails the request closed: a 500
 /// local reply (Envoy resets the stream instead when the response has started), and the
 /// stream's later hooks only continue.
 fn run(
@@ -218,9 +226,9 @@ fn run(
     if matches!(filter.state, State::Failed) {
         return Outcome::Continue as u32;
     }
-    match catch_unwind(AssertUnwindSafe(|| f(filter, &stream))) {
-        Ok(outcome) => outcome as u32,
-        Err(_) => {
+    match guard(|| f(filter, &stream)) {
+        Some(outcome) => outcome as u32,
+        None => {
             filter.state = State::Failed;
             log!(
                 Error,
@@ -259,7 +267,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
                 Outcome::Continue
             }
             (Role::Body(ops), State::Body(b)) => {
-                b.on_headers(ops, stream, Side::Request, end_of_stream)
+                b.on(ops, stream, Side::Request, Event::Headers { end_of_stream })
             }
             (Role::RateLimit(l), _) => l.on_request_headers(stream),
             _ => Outcome::Continue,
@@ -276,7 +284,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     run(envoy, filter, "request body", |f, stream| {
         match (&f.config.role, &mut f.state) {
             (Role::Body(ops), State::Body(b)) => {
-                b.on_body(ops, stream, Side::Request, end_of_stream)
+                b.on(ops, stream, Side::Request, Event::Body { end_of_stream })
             }
             _ => Outcome::Continue,
         }
@@ -288,9 +296,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     envoy: *mut c_void,
     filter: *const c_void,
 ) -> u32 {
-    run(envoy, filter, "request trailers", |f, _| {
+    run(envoy, filter, "request trailers", |f, stream| {
         match (&f.config.role, &mut f.state) {
-            (Role::Body(ops), State::Body(b)) => b.on_trailers(ops, Side::Request),
+            (Role::Body(ops), State::Body(b)) => b.on(ops, stream, Side::Request, Event::Trailers),
             _ => Outcome::Continue,
         }
     })
@@ -308,9 +316,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
                 headers::on_response_headers(ops, stream);
                 Outcome::Continue
             }
-            (Role::Body(ops), State::Body(b)) => {
-                b.on_headers(ops, stream, Side::Response, end_of_stream)
-            }
+            (Role::Body(ops), State::Body(b)) => b.on(
+                ops,
+                stream,
+                Side::Response,
+                Event::Headers { end_of_stream },
+            ),
             _ => Outcome::Continue,
         }
     })
@@ -325,7 +336,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     run(envoy, filter, "response body", |f, stream| {
         match (&f.config.role, &mut f.state) {
             (Role::Body(ops), State::Body(b)) => {
-                b.on_body(ops, stream, Side::Response, end_of_stream)
+                b.on(ops, stream, Side::Response, Event::Body { end_of_stream })
             }
             _ => Outcome::Continue,
         }
@@ -337,9 +348,9 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     envoy: *mut c_void,
     filter: *const c_void,
 ) -> u32 {
-    run(envoy, filter, "response trailers", |f, _| {
+    run(envoy, filter, "response trailers", |f, stream| {
         match (&f.config.role, &mut f.state) {
-            (Role::Body(ops), State::Body(b)) => b.on_trailers(ops, Side::Response),
+            (Role::Body(ops), State::Body(b)) => b.on(ops, stream, Side::Response, Event::Trailers),
             _ => Outcome::Continue,
         }
     })

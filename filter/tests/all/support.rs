@@ -156,3 +156,29 @@ pub fn dynamic_module_dir() -> PathBuf {
         .expect("cargo built no libwasm_filter.so");
     so.parent().unwrap().to_path_buf()
 }
+
+/// Five GETs through the `headers` listener of a bootstrap whose rate limit was cut to three
+/// tokens (`"burst": 3, "refill_per_second": 0.01`): three pass and two get a 429 asking the
+/// client to retry after 100 s, whichever worker each connection lands on, as one bucket
+/// table serves them all. Returns the exchanges, for what else a caller checks.
+pub fn assert_three_of_five_pass(
+    real: &mut wasm_harness::real_envoy::RealEnvoy,
+) -> Vec<wasm_harness::Exchange> {
+    let exchanges: Vec<_> = (0..5)
+        .map(|_| {
+            real.send(
+                Some("headers"),
+                &wasm_harness::Request::get("/"),
+                &wasm_harness::UpstreamReply::new(200),
+            )
+            .unwrap()
+        })
+        .collect();
+    let codes: Vec<_> = exchanges.iter().map(|e| e.response_status()).collect();
+    assert_eq!(
+        codes,
+        [Some(200), Some(200), Some(200), Some(429), Some(429)]
+    );
+    assert_eq!(exchanges[3].response_header("retry-after"), Some("100"));
+    exchanges
+}

@@ -1,7 +1,18 @@
-//! The ELF header checks that decide whether a file is an Envoy dynamic module for a platform:
+//! What makes a file an Envoy dynamic module, read by the cache and by the dynamic-module pull
+//! alike: its name (`lib<name>.so`) and the ELF header checks that decide the platform:
 //! a 64-bit little-endian shared object (`ET_DYN`, what `dlopen` loads) whose `e_machine` is
 //! the platform's. Read from the header bytes alone (the first 20), so a refused body is never
 //! parsed further.
+
+/// The layer that is the shared object itself, uncompressed (`dlopen` takes the bytes as is).
+pub const LAYER: &str = "application/vnd.wasm-fetcher.dynamic-module.layer.v1+elf";
+/// The child manifest's config: `{"os", "architecture", "envoyVersions"}`.
+pub const CONFIG: &str = "application/vnd.wasm-fetcher.dynamic-module.config.v1+json";
+/// The Envoy minor versions a child loads on, comma-separated (`1.40,1.41`), on the index's
+/// descriptor of each child and on the child manifest.
+pub const ENVOY_VERSIONS: &str = "dev.wasm-fetcher.envoy.versions";
+/// The file name Envoy looks for, on the layer.
+pub const TITLE: &str = "org.opencontainers.image.title";
 
 /// How many leading bytes [`platform`] reads.
 pub const HEADER_LEN: usize = 20;
@@ -44,6 +55,25 @@ pub fn host_platform() -> String {
         other => other,
     };
     format!("{}/{arch}", std::env::consts::OS)
+}
+
+/// `name` of a `lib<name>.so` file name: what Envoy's `dynamic_module_config.name` says.
+pub fn module_name(file_name: &str) -> Result<&str, String> {
+    file_name
+        .strip_prefix("lib")
+        .and_then(|n| n.strip_suffix(".so"))
+        .filter(|n| {
+            !n.is_empty()
+                && n.len() <= 100
+                && n.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        })
+        .ok_or_else(|| {
+            format!(
+                "{:?} is not named lib<name>.so (letters, digits, _ and -), the name Envoy searches for",
+                file_name.chars().take(120).collect::<String>()
+            )
+        })
 }
 
 #[cfg(test)]

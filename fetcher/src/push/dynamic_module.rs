@@ -4,34 +4,15 @@ use std::collections::BTreeMap;
 
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 
-use super::{elf, CONFIG, ENVOY_VERSIONS, LAYER, TITLE};
+use super::layout::{Blob, Image};
 use crate::oci::manifest as media;
-use crate::push::layout::{Blob, Image};
+use crate::shared_object::{self as elf, module_name, CONFIG, ENVOY_VERSIONS, LAYER, TITLE};
 use crate::verify::Sha256;
 
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 
 fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", Sha256::of(bytes).hex())
-}
-
-/// `name` of a `lib<name>.so` file name: what Envoy's `dynamic_module_config.name` says.
-pub fn module_name(file_name: &str) -> Result<&str, String> {
-    file_name
-        .strip_prefix("lib")
-        .and_then(|n| n.strip_suffix(".so"))
-        .filter(|n| {
-            !n.is_empty()
-                && n.len() <= 100
-                && n.bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
-        })
-        .ok_or_else(|| {
-            format!(
-                "{:?} is not named lib<name>.so (letters, digits, _ and -), the name Envoy searches for",
-                file_name.chars().take(120).collect::<String>()
-            )
-        })
 }
 
 /// The index for one shared object: its platform from the ELF header, its Envoy versions
