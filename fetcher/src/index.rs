@@ -69,6 +69,34 @@ pub struct ModuleEntry {
 }
 
 impl ModuleEntry {
+    /// The entry a pull makes for a module the index does not list yet.
+    pub fn pulled(source: &str, now: u64) -> Self {
+        Self {
+            source: source.to_string(),
+            manifest_digest: None,
+            index_digest: None,
+            size: 0,
+            modified_ns: None,
+            pulled_at: now,
+            last_used: now,
+            image_volume_copy: false,
+            dynamic_module: None,
+        }
+    }
+
+    /// A pull just verified the file (downloaded it, or found it intact): remember it as it
+    /// is now, and where it came from if a rebuilt index could not say.
+    pub fn verified(&mut self, source: &str, now: u64, stamp: Option<crate::cache::Stamp>) {
+        self.last_used = now;
+        if self.source.is_empty() {
+            self.source = source.to_string();
+        }
+        if let Some(stamp) = stamp {
+            self.size = stamp.size;
+            self.modified_ns = stamp.modified_ns;
+        }
+    }
+
     /// Where its file is kept.
     pub fn path(&self, cache: &Cache, sha: &Sha256) -> PathBuf {
         cache.path_of(sha, self.dynamic_module.as_ref())

@@ -345,30 +345,11 @@ fn record_now(index: &IndexFile, r: &Recorded, pulled: Pulled) -> Result<Pulled,
         let entry = idx
             .modules
             .entry(pulled.sha256)
-            .or_insert_with(|| ModuleEntry {
-                source: r.key.to_string(),
-                manifest_digest: pulled.manifest_digest,
-                index_digest: r.index_digest,
-                size: 0,
-                modified_ns: None,
-                pulled_at: now,
-                last_used: now,
-                image_volume_copy: false,
-                dynamic_module: None,
-            });
-        entry.last_used = now;
+            .or_insert_with(|| ModuleEntry::pulled(r.key, now));
+        entry.verified(r.key, now, stamp);
         // Set here, not only for a new entry: a missing index is rebuilt from the module
         // files, the one just copied included, before this update sees it.
         entry.image_volume_copy |= r.image_volume_copy;
-        if entry.source.is_empty() {
-            // Found by a rebuilt index, which cannot know where a module came from.
-            entry.source = r.key.to_string();
-        }
-        // Verified by this pull (downloaded, or checked by `intact`): remember the file as is.
-        if let Some(stamp) = stamp {
-            entry.size = stamp.size;
-            entry.modified_ns = stamp.modified_ns;
-        }
         if pulled.manifest_digest.is_some() {
             entry.manifest_digest = pulled.manifest_digest;
         }

@@ -181,28 +181,11 @@ fn record(cache: &Cache, k: Kept) -> Result<(), FetchError> {
         let entry = idx
             .modules
             .entry(k.sha256)
-            .or_insert_with(|| crate::index::ModuleEntry {
-                source: k.key.to_string(),
-                manifest_digest: Some(k.manifest_digest),
-                index_digest: Some(k.index_digest),
-                size: 0,
-                modified_ns: None,
-                pulled_at: now,
-                last_used: now,
-                image_volume_copy: false,
-                dynamic_module: None,
-            });
-        entry.last_used = now;
-        if entry.source.is_empty() {
-            entry.source = k.key.to_string();
-        }
+            .or_insert_with(|| crate::index::ModuleEntry::pulled(k.key, now));
+        entry.verified(k.key, now, stamp);
         entry.manifest_digest = Some(k.manifest_digest);
         entry.index_digest = Some(k.index_digest);
         entry.dynamic_module = Some(k.file);
-        if let Some(stamp) = stamp {
-            entry.size = stamp.size;
-            entry.modified_ns = stamp.modified_ns;
-        }
     })
 }
 
