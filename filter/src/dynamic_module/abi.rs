@@ -102,6 +102,19 @@ pub enum Status {
     StopNoBuffer = 3,
 }
 
+/// `envoy_dynamic_module_type_metrics_result_Success`.
+pub const METRICS_SUCCESS: u32 = 0;
+
+/// `envoy_dynamic_module_type_network_connection_event`: the two that end a connection.
+pub const EVENT_REMOTE_CLOSE: u32 = 0;
+pub const EVENT_LOCAL_CLOSE: u32 = 1;
+
+/// `envoy_dynamic_module_type_network_connection_close_type_FlushWrite`.
+pub const CLOSE_FLUSH_WRITE: u32 = 0;
+
+/// `envoy_dynamic_module_type_on_network_filter_data_status_Continue`.
+pub const NETWORK_CONTINUE: u32 = 0;
+
 type Filter = *mut c_void;
 
 extern "C" {
@@ -161,6 +174,11 @@ callbacks! {
     get_attribute_string: unsafe extern "C" fn(Filter, usize, *mut EnvoyBuffer) -> bool
         = "http_filter_get_attribute_string",
     reset_stream: unsafe extern "C" fn(Filter, u32, ModuleBuffer) = "http_filter_reset_stream",
+    network_define_counter: unsafe extern "C" fn(Filter, ModuleBuffer, *mut usize) -> u32
+        = "network_filter_config_define_counter",
+    network_increment_counter: unsafe extern "C" fn(Filter, usize, u64) -> u32
+        = "network_filter_increment_counter",
+    network_close: unsafe extern "C" fn(Filter, u32) = "network_filter_close",
 }
 
 static HOST: OnceLock<Host> = OnceLock::new();

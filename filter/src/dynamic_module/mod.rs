@@ -6,7 +6,9 @@
 //!
 //! The roles that fit an HTTP filter run here: `http-header-operation`,
 //! `http-body-operation` and `rate-limit` (its table in process memory, shared by every
-//! worker). The others are refused by name when the configuration is loaded.
+//! worker); `tcp-total-data-size-counter` runs as a network filter
+//! (`envoy.filters.network.dynamic_modules`, [`tcp`]). The stats aggregator is refused by
+//! name when the configuration is loaded.
 //!
 //! Nothing unwinds into Envoy: every hook runs under `catch_unwind`, and a panic fails its
 //! request closed (a 500 local reply, or a reset once the response has started) while Envoy
@@ -19,6 +21,7 @@ mod body;
 mod headers;
 mod host;
 mod rate_limit;
+mod tcp;
 
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -74,7 +77,9 @@ struct StreamFilter {
     state: State,
 }
 
-fn parse(name: &[u8], config: &[u8]) -> Result<FilterConfig, String> {
+/// The plugin configuration Envoy hands a filter, checked as the Wasm module checks it: the
+/// filter name, the size bound, then [`PluginConfig::parse`].
+fn plugin_config(name: &[u8], config: &[u8]) -> Result<PluginConfig, String> {
     if name != FILTER_NAME.as_bytes() {
         return Err(format!(
             "filter_name {:?} is unknown: this module has one filter, {FILTER_NAME:?}",
@@ -87,14 +92,26 @@ fn parse(name: &[u8], config: &[u8]) -> Result<FilterConfig, String> {
             config.len()
         ));
     }
-    let role = match PluginConfig::parse(config)? {
+    PluginConfig::parse(config)
+}
+
+fn parse(name: &[u8], config: &[u8]) -> Result<FilterConfig, String> {
+    let role = match plugin_config(name, config)? {
         PluginConfig::HttpHeaderOperation(ops) => Role::Headers(ops),
         PluginConfig::HttpBodyOperation(ops) => Role::Body(ops),
         PluginConfig::RateLimit(c) => Role::RateLimit(rate_limit::Limiter::new(c)),
+        PluginConfig::TcpTotalDataSizeCounter(_) => {
+            return Err(format!(
+                "role: {:?} is a network filter: configure it in \
+                 envoy.filters.network.dynamic_modules, not envoy.filters.http.dynamic_modules",
+                tcp::ROLE
+            ))
+        }
         other => {
             return Err(format!(
                 "role: {:?} runs only in the Wasm module; as a dynamic module the roles are \
-                 http-header-operation, http-body-operation and rate-limit",
+                 http-header-operation, http-body-operation, rate-limit and (as a network \
+                 filter) tcp-total-data-size-counter",
                 other.role()
             ))
         }

@@ -1,6 +1,7 @@
 //! The filter as an Envoy dynamic module (`libwasm_filter.so`) in real Envoy 1.40, on
 //! envoy-config/dynamic-module.yaml: the HTTP roles give what the Wasm module gives on
-//! envoy-config/bootstrap.yaml (the same requests go through both and are compared), a bad
+//! envoy-config/bootstrap.yaml (the same requests go through both and are compared), the TCP
+//! counter as a network filter logs and counts what the Wasm one does, a bad
 //! configuration is refused by field, and a panic fails its request closed while Envoy goes
 //! on.
 
@@ -8,7 +9,7 @@ use std::path::Path;
 use std::sync::Once;
 
 use wasm_harness::real_envoy::{EnvoyError, RealEnvoy};
-use wasm_harness::{Exchange, Request, UpstreamReply};
+use wasm_harness::{Exchange, Request, TcpEvent, UpstreamReply};
 
 use crate::support::{assert_three_of_five_pass, bootstrap_copy, dynamic_module_dir, envoy};
 
@@ -240,4 +241,40 @@ fn dynamic_module_panic_fails_the_request_closed_and_envoy_goes_on() {
         &real,
         "wasm-filter: panicked in the request headers hook"
     ));
+}
+
+#[test]
+fn dynamic_module_tcp_counter_logs_each_connection_and_counts_across_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut real = start_module(dir.path(), 2, |t| t).unwrap_or_else(|e| panic!("{e}"));
+    for (data, reply) in [("hello", "hi"), ("0123456789", "x")] {
+        let out = real
+            .connect(
+                Some("tcp"),
+                &[
+                    TcpEvent::Downstream(data.as_bytes().to_vec()),
+                    TcpEvent::Upstream(reply.as_bytes().to_vec()),
+                    TcpEvent::CloseDownstream,
+                ],
+            )
+            .unwrap();
+        assert_eq!(out.upstream_received, data.as_bytes());
+        assert_eq!(out.downstream_received, reply.as_bytes());
+    }
+    assert!(logged(
+        &real,
+        "wasm-filter: tcp connection closed: in=5 out=2"
+    ));
+    assert!(logged(
+        &real,
+        "wasm-filter: tcp connection closed: in=10 out=1"
+    ));
+    let stat = |name: &str| {
+        real.stat(&format!(
+            "dynamicmodulescustom.wasm_filter.tcp-total-data-size-counter.{name}"
+        ))
+    };
+    assert_eq!(stat("bytes_in_total"), Some(15));
+    assert_eq!(stat("bytes_out_total"), Some(3));
+    assert_eq!(stat("connections_total"), Some(2));
 }

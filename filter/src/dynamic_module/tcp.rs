@@ -1,0 +1,284 @@
+//! `tcp-total-data-size-counter` as an Envoy network filter
+//! (`envoy.filters.network.dynamic_modules`): bytes each way as they pass, then, once the
+//! connection closes, the Wasm module's log line and the totals updated. The totals live in
+//! process memory behind one mutex, which every worker adds its closed connections to (the
+//! Wasm module's compare-and-swap on shared data, without retries); the per-role counters
+//! are Envoy stats, process-wide as Envoy's counters are.
+//!
+//! A panic in a hook closes its connection (fail closed) and the connection's later hooks
+//! only continue; Envoy and every other connection go on.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use super::abi::{self, EnvoyBuffer, ModuleBuffer};
+use super::host::log;
+use super::{guard, plugin_config};
+use crate::config::PluginConfig;
+use crate::tcp_count::{TcpCounter, Totals};
+
+/// The role's name in the plugin configuration and in its stats.
+pub const ROLE: &str = "tcp-total-data-size-counter";
+
+/// Every connection's totals since the module was loaded, across listeners and workers.
+static TOTALS: Mutex<Totals> = Mutex::new(Totals {
+    bytes_in: 0,
+    bytes_out: 0,
+    connections: 0,
+});
+
+/// Envoy stat ids, named `<metrics_namespace>.wasm_filter.<role>.<name>`.
+#[derive(Default)]
+struct Counters {
+    bytes_in: Option<usize>,
+    bytes_out: Option<usize>,
+    connections: Option<usize>,
+}
+
+struct TcpConfig {
+    counter: TcpCounter,
+    counters: Counters,
+}
+
+struct Connection {
+    config: Arc<TcpConfig>,
+    bytes_in: u64,
+    bytes_out: u64,
+    /// Counted into the totals already (a close event came, or a hook panicked).
+    done: bool,
+}
+
+fn parse(name: &[u8], config: &[u8]) -> Result<TcpCounter, String> {
+    match plugin_config(name, config)? {
+        PluginConfig::TcpTotalDataSizeCounter(c) => Ok(c),
+        other => Err(format!(
+            "role: {:?} is an HTTP role: configure it in envoy.filters.http.dynamic_modules; \
+             the network filter's role is {ROLE:?}",
+            other.role()
+        )),
+    }
+}
+
+/// One Envoy counter, or `None` (logged) when Envoy refuses to define it: the counting
+/// itself goes on without it.
+fn define(host: &abi::Host, config: *mut c_void, name: &str) -> Option<usize> {
+    let full = format!("wasm_filter.{ROLE}.{name}");
+    let mut id = 0usize;
+    // SAFETY: Envoy's configuration pointer, valid during config_new; the name is alive for
+    // the call and `id` is writable.
+    let result = unsafe {
+        (host.network_define_counter)(config, ModuleBuffer::of(full.as_bytes()), &mut id)
+    };
+    if result == abi::METRICS_SUCCESS {
+        Some(id)
+    } else {
+        log!(Warn, "stat {full} not defined (Envoy answered {result})");
+        None
+    }
+}
+
+fn increment(filter: *mut c_void, id: Option<usize>, value: u64) {
+    let (Some(id), Some(host)) = (id, abi::host()) else {
+        return;
+    };
+    // SAFETY: Envoy's filter pointer, valid during the hook that calls this; plain values.
+    unsafe { (host.network_increment_counter)(filter, id, value) };
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
+    config_envoy_ptr: *mut c_void,
+    name: EnvoyBuffer,
+    config: EnvoyBuffer,
+) -> *const c_void {
+    let made = guard(|| {
+        // SAFETY: Envoy's buffers, valid for this hook; parsed into owned values here.
+        let (name, config) = unsafe { (name.bytes(), config.bytes()) };
+        let counter = parse(name, config)?;
+        let counters = match abi::host() {
+            Some(host) => Counters {
+                bytes_in: define(host, config_envoy_ptr, "bytes_in_total"),
+                bytes_out: define(host, config_envoy_ptr, "bytes_out_total"),
+                connections: define(host, config_envoy_ptr, "connections_total"),
+            },
+            None => Counters::default(),
+        };
+        Ok::<_, String>(TcpConfig { counter, counters })
+    });
+    match made {
+        Some(Ok(config)) => {
+            log!(
+                Info,
+                "configured role {ROLE} (network filter, log_connections: {})",
+                config.counter.log_connections
+            );
+            Arc::into_raw(Arc::new(config)).cast()
+        }
+        Some(Err(e)) => {
+            log!(Error, "invalid plugin configuration: {e}");
+            std::ptr::null()
+        }
+        None => {
+            log!(Error, "invalid plugin configuration: the parser panicked");
+            std::ptr::null()
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_config_destroy(config: *const c_void) {
+    if !config.is_null() {
+        // SAFETY: the pointer config_new made with Arc::into_raw; Envoy destroys it once.
+        drop(unsafe { Arc::from_raw(config.cast::<TcpConfig>()) });
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_new(
+    config: *const c_void,
+    _filter_envoy_ptr: *mut c_void,
+) -> *const c_void {
+    if config.is_null() {
+        return std::ptr::null();
+    }
+    let config = config.cast::<TcpConfig>();
+    // SAFETY: config_new's Arc, alive until config_destroy, which Envoy calls only after its
+    // last connection: one more strong count for the connection's own Arc.
+    let config = unsafe {
+        Arc::increment_strong_count(config);
+        Arc::from_raw(config)
+    };
+    let connection = Connection {
+        config,
+        bytes_in: 0,
+        bytes_out: 0,
+        done: false,
+    };
+    Box::into_raw(Box::new(connection)).cast_const().cast()
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_destroy(filter: *const c_void) {
+    if !filter.is_null() {
+        // SAFETY: the Box filter_new made; Envoy destroys each filter once.
+        drop(unsafe { Box::from_raw(filter.cast::<Connection>().cast_mut()) });
+    }
+}
+
+/// Runs one hook of a connection under [`guard`]. A panic closes the connection (what a
+/// counter that cannot count does to the Wasm module's connection: it fails closed), and the
+/// connection's later hooks only continue.
+fn run(envoy: *mut c_void, filter: *const c_void, hook: &str, f: impl FnOnce(&mut Connection)) {
+    if filter.is_null() {
+        return;
+    }
+    // SAFETY: the Box filter_new made; Envoy runs one connection's hooks on one thread, one
+    // at a time, and never after destroy.
+    let connection = unsafe { &mut *filter.cast::<Connection>().cast_mut() };
+    if connection.done {
+        return;
+    }
+    if guard(|| f(connection)).is_none() {
+        connection.done = true;
+        log!(
+            Error,
+            "panicked in the network {hook} hook: the connection is closed"
+        );
+        if let Some(host) = abi::host() {
+            // SAFETY: Envoy's filter pointer, valid during this hook.
+            unsafe { (host.network_close)(envoy, abi::CLOSE_FLUSH_WRITE) };
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_new_connection(
+    _envoy: *mut c_void,
+    _filter: *const c_void,
+) -> u32 {
+    abi::NETWORK_CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    data_length: usize,
+    _end_stream: bool,
+) -> u32 {
+    run(envoy, filter, "read", |c| {
+        let n = data_length as u64;
+        c.bytes_in = c.bytes_in.saturating_add(n);
+        increment(envoy, c.config.counters.bytes_in, n);
+    });
+    abi::NETWORK_CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    data_length: usize,
+    _end_stream: bool,
+) -> u32 {
+    run(envoy, filter, "write", |c| {
+        let n = data_length as u64;
+        c.bytes_out = c.bytes_out.saturating_add(n);
+        increment(envoy, c.config.counters.bytes_out, n);
+    });
+    abi::NETWORK_CONTINUE
+}
+
+#[no_mangle]
+pub extern "C" fn envoy_dynamic_module_on_network_filter_event(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    event: u32,
+) {
+    if !matches!(event, abi::EVENT_REMOTE_CLOSE | abi::EVENT_LOCAL_CLOSE) {
+        return;
+    }
+    run(envoy, filter, "close event", |c| {
+        c.done = true;
+        let (bytes_in, bytes_out) = (c.bytes_in, c.bytes_out);
+        if c.config.counter.log_connections {
+            log!(Info, "tcp connection closed: in={bytes_in} out={bytes_out}");
+        }
+        increment(envoy, c.config.counters.connections, 1);
+        let totals = {
+            // A panic elsewhere while holding the lock leaves plain numbers: still usable.
+            let mut t = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
+            *t = t.add_connection(bytes_in, bytes_out);
+            *t
+        };
+        log!(Debug, "tcp totals: {}", totals.encode());
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_tcp_role_is_a_network_filter() {
+        let c = parse(b"wasm-filter", br#"{"role":"tcp-total-data-size-counter"}"#).unwrap();
+        assert!(c.log_connections);
+        let e = parse(
+            b"wasm-filter",
+            br#"{"role":"tcp-total-data-size-counter","log":true}"#,
+        )
+        .unwrap_err();
+        assert!(e.contains("unknown field `log`"), "{e}");
+        let e = parse(
+            b"wasm-filter",
+            br#"{"role":"http-header-operation","request":{}}"#,
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("role: \"http-header-operation\" is an HTTP role"),
+            "{e}"
+        );
+        let e = parse(b"other", br#"{"role":"tcp-total-data-size-counter"}"#).unwrap_err();
+        assert!(e.contains("filter_name \"other\""), "{e}");
+    }
+}
