@@ -124,8 +124,8 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
     let rewritten = std::fs::read_to_string(&bootstrap).unwrap();
     assert_eq!(
         rewritten.matches(v["path"].as_str().unwrap()).count(),
-        4,
-        "the four dynamic-module filters: {rewritten}"
+        5,
+        "the five dynamic-module filters (four HTTP, one network): {rewritten}"
     );
     // `convert` pulls a dynamic-module filter's oci:// module for the Envoy version asked for
     // and points the filter at it; without a version it refuses, naming the filter.
@@ -164,7 +164,7 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
     let text = std::fs::read_to_string(&converted).unwrap();
     assert_eq!(
         text.matches(v["path"].as_str().unwrap()).count(),
-        4,
+        5,
         "{text}"
     );
     assert!(!text.contains("oci://"), "{text}");
