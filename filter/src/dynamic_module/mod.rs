@@ -159,28 +159,15 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
         let (name, config) = unsafe { (name.bytes(), config.bytes()) };
         parse(name, config)
     });
-    match made {
-        Some(Ok(config)) => {
-            log!(Info, "configured role {}", summary(&config.role));
-            Arc::into_raw(Arc::new(config)).cast()
-        }
-        Some(Err(e)) => {
-            log!(Error, "invalid plugin configuration: {e}");
-            std::ptr::null()
-        }
-        None => {
-            log!(Error, "invalid plugin configuration: the parser panicked");
-            std::ptr::null()
-        }
-    }
+    config_pointer(made, |config| {
+        format!("configured role {}", summary(&config.role))
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_destroy(config: *const c_void) {
-    if !config.is_null() {
-        // SAFETY: the pointer config_new made with Arc::into_raw; Envoy destroys it once.
-        drop(unsafe { Arc::from_raw(config.cast::<FilterConfig>()) });
-    }
+    // SAFETY: the pointer config_new made; Envoy destroys it once.
+    unsafe { drop_config::<FilterConfig>(config) };
 }
 
 #[no_mangle]
@@ -188,15 +175,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
     config: *const c_void,
     _filter_envoy_ptr: *mut c_void,
 ) -> *const c_void {
-    if config.is_null() {
+    // SAFETY: config_new's pointer, alive until config_destroy, which Envoy calls only after
+    // its last stream.
+    let Some(config) = (unsafe { share_config::<FilterConfig>(config) }) else {
         return std::ptr::null();
-    }
-    let config = config.cast::<FilterConfig>();
-    // SAFETY: config_new's Arc, alive until config_destroy, which Envoy calls only after its
-    // last stream: one more strong count for the stream's own Arc.
-    let config = unsafe {
-        Arc::increment_strong_count(config);
-        Arc::from_raw(config)
     };
     let state = match &config.role {
         Role::Headers(ops) => State::Headers {
@@ -215,6 +197,58 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_destroy(filter: *const c_v
     if !filter.is_null() {
         // SAFETY: the Box filter_new made; Envoy destroys each filter once.
         drop(unsafe { Box::from_raw(filter.cast::<StreamFilter>().cast_mut()) });
+    }
+}
+
+/// What a `config_new` hook answers: the configuration behind a pointer Envoy keeps until
+/// `config_destroy`, or null, which makes Envoy refuse the configuration, with the reason
+/// logged.
+fn config_pointer<T>(
+    made: Option<Result<T, String>>,
+    configured: impl FnOnce(&T) -> String,
+) -> *const c_void {
+    match made {
+        Some(Ok(config)) => {
+            log!(Info, "{}", configured(&config));
+            Arc::into_raw(Arc::new(config)).cast()
+        }
+        Some(Err(e)) => {
+            log!(Error, "invalid plugin configuration: {e}");
+            std::ptr::null()
+        }
+        None => {
+            log!(Error, "invalid plugin configuration: the parser panicked");
+            std::ptr::null()
+        }
+    }
+}
+
+/// Ends what [`config_pointer`] made.
+///
+/// # Safety
+/// `config` is null or a pointer `config_pointer::<T>` made that has not been dropped yet.
+unsafe fn drop_config<T>(config: *const c_void) {
+    if !config.is_null() {
+        // SAFETY: per the contract, the Arc config_pointer leaked, dropped once.
+        drop(unsafe { Arc::from_raw(config.cast::<T>()) });
+    }
+}
+
+/// One more owner of a configuration, for a new stream or connection; `None` for null.
+///
+/// # Safety
+/// `config` is null or a pointer `config_pointer::<T>` made that is not dropped before the
+/// returned `Arc`'s owner.
+unsafe fn share_config<T>(config: *const c_void) -> Option<Arc<T>> {
+    if config.is_null() {
+        return None;
+    }
+    let config = config.cast::<T>();
+    // SAFETY: per the contract, config_pointer's Arc is alive: one more strong count for the
+    // new owner.
+    unsafe {
+        Arc::increment_strong_count(config);
+        Some(Arc::from_raw(config))
     }
 }
 

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use super::abi::{self, EnvoyBuffer, ModuleBuffer};
 use super::host::log;
-use super::{guard, plugin_config};
+use super::{config_pointer, drop_config, guard, plugin_config, share_config};
 use crate::config::PluginConfig;
 use crate::tcp_count::{TcpCounter, Totals};
 
@@ -105,32 +105,18 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
         };
         Ok::<_, String>(TcpConfig { counter, counters })
     });
-    match made {
-        Some(Ok(config)) => {
-            log!(
-                Info,
-                "configured role {ROLE} (network filter, log_connections: {})",
-                config.counter.log_connections
-            );
-            Arc::into_raw(Arc::new(config)).cast()
-        }
-        Some(Err(e)) => {
-            log!(Error, "invalid plugin configuration: {e}");
-            std::ptr::null()
-        }
-        None => {
-            log!(Error, "invalid plugin configuration: the parser panicked");
-            std::ptr::null()
-        }
-    }
+    config_pointer(made, |config| {
+        format!(
+            "configured role {ROLE} (network filter, log_connections: {})",
+            config.counter.log_connections
+        )
+    })
 }
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_network_filter_config_destroy(config: *const c_void) {
-    if !config.is_null() {
-        // SAFETY: the pointer config_new made with Arc::into_raw; Envoy destroys it once.
-        drop(unsafe { Arc::from_raw(config.cast::<TcpConfig>()) });
-    }
+    // SAFETY: the pointer config_new made; Envoy destroys it once.
+    unsafe { drop_config::<TcpConfig>(config) };
 }
 
 #[no_mangle]
@@ -138,15 +124,10 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_new(
     config: *const c_void,
     _filter_envoy_ptr: *mut c_void,
 ) -> *const c_void {
-    if config.is_null() {
+    // SAFETY: config_new's pointer, alive until config_destroy, which Envoy calls only after
+    // its last connection.
+    let Some(config) = (unsafe { share_config::<TcpConfig>(config) }) else {
         return std::ptr::null();
-    }
-    let config = config.cast::<TcpConfig>();
-    // SAFETY: config_new's Arc, alive until config_destroy, which Envoy calls only after its
-    // last connection: one more strong count for the connection's own Arc.
-    let config = unsafe {
-        Arc::increment_strong_count(config);
-        Arc::from_raw(config)
     };
     let connection = Connection {
         config,
