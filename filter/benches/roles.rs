@@ -11,7 +11,9 @@
 //!    variant's added time the median of its round-by-round differences with no filter, so
 //!    load changes hit all alike; Envoy's CPU time per request likewise. Then Envoy's
 //!    resident memory and its allocator's heap with each variant alone, the variants in turn,
-//!    three times at one worker, once at more (`WASM_FILTER_BENCH_RSS_SAMPLES`). `WASM_FILTER_BENCH_WORKERS=1,2` picks the
+//!    three times at one worker, once at more (`WASM_FILTER_BENCH_RSS_SAMPLES`), and with
+//!    `WASM_FILTER_BENCH_RELEASE=1` each also with Envoy's allocator release on (the
+//!    bootstrap's `memory_allocator_manager`). `WASM_FILTER_BENCH_WORKERS=1,2` picks the
 //!    worker counts, `WASM_FILTER_BENCH_ROUNDS` the rounds (10),
 //!    `WASM_FILTER_BENCH_VARIANTS=Lua,http-` the variants (by the start of their names),
 //!    `WASM_FILTER_BENCH_MODULES=label=a.wasm,label2=b.wat` adds other modules with the
@@ -371,7 +373,42 @@ fn report(
     for (v, r) in variants.iter().zip(m) {
         println!(
             "  {:<44} {:>9.1} {:>+8.1} {:>7.0} {:>10.1} {:>7.1} {:>8.1} / {:>5.1}",
-            v.name, r.median_us, r.added_us, r.rps, r.cpu_us, r.rss_mib, r.heap_mib.0, r.heap_mib.1
+            v.name,
+            r.median_us,
+            r.added_us,
+            r.rps,
+            r.cpu_us,
+            r.memory.rss,
+            r.memory.heap,
+            r.memory.live
+        );
+    }
+    // Where the memory is: tcmalloc's heap split into live, free pages and cached objects, its
+    // peak; and the same Envoy with its allocator release on, when measured.
+    let release = m.iter().any(|r| r.released.is_some());
+    println!(
+        "  {:<44} {:>7} {:>7} {:>7} {:>9} {:>7} {:>7}{}",
+        "memory, MiB",
+        "RSS",
+        "heap",
+        "live",
+        "page free",
+        "cached",
+        "peak",
+        if release {
+            "  | released: RSS page free  cached"
+        } else {
+            ""
+        }
+    );
+    for (v, r) in variants.iter().zip(m) {
+        let a = r.memory;
+        let released = r.released.map_or(String::new(), |b| {
+            format!("  | {:>12.1} {:>9.1} {:>7.1}", b.rss, b.page_free, b.cached)
+        });
+        println!(
+            "  {:<44} {:>7.1} {:>7.1} {:>7.1} {:>9.1} {:>7.1} {:>7.1}{released}",
+            v.name, a.rss, a.heap, a.live, a.page_free, a.cached, a.peak
         );
     }
     let added = |name: &str| {
@@ -404,7 +441,7 @@ fn report(
             variants
                 .iter()
                 .position(|v| v.name == name)
-                .map(|i| m[i].rss_mib)
+                .map(|i| m[i].memory.rss)
         };
         if let (Some(ours), Some(floor)) = (rss("http-header-operation"), rss("do-nothing module"))
         {
@@ -412,6 +449,19 @@ fn report(
                 format!("1 worker: Envoy RSS with the module {ours:.1} MiB, do-nothing module {floor:.1} MiB (target: within 8 MiB)"),
                 ours - floor <= 8.0,
             );
+        }
+        let released = |name: &str| {
+            variants
+                .iter()
+                .position(|v| v.name == name)
+                .and_then(|i| m[i].released)
+                .map(|r| r.rss)
+        };
+        if let (Some(ours), Some(floor)) = (
+            released("http-header-operation"),
+            released("do-nothing module"),
+        ) {
+            println!("  with Envoy's allocator release: the module {ours:.1} MiB, do-nothing module {floor:.1} MiB ({:+.1} MiB)", ours - floor);
         }
     }
 }

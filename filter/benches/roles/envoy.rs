@@ -18,6 +18,13 @@ const ROUNDS: usize = 10;
 const WARM_UP: usize = 500;
 /// Requests per connection before Envoy's memory is read.
 const RSS_WARM_UP: usize = 1000;
+/// Envoy's allocator release setting as the bench measures it (`WASM_FILTER_BENCH_RELEASE`):
+/// the bootstrap's `memory_allocator_manager`, returning up to this many free bytes of the
+/// heap to the system every interval, and the time waited before reading the memory (more
+/// than one interval, so one release has run).
+const RELEASE_BYTES: u64 = 16 << 20;
+const RELEASE_INTERVAL: &str = "1s";
+const RELEASE_WAIT: Duration = Duration::from_millis(2500);
 
 pub const JSON_REPLY: &str = r#"{"user":"al","password":"hunter2","items":[1,2,3]}"#;
 const REQUEST: &[u8] =
@@ -44,11 +51,27 @@ pub struct Measured {
     /// median over the rounds plus this variant's paired difference with it, as `added_us`.
     /// What the variant costs Envoy itself, beside a latency a busy machine blurs.
     pub cpu_us: f64,
-    /// Envoy's resident memory with this variant alone, MiB (median of the samples).
-    pub rss_mib: f64,
-    /// Envoy's allocator at the same moment: heap held from the system, and allocated in
-    /// it (MiB, from the sample whose RSS is the median).
-    pub heap_mib: (f64, f64),
+    /// Envoy's memory with this variant alone (the sample whose RSS is the median).
+    pub memory: Memory,
+    /// The same with Envoy's allocator release on (`WASM_FILTER_BENCH_RELEASE`).
+    pub released: Option<Memory>,
+}
+
+/// Envoy's resident memory and where its allocator's part of it is, MiB.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Memory {
+    /// VmRSS.
+    pub rss: f64,
+    /// The heap tcmalloc holds from the system (`/memory`'s `heap_size`)...
+    pub heap: f64,
+    /// ...the bytes allocated in it (`allocated`)...
+    pub live: f64,
+    /// ...and, of the rest (`/memory/tcmalloc`): free pages in its page heap, free objects in
+    /// its caches (per thread, transfer, central); and its peak (`Actual memory used at
+    /// peak`, metadata included).
+    pub page_free: f64,
+    pub cached: f64,
+    pub peak: f64,
 }
 
 /// `$ENVOY_BIN`, else the repository's `.venv/bin/envoy` (cargo runs a bench from its
@@ -231,6 +254,7 @@ impl Envoy {
         ports: &[u16],
         backend: u16,
         workers: usize,
+        release: bool,
     ) -> Option<Self> {
         let listeners: Vec<Value> = variants
             .iter()
@@ -238,11 +262,16 @@ impl Envoy {
             .map(|(v, port)| listener(&v.name, *port, &v.filters))
             .collect();
         let admin = free_port();
-        let bootstrap = json!({"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
+        let mut bootstrap = json!({"admin": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": admin}}},
             "static_resources": {"listeners": listeners, "clusters": [{
             "name": "backend", "connect_timeout": "1s", "type": "STATIC",
             "load_assignment": {"cluster_name": "backend", "endpoints": [{"lb_endpoints": [{"endpoint":
                 {"address": {"socket_address": {"address": "127.0.0.1", "port_value": backend}}}}]}]}}]}});
+        if release {
+            bootstrap["memory_allocator_manager"] = json!({
+                "bytes_to_release": RELEASE_BYTES.to_string(),
+                "memory_release_interval": RELEASE_INTERVAL});
+        }
         let path = dir.join(format!(
             "bench-{}.json",
             ports.first().copied().unwrap_or(0)
@@ -273,28 +302,67 @@ impl Envoy {
             .sum()
     }
 
-    /// Envoy's allocator (`/memory` on its admin port): the bytes its heap holds from the
-    /// system and the bytes allocated in it, MiB. The difference is memory freed but kept
-    /// (after V8 compiled a module, for one).
-    fn heap_mib(&self) -> (f64, f64) {
-        let read = || -> Option<Value> {
-            let mut c = TcpStream::connect(("127.0.0.1", self.1)).ok()?;
-            c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
-            c.write_all(b"GET /memory HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n")
-                .ok()?;
-            let mut text = String::new();
-            c.read_to_string(&mut text).ok()?;
-            // The body is chunked: the JSON object between the first `{` and the last `}`.
-            serde_json::from_str(text.get(text.find('{')?..=text.rfind('}')?)?).ok()
-        };
-        let mib = |v: &Value, key: &str| {
-            v[key]
-                .as_str()
-                .and_then(|n| n.parse::<f64>().ok())
+    /// An admin page's body (`connection: close`, so read to the end).
+    fn admin(&self, path: &str) -> Option<String> {
+        let mut c = TcpStream::connect(("127.0.0.1", self.1)).ok()?;
+        c.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+        c.write_all(
+            format!("GET {path} HTTP/1.1\r\nhost: admin\r\nconnection: close\r\n\r\n").as_bytes(),
+        )
+        .ok()?;
+        let mut text = String::new();
+        c.take(1 << 20).read_to_string(&mut text).ok()?;
+        Some(text)
+    }
+
+    /// Envoy's memory now. The heap tcmalloc holds beyond what is allocated is memory freed
+    /// but kept (after V8 compiled a module, for one).
+    fn memory(&self) -> Memory {
+        const MIB: f64 = 1048576.0;
+        // First, before the admin pages below cost Envoy memory of their own.
+        let rss = self.rss_mib();
+        // `/memory`'s body is chunked: the JSON object between the first `{` and the last `}`.
+        let json = self
+            .admin("/memory")
+            .and_then(|t| serde_json::from_str::<Value>(t.get(t.find('{')?..=t.rfind('}')?)?).ok());
+        let field = |key: &str| {
+            json.as_ref()
+                .and_then(|v| v[key].as_str()?.parse::<f64>().ok())
                 .unwrap_or(0.0)
-                / 1048576.0
+                / MIB
         };
-        read().map_or((0.0, 0.0), |v| (mib(&v, "heap_size"), mib(&v, "allocated")))
+        // `MALLOC: +      6471680 (    6.2 MiB) Bytes in page heap freelist`: the bytes of
+        // each line whose label ends so, summed.
+        let stats = self.admin("/memory/tcmalloc").unwrap_or_default();
+        let sum = |labels: &[&str]| {
+            stats
+                .lines()
+                .filter_map(|l| l.strip_prefix("MALLOC:"))
+                .filter(|l| labels.iter().any(|label| l.trim_end().ends_with(label)))
+                .filter_map(|l| {
+                    l.trim_start_matches([' ', '+', '='])
+                        .split_whitespace()
+                        .next()?
+                        .parse::<f64>()
+                        .ok()
+                })
+                .sum::<f64>()
+                / MIB
+        };
+        Memory {
+            rss,
+            heap: field("heap_size"),
+            live: field("allocated"),
+            page_free: sum(&["Bytes in page heap freelist"]),
+            cached: sum(&[
+                "Bytes in central cache freelist",
+                "Bytes in per-CPU cache freelist",
+                "Bytes in Sharded cache freelist",
+                "Bytes in transfer cache freelist",
+                "Bytes in thread cache freelists",
+            ]),
+            peak: sum(&["Actual memory used at peak"]),
+        }
     }
 
     fn rss_mib(&self) -> f64 {
@@ -380,7 +448,7 @@ pub fn measure(
     let backend = upstream();
     let ports: Vec<u16> = variants.iter().map(|_| free_port()).collect();
     let all: Vec<&Variant> = variants.iter().collect();
-    let together = Envoy::start(envoy, dir, &all, &ports, backend, workers)?;
+    let together = Envoy::start(envoy, dir, &all, &ports, backend, workers, false)?;
     let mut conns = ports
         .iter()
         .map(|p| connect(*p, workers))
@@ -430,33 +498,40 @@ pub fn measure(
     drop(together);
     let requests = (BATCH * rounds() * workers) as f64;
     // Memory: each variant alone, the variants in turn, `rss_samples()` times; the median.
-    let mut rss: Vec<Vec<(f64, (f64, f64))>> = vec![Vec::new(); variants.len()];
+    // With the allocator release measured too, each variant's two Envoys run back to back.
+    let release = std::env::var_os("WASM_FILTER_BENCH_RELEASE").is_some();
+    let mut rss: Vec<[Vec<Memory>; 2]> = vec![[Vec::new(), Vec::new()]; variants.len()];
     for _ in 0..rss_samples(workers) {
         for (i, v) in variants.iter().enumerate() {
-            let port = free_port();
-            let alone = Envoy::start(envoy, dir, &[v], &[port], backend, workers)?;
-            let mut c = connect(port, workers)?;
-            batch(&mut c, RSS_WARM_UP)?;
-            rss[i].push((alone.rss_mib(), alone.heap_mib()));
+            for (k, on) in [false, true].into_iter().enumerate() {
+                if on && !release {
+                    continue;
+                }
+                let port = free_port();
+                let alone = Envoy::start(envoy, dir, &[v], &[port], backend, workers, on)?;
+                let mut c = connect(port, workers)?;
+                batch(&mut c, RSS_WARM_UP)?;
+                if on {
+                    std::thread::sleep(RELEASE_WAIT);
+                }
+                rss[i][k].push(alone.memory());
+            }
         }
     }
+    let median_sample = |mut samples: Vec<Memory>| {
+        samples.sort_by(|a, b| a.rss.total_cmp(&b.rss));
+        samples.get(samples.len() / 2).copied()
+    };
     let out = rss
         .into_iter()
         .enumerate()
-        .map(|(i, mut samples)| {
-            samples.sort_by(|a, b| a.0.total_cmp(&b.0));
-            let (rss_mib, heap_mib) = samples
-                .get(samples.len() / 2)
-                .copied()
-                .unwrap_or((0.0, (0.0, 0.0)));
-            Measured {
-                median_us: median(std::mem::take(&mut times[i])).as_secs_f64() * 1e6,
-                rps: requests / walls[i].as_secs_f64(),
-                added_us: added[i].0,
-                cpu_us: cpu_base + added[i].1,
-                rss_mib,
-                heap_mib,
-            }
+        .map(|(i, [without, with])| Measured {
+            median_us: median(std::mem::take(&mut times[i])).as_secs_f64() * 1e6,
+            rps: requests / walls[i].as_secs_f64(),
+            added_us: added[i].0,
+            cpu_us: cpu_base + added[i].1,
+            memory: median_sample(without).unwrap_or_default(),
+            released: median_sample(with),
         })
         .collect();
     Some(out)
@@ -492,7 +567,7 @@ pub fn rss_across_keys(envoy: &Path, dir: &Path, module: &Path, keys: usize) -> 
     };
     let backend = upstream();
     let port = free_port();
-    let running = Envoy::start(envoy, dir, &[&variant], &[port], backend, 1)?;
+    let running = Envoy::start(envoy, dir, &[&variant], &[port], backend, 1, false)?;
     let mut conns = connect(port, 4)?;
     batch(&mut conns[..1], 1000)?;
     let before = running.rss_mib();
