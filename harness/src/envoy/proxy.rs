@@ -470,7 +470,8 @@ impl Proxy {
         };
         let w = self.pick_worker(worker)?;
         self.requests_sent += 1;
-        let connection = new_connection(&mut self.connections, &self.destinations[listener]);
+        let mut connection = new_connection(&mut self.connections, &self.destinations[listener]);
+        connection.http_protocol = Some(request.protocol.envoy_name());
         threads::reload_failed_vms(&mut self.threads, w, &self.factory, &self.bootstrap);
         let mut stream = HttpStream::new(
             &mut self.threads,
