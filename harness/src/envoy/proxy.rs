@@ -10,6 +10,7 @@ mod capacity;
 mod events;
 mod http_stream;
 mod router;
+mod swap;
 mod tcp;
 mod threads;
 
@@ -38,6 +39,7 @@ pub use callouts::{
 pub use capacity::MAX_WORKERS;
 pub use events::{DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES, MAX_TICKS_PER_ADVANCE};
 pub(crate) use router::grpc_message_encode;
+pub use swap::SwapError;
 pub use threads::RELOAD_BACKOFF;
 // Also named here, beside `Proxy::connect` that takes and returns them.
 #[doc(hidden)]
