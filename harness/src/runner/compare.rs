@@ -532,15 +532,12 @@ impl fmt::Display for ComparedStep {
                     StepOutcome::Swap { .. } => "update applied",
                     _ => "not applied",
                 };
-                writeln!(
-                    f,
-                    "       harness: new configuration for {} | envoy: {applied}",
-                    if changed.is_empty() {
-                        "no filter".to_string()
-                    } else {
-                        changed.join(", ")
-                    }
-                )?;
+                let harness = if changed.is_empty() {
+                    "no plugin changed".to_string()
+                } else {
+                    format!("new configuration for {}", changed.join(", "))
+                };
+                writeln!(f, "       harness: {harness} | envoy: {applied}")?;
             }
             (StepOutcome::Connection(h), envoy) => {
                 let bytes = |c: &TcpOutcome| {

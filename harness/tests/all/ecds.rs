@@ -32,6 +32,11 @@ fn a_swapped_ecds_file_configures_the_streams_after_it_as_in_envoy() {
         "{}",
         text(&o)
     );
+    assert!(
+        text(&o).contains("harness: no plugin changed | envoy: update applied"),
+        "{}",
+        text(&o)
+    );
     // A swap to a filter no discovery file configures is refused, naming it.
     let dir = tempfile::tempdir().unwrap();
     let s = dir.path().join("s.yaml");

@@ -76,3 +76,37 @@ impl Swaps {
         Ok(changed)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Scenario, Step};
+
+    #[test]
+    fn a_swap_step_names_its_file_relative_to_the_scenario() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("s.yaml");
+        std::fs::write(
+            &path,
+            "bootstrap: b.yaml\nrequests:\n  - {swap_ecds: {filter: f, with: next/f.yaml}}\n  - {name: named, swap_ecds: {filter: g, with: /abs/g.yaml}, expect: {logs: [x]}}\n",
+        )
+        .unwrap();
+        let s = Scenario::load(&path).unwrap();
+        let [Step::Swap(first), Step::Swap(second)] = &s.requests[..] else {
+            panic!("expected two swaps: {:?}", s.requests);
+        };
+        assert_eq!(first.swap_ecds.with, dir.path().join("next/f.yaml"));
+        assert_eq!(first.name(), "swap the ECDS file of f");
+        assert_eq!(second.swap_ecds.with, std::path::Path::new("/abs/g.yaml"));
+        assert_eq!(second.name(), "named");
+        std::fs::write(
+            &path,
+            "bootstrap: b.yaml\nrequests:\n  - {swap_ecds: {filter: f, file: f.yaml}}\n",
+        )
+        .unwrap();
+        let e = Scenario::load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("swap_ecds step") && e.contains("unknown field `file`"),
+            "{e}"
+        );
+    }
+}
