@@ -5,6 +5,8 @@
 ;;   else -> answer 403 locally with the auth service's body         (log "auth denied")
 ;;   failed call (no headers) -> 503 "auth unavailable" and log the status from proxy_get_status.
 ;; If the call cannot be dispatched, the request goes on (log "auth dispatch failed").
+;; The call's timeout is 5000 ms, or the decimal number of ms in the request's
+;; `x-call-timeout-ms` header (0: no timeout, as Envoy takes it).
 (module
   (import "env" "proxy_get_header_map_value" (func $get (param i32 i32 i32 i32 i32) (result i32)))
   (import "env" "proxy_add_header_map_value" (func $add (param i32 i32 i32 i32 i32) (result i32)))
@@ -32,6 +34,7 @@
   (data (i32.const 232) "auth_denied")
   ;; The call's fixed header pairs, as the ABI serializes them (NUL after each string).
   (data (i32.const 256) ":method\00GET\00:path\00/check\00:authority\00auth\00authorization\00")
+  (data (i32.const 320) "x-call-timeout-ms")
   (func (export "proxy_abi_version_0_2_1"))
   (func (export "malloc") (param $n i32) (result i32)
     (local $p i32)
@@ -42,8 +45,21 @@
   (func (export "proxy_on_vm_start") (param i32 i32) (result i32) (i32.const 1))
   (func (export "proxy_on_configure") (param i32 i32) (result i32) (i32.const 1))
   (func (export "proxy_on_request_headers") (param $ctx i32) (param i32 i32) (result i32)
-    (local $vlen i32)
+    (local $vlen i32) (local $timeout i32) (local $p i32) (local $end i32)
     (global.set $stream (local.get $ctx))
+    (local.set $timeout (i32.const 5000))
+    (if (i32.eqz (call $get (i32.const 0) (i32.const 320) (i32.const 17) (i32.const 1200) (i32.const 1204)))
+      (then
+        (local.set $timeout (i32.const 0))
+        (local.set $p (i32.load (i32.const 1200)))
+        (local.set $end (i32.add (local.get $p) (i32.load (i32.const 1204))))
+        (block $done
+          (loop $digit
+            (br_if $done (i32.ge_u (local.get $p) (local.get $end)))
+            (local.set $timeout (i32.add (i32.mul (local.get $timeout) (i32.const 10))
+              (i32.sub (i32.load8_u (local.get $p)) (i32.const 48))))
+            (local.set $p (i32.add (local.get $p) (i32.const 1)))
+            (br $digit)))))
     ;; The request's authorization value (empty if it has none).
     (if (i32.eqz (call $get (i32.const 0) (i32.const 32) (i32.const 13) (i32.const 1000) (i32.const 1004)))
       (then (local.set $vlen (i32.load (i32.const 1004))))
@@ -66,7 +82,7 @@
           (i32.const 4096) (i32.add (i32.const 92) (local.get $vlen))
           (i32.const 0) (i32.const 0)
           (i32.const 0) (i32.const 0)
-          (i32.const 5000) (i32.const 1008))
+          (local.get $timeout) (i32.const 1008))
       (then
         (drop (call $log (i32.const 3) (i32.const 160) (i32.const 20)))
         (return (i32.const 0))))

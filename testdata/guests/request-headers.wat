@@ -2,12 +2,16 @@
 ;; (what the proxy-wasm SDK's `http_headers` example does), so a comparison with real Envoy
 ;; shows the values Envoy makes up (`x-request-id`). A request with an `x-hold` header is
 ;; then held: the callback logs "holding the stream" and answers StopIteration, and nothing
-;; resumes it. Each stream's end logs "stream on_log" and "stream on_done", so a held stream's
-;; end (when the client gives up) is compared too.
+;; resumes it. A request with an `x-reply` header gets a local reply from the headers callback
+;; (403 "denied"), before any body it carries was read. Each request logs the `request.protocol`
+;; property ("request protocol: HTTP/1.1"). Each stream's end logs "stream on_log" and
+;; "stream on_done", so a held stream's end (when the client gives up) is compared too.
 (module
   (import "env" "proxy_log" (func $log (param i32 i32 i32) (result i32)))
   (import "env" "proxy_get_header_map_pairs" (func $pairs (param i32 i32 i32) (result i32)))
   (import "env" "proxy_get_header_map_value" (func $get (param i32 i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_get_property" (func $prop (param i32 i32 i32 i32) (result i32)))
+  (import "env" "proxy_send_local_response" (func $reply (param i32 i32 i32 i32 i32 i32 i32 i32) (result i32)))
   (memory (export "memory") 2)
   (global $heap (mut i32) (i32.const 16384))
   (global $pos (mut i32) (i32.const 4096))
@@ -17,6 +21,10 @@
   (data (i32.const 304) "holding the stream")
   (data (i32.const 336) "stream on_log")
   (data (i32.const 352) "stream on_done")
+  (data (i32.const 384) "request\00protocol")
+  (data (i32.const 400) "request protocol: ")
+  (data (i32.const 432) "x-reply")
+  (data (i32.const 448) "denied")
   (func (export "proxy_abi_version_0_2_1"))
   (func (export "malloc") (param $n i32) (result i32)
     (local $p i32)
@@ -61,6 +69,16 @@
             (local.set $sizes (i32.add (local.get $sizes) (i32.const 8)))
             (local.set $i (i32.add (local.get $i) (i32.const 1)))
             (br $next)))))
+    (if (i32.eqz (call $prop (i32.const 384) (i32.const 16) (i32.const 116) (i32.const 120)))
+      (then
+        (call $put (i32.const 400) (i32.const 18))
+        (call $put (i32.load (i32.const 116)) (i32.load (i32.const 120)))
+        (call $flush)))
+    (if (i32.eqz (call $get (i32.const 0) (i32.const 432) (i32.const 7) (i32.const 108) (i32.const 112)))
+      (then
+        (drop (call $reply (i32.const 403) (i32.const 0) (i32.const 0) (i32.const 448) (i32.const 6)
+          (i32.const 0) (i32.const 0) (i32.const -1)))
+        (return (i32.const 1))))
     (if (i32.eqz (call $get (i32.const 0) (i32.const 288) (i32.const 6) (i32.const 108) (i32.const 112)))
       (then
         (call $put (i32.const 304) (i32.const 18))

@@ -147,6 +147,9 @@ pub struct Connection {
     /// Filter state set by `set_envoy_filter_state`, shared by every filter of the connection
     /// (of the request, for HTTP: the harness opens one connection per request).
     pub filter_state: Arc<Mutex<filter_state::FilterState>>,
+    /// What the client speaks, as Envoy names it for `request.protocol` (`HTTP/1.1`,
+    /// `HTTP/2`); `None` on a TCP connection.
+    pub http_protocol: Option<&'static str>,
 }
 
 impl Connection {
@@ -157,6 +160,7 @@ impl Connection {
             source_port,
             destination,
             filter_state: Default::default(),
+            http_protocol: None,
         }
     }
 
@@ -175,6 +179,7 @@ impl Default for Connection {
             source_port: 0,
             destination: NOWHERE.get_or_init(|| Arc::new((String::new(), 0))).clone(),
             filter_state: Default::default(),
+            http_protocol: None,
         }
     }
 }

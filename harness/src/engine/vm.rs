@@ -440,12 +440,19 @@ impl Vm {
             .collect();
         roots.sort_unstable();
         for root in roots {
-            match self.call("proxy_on_done", |e| e.on_done.as_ref(), root, root as i32) {
-                Some(0) => self.state_mut().pending_done.push(root),
-                _ => self.delete_root(root),
-            }
+            self.finish_root(root);
         }
         self.state().pending_done.clone()
+    }
+
+    /// One root's end, as [`Vm::shutdown`] ends each (also when Envoy releases a filter
+    /// configuration an ECDS update replaced): `proxy_on_done(root)`, then `proxy_on_delete`
+    /// unless it answered false.
+    pub fn finish_root(&mut self, root: u32) {
+        match self.call("proxy_on_done", |e| e.on_done.as_ref(), root, root as i32) {
+            Some(0) => self.state_mut().pending_done.push(root),
+            _ => self.delete_root(root),
+        }
     }
 
     /// Roots still waiting to call `proxy_done`.

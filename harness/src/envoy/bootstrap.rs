@@ -14,6 +14,7 @@ mod routes;
 mod shape;
 mod typed_config;
 
+pub use ecds::EcdsFiles;
 pub use model::*;
 pub(crate) use parse::base64_decode;
 pub use protocol::UpstreamProtocol;

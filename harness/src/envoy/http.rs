@@ -102,6 +102,15 @@ impl Downstream {
     pub fn is_http1(&self) -> bool {
         *self == Self::Http1
     }
+
+    /// The protocol as Envoy names it (`Http::Utility::getProtocolString`), what the
+    /// `request.protocol` property answers.
+    pub fn envoy_name(&self) -> &'static str {
+        match self {
+            Self::Http2 => "HTTP/2",
+            _ => "HTTP/1.1",
+        }
+    }
 }
 
 impl Request {
@@ -378,6 +387,10 @@ pub enum HttpCallAnswer {
     /// `(0, 0, 0)` and status `BrokenConnection` "reset" (with `--envoy` the upstream does
     /// just that).
     Reset,
+    /// The upstream takes the request and never answers: Envoy's router answers 504
+    /// `upstream request timeout` when the call's timeout runs out; without one (the guest
+    /// passed 0) the call never completes.
+    Silent,
 }
 
 /// A reply the scenario gives for unary `proxy_grpc_call`s to `cluster` (and `service` /

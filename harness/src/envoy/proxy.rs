@@ -10,6 +10,7 @@ mod capacity;
 mod events;
 mod http_stream;
 mod router;
+mod swap;
 mod tcp;
 mod threads;
 
@@ -38,6 +39,7 @@ pub use callouts::{
 pub use capacity::MAX_WORKERS;
 pub use events::{DeliveryError, MAX_CALL_DELIVERIES, MAX_QUEUE_DELIVERIES, MAX_TICKS_PER_ADVANCE};
 pub(crate) use router::grpc_message_encode;
+pub use swap::SwapError;
 pub use threads::RELOAD_BACKOFF;
 // Also named here, beside `Proxy::connect` that takes and returns them.
 #[doc(hidden)]
@@ -470,7 +472,8 @@ impl Proxy {
         };
         let w = self.pick_worker(worker)?;
         self.requests_sent += 1;
-        let connection = new_connection(&mut self.connections, &self.destinations[listener]);
+        let mut connection = new_connection(&mut self.connections, &self.destinations[listener]);
+        connection.http_protocol = Some(request.protocol.envoy_name());
         threads::reload_failed_vms(&mut self.threads, w, &self.factory, &self.bootstrap);
         let mut stream = HttpStream::new(
             &mut self.threads,

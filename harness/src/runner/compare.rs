@@ -270,13 +270,14 @@ fn check_envoy_logs(
         Step::Request(r) => (&r.expect.logs, &r.expect.log_counts),
         Step::Connection(c) => (&c.expect.logs, &c.expect.log_counts),
         Step::Shutdown(sd) => (&sd.expect.logs, &sd.expect.log_counts),
+        Step::Swap(sw) => (&sw.expect.logs, &sw.expect.log_counts),
         Step::Advance(_) => return,
     };
     // Envoy's kernel, not the harness's round robin, picks a connection's worker; at
-    // shutdown every thread takes part.
+    // shutdown and in an ECDS update every thread takes part.
     let counts: Vec<_> = counts
         .iter()
-        .filter(|c| c.worker.is_none() || matches!(step, Step::Shutdown(_)))
+        .filter(|c| c.worker.is_none() || matches!(step, Step::Shutdown(_) | Step::Swap(_)))
         .cloned()
         .collect();
     let guest: Vec<EnvoyRecord> = lines
@@ -314,6 +315,14 @@ fn compare_step(
             compared.envoy_failures = envoy_shutdown(real);
             compared.envoy = StepOutcome::Shutdown;
         }
+        Step::Swap(sw) => match real.swap_ecds(&sw.swap_ecds.filter, &sw.swap_ecds.with) {
+            Ok(()) => {
+                compared.envoy = StepOutcome::Swap {
+                    changed: Vec::new(),
+                }
+            }
+            Err(e) => compared.envoy_failures.push(e.to_string()),
+        },
     }
     compared
 }
@@ -517,6 +526,18 @@ impl fmt::Display for ComparedStep {
                 }
                 self.write_logs(f)?;
                 return Ok(());
+            }
+            (StepOutcome::Swap { changed }, envoy) => {
+                let applied = match envoy {
+                    StepOutcome::Swap { .. } => "update applied",
+                    _ => "not applied",
+                };
+                let harness = if changed.is_empty() {
+                    "no plugin changed".to_string()
+                } else {
+                    format!("new configuration for {}", changed.join(", "))
+                };
+                writeln!(f, "       harness: {harness} | envoy: {applied}")?;
             }
             (StepOutcome::Connection(h), envoy) => {
                 let bytes = |c: &TcpOutcome| {

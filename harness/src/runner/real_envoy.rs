@@ -9,6 +9,7 @@
 //! Requests are written as raw HTTP/1.1 so Envoy receives exactly the scenario's headers.
 
 mod client;
+mod ecds;
 mod h2_client;
 mod h2c;
 mod held;
@@ -120,6 +121,8 @@ pub struct RealEnvoy {
     _dir: tempfile::TempDir,
     /// The dynamic metadata keys a request may seed (see [`metadata`]).
     metadata_keys: Vec<(String, String)>,
+    /// Per filter configured by discovery: Envoy's copy of its ECDS file (see [`ecds`]).
+    ecds: HashMap<String, PathBuf>,
     pub log_path: PathBuf,
     /// Envoy's stderr: its refusals' plain lines, and what it logs at exit after closing
     /// `log_path` (read with [`log::EnvoyLogReader::with_stderr`]).
@@ -217,6 +220,9 @@ impl RealEnvoy {
         absolutize_wasm_paths(&mut doc);
         metadata::insert_filter(&mut doc, &metadata_keys);
         let dir = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
+        let ecds_dir = dir.path().join("ecds");
+        std::fs::create_dir(&ecds_dir).map_err(|e| io("ECDS directory", e))?;
+        let ecds = ecds::private_copies(&mut doc, &ecds_dir)?;
         let config = dir.path().join("envoy.json");
         std::fs::write(&config, serde_json::to_vec_pretty(&doc).unwrap_or_default())
             .map_err(|e| io("write config", e))?;
@@ -248,6 +254,7 @@ impl RealEnvoy {
             upstreams,
             _dir: dir,
             metadata_keys,
+            ecds,
             admin_path: admin_path.clone(),
             log_path,
             stderr_path,

@@ -41,6 +41,9 @@ pub enum StepOutcome {
     Connection(TcpOutcome),
     /// Every root context was told to finish; real Envoy got SIGTERM and exited.
     Shutdown,
+    /// A filter's ECDS file was replaced; `changed`: the plugins (by name) that changed (the
+    /// harness's reading; none for Envoy, whose stats say only that the update was applied).
+    Swap { changed: Vec<String> },
     /// The step's traffic could not be sent (a listener of the other kind, a proxy that has
     /// shut down, a socket error, Envoy not running); the step's failures say why.
     NotSent,
@@ -232,6 +235,14 @@ impl fmt::Display for StepReport {
                 "  {mark} {name} (clock +{}, {} tick(s))",
                 a.by,
                 a.ticks.unwrap_or_default()
+            )?,
+            StepOutcome::Swap { changed } if changed.is_empty() => {
+                writeln!(f, "  {mark} {name} (no filter changed)")?
+            }
+            StepOutcome::Swap { changed } => writeln!(
+                f,
+                "  {mark} {name} (new configuration: {})",
+                changed.join(", ")
             )?,
             StepOutcome::Shutdown | StepOutcome::NotSent => writeln!(f, "  {mark} {name}")?,
         }

@@ -10,7 +10,7 @@ use crate::runner::report::{
     report_line, ClockAdvance, ScenarioReport, Startup, StepOutcome, StepReport, Verdict,
 };
 use crate::runner::scenario::expect::{self, StartOutcome, WrittenLog};
-use crate::runner::scenario::{Scenario, Step};
+use crate::runner::scenario::{Scenario, Step, SwapStep, Swaps};
 
 /// What a caller may change about a scenario without editing it.
 #[derive(Debug, Clone, Default)]
@@ -115,6 +115,9 @@ pub struct HarnessRun {
     proxy: Proxy,
     http_calls: Vec<CannedHttpCall>,
     grpc_calls: Vec<CannedGrpcCall>,
+    /// The bootstrap it runs, read again when a step swaps an ECDS file.
+    bootstrap: PathBuf,
+    swaps: Swaps,
 }
 
 impl HarnessRun {
@@ -176,6 +179,8 @@ impl HarnessRun {
             proxy,
             http_calls,
             grpc_calls,
+            bootstrap: opts.bootstrap_for(scenario),
+            swaps: Swaps::default(),
         };
         (Some(run), startup)
     }
@@ -184,7 +189,10 @@ impl HarnessRun {
     /// meanwhile; delivery problems (a queue storm) are failures of the step.
     pub fn step(&mut self, step: &Step) -> StepReport {
         self.set_canned_replies(step);
-        run_step(&mut self.proxy, step)
+        let (swaps, bootstrap) = (&mut self.swaps, &self.bootstrap);
+        run_step(&mut self.proxy, step, &mut |proxy, swap| {
+            swaps.apply(proxy, bootstrap, swap)
+        })
     }
 
     /// What cluster `name` speaks, as the bootstrap configures it (HTTP/1.1 if it has none).
@@ -245,8 +253,11 @@ fn canned_grpc(scenario: &Scenario) -> Result<Vec<CannedGrpcCall>, String> {
         .collect()
 }
 
+/// How a run applies a `swap_ecds` step to its proxy: the filters that changed, or why not.
+type Swapper<'a> = dyn FnMut(&mut Proxy, &SwapStep) -> Result<Vec<String>, String> + 'a;
+
 /// Runs one step on `proxy` with the canned replies it has, and checks the step.
-pub fn run_step(proxy: &mut Proxy, step: &Step) -> StepReport {
+fn run_step(proxy: &mut Proxy, step: &Step, swap: &mut Swapper) -> StepReport {
     let log_start = proxy.log_len();
     let dropped_before = proxy.log_dropped();
     let calls_start = proxy.call_records().len();
@@ -281,6 +292,10 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> StepReport {
             proxy.shutdown();
             (StepOutcome::Shutdown, Vec::new())
         }
+        Step::Swap(s) => match swap(proxy, s) {
+            Ok(changed) => (StepOutcome::Swap { changed }, Vec::new()),
+            Err(e) => (StepOutcome::NotSent, vec![e]),
+        },
     };
     let records = proxy.logs_since(log_start);
     let mut logs: Vec<String> = records.iter().map(report_line).collect();
@@ -316,6 +331,9 @@ pub fn run_step(proxy: &mut Proxy, step: &Step) -> StepReport {
             expect::check_state(proxy, &e.metrics, &e.shared_data, &mut failures);
         }
         (Step::Advance(adv), _) => failures = expect::check_log_expect(&adv.expect, &written),
+        (Step::Swap(s), StepOutcome::Swap { .. }) => {
+            failures = expect::check_log_expect(&s.expect, &written)
+        }
         (Step::Shutdown(sd), _) => {
             failures = expect::check_log_expect(&sd.expect, &written);
             // Not a failure by itself (a root may finish on a later tick), but worth seeing.

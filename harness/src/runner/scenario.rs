@@ -46,8 +46,10 @@ use serde::Deserialize;
 
 mod callouts;
 pub mod expect;
+mod swap;
 
 pub use callouts::{GrpcCallSpec, HttpCallSpec};
+pub use swap::{SwapSpec, SwapStep, Swaps};
 
 use crate::engine::host::HeaderMap;
 use crate::envoy::http::{Message, Request, UpstreamReply};
@@ -100,6 +102,8 @@ pub enum Step {
     Advance(AdvanceStep),
     Connection(Box<ConnectionCase>),
     Shutdown(ShutdownStep),
+    /// `swap_ecds:` a filter's discovery file replaced (see [`SwapStep`]).
+    Swap(SwapStep),
 }
 
 impl Step {
@@ -109,6 +113,7 @@ impl Step {
             Step::Advance(a) => a.name(),
             Step::Connection(c) => c.name.clone(),
             Step::Shutdown(s) => s.name.clone().unwrap_or_else(|| "shutdown".into()),
+            Step::Swap(s) => s.name(),
         }
     }
 }
@@ -141,6 +146,10 @@ impl<'de> Deserialize<'de> for Step {
                     }
                 })
                 .map_err(|e| de::Error::custom(format!("shutdown step: {e}")))
+        } else if value.get("swap_ecds").is_some() {
+            typed::<SwapStep>(value)
+                .map(Step::Swap)
+                .map_err(|e| de::Error::custom(format!("swap_ecds step: {e}")))
         } else if value.get("connection").is_some() {
             let label = match name {
                 Some(name) => format!("connection {name:?}"),
@@ -476,6 +485,12 @@ impl Scenario {
                 message: e.to_string(),
             })?;
         s.path = path.to_path_buf();
+        let dir = path.parent().unwrap_or(Path::new(".")).to_path_buf();
+        for step in &mut s.requests {
+            if let Step::Swap(swap) = step {
+                swap.resolve(&dir);
+            }
+        }
         Ok(s)
     }
 

@@ -81,15 +81,38 @@ fn a_callout_pauses_the_request_and_its_answer_resumes_or_denies_it() {
     );
 }
 
+/// Calls the auth service takes and never answers: without a timeout the request stays
+/// paused; with one, Envoy's router answers 504 when it runs out.
+const SILENT: &str = r#"  - name: the auth service never answers a call without a timeout
+    request: {headers: {x-call-timeout-ms: "0"}}
+    http_calls: [{cluster: auth, silent: true}]
+    expect:
+      paused: true
+      calls: [{cluster: auth, headers: {":path": /check}, absent: [x-envoy-expected-rq-timeout-ms]}]
+  - name: a call whose timeout runs out gets the router's 504
+    request: {headers: {x-call-timeout-ms: "200"}}
+    http_calls: [{cluster: auth, silent: true}]
+    expect:
+      calls: [{cluster: auth, headers: {x-envoy-expected-rq-timeout-ms: "200"}}]
+      reached_upstream: false
+      response: {status: 403, body: upstream request timeout}
+      logs: [auth denied]
+"#;
+
 #[test]
 fn real_envoy_answers_the_same_callouts_the_same_way() {
     let dir = tempfile::tempdir().unwrap();
     let wasm = assembled(dir.path(), "auth-callout.wat");
     let b = auth_bootstrap(dir.path(), &wasm, 9);
-    let s = scenario(dir.path(), &b, CANNED);
+    let s = scenario(dir.path(), &b, &format!("{CANNED}{SILENT}"));
     let report = differential(&s);
-    assert_eq!(report.verdict, Verdict::Passed, "{report}");
-    assert_eq!(report.cases.len(), 3, "{report}");
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    assert_eq!(report.cases.len(), 5, "{report:#}");
+    // The call never answered: both held the stream (Envoy without waiting for a timeout).
+    let held = &report.cases[3];
+    assert!(held.harness.outcome.exchange().unwrap().stalled().is_some());
+    let why = held.envoy.exchange().unwrap().stalled().unwrap();
+    assert!(why.contains("envoy held the request"), "{report:#}");
 }
 
 /// A loopback HTTP server answering every request with `reply`, recording each request head.

@@ -19,11 +19,12 @@ fn generated_request_ids_compare_as_generated_and_a_held_stream_as_paused() {
     );
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
-    assert_eq!(report.cases.len(), 6, "{report:#}");
+    assert_eq!(report.cases.len(), 10, "{report:#}");
     for case in &report.cases {
-        assert_eq!(
-            case.logs,
-            LogComparison::Same,
+        // An HTTP/1.1 request body is handed to the filters in the codec's own pieces.
+        let body_over_http1 = case.name().contains("before the body was read");
+        assert!(
+            case.logs == LogComparison::Same || body_over_http1 && !case.logs.differs(),
             "{}: {report:#}",
             case.name()
         );
@@ -33,11 +34,13 @@ fn generated_request_ids_compare_as_generated_and_a_held_stream_as_paused() {
     let sent = routed.upstream.as_ref().unwrap();
     let id = wasm_harness::http::headers::get(&sent.headers, "x-request-id").unwrap();
     assert!(!id.starts_with(b"00005eed-"), "{report:#}");
-    // The held stream: no response on either side, and Envoy held it (not a 30 s timeout).
-    let held = &report.cases[3];
-    assert!(held.harness.outcome.exchange().unwrap().stalled().is_some());
-    let why = held.envoy.exchange().unwrap().stalled().unwrap();
-    assert!(why.contains("envoy held the request"), "{report:#}");
+    // The held streams, over HTTP/1.1 and HTTP/2: no response on either side, and Envoy held
+    // them (not a 30 s timeout).
+    for held in [&report.cases[3], &report.cases[6]] {
+        assert!(held.harness.outcome.exchange().unwrap().stalled().is_some());
+        let why = held.envoy.exchange().unwrap().stalled().unwrap();
+        assert!(why.contains("envoy held the request"), "{report:#}");
+    }
 }
 
 #[test]

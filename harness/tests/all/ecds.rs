@@ -21,6 +21,45 @@ fn the_sidecars_ecds_bootstrap_runs_as_in_envoy() {
     assert!(text(&o).contains("1 passed, 0 failed"), "{}", text(&o));
 }
 
+#[test]
+fn a_swapped_ecds_file_configures_the_streams_after_it_as_in_envoy() {
+    filter_wasm();
+    let o = harness(&["run", "--envoy", "testdata/scenarios/ecds-swap.yaml"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("4 passed, 0 failed"), "{}", text(&o));
+    assert!(
+        text(&o).contains("harness: new configuration for istio-system.wasm-filter-header-ops | envoy: update applied"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        text(&o).contains("harness: no plugin changed | envoy: update applied"),
+        "{}",
+        text(&o)
+    );
+    // A swap to a filter no discovery file configures is refused, naming it.
+    let dir = tempfile::tempdir().unwrap();
+    let s = dir.path().join("s.yaml");
+    std::fs::write(
+        &s,
+        format!(
+            "bootstrap: {}\nrequests:\n  - swap_ecds: {{filter: nobody, with: {}}}\n",
+            root().join("envoy-config/bootstrap-ecds.yaml").display(),
+            root()
+                .join("testdata/scenarios/ecds-swap/header-ops-staging.yaml")
+                .display()
+        ),
+    )
+    .unwrap();
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains("no filter named \"nobody\" is configured by discovery"),
+        "{}",
+        text(&o)
+    );
+}
+
 /// An HTTP filter entry configured from `dir/<name>.yaml`.
 fn discovered(dir: &Path, name: &str) -> Value {
     json!({
@@ -212,4 +251,63 @@ fn a_network_deny_all_closes_the_connection_as_in_envoy() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report}");
+}
+
+#[test]
+fn a_replaced_plugins_root_contexts_end_as_in_envoy() {
+    // request-headers.wat logs "stream on_done" from every context's proxy_on_done, roots too.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let wasm = assembled(d, "request-headers.wat");
+    let config = |value: &str| {
+        json!({
+            "@type": "type.googleapis.com/envoy.extensions.filters.http.wasm.v3.Wasm",
+            "config": {"name": "headers", "root_id": "headers",
+                "configuration": {"@type": "type.googleapis.com/google.protobuf.StringValue", "value": value},
+                "vm_config": {"vm_id": "request-headers", "runtime": "envoy.wasm.runtime.v8",
+                    "code": {"local": {"filename": wasm}}}}
+        })
+    };
+    write_ecds(d, "headers", config("one"));
+    let next = d.join("next");
+    std::fs::create_dir(&next).unwrap();
+    write_ecds(&next, "headers", config("two"));
+    let b = bootstrap_variant(d, &wasm, None, |doc| {
+        doc["node"] = json!({"id": "harness-test", "cluster": "harness-test"});
+        *doc.pointer_mut(
+            "/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0",
+        )
+        .unwrap() = discovered(d, "headers");
+    });
+    let s = scenario(
+        d,
+        &b,
+        &format!(
+            "  - {{name: before, request: {{path: /, headers: {{x-request-id: a}}}}, expect: {{response: {{status: 200}}}}}}
+  - name: the new configuration starts and the replaced root ends on every thread
+    swap_ecds: {{filter: headers, with: {}}}
+    expect:
+      log_counts:
+        - {{contains: stream on_done, worker: main, count: 1}}
+        - {{contains: stream on_done, worker: 0, count: 1}}
+  - {{name: after, request: {{path: /, headers: {{x-request-id: b}}}}, expect: {{response: {{status: 200}}}}}}
+  - shutdown: true
+    expect:
+      log_counts:
+        - {{contains: stream on_done, worker: main, count: 1}}
+        - {{contains: stream on_done, worker: 0, count: 1}}
+",
+            next.join("headers.yaml").display()
+        ),
+    );
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    assert_eq!(report.cases.len(), 4, "{report:#}");
+    for case in &report.cases {
+        assert_eq!(
+            case.logs,
+            wasm_harness::compare::LogComparison::Same,
+            "{report:#}"
+        );
+    }
 }

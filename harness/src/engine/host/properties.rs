@@ -104,7 +104,13 @@ fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
         ["request", "id"] => header("x-request-id"),
         ["request", "useragent"] => header("user-agent"),
         ["request", "referer"] => header("referer"),
-        ["request", "protocol"] => Some(b"HTTP/1.1".to_vec()),
+        ["request", "protocol"] => Some(
+            s.connection
+                .http_protocol
+                .unwrap_or("HTTP/1.1")
+                .as_bytes()
+                .to_vec(),
+        ),
         // Requests take no virtual time, so the first byte arrived now.
         ["request", "time"] => Some(int(super::time::wall_nanos(state) as i64)),
         ["request", "headers"] => Some(crate::engine::abi::encode_pairs(req)),

@@ -6,7 +6,8 @@
 //!
 //! A path is read relative to the current directory, as Envoy reads it.
 
-use std::path::Path;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
@@ -17,20 +18,25 @@ use wasm_common::envoy_types::name_of;
 /// The type of each resource of an ECDS response.
 const TYPED_EXTENSION_CONFIG: &str = "envoy.config.core.v3.TypedExtensionConfig";
 
+/// Discovery files that replaced the ones the bootstrap names, by the name of the filter
+/// (the resource) they configure.
+pub type EcdsFiles = HashMap<String, PathBuf>;
+
 /// Replaces every `config_discovery` of the listeners' network and HTTP filters in `doc`
-/// (normalized) by the `typed_config` its file holds.
-pub(super) fn inline(doc: &mut Value) -> Result<(), BootstrapError> {
+/// (normalized) by the `typed_config` its file (or the one `swapped` gives) holds.
+pub(super) fn inline(doc: &mut Value, swapped: &EcdsFiles) -> Result<(), BootstrapError> {
     // Envoy's file subscriptions need the node named; without it Envoy refuses to start.
     let named = ["id", "cluster"].iter().all(|k| {
         doc.pointer(&format!("/node/{k}"))
             .and_then(Value::as_str)
             .is_some_and(|v| !v.is_empty())
     });
+    let mut discovered = Vec::new();
     let Some(listeners) = doc
         .pointer_mut("/static_resources/listeners")
         .and_then(Value::as_array_mut)
     else {
-        return Ok(());
+        return unknown_swaps(swapped, &discovered);
     };
     for (l, listener) in listeners.iter_mut().enumerate() {
         let Some(chains) = listener
@@ -45,7 +51,7 @@ pub(super) fn inline(doc: &mut Value) -> Result<(), BootstrapError> {
             };
             for (f, filter) in filters.iter_mut().enumerate() {
                 let at = format!("static_resources.listeners[{l}].filter_chains[{c}].filters[{f}]");
-                inline_filter(&at, filter, named)?;
+                discovered.extend(inline_filter(&at, filter, named, swapped)?);
                 let Some(http) = filter
                     .pointer_mut("/typed_config/http_filters")
                     .and_then(Value::as_array_mut)
@@ -53,26 +59,43 @@ pub(super) fn inline(doc: &mut Value) -> Result<(), BootstrapError> {
                     continue;
                 };
                 for (h, http_filter) in http.iter_mut().enumerate() {
-                    inline_filter(
+                    discovered.extend(inline_filter(
                         &format!("{at}.typed_config.http_filters[{h}]"),
                         http_filter,
                         named,
-                    )?;
+                        swapped,
+                    )?);
                 }
             }
         }
     }
-    Ok(())
+    unknown_swaps(swapped, &discovered)
 }
 
-/// One filter: its `config_discovery`, if it has one, becomes its `typed_config`. `named`: the
-/// bootstrap's node has an id and a cluster.
-fn inline_filter(at: &str, filter: &mut Value, named: bool) -> Result<(), BootstrapError> {
+/// A swapped file for a filter no `config_discovery` configures would change nothing.
+fn unknown_swaps(swapped: &EcdsFiles, discovered: &[String]) -> Result<(), BootstrapError> {
+    match swapped.keys().find(|name| !discovered.contains(name)) {
+        Some(name) => Err(invalid(
+            "config_discovery",
+            format!("no filter named {name:?} is configured by discovery (config_discovery), so no ECDS file of it can be swapped"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// One filter: its `config_discovery`, if it has one, becomes its `typed_config`; returns
+/// its name then. `named`: the bootstrap's node has an id and a cluster.
+fn inline_filter(
+    at: &str,
+    filter: &mut Value,
+    named: bool,
+    swapped: &EcdsFiles,
+) -> Result<Option<String>, BootstrapError> {
     let Some(discovery) = filter
         .as_object_mut()
         .and_then(|f| f.remove("config_discovery"))
     else {
-        return Ok(());
+        return Ok(None);
     };
     let at = format!("{at}.config_discovery");
     if !named {
@@ -93,6 +116,9 @@ fn inline_filter(at: &str, filter: &mut Value, named: bool) -> Result<(), Bootst
         ));
     }
     let (path, type_urls) = read_discovery(&at, &discovery)?;
+    let path = swapped
+        .get(&name)
+        .map_or_else(|| path.clone(), |p| p.display().to_string());
     let typed = resource(&at, Path::new(&path), &name)?;
     let found = type_name(&typed);
     if !type_urls.iter().any(|u| name_of(u) == found) {
@@ -102,7 +128,7 @@ fn inline_filter(at: &str, filter: &mut Value, named: bool) -> Result<(), Bootst
         ));
     }
     filter["typed_config"] = typed;
-    Ok(())
+    Ok(Some(name))
 }
 
 /// The file a `config_discovery` reads and the types it accepts; any other field is refused.

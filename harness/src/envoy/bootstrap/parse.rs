@@ -6,12 +6,19 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use super::ecds::{self, EcdsFiles};
 use super::model::*;
 use super::typed_config::{type_name, types};
-use super::{ecds, fields, shape};
+use super::{fields, shape};
 
 impl Bootstrap {
     pub fn load(path: &Path) -> Result<Self, BootstrapError> {
+        Self::load_swapped(path, &EcdsFiles::new())
+    }
+
+    /// [`Bootstrap::load`] with the discovery resources of the filters `swapped` names read
+    /// from the file it gives instead (an ECDS file replaced while Envoy runs).
+    pub fn load_swapped(path: &Path, swapped: &EcdsFiles) -> Result<Self, BootstrapError> {
         let text = crate::engine::input::read_text(path, crate::engine::input::MAX_CONFIG_BYTES)
             .map_err(|source| BootstrapError::Read {
                 path: path.to_path_buf(),
@@ -21,16 +28,24 @@ impl Bootstrap {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        Self::from_value(path, &doc)
+        Self::from_value_swapped(path, &doc, swapped)
     }
 
     /// Reads `doc` as Envoy would: every shape its loader accepts for the fields the harness
     /// reads, `TypedStruct`s seen through; fields the harness does not emulate are refused.
     pub fn from_value(path: &Path, doc: &Value) -> Result<Self, BootstrapError> {
+        Self::from_value_swapped(path, doc, &EcdsFiles::new())
+    }
+
+    fn from_value_swapped(
+        path: &Path,
+        doc: &Value,
+        swapped: &EcdsFiles,
+    ) -> Result<Self, BootstrapError> {
         let mut doc = doc.clone();
         shape::normalize(&mut doc, shape::TypedStructs::Unwrap)?;
         // What discovery files configure is normalized like the rest.
-        ecds::inline(&mut doc)?;
+        ecds::inline(&mut doc, swapped)?;
         shape::normalize(&mut doc, shape::TypedStructs::Unwrap)?;
         let parsed = Self::from_normalized(path, &doc)?;
         fields::refuse_unemulated(&doc)?;

@@ -79,7 +79,8 @@ impl Default for Callouts {
 /// How one call was answered: what the guest is told, the record's text, and whether the
 /// round's budget cut it short.
 struct Answer {
-    outcome: CallOutcome,
+    /// `None`: the call is never answered (its upstream stays silent and it has no timeout).
+    outcome: Option<CallOutcome>,
     how: String,
     cut: bool,
 }
@@ -87,7 +88,7 @@ struct Answer {
 impl Answer {
     fn new(outcome: CallOutcome, how: String) -> Self {
         Self {
-            outcome,
+            outcome: Some(outcome),
             how,
             cut: false,
         }
@@ -179,6 +180,22 @@ impl Callouts {
                     "canned disconnect: 503".into(),
                 ),
                 HttpCallAnswer::Reset => (CallOutcome::HttpReset, "canned reset".into()),
+                HttpCallAnswer::Silent => match timeout {
+                    Some(t) => (
+                        CallOutcome::Http(router_reply(504, "upstream request timeout")),
+                        format!(
+                            "canned silence: no response within the call's timeout of {}: 504",
+                            super::format_duration(t)
+                        ),
+                    ),
+                    None => {
+                        return Answer {
+                            outcome: None,
+                            how: "canned silence and no timeout: never answered".into(),
+                            cut: false,
+                        }
+                    }
+                },
             };
             return Answer::new(outcome, how);
         }
@@ -206,7 +223,10 @@ impl Callouts {
         let timed_out = |e: &dyn std::fmt::Display| {
             if by_budget {
                 Answer {
-                    outcome: CallOutcome::Http(router_reply(504, "upstream request timeout")),
+                    outcome: Some(CallOutcome::Http(router_reply(
+                        504,
+                        "upstream request timeout",
+                    ))),
                     how: format!(
                         "upstream {addr}: no response when the harness's callout budget of {} for this round ran out ({e}): 504",
                         super::format_duration(self.budget)
@@ -485,9 +505,12 @@ pub(super) fn deliver_calls(threads: &mut Threads, limit: usize, deadline: Insta
         callouts
             .records
             .push(call, answer.how.len(), || record(call, answer.how));
-        vm.complete_call(call.token, answer.outcome);
-        delivered.answered += 1;
-        delivered.cut += usize::from(answer.cut);
+        // A call never answered stays in flight: what waits for it waits on.
+        if let Some(outcome) = answer.outcome {
+            vm.complete_call(call.token, outcome);
+            delivered.answered += 1;
+            delivered.cut += usize::from(answer.cut);
+        }
     }
     delivered
 }

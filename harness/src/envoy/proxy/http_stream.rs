@@ -33,6 +33,9 @@ pub(super) struct HttpStream<'a> {
     contexts: Vec<Option<(usize, u32)>>,
     /// The request's headers while the contexts share them (see `share_request`).
     request: Option<Arc<HeaderMap>>,
+    /// Envoy's `remoteDecodeComplete`: the codec has handed the filters the request's end of
+    /// stream. A response that starts before it closes an HTTP/1.1 connection.
+    request_complete: bool,
 }
 
 /// How a callback's result (after the failure policy) tells the chain to go on.
@@ -140,6 +143,7 @@ impl<'a> HttpStream<'a> {
             connection,
             contexts: Vec::new(),
             request: None,
+            request_complete: false,
         }
     }
 
@@ -211,7 +215,16 @@ impl<'a> HttpStream<'a> {
             return self.fail_stream(i);
         }
         let result = call(&mut self.worker().vms[vm], ctx);
+        let answered = |vm: &mut Vm| {
+            vm.failed.is_some() || vm.http_state(ctx).is_some_and(|s| s.local_reply.is_some())
+        };
+        let answered_in_callback = answered(&mut self.worker().vms[vm]);
         self.threads.deliver_posted();
+        // An answer from what the callback posted (a callout's) comes on a later turn of
+        // Envoy's event loop, once its codec has read the rest of the request.
+        if !answered_in_callback && answered(&mut self.worker().vms[vm]) {
+            self.request_complete = true;
+        }
         if self.worker().vms[vm].failed.is_some() {
             return self.fail_stream(i);
         }
@@ -344,16 +357,7 @@ impl<'a> HttpStream<'a> {
             }
             Ok(_) if denied => {
                 trace.local_reply = Some(LocalReplySource::Rbac);
-                let mut response = router::local_reply_response(&router::rbac_denied(), grpc);
-                // Answered before the request's body was read: Envoy's HTTP/1 codec closes
-                // the connection after the response.
-                if !end_at_headers {
-                    crate::envoy::http::headers::replace(
-                        &mut response.headers,
-                        "connection",
-                        b"close".to_vec(),
-                    );
-                }
+                let response = router::local_reply_response(&router::rbac_denied(), grpc);
                 (response, reach)
             }
             Ok((body, trailers)) => {
@@ -413,6 +417,9 @@ impl<'a> HttpStream<'a> {
                 "client",
                 &mut trace.notes,
             )?;
+        }
+        if !self.request_complete {
+            router::close_after(&mut response, request.protocol);
         }
         router::finalize_downstream(&mut response, request.protocol);
         Ok(response)

@@ -352,6 +352,15 @@ pub(super) fn protocol_error() -> LocalReply {
     }
 }
 
+/// A response that starts before the request's end of stream was decoded (a local reply
+/// before its body was read): Envoy's connection manager closes an HTTP/1.1 connection after
+/// it and says so (`connection: close`, `ActiveStream::encodeHeaders`); an HTTP/2 one stays.
+pub(super) fn close_after(response: &mut Response, protocol: Downstream) {
+    if protocol != Downstream::Http2 {
+        headers::replace(&mut response.headers, "connection", b"close".to_vec());
+    }
+}
+
 /// What the connection manager does after the filters, on the way to the client.
 pub(super) fn finalize_downstream(response: &mut Response, protocol: Downstream) {
     response.status = headers::get(&response.headers, ":status")

@@ -205,24 +205,32 @@ pub(super) struct VmFactory {
 impl VmFactory {
     /// Loads every module the bootstrap's filters and services use.
     pub(super) fn new(runtime: Runtime, bootstrap: &Bootstrap) -> Result<Self, StartError> {
-        let mut modules = Modules::new();
+        let clusters = Arc::new(bootstrap.clusters.iter().map(|c| c.name.clone()).collect());
+        let mut factory = Self {
+            runtime,
+            modules: Modules::new(),
+            clusters,
+        };
+        factory.load_modules(bootstrap)?;
+        Ok(factory)
+    }
+
+    /// Loads the modules of `bootstrap` not loaded yet (a swapped ECDS file may name others).
+    pub(super) fn load_modules(&mut self, bootstrap: &Bootstrap) -> Result<(), VmError> {
         let plugins = bootstrap
             .listeners
             .iter()
             .flat_map(|l| l.plugins())
             .chain(bootstrap.services.iter().map(|s| &s.plugin));
         for p in plugins {
-            if let std::collections::hash_map::Entry::Vacant(slot) = modules.entry(module_key(p)) {
-                let module = runtime.load(&p.code, slot.key().1.as_deref())?;
+            if let std::collections::hash_map::Entry::Vacant(slot) =
+                self.modules.entry(module_key(p))
+            {
+                let module = self.runtime.load(&p.code, slot.key().1.as_deref())?;
                 slot.insert(module);
             }
         }
-        let clusters = Arc::new(bootstrap.clusters.iter().map(|c| c.name.clone()).collect());
-        Ok(Self {
-            runtime,
-            modules,
-            clusters,
-        })
+        Ok(())
     }
 
     pub(super) fn modules(&self) -> impl Iterator<Item = &LoadedModule> {
@@ -328,6 +336,74 @@ pub(super) fn place_plugins(
         }
     }
     Ok(dispatcher)
+}
+
+/// Whether two plugins start the same VM and root context (Envoy's VM and plugin keys), and
+/// load the same code: an ECDS update that leaves them so changes nothing there.
+pub(super) fn same_plugin(a: &WasmPlugin, b: &WasmPlugin) -> bool {
+    VmKey::of(a) == VmKey::of(b)
+        && PluginKey::of(a) == PluginKey::of(b)
+        && a.allow_precompiled == b.allow_precompiled
+}
+
+/// An ECDS update on `thread`: the filters at `changed` (listener, filter) of `bootstrap`
+/// (the updated one) placed in `d` as Envoy's filter-config provider places a new filter
+/// configuration: in the thread's VM of its key (started if the thread has none), with the
+/// root context an identical plugin has there, else a new one (`on_context_create`,
+/// `on_vm_start`, `on_configure`). Then the roots no filter or service uses any more end
+/// (`on_done`, `on_delete`), as Envoy releases the replaced configuration (checked against
+/// Envoy 1.40). On the canary (a fresh `d`) a refusal rejects the update.
+pub(super) fn place_changed(
+    factory: &VmFactory,
+    bootstrap: &Bootstrap,
+    shared: &Arc<Shared>,
+    thread: Thread,
+    d: &mut Dispatcher,
+    changed: &[(usize, usize)],
+) -> Result<(), StartError> {
+    let replaced: Vec<PluginSlot> = changed
+        .iter()
+        .filter_map(|&(l, f)| d.slots.get(l).and_then(|s| s.get(f)).copied().flatten())
+        .collect();
+    for &(listener, filter) in changed {
+        let p = &bootstrap.listeners[listener].plugins()[filter];
+        let vm = d.find_or_start_vm(factory, shared, thread, p)?;
+        for hosted in &mut d.hosts {
+            hosted.retain(|h| {
+                !matches!(h, Hosted::Filter { listener: l, filter: f } if (*l, *f) == (listener, filter))
+            });
+        }
+        d.hosts[vm].push(Hosted::Filter { listener, filter });
+        let root = match d.find_or_start_plugin(vm, p) {
+            Ok(root) => root,
+            Err(e) if thread == Thread::Canary => return Err(e.into()),
+            Err(_) => None,
+        };
+        if let Some(slot) = d.slots.get_mut(listener).and_then(|s| s.get_mut(filter)) {
+            *slot = root.map(|root| PluginSlot { vm, root });
+        }
+    }
+    for old in replaced {
+        let in_use = d
+            .slots
+            .iter()
+            .flatten()
+            .flatten()
+            .any(|s| (s.vm, s.root) == (old.vm, old.root))
+            || d.hosts[old.vm].iter().any(|h| match h {
+                Hosted::Service(i) => {
+                    let key = (old.vm, PluginKey::of(&bootstrap.services[*i].plugin));
+                    d.roots.get(&key) == Some(&Some(old.root))
+                }
+                Hosted::Filter { .. } => false,
+            });
+        if !in_use {
+            d.roots
+                .retain(|(vm, _), root| !(*vm == old.vm && *root == Some(old.root)));
+            d.vms[old.vm].finish_root(old.root);
+        }
+    }
+    Ok(())
 }
 
 /// `FAIL_RELOAD`: a worker VM that trapped is created again (fresh memory, `_initialize`,

@@ -18,6 +18,17 @@ const DEADLINE: Duration = Duration::from_secs(30);
 /// One request on a new HTTP/2 connection to `port`; a stream Envoy resets ends as
 /// [`StreamEnd::Reset`].
 pub(super) fn exchange(port: u16, request: &Request) -> Result<StreamEnd, TrafficError> {
+    exchange_watching(port, request, None)
+}
+
+/// [`exchange`]; with `admin` (Envoy's admin address file), a stream Envoy holds (see
+/// [`super::held`]) is given up (the client resets it) and ends as [`StreamEnd::Stalled`]
+/// once Envoy has ended it too.
+pub(super) fn exchange_watching(
+    port: u16,
+    request: &Request,
+    admin: Option<&std::path::Path>,
+) -> Result<StreamEnd, TrafficError> {
     let failed = |what: &str| {
         let what = what.to_string();
         move |e: std::io::Error| {
@@ -32,14 +43,18 @@ pub(super) fn exchange(port: u16, request: &Request) -> Result<StreamEnd, Traffi
         .build()
         .map_err(failed("runtime"))?;
     runtime.block_on(async {
-        match tokio::time::timeout(DEADLINE, send(port, request)).await {
+        match tokio::time::timeout(DEADLINE, send(port, request, admin)).await {
             Ok(result) => result,
             Err(_) => Err(TrafficError::EnvoyRequest(Http1Error::TimedOut(DEADLINE))),
         }
     })
 }
 
-async fn send(port: u16, request: &Request) -> Result<StreamEnd, TrafficError> {
+async fn send(
+    port: u16,
+    request: &Request,
+    admin: Option<&std::path::Path>,
+) -> Result<StreamEnd, TrafficError> {
     let io = |e: std::io::Error| TrafficError::EnvoyRequest(Http1Error::Io(e));
     let h2 = |e: h2::Error| {
         TrafficError::EnvoyRequest(Http1Error::Io(std::io::Error::other(format!(
@@ -78,7 +93,20 @@ async fn send(port: u16, request: &Request) -> Result<StreamEnd, TrafficError> {
     if !trailers.is_empty() {
         body.send_trailers(to_http_headers(trailers)).map_err(h2)?;
     }
-    let response = match response.await {
+    let response = match admin {
+        None => response.await,
+        Some(admin) => tokio::select! {
+            r = response => r,
+            () = super::held::until_held(admin) => {
+                // The client gives up: it resets the stream (Envoy ends it as for a client
+                // that closes its HTTP/1.1 connection).
+                body.send_reset(h2::Reason::CANCEL);
+                super::held::until_ended(admin).await;
+                return Ok(StreamEnd::Stalled(super::held::held_why()));
+            }
+        },
+    };
+    let response = match response {
         Ok(r) => r,
         Err(e) if e.is_reset() => {
             return Ok(StreamEnd::Reset(format!("envoy reset the stream: {e}")))

@@ -173,6 +173,13 @@ async fn answer_stream(mut respond: SendResponse<Bytes>, answer: UpstreamAnswer)
             respond.send_reset(h2::Reason::INTERNAL_ERROR);
             return;
         }
+        UpstreamAnswer::Silent => {
+            // Held, unanswered, until Envoy resets the stream or closes the connection (the
+            // runtime then drops this task) or IDLE passes.
+            let _held = respond;
+            tokio::time::sleep(IDLE).await;
+            return;
+        }
         UpstreamAnswer::ResetAfterHeaders => {
             if let Ok(mut stream) = respond.send_response(to_response(200, &[]), false) {
                 stream.send_reset(h2::Reason::INTERNAL_ERROR);

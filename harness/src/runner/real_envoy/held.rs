@@ -1,8 +1,9 @@
 //! A request a filter may hold (`StopIteration` and nothing resumes it): sent through Envoy
 //! without waiting for a response that never comes. The stream counts as held once Envoy's
 //! admin stats show it active for [`HELD_FOR`] with no byte of a response, so its log lines
-//! have been written; then the client closes, and Envoy ends the stream (its `on_log` /
-//! `on_done` lines belong to the step) before the step is over.
+//! have been written; then the client gives up (over HTTP/1.1 it closes the connection, over
+//! HTTP/2 it resets the stream), and Envoy ends the stream (its `on_log` / `on_done` lines
+//! belong to the step) before the step is over.
 
 use std::io::{BufReader, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream};
@@ -11,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use super::client::{admin_get, on_the_wire};
 use super::{Canned, RealEnvoy, MAX_BODY_BYTES};
-use crate::envoy::http::{CallRecord, Exchange, Request, StreamEnd, UpstreamReply};
+use crate::envoy::http::{CallRecord, Downstream, Exchange, Request, StreamEnd, UpstreamReply};
 use crate::envoy::http1::{self, Http1Error};
 use crate::envoy::traffic::TrafficError;
 
@@ -35,9 +36,18 @@ impl RealEnvoy {
         canned: &Canned,
     ) -> Result<(Exchange, Vec<CallRecord>), TrafficError> {
         let admin = self.admin_path.clone();
-        self.send_through(listener, request, reply, canned, |port, request| {
-            exchange(port, request, &admin).map_err(TrafficError::EnvoyRequest)
-        })
+        self.send_through(
+            listener,
+            request,
+            reply,
+            canned,
+            |port, request| match request.protocol {
+                Downstream::Http2 => {
+                    super::h2_client::exchange_watching(port, request, Some(&admin))
+                }
+                _ => exchange(port, request, &admin).map_err(TrafficError::EnvoyRequest),
+            },
+        )
     }
 }
 
@@ -54,7 +64,7 @@ fn exchange(port: u16, request: &Request, admin: &Path) -> Result<StreamEnd, Htt
     conn.write_all(&body)?;
     conn.set_read_timeout(Some(POLL))?;
     let deadline = Instant::now() + REQUEST_DEADLINE;
-    let mut active_since: Option<Instant> = None;
+    let mut watch = HoldWatch::default();
     loop {
         match conn.peek(&mut [0u8; 1]) {
             Ok(0) => {
@@ -76,16 +86,11 @@ fn exchange(port: u16, request: &Request, admin: &Path) -> Result<StreamEnd, Htt
             Err(e) if is_timeout(&e) => {}
             Err(e) => return Err(e.into()),
         }
-        let now = Instant::now();
-        if now > deadline {
+        if Instant::now() > deadline {
             return Err(Http1Error::TimedOut(REQUEST_DEADLINE));
         }
-        if active_streams(admin) > 0 {
-            if now.duration_since(*active_since.get_or_insert(now)) >= HELD_FOR {
-                break;
-            }
-        } else {
-            active_since = None;
+        if watch.held(admin) {
+            break;
         }
     }
     let _ = conn.shutdown(Shutdown::Both);
@@ -94,10 +99,51 @@ fn exchange(port: u16, request: &Request, admin: &Path) -> Result<StreamEnd, Htt
     while active_streams(admin) > 0 && closing.elapsed() < CLOSE_DEADLINE {
         std::thread::sleep(POLL);
     }
-    Ok(StreamEnd::Stalled(format!(
-        "envoy held the request: it stayed active with no response for {} ms, then the client closed",
+    Ok(StreamEnd::Stalled(held_why()))
+}
+
+/// Why a stream counts as held, for the report.
+pub(super) fn held_why() -> String {
+    format!(
+        "envoy held the request: it stayed active with no response for {} ms, then the client gave up",
         HELD_FOR.as_millis()
-    )))
+    )
+}
+
+/// Whether Envoy shows a stream active for [`HELD_FOR`] in a row, polled between reads.
+#[derive(Default)]
+struct HoldWatch {
+    active_since: Option<Instant>,
+}
+
+impl HoldWatch {
+    fn held(&mut self, admin: &Path) -> bool {
+        let now = Instant::now();
+        if active_streams(admin) > 0 {
+            now.duration_since(*self.active_since.get_or_insert(now)) >= HELD_FOR
+        } else {
+            self.active_since = None;
+            false
+        }
+    }
+}
+
+/// Returns once Envoy has held a stream (for an HTTP/2 client racing it with the response;
+/// the client's own deadline bounds the wait).
+pub(super) async fn until_held(admin: &Path) {
+    let mut watch = HoldWatch::default();
+    while !watch.held(admin) {
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Waits (at most [`CLOSE_DEADLINE`]) for Envoy to end the streams a client gave up, letting
+/// the client's connection task send its reset meanwhile.
+pub(super) async fn until_ended(admin: &Path) {
+    let closing = Instant::now();
+    while active_streams(admin) > 0 && closing.elapsed() < CLOSE_DEADLINE {
+        tokio::time::sleep(POLL).await;
+    }
 }
 
 fn limits() -> http1::Limits {

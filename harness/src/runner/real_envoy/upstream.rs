@@ -53,6 +53,9 @@ pub(super) enum UpstreamAnswer {
     /// Start a response, then reset the stream (HTTP/2 `RST_STREAM`; HTTP/1.1 closes within
     /// the body): Envoy's router can no longer answer for the upstream, so the callout fails.
     ResetAfterHeaders,
+    /// Take the request and never answer, until Envoy gives up on it (its timeout, or the
+    /// stream that made the call ending) or [`IDLE`] passes.
+    Silent,
 }
 
 /// Whether a request came from Envoy's async client (a Wasm `proxy_http_call` or
@@ -116,6 +119,7 @@ impl UpstreamState {
             // Envoy's router turns a close before the response into a 503.
             Some(HttpCallAnswer::Disconnect) => UpstreamAnswer::Close,
             Some(HttpCallAnswer::Reset) => UpstreamAnswer::ResetAfterHeaders,
+            Some(HttpCallAnswer::Silent) => UpstreamAnswer::Silent,
             None => UpstreamAnswer::Reply(self.reply.clone()),
         }
     }
@@ -193,6 +197,12 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
                 use std::io::Write;
                 let _ =
                     writer.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 1024\r\n\r\ncut short");
+                return;
+            }
+            UpstreamAnswer::Silent => {
+                // Until Envoy closes the connection, or the read timeout (IDLE) passes.
+                use std::io::Read;
+                let _ = reader.read(&mut [0u8; 1]);
                 return;
             }
             // gRPC needs HTTP/2 (trailers): over HTTP/1.1 a gRPC callout is not answered.

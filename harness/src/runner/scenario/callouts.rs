@@ -6,7 +6,8 @@ use serde::Deserialize;
 use super::UpstreamSpec;
 use crate::envoy::http;
 
-/// `{cluster: auth, path: /check, reply: {status: 200, ...}}` or `{cluster: auth, reset: true}`.
+/// `{cluster: auth, path: /check, reply: {status: 200, ...}}`, `{cluster: auth, reset: true}`
+/// or `{cluster: auth, silent: true}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HttpCallSpec {
@@ -24,6 +25,11 @@ pub struct HttpCallSpec {
     /// (harness only: real Envoy does this on e.g. a response over the buffer limit).
     #[serde(default)]
     pub reset: bool,
+    /// The upstream takes the request and never answers: a call with a timeout gets Envoy's
+    /// 504 `upstream request timeout` when it runs out, one without (timeout 0) nothing, so
+    /// a stream waiting for it stays paused.
+    #[serde(default)]
+    pub silent: bool,
 }
 
 impl HttpCallSpec {
@@ -31,7 +37,9 @@ impl HttpCallSpec {
         http::CannedHttpCall {
             cluster: self.cluster.clone(),
             path_prefix: self.path.clone(),
-            answer: if self.reset {
+            answer: if self.silent {
+                http::HttpCallAnswer::Silent
+            } else if self.reset {
                 http::HttpCallAnswer::Reset
             } else if self.disconnect {
                 http::HttpCallAnswer::Disconnect

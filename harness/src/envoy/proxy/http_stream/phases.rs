@@ -20,6 +20,9 @@ impl HttpStream<'_> {
         status: u16,
     ) -> (HeaderMap, Result<(), Stopped>) {
         let phase = dir.phase(Part::Headers);
+        if dir == Dir::Request {
+            self.request_complete = end_of_stream;
+        }
         for pos in 0..order.len() {
             let i = order.at(pos);
             let count = headers.len();
@@ -77,6 +80,9 @@ impl HttpStream<'_> {
         let mut first = 0;
         for (k, chunk) in chunks.into_iter().enumerate() {
             let end_of_stream = k + 1 == last && trailers.is_none();
+            if dir == Dir::Request {
+                self.request_complete = end_of_stream;
+            }
             if let Some((pos, added)) =
                 self.pass_chunk(dir, order, 0, chunk, end_of_stream, &mut held, &mut out)?
             {
@@ -88,6 +94,9 @@ impl HttpStream<'_> {
             return Ok((out, None));
         };
         let phase = dir.phase(Part::Trailers);
+        if dir == Dir::Request {
+            self.request_complete = true;
+        }
         for pos in first..order.len() {
             let i = order.at(pos);
             let count = t.len();
