@@ -41,18 +41,18 @@ impl From<PathBuf> for ModuleFile {
 
 impl ModuleFile {
     /// `PATH`, or `OS/ARCH=PATH` (`linux/arm64=target/aarch64-unknown-linux-gnu/release/libf.so`):
-    /// what comes before the first `=` is a platform when it reads as one (lower-case letters,
-    /// digits and `_`, one `/`); a path that itself starts so is written `./linux/...`.
+    /// what comes before the first `=` is a platform when it reads `linux/<arch>` (lower-case
+    /// letters, digits and `_`; an ELF shared object is for Linux); a path that itself starts
+    /// so is written `./linux/...`.
     pub fn parse(arg: &str) -> Result<Self, String> {
-        let is_part = |p: &str| {
-            !p.is_empty()
-                && p.len() <= 32
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        };
         let platform = arg.split_once('=').filter(|(p, _)| {
-            p.split_once('/')
-                .is_some_and(|(os, arch)| is_part(os) && is_part(arch))
+            p.strip_prefix("linux/").is_some_and(|arch| {
+                !arch.is_empty()
+                    && arch.len() <= 32
+                    && arch
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            })
         });
         match platform {
             Some((_, "")) => Err(format!("{arg}: name the file after the `=`")),
@@ -451,6 +451,33 @@ pub fn read_plugin_config(path: &std::path::Path) -> Result<serde_json::Value, F
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_module_file_may_say_its_platform() {
+        let given = |platform: &str, path: &str| ModuleFile {
+            path: path.into(),
+            platform: Some(platform.into()),
+        };
+        assert_eq!(
+            ModuleFile::parse("linux/arm64=target/x/libf.so"),
+            Ok(given("linux/arm64", "target/x/libf.so"))
+        );
+        for plain in [
+            "libf.so",
+            "./linux/arm64=libf.so",
+            "a=b",
+            "Linux/arm64=x",
+            "dir/x=y/z",
+        ] {
+            assert_eq!(
+                ModuleFile::parse(plain),
+                Ok(PathBuf::from(plain).into()),
+                "{plain}"
+            );
+        }
+        assert!(ModuleFile::parse("linux/arm64=").is_err());
+        assert!(ModuleFile::parse("").is_err());
+    }
 
     #[test]
     fn a_push_target_names_a_tag_in_an_oci_registry() {

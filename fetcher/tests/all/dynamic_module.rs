@@ -381,6 +381,15 @@ fn a_file_that_is_not_an_elf_shared_object_or_not_for_the_platform_given_is_refu
         assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
         assert!(stderr(&o).contains(&words), "{words}: {}", stderr(&o));
     }
+    // A Wasm layout takes one file, with no platform: a usage error.
+    let so = so.display().to_string();
+    let o = crate::push::push(home.path(), &[&so, &so, &url]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("--layout wasm pushes one module file"),
+        "{}",
+        stderr(&o)
+    );
     // Nothing was pushed.
     let o = pull(home.path(), &[&url, "--envoy-version", "1.40"]);
     assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
