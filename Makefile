@@ -16,7 +16,7 @@ DEMO := target/demo
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 
-.PHONY: run test bench build filter envoy wasm-target lint clean publish image image-tools image-push test-image
+.PHONY: run test bench build filter module-cross envoy wasm-target lint clean publish image image-tools image-push test-image
 
 ## run: build the filter, pull it through wasm-fetcher into a cache under target/, point a copy
 ## of envoy-config/bootstrap.yaml at the cached module, then run the demo scenario in the
@@ -120,7 +120,7 @@ test-image: image
 	$(CARGO) test --release --workspace --test all image:: -- --ignored --nocapture --test-threads 1
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
-test: build filter envoy
+test: build filter module-cross envoy
 	$(CARGO) test --release --workspace
 
 bench: build filter envoy
@@ -131,6 +131,25 @@ build:
 
 filter: wasm-target
 	$(CARGO) build -p wasm-filter --target $(WASM_TARGET) --profile wasm-release
+
+## module-cross: the dynamic module for the other Linux architecture than this host's
+## (target/$(CROSS_TARGET)/release/libwasm_filter.so), which the fetcher's tests push beside
+## the host's in one multi-platform index. The Rust target is added here; the linker is
+## Debian's $(CROSS_APT).
+ifeq ($(shell uname -m),aarch64)
+CROSS_TARGET := x86_64-unknown-linux-gnu
+CROSS_LINKER := x86_64-linux-gnu-gcc
+CROSS_APT := gcc-x86-64-linux-gnu
+else
+CROSS_TARGET := aarch64-unknown-linux-gnu
+CROSS_LINKER := aarch64-linux-gnu-gcc
+CROSS_APT := gcc-aarch64-linux-gnu
+endif
+CROSS_TARGET_ENV := CARGO_TARGET_$(shell echo $(CROSS_TARGET) | tr a-z- A-Z_)_LINKER
+module-cross:
+	@command -v $(CROSS_LINKER) >/dev/null || { echo "module-cross: no $(CROSS_LINKER): install $(CROSS_APT) (apt-get install $(CROSS_APT))" >&2; exit 1; }
+	@rustup target list --installed 2>/dev/null | grep -qx $(CROSS_TARGET) || rustup target add $(CROSS_TARGET)
+	$(CROSS_TARGET_ENV)=$(CROSS_LINKER) $(CARGO) build --release -p wasm-filter --lib --target $(CROSS_TARGET)
 
 wasm-target:
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)

@@ -47,6 +47,15 @@ pub fn platform(head: &[u8]) -> Result<&'static str, String> {
     }
 }
 
+/// The Rust target that builds a `.so` for `platform` (glibc, as Envoy's releases are).
+pub fn rust_target(platform: &str) -> Option<&'static str> {
+    match platform {
+        "linux/amd64" => Some("x86_64-unknown-linux-gnu"),
+        "linux/arm64" => Some("aarch64-unknown-linux-gnu"),
+        _ => None,
+    }
+}
+
 /// This host's `os/arch`, the platform a pull picks by default.
 pub fn host_platform() -> String {
     let arch = match std::env::consts::ARCH {

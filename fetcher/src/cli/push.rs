@@ -3,22 +3,27 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use wasm_fetcher::push::{Layout, Outcome, PushRequest};
+use wasm_fetcher::push::{Layout, ModuleFile, Outcome, PushRequest};
 use wasm_fetcher::{settings, Settings};
 
 use super::Failure;
 
 #[derive(clap::Args)]
 pub struct PushArgs {
-    /// The module file (a core Wasm module, e.g. target/wasm32-wasip1/wasm-release/wasm_filter.wasm).
-    module: PathBuf,
+    /// The module file: a core Wasm module (e.g.
+    /// target/wasm32-wasip1/wasm-release/wasm_filter.wasm); with --layout dynamic-module, one
+    /// lib<name>.so per platform, each PATH or OS/ARCH=PATH (e.g.
+    /// linux/arm64=target/aarch64-unknown-linux-gnu/release/libwasm_filter.so): the platform
+    /// is read from the ELF header, and a file given as another platform is refused.
+    #[arg(required = true, num_args = 1.., value_name = "MODULE", value_parser = parse_module)]
+    modules: Vec<ModuleFile>,
     /// oci://REGISTRY/REPO:TAG.
     url: String,
     /// wasm: Istio's Wasm artifact (2 layers: config and module), which Istio, Envoy
     /// Gateway and this fetcher pull; compat: a 1-layer OCI image whose tar.gz layer holds
     /// plugin.wasm, for registries and tools that take only images.
-    /// dynamic-module: an Envoy dynamic module (lib<name>.so, an ELF shared object) as an
-    /// image index with one manifest for its os/arch, read from the ELF header.
+    /// dynamic-module: Envoy dynamic modules (lib<name>.so, ELF shared objects) as one
+    /// image index with a manifest per os/arch.
     #[arg(long, value_enum, default_value_t)]
     layout: Layout,
     /// With --layout dynamic-module: the Envoy minor versions it loads on, comma-separated
@@ -44,7 +49,8 @@ pub struct PushArgs {
     #[arg(long, default_value = "60s", value_parser = settings::parse_timeout)]
     timeout: Duration,
     /// Print a JSON object (url, digest_url, manifest_digest, sha256, size, layout,
-    /// abi_versions, outcome).
+    /// abi_versions, outcome; for dynamic modules also modules: platform, path, sha256, size
+    /// and manifest_digest of each, with sha256 and size null when there are several).
     #[arg(long, conflicts_with = "wasmplugin")]
     json: bool,
     /// Print an Istio WasmPlugin named NAME that pulls the pushed module by digest.
@@ -60,6 +66,10 @@ pub struct PushArgs {
     /// read (sign with `cosign sign --key` instead).
     #[arg(long, value_name = "FILE")]
     sign_key: Option<PathBuf>,
+}
+
+fn parse_module(arg: &str) -> Result<ModuleFile, String> {
+    ModuleFile::parse(arg)
 }
 
 /// What a successful push prints.
@@ -84,6 +94,11 @@ impl PushOptions {
         if (args.layout == Layout::DynamicModule) == args.envoy_versions.is_empty() {
             anyhow::bail!("--envoy-versions goes with --layout dynamic-module, and it needs them");
         }
+        if args.layout == Layout::DynamicModule && (args.wasmplugin.is_some() || args.check_abi) {
+            anyhow::bail!(
+                "--wasmplugin and --check-abi are for a Wasm module, not --layout dynamic-module"
+            );
+        }
         let mut settings = Settings::from_env()?;
         settings.insecure_registries.extend(args.insecure_registry);
         let output = match (args.json, args.wasmplugin) {
@@ -102,7 +117,7 @@ impl PushOptions {
         }
         Ok(Self {
             request: PushRequest {
-                module: args.module,
+                modules: args.modules,
                 url: args.url,
                 layout: args.layout,
                 check_abi: args.check_abi,
@@ -148,7 +163,14 @@ fn push(args: PushArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<()> 
             };
             println!("{verb} {} (layout {})", pushed.url, pushed.layout);
             println!("digest {}", pushed.manifest_digest);
-            println!("sha256 {}", pushed.sha256);
+            if let Some(sha256) = &pushed.sha256 {
+                println!("sha256 {sha256}");
+            }
+            if pushed.modules.len() > 1 {
+                for m in &pushed.modules {
+                    println!("{} sha256 {} ({})", m.platform, m.sha256, m.path.display());
+                }
+            }
         }
     }
     Ok(())

@@ -1,8 +1,8 @@
 //! Envoy dynamic modules (native `lib<name>.so` files) through an OCI registry: `push --layout
-//! dynamic-module` writes an image index whose one manifest is for the file's `os/arch` (from
-//! its ELF header), annotated with the Envoy minor versions the module loads on; `pull --envoy-version` picks the child for a
-//! platform and an Envoy version, checks the ELF header against that platform, and keeps the
-//! file as `<cache>/dynamic-modules/<sha256>/lib<name>.so`, a directory Envoy's
+//! dynamic-module` writes an image index with a manifest per file, each for the `os/arch` its
+//! ELF header names, annotated with the Envoy minor versions the module loads on; `pull
+//! --envoy-version` picks the child for a platform and an Envoy version, checks the ELF header
+//! against that platform, and keeps the file as `<cache>/dynamic-modules/<sha256>/lib<name>.so`, a directory Envoy's
 //! `ENVOY_DYNAMIC_MODULES_SEARCH_PATH` can name.
 
 mod pull;

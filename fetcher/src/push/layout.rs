@@ -28,8 +28,8 @@ pub enum Layout {
     Wasm,
     /// A single-layer OCI image whose layer is a tar.gz holding `plugin.wasm`.
     Compat,
-    /// An Envoy dynamic module (`lib<name>.so`): an image index with one manifest per
-    /// os/arch (`crate::dynamic_module`).
+    /// Envoy dynamic modules (`lib<name>.so`), one per os/arch: an image index with a manifest
+    /// per file (`crate::dynamic_module`).
     DynamicModule,
 }
 

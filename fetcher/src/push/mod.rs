@@ -22,10 +22,54 @@ use crate::reference::Source;
 use crate::settings::Settings;
 use crate::verify::Sha256;
 
+/// One file to push, with the platform the command line gives it, if it does.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ModuleFile {
+    pub path: PathBuf,
+    /// `os/arch`, checked against the file's ELF header (dynamic modules only).
+    pub platform: Option<String>,
+}
+
+impl From<PathBuf> for ModuleFile {
+    fn from(path: PathBuf) -> Self {
+        Self {
+            path,
+            platform: None,
+        }
+    }
+}
+
+impl ModuleFile {
+    /// `PATH`, or `OS/ARCH=PATH` (`linux/arm64=target/aarch64-unknown-linux-gnu/release/libf.so`):
+    /// what comes before the first `=` is a platform when it reads `linux/<arch>` (lower-case
+    /// letters, digits and `_`; an ELF shared object is for Linux); a path that itself starts
+    /// so is written `./linux/...`.
+    pub fn parse(arg: &str) -> Result<Self, String> {
+        let platform = arg.split_once('=').filter(|(p, _)| {
+            p.strip_prefix("linux/").is_some_and(|arch| {
+                !arch.is_empty()
+                    && arch.len() <= 32
+                    && arch
+                        .bytes()
+                        .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            })
+        });
+        match platform {
+            Some((_, "")) => Err(format!("{arg}: name the file after the `=`")),
+            Some((platform, path)) => Ok(Self {
+                path: path.into(),
+                platform: Some(platform.to_string()),
+            }),
+            None if arg.is_empty() => Err("an empty module path".into()),
+            None => Ok(PathBuf::from(arg).into()),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default)]
 pub struct PushRequest {
-    /// The module file.
-    pub module: PathBuf,
+    /// The module files: one Wasm module, or one Envoy dynamic module per platform.
+    pub modules: Vec<ModuleFile>,
     /// `oci://REGISTRY/REPO:TAG`.
     pub url: String,
     pub layout: Layout,
@@ -59,18 +103,35 @@ pub struct Pushed {
     pub digest_url: String,
     /// `sha256:…` of the manifest: what Istio checks a `WasmPlugin`'s `sha256` against.
     pub manifest_digest: String,
-    /// Hex sha256 of the module itself.
-    pub sha256: String,
-    /// The module's size in bytes.
-    pub size: u64,
+    /// Hex sha256 of the module itself; `None` when several dynamic modules were pushed
+    /// (each is in `modules`).
+    pub sha256: Option<String>,
+    /// The module's size in bytes; `None` as `sha256` is.
+    pub size: Option<u64>,
     pub layout: Layout,
+    /// With `Layout::DynamicModule`: each file, by platform.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub modules: Vec<PushedModule>,
     /// The module's `proxy_abi_version_*` exports.
     pub abi_versions: Vec<String>,
     pub outcome: Outcome,
 }
 
+/// One dynamic module of an index `push` wrote.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PushedModule {
+    pub platform: String,
+    pub path: PathBuf,
+    pub sha256: String,
+    pub size: u64,
+    /// `sha256:…` of the child manifest that holds it.
+    pub manifest_digest: String,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PushError {
+    #[error("{0}")]
+    Usage(String),
     #[error("not a Wasm module: {} ({reason}); push takes a core module, such as the filter `make filter` builds", path.display())]
     NotWasm { path: PathBuf, reason: String },
     #[error("not an Envoy dynamic module: {} ({reason})", path.display())]
@@ -108,7 +169,10 @@ pub enum PushError {
 impl PushError {
     /// A usage error (a reference that cannot name a push target), as opposed to a failure.
     pub fn is_usage(&self) -> bool {
-        matches!(self, PushError::Fetch(FetchError::BadUrl { .. }))
+        matches!(
+            self,
+            PushError::Usage(_) | PushError::Fetch(FetchError::BadUrl { .. })
+        )
     }
 }
 
@@ -145,37 +209,10 @@ pub fn target(url: &str) -> Result<OciRef, PushError> {
 pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, PushError> {
     let r = target(&req.url)?;
     let tag = r.tag.clone().unwrap_or_default();
-    let module = read_module(&req.module, settings.max_size)?;
-    let (abi_versions, image) = if req.layout == Layout::DynamicModule {
-        let file_name = req
-            .module
-            .file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or_default();
-        let image =
-            dynamic_module::build(&module, file_name, &req.envoy_versions).map_err(|reason| {
-                PushError::NotDynamicModule {
-                    path: req.module.clone(),
-                    reason,
-                }
-            })?;
-        (Vec::new(), image)
+    let (image, pushed) = if req.layout == Layout::DynamicModule {
+        dynamic_modules(req, settings)?
     } else {
-        let abi_versions = inspect::abi_versions(&module).map_err(|reason| PushError::NotWasm {
-            path: req.module.clone(),
-            reason,
-        })?;
-        if req.check_abi && abi_versions.is_empty() {
-            return Err(PushError::NoAbi {
-                path: req.module.clone(),
-            });
-        }
-        let image = layout::build(req.layout, &module, &abi_versions).map_err(|message| {
-            FetchError::Registry {
-                message: format!("cannot build the image: {message}"),
-            }
-        })?;
-        (abi_versions, image)
+        wasm_module(req, settings)?
     };
     let pushed = |outcome| Pushed {
         url: req.url.clone(),
@@ -184,11 +221,8 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
             r.registry, r.repository, image.manifest_digest
         ),
         manifest_digest: image.manifest_digest.clone(),
-        sha256: Sha256::of(&module).hex(),
-        size: module.len() as u64,
-        layout: req.layout,
-        abi_versions: abi_versions.clone(),
         outcome,
+        ..pushed.clone()
     };
     let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry).await?;
     let registry = Registry::new(&r, creds, settings).for_push();
@@ -213,6 +247,130 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
         sign::sign(&d, &digest, key).await?;
     }
     Ok(pushed(outcome))
+}
+
+/// What a push of a Wasm module sends: the one file, checked.
+fn wasm_module(
+    req: &PushRequest,
+    settings: &Settings,
+) -> Result<(layout::Image, Pushed), PushError> {
+    let file = match req.modules.as_slice() {
+        [one] if one.platform.is_none() => one,
+        _ => {
+            return Err(PushError::Usage(format!(
+                "--layout {} pushes one module file, with no platform (several, or OS/ARCH=PATH, go with --layout dynamic-module)",
+                req.layout
+            )))
+        }
+    };
+    let module = read_module(&file.path, settings.max_size)?;
+    let abi_versions = inspect::abi_versions(&module).map_err(|reason| PushError::NotWasm {
+        path: file.path.clone(),
+        reason,
+    })?;
+    if req.check_abi && abi_versions.is_empty() {
+        return Err(PushError::NoAbi {
+            path: file.path.clone(),
+        });
+    }
+    let image = layout::build(req.layout, &module, &abi_versions).map_err(|message| {
+        FetchError::Registry {
+            message: format!("cannot build the image: {message}"),
+        }
+    })?;
+    let pushed = Pushed {
+        sha256: Some(Sha256::of(&module).hex()),
+        size: Some(module.len() as u64),
+        abi_versions,
+        ..unsent(req)
+    };
+    Ok((image, pushed))
+}
+
+/// What a push of dynamic modules sends: each file checked (its name, its ELF header, the
+/// platform it is given as), then one index for all.
+fn dynamic_modules(
+    req: &PushRequest,
+    settings: &Settings,
+) -> Result<(layout::Image, Pushed), PushError> {
+    if req.modules.is_empty() || req.modules.len() > dynamic_module::MAX_MODULES {
+        return Err(PushError::Usage(format!(
+            "{} module files: --layout dynamic-module pushes 1 to {}, one per platform",
+            req.modules.len(),
+            dynamic_module::MAX_MODULES
+        )));
+    }
+    let refused = |file: &ModuleFile, reason: String| PushError::NotDynamicModule {
+        path: file.path.clone(),
+        reason,
+    };
+    let mut read = Vec::new();
+    for file in &req.modules {
+        let bytes = read_module(&file.path, settings.max_size)?;
+        let file_name = file
+            .path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default()
+            .to_string();
+        let platform = dynamic_module::check(&bytes, &file_name, file.platform.as_deref())
+            .map_err(|reason| refused(file, reason))?;
+        read.push((file, bytes, file_name, platform));
+    }
+    let modules: Vec<dynamic_module::Module> = read
+        .iter()
+        .map(|(_, bytes, file_name, platform)| dynamic_module::Module {
+            bytes,
+            file_name,
+            platform,
+        })
+        .collect();
+    if let Err((at, reason)) = dynamic_module::conflict(&modules) {
+        let file = req.modules.get(at).cloned().unwrap_or_default();
+        return Err(refused(&file, reason));
+    }
+    let image = dynamic_module::build(&modules, &req.envoy_versions).map_err(PushError::Usage)?;
+    let mut pushed_modules: Vec<PushedModule> = read
+        .iter()
+        .map(|(file, bytes, _, platform)| PushedModule {
+            platform: platform.to_string(),
+            path: file.path.clone(),
+            sha256: Sha256::of(bytes).hex(),
+            size: bytes.len() as u64,
+            manifest_digest: String::new(),
+        })
+        .collect();
+    // The index's children are in platform order too.
+    pushed_modules.sort_by(|a, b| a.platform.cmp(&b.platform));
+    for (m, (digest, _)) in pushed_modules.iter_mut().zip(&image.children) {
+        m.manifest_digest = digest.clone();
+    }
+    let (sha256, size) = match pushed_modules.as_slice() {
+        [one] => (Some(one.sha256.clone()), Some(one.size)),
+        _ => (None, None),
+    };
+    let pushed = Pushed {
+        sha256,
+        size,
+        modules: pushed_modules,
+        ..unsent(req)
+    };
+    Ok((image, pushed))
+}
+
+/// A [`Pushed`] before the image is built and sent; the callers fill in the rest.
+fn unsent(req: &PushRequest) -> Pushed {
+    Pushed {
+        url: req.url.clone(),
+        digest_url: String::new(),
+        manifest_digest: String::new(),
+        sha256: None,
+        size: None,
+        layout: req.layout,
+        modules: Vec::new(),
+        abi_versions: Vec::new(),
+        outcome: Outcome::Pushed,
+    }
 }
 
 /// The module file, whole, if no puller would refuse its size.
@@ -266,7 +424,7 @@ pub fn wasm_plugin(
         url = p.url,
         layout = p.layout,
         manifest = p.manifest_digest,
-        sha = p.sha256,
+        sha = p.sha256.as_deref().unwrap_or("-"),
     ))
 }
 
@@ -293,6 +451,33 @@ pub fn read_plugin_config(path: &std::path::Path) -> Result<serde_json::Value, F
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_module_file_may_say_its_platform() {
+        let given = |platform: &str, path: &str| ModuleFile {
+            path: path.into(),
+            platform: Some(platform.into()),
+        };
+        assert_eq!(
+            ModuleFile::parse("linux/arm64=target/x/libf.so"),
+            Ok(given("linux/arm64", "target/x/libf.so"))
+        );
+        for plain in [
+            "libf.so",
+            "./linux/arm64=libf.so",
+            "a=b",
+            "Linux/arm64=x",
+            "dir/x=y/z",
+        ] {
+            assert_eq!(
+                ModuleFile::parse(plain),
+                Ok(PathBuf::from(plain).into()),
+                "{plain}"
+            );
+        }
+        assert!(ModuleFile::parse("linux/arm64=").is_err());
+        assert!(ModuleFile::parse("").is_err());
+    }
 
     #[test]
     fn a_push_target_names_a_tag_in_an_oci_registry() {

@@ -1,9 +1,11 @@
 //! `push --layout dynamic-module` of the real `target/release/libwasm_filter.so` (`make
-//! build`) to a loopback `docker-registry`, `pull --envoy-version` by platform into the
-//! cache, and real Envoy loading it from there on envoy-config/dynamic-module.yaml; `ls`
-//! lists it and `purge` removes it like a Wasm module. The wrong platform, the wrong Envoy
-//! version are refused by name with nothing cached; a non-ELF body is refused at push, and at
-//! pull when a registry serves one, as is an ELF for another platform.
+//! build`) and of the same filter built for the other Linux architecture (`make
+//! module-cross`) as one image index to a loopback `docker-registry`, `pull --envoy-version
+//! --platform` of each into the cache, and real Envoy loading the host's from there on
+//! envoy-config/dynamic-module.yaml; `ls` lists it and `purge` removes it like a Wasm module.
+//! The wrong platform, the wrong Envoy version are refused by name with nothing cached; a
+//! non-ELF body, or a file given as a platform its ELF header does not name, is refused at
+//! push, and at pull when a registry serves one, as is an ELF for another platform.
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
@@ -34,16 +36,44 @@ fn host_platform() -> &'static str {
     }
 }
 
+/// The other architecture: its platform, its ELF machine, and the filter's `.so` built for it
+/// by `make module-cross`.
+fn cross_shared_object() -> (&'static str, u16, PathBuf) {
+    let (platform, machine, target) = match host_platform() {
+        "linux/amd64" => ("linux/arm64", 183, "aarch64-unknown-linux-gnu"),
+        _ => ("linux/amd64", 62, "x86_64-unknown-linux-gnu"),
+    };
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target")
+        .join(target)
+        .join("release/libwasm_filter.so");
+    assert!(
+        p.is_file(),
+        "{} is missing: run `make module-cross`",
+        p.display()
+    );
+    (platform, machine, p)
+}
+
+/// `e_machine` of an ELF file.
+fn elf_machine(bytes: &[u8]) -> u16 {
+    u16::from_le_bytes([bytes[18], bytes[19]])
+}
+
 #[test]
 fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_envoy() {
     let reg = Registry::start(false);
     let home = tempfile::tempdir().unwrap();
     let url = format!("oci://{}/filters/dynamic:1", reg.host);
     let so = shared_object();
+    let (cross_platform, cross_machine, cross) = cross_shared_object();
+    // One push, both platforms: the host's file by its ELF header, the other given as its
+    // platform (and checked against its header).
     let pushed = push_json(
         home.path(),
         &[
             so.to_str().unwrap(),
+            &format!("{cross_platform}={}", cross.display()),
             &url,
             "--layout",
             "dynamic-module",
@@ -53,7 +83,26 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
     );
     assert_eq!(pushed["layout"], "dynamic_module");
     let module = std::fs::read(&so).unwrap();
-    assert_eq!(pushed["sha256"], sha256_hex(&module));
+    let cross_module = std::fs::read(&cross).unwrap();
+    assert_eq!(pushed["sha256"], serde_json::Value::Null, "{pushed}");
+    let mut by_platform: Vec<(String, String)> = pushed["modules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            (
+                m["platform"].as_str().unwrap().to_string(),
+                m["sha256"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    by_platform.sort();
+    let mut want = vec![
+        (host_platform().to_string(), sha256_hex(&module)),
+        (cross_platform.to_string(), sha256_hex(&cross_module)),
+    ];
+    want.sort();
+    assert_eq!(by_platform, want);
 
     let cache = tempfile::tempdir().unwrap();
     for (args, words) in [
@@ -101,12 +150,39 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
         std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
         0o644
     );
+    assert_eq!(
+        elf_machine(&std::fs::read(&path).unwrap()),
+        elf_machine(&module)
+    );
     let again = pull(cache.path(), &[&url, "--envoy-version", "1.41", "--json"]);
     let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(
         (again["from_cache"].as_bool(), again["dir"].clone()),
         (Some(true), v["dir"].clone())
     );
+    // The other platform's child, by --platform, into a cache of its own (so `ls` below
+    // sees the host's alone): the bytes pushed, its ELF machine the platform's.
+    let cross_cache = tempfile::tempdir().unwrap();
+    let o = pull(
+        cross_cache.path(),
+        &[
+            &url,
+            "--platform",
+            cross_platform,
+            "--envoy-version",
+            "1.41",
+            "--json",
+        ],
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let c: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(c["platform"], cross_platform);
+    assert_eq!(c["sha256"], sha256_hex(&cross_module));
+    assert_ne!(c["manifest_digest"], v["manifest_digest"]);
+    assert_eq!(c["index_digest"], v["index_digest"]);
+    let pulled = std::fs::read(c["path"].as_str().unwrap()).unwrap();
+    assert_eq!(sha256_hex(&pulled), sha256_hex(&cross_module));
+    assert_eq!(elf_machine(&pulled), cross_machine);
 
     // `rewrite` points every dynamic-module filter at the cached file: Envoy loads it from
     // there, with nothing on its search path.
@@ -274,27 +350,47 @@ fn a_registry_serving_a_non_elf_body_or_an_elf_for_another_platform_is_refused_a
 }
 
 #[test]
-fn a_body_that_is_not_an_elf_shared_object_is_refused_at_push() {
+fn a_file_that_is_not_an_elf_shared_object_or_not_for_the_platform_given_is_refused_at_push() {
     let reg = Registry::start(false);
     let home = tempfile::tempdir().unwrap();
-    let wasm = home.path().join("libwasm_filter.so");
-    std::fs::write(&wasm, module("not elf")).unwrap();
+    let fake = home.path().join("libwasm_filter.so");
+    std::fs::write(&fake, module("not elf")).unwrap();
+    let so = shared_object();
+    let (cross_platform, _, _) = cross_shared_object();
     let url = format!("oci://{}/filters/fake:1", reg.host);
-    let o = crate::push::push(
-        home.path(),
-        &[
-            wasm.to_str().unwrap(),
-            &url,
-            "--layout",
-            "dynamic-module",
-            "--envoy-versions",
-            "1.40",
-        ],
-    );
-    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let given = |arg: &str| format!("{arg}={}", so.display());
+    for (files, words) in [
+        (vec![fake.display().to_string()], format!("not an Envoy dynamic module: {}", fake.display())),
+        // The host's build, given as the other platform: refused naming the file.
+        (
+            vec![given(cross_platform)],
+            format!(
+                "not an Envoy dynamic module: {} (given as {cross_platform}, but its ELF header says {}",
+                so.display(),
+                host_platform()
+            ),
+        ),
+        (
+            vec![so.display().to_string(), given(host_platform())],
+            format!("a second module for {}", host_platform()),
+        ),
+    ] {
+        let mut args: Vec<&str> = files.iter().map(String::as_str).collect();
+        args.extend([url.as_str(), "--layout", "dynamic-module", "--envoy-versions", "1.40"]);
+        let o = crate::push::push(home.path(), &args);
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains(&words), "{words}: {}", stderr(&o));
+    }
+    // A Wasm layout takes one file, with no platform: a usage error.
+    let so = so.display().to_string();
+    let o = crate::push::push(home.path(), &[&so, &so, &url]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("not an Envoy dynamic module"),
+        stderr(&o).contains("--layout wasm pushes one module file"),
         "{}",
         stderr(&o)
     );
+    // Nothing was pushed.
+    let o = pull(home.path(), &[&url, "--envoy-version", "1.40"]);
+    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
 }

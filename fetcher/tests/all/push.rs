@@ -435,7 +435,7 @@ fn the_library_reports_the_modules_upload_as_progress() {
     let events = Arc::new(Mutex::new(Vec::new()));
     let seen = events.clone();
     let req = wasm_fetcher::push::PushRequest {
-        module: module_path,
+        modules: vec![module_path.into()],
         url: format!("oci://{}/progress/filter:1", reg.host),
         progress: wasm_fetcher::Progress::new(move |e| seen.lock().unwrap().push(e)),
         ..Default::default()
@@ -451,7 +451,7 @@ fn the_library_reports_the_modules_upload_as_progress() {
         ))
         .unwrap();
     assert_eq!(pushed.outcome, wasm_fetcher::push::Outcome::Pushed);
-    assert_eq!(pushed.size, size);
+    assert_eq!(pushed.size, Some(size));
     let events = events.lock().unwrap().clone();
     assert_eq!(events.first(), Some(&Event::Started { total: Some(size) }));
     let sent: u64 = events

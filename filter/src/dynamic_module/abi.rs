@@ -112,8 +112,10 @@ pub const EVENT_LOCAL_CLOSE: u32 = 1;
 /// `envoy_dynamic_module_type_network_connection_close_type_FlushWrite`.
 pub const CLOSE_FLUSH_WRITE: u32 = 0;
 
-/// `envoy_dynamic_module_type_on_network_filter_data_status_Continue`.
+/// `envoy_dynamic_module_type_on_network_filter_data_status`: `Continue`, and
+/// `StopIteration` (the data goes no further down the filter chain).
 pub const NETWORK_CONTINUE: u32 = 0;
+pub const NETWORK_STOP: u32 = 1;
 
 type Filter = *mut c_void;
 
@@ -174,8 +176,18 @@ callbacks! {
     get_attribute_string: unsafe extern "C" fn(Filter, usize, *mut EnvoyBuffer) -> bool
         = "http_filter_get_attribute_string",
     reset_stream: unsafe extern "C" fn(Filter, u32, ModuleBuffer) = "http_filter_reset_stream",
+    // The HTTP filter's counters take label names and values; the module passes none (its
+    // names carry the plugin and the role, as the Wasm module's do).
+    http_define_counter: unsafe extern "C" fn(Filter, ModuleBuffer, *const ModuleBuffer, usize, *mut usize) -> u32
+        = "http_filter_config_define_counter",
+    http_increment_counter: unsafe extern "C" fn(Filter, usize, *const ModuleBuffer, usize, u64) -> u32
+        = "http_filter_increment_counter",
     network_define_counter: unsafe extern "C" fn(Filter, ModuleBuffer, *mut usize) -> u32
         = "network_filter_config_define_counter",
+    network_read_chunks_size: unsafe extern "C" fn(Filter) -> usize
+        = "network_filter_get_read_buffer_chunks_size",
+    network_read_chunks: unsafe extern "C" fn(Filter, *mut EnvoyBuffer) -> bool
+        = "network_filter_get_read_buffer_chunks",
     network_increment_counter: unsafe extern "C" fn(Filter, usize, u64) -> u32
         = "network_filter_increment_counter",
     network_close: unsafe extern "C" fn(Filter, u32) = "network_filter_close",

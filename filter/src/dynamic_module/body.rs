@@ -1,9 +1,13 @@
 //! `http-body-operation` as a dynamic module: the glue that executes [`crate::body_flow`]'s
 //! steps with Envoy's body callbacks, as the Wasm glue does with proxy-wasm's. Where the two
 //! ABIs differ: a held chunk is kept by answering `StopIterationAndBuffer`, and the body so
-//! far is what Envoy buffered plus the chunk just received.
+//! far is what Envoy buffered plus the chunk just received. Counted where the Wasm glue
+//! counts: bodies rewritten, passed unchanged, and over a limit (`rewritten_total`,
+//! `passed_total`, `over_limit_total`), and body bytes each way (`request_bytes_total`,
+//! `response_bytes_total`).
 
 use super::host::{log, Stream};
+use super::metrics::{Counter, Metrics};
 use super::Outcome;
 use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
 use crate::body_ops::{BodyOperation, MAX_BUFFER_LIMIT};
@@ -14,6 +18,40 @@ pub enum Event {
     Headers { end_of_stream: bool },
     Body { end_of_stream: bool },
     Trailers,
+}
+
+pub struct Counters {
+    rewritten: Counter,
+    passed: Counter,
+    over_limit: Counter,
+    request_bytes: Counter,
+    response_bytes: Counter,
+}
+
+impl Counters {
+    pub fn new(m: &Metrics) -> Self {
+        Self {
+            rewritten: m.counter("rewritten_total"),
+            passed: m.counter("passed_total"),
+            over_limit: m.counter("over_limit_total"),
+            request_bytes: m.counter("request_bytes_total"),
+            response_bytes: m.counter("response_bytes_total"),
+        }
+    }
+
+    fn bytes(&self, stream: &Stream, which: Side, n: u64) {
+        let counter = match which {
+            Side::Request => self.request_bytes,
+            Side::Response => self.response_bytes,
+        };
+        stream.count(counter, n);
+    }
+}
+
+/// A role's configuration: what to do, and its counters.
+pub struct BodyRole<'a> {
+    pub ops: &'a BodyOperation,
+    pub counters: &'a Counters,
 }
 
 /// One stream's state.
@@ -27,24 +65,19 @@ pub struct BodyStream {
 impl BodyStream {
     /// One hook of the stream. Once this filter answered the request itself (a local reply,
     /// or the response reset), the response's hooks have nothing left to do.
-    pub fn on(
-        &mut self,
-        ops: &BodyOperation,
-        stream: &Stream,
-        which: Side,
-        event: Event,
-    ) -> Outcome {
+    pub fn on(&mut self, role: &BodyRole, stream: &Stream, which: Side, event: Event) -> Outcome {
         if which == Side::Response && self.flow.answered() {
             return Outcome::Continue;
         }
         match event {
-            Event::Headers { end_of_stream } => self.on_headers(ops, stream, which, end_of_stream),
-            Event::Body { end_of_stream } => self.on_body(ops, stream, which, end_of_stream),
-            Event::Trailers => self.on_trailers(ops, which),
+            Event::Headers { end_of_stream } => self.on_headers(role, stream, which, end_of_stream),
+            Event::Body { end_of_stream } => self.on_body(role, stream, which, end_of_stream),
+            Event::Trailers => self.on_trailers(role.ops, which),
         }
     }
 
-    fn refuse(&mut self, stream: &Stream, which: Side, why: &str) -> Outcome {
+    fn refuse(&mut self, role: &BodyRole, stream: &Stream, which: Side, why: &str) -> Outcome {
+        stream.count(role.counters.over_limit, 1);
         let (status, details) = which.refusal();
         log!(Info, "{} refused with {status}: {why}", which.name());
         stream.send_response(status, details, why.as_bytes(), &[]);
@@ -54,7 +87,8 @@ impl BodyStream {
 
     /// A response whose headers are in hand but whose body cannot be rewritten: its status
     /// becomes 502 and its body is swapped for the reason (see the Wasm glue).
-    fn replace_response(&mut self, stream: &Stream, why: String) -> Outcome {
+    fn replace_response(&mut self, role: &BodyRole, stream: &Stream, why: String) -> Outcome {
+        stream.count(role.counters.over_limit, 1);
         log!(Info, "response refused with 502: {why}");
         for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
             if !stream.set_header(Side::Response, name, value) {
@@ -68,7 +102,8 @@ impl BodyStream {
         Outcome::Continue
     }
 
-    fn reset_response(&mut self, stream: &Stream, why: &str) -> Outcome {
+    fn reset_response(&mut self, role: &BodyRole, stream: &Stream, why: &str) -> Outcome {
+        stream.count(role.counters.over_limit, 1);
         log!(
             Info,
             "response {why} after its headers were sent: stream reset"
@@ -80,11 +115,12 @@ impl BodyStream {
 
     fn on_headers(
         &mut self,
-        ops: &BodyOperation,
+        role: &BodyRole,
         stream: &Stream,
         which: Side,
         end_of_stream: bool,
     ) -> Outcome {
+        let ops = role.ops;
         if which == Side::Request && ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
             stream.remove_header(Side::Request, "accept-encoding");
@@ -100,9 +136,10 @@ impl BodyStream {
             .headers(ops, which, end_of_stream, declared, encoding)
         {
             HeadersStep::Continue => Outcome::Continue,
-            HeadersStep::Refuse(why) => self.refuse(stream, which, &why),
-            HeadersStep::ReplaceResponse(why) => self.replace_response(stream, why),
+            HeadersStep::Refuse(why) => self.refuse(role, stream, which, &why),
+            HeadersStep::ReplaceResponse(why) => self.replace_response(role, stream, why),
             HeadersStep::PassEncoded(encoding) => {
+                stream.count(role.counters.passed, 1);
                 log!(
                     Info,
                     "{} body is in content-encoding {encoding:?}: passed on unmodified",
@@ -119,7 +156,7 @@ impl BodyStream {
 
     fn on_body(
         &mut self,
-        ops: &BodyOperation,
+        role: &BodyRole,
         stream: &Stream,
         which: Side,
         end_of_stream: bool,
@@ -134,12 +171,17 @@ impl BodyStream {
             }
         }
         let size = stream.body_size(which) as u64;
-        match self.flow.body(ops, which, size, end_of_stream) {
+        match self.flow.body(role.ops, which, size, end_of_stream) {
             BodyStep::Stop => Outcome::StopNoBuffer,
-            BodyStep::Refuse(why) => self.refuse(stream, which, &why),
-            BodyStep::ResetResponse(why) => self.reset_response(stream, &why),
-            BodyStep::Pass => Outcome::Continue,
+            BodyStep::Refuse(why) => self.refuse(role, stream, which, &why),
+            BodyStep::ResetResponse(why) => self.reset_response(role, stream, &why),
+            BodyStep::Pass => {
+                role.counters.bytes(stream, which, size);
+                Outcome::Continue
+            }
             BodyStep::PassOverflowing(limit) => {
+                role.counters.bytes(stream, which, size);
+                stream.count(role.counters.over_limit, 1);
                 log!(
                     Warn,
                     "{} body over max_buffer_bytes ({limit}): passed on unmodified",
@@ -148,11 +190,12 @@ impl BodyStream {
                 Outcome::Continue
             }
             BodyStep::Hold => Outcome::Stop,
-            BodyStep::Rewrite => self.rewrite(ops, stream, which),
+            BodyStep::Rewrite => self.rewrite(role, stream, which),
         }
     }
 
-    fn rewrite(&mut self, ops: &BodyOperation, stream: &Stream, which: Side) -> Outcome {
+    fn rewrite(&mut self, role: &BodyRole, stream: &Stream, which: Side) -> Outcome {
+        let counters = role.counters;
         let limit = usize::try_from(MAX_BUFFER_LIMIT).unwrap_or(usize::MAX);
         let Some(body) = stream.body(which, limit) else {
             log!(
@@ -162,9 +205,14 @@ impl BodyStream {
             );
             return Outcome::Continue;
         };
-        match self.flow.rewrite(ops, which, &body) {
-            RewriteStep::Keep => Outcome::Continue,
+        counters.bytes(stream, which, body.len() as u64);
+        match self.flow.rewrite(role.ops, which, &body) {
+            RewriteStep::Keep => {
+                stream.count(counters.passed, 1);
+                Outcome::Continue
+            }
             RewriteStep::Write(new, what) => {
+                stream.count(counters.rewritten, 1);
                 if stream.replace_body(which, &new) {
                     log!(Debug, "{} body rewritten: {what}", which.name());
                 } else {
@@ -177,6 +225,7 @@ impl BodyStream {
                 Outcome::Continue
             }
             RewriteStep::PassNotJson(e) => {
+                stream.count(counters.passed, 1);
                 log!(
                     Info,
                     "{} body is not JSON ({e}): passed on unmodified",
@@ -185,11 +234,12 @@ impl BodyStream {
                 Outcome::Continue
             }
             RewriteStep::PassTooLarge(why) => {
+                stream.count(counters.over_limit, 1);
                 log!(Warn, "{} {why}: passed on unmodified", which.name());
                 Outcome::Continue
             }
-            RewriteStep::Refuse(why) => self.refuse(stream, which, &why),
-            RewriteStep::ResetResponse(why) => self.reset_response(stream, &why),
+            RewriteStep::Refuse(why) => self.refuse(role, stream, which, &why),
+            RewriteStep::ResetResponse(why) => self.reset_response(role, stream, &why),
         }
     }
 

@@ -5,6 +5,7 @@
 use std::ffi::c_void;
 
 use super::abi::{self, EnvoyBuffer, ModuleBuffer, ModuleHeader};
+use super::metrics::Counter;
 use crate::body_flow::Side;
 use crate::config::LogLevel;
 
@@ -144,6 +145,10 @@ impl Stream {
                 ModuleBuffer::of(details.as_bytes()),
             )
         }
+    }
+
+    pub fn count(&self, counter: Counter, by: u64) {
+        counter.add(self.ptr, by);
     }
 
     /// The route is chosen again (after `:path` or another header it matches on changed).

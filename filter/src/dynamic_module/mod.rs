@@ -20,6 +20,7 @@ mod abi;
 mod body;
 mod headers;
 mod host;
+mod metrics;
 mod rate_limit;
 mod tcp;
 
@@ -29,28 +30,36 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use abi::{EnvoyBuffer, Status as Outcome};
-use body::Event;
+use body::{BodyRole, Event};
 use host::{log, Stream};
+use metrics::Metrics;
 
 use crate::body_flow::Side;
 use crate::body_ops::BodyOperation;
 use crate::config::PluginConfig;
 use crate::header_ops::HeaderOperation;
 
-/// The `filter_name` the module answers to.
+/// The `filter_name` the module answers to, alone or as `wasm-filter/<plugin>`.
 const FILTER_NAME: &str = "wasm-filter";
+
+/// A plugin's name in `filter_name` is at most this long (its metric names cut it shorter).
+const MAX_PLUGIN_NAME: usize = 256;
 
 /// Configurations are read whole, but never more than this (as in the Wasm module).
 const MAX_CONFIG_BYTES: usize = 1024 * 1024;
 
 /// Fault injection for the fail-closed tests: when Envoy's environment has
 /// `WASM_FILTER_FAULT=panic`, a request carrying `x-wasm-filter-fault: panic` panics inside
-/// the request headers hook. Read once, at load.
+/// the request headers hook, and a connection whose data starts with [`FAULT_MARKER`] panics
+/// inside the network read hook. Read once, at load.
 static FAULT_INJECTION: AtomicBool = AtomicBool::new(false);
 
+/// What a connection's data starts with to inject the fault (the request header's text).
+const FAULT_MARKER: &[u8] = b"x-wasm-filter-fault: panic";
+
 enum Role {
-    Headers(HeaderOperation),
-    Body(BodyOperation),
+    Headers(HeaderOperation, headers::Counters),
+    Body(BodyOperation, body::Counters),
     RateLimit(rate_limit::Limiter),
 }
 
@@ -77,29 +86,51 @@ struct StreamFilter {
     state: State,
 }
 
-/// The plugin configuration Envoy hands a filter, checked as the Wasm module checks it: the
-/// filter name, the size bound, then [`PluginConfig::parse`].
-fn plugin_config(name: &[u8], config: &[u8]) -> Result<PluginConfig, String> {
-    if name != FILTER_NAME.as_bytes() {
-        return Err(format!(
-            "filter_name {:?} is unknown: this module has one filter, {FILTER_NAME:?}",
-            String::from_utf8_lossy(name)
-        ));
+/// The plugin's name, from `filter_name`: `wasm-filter/<plugin>` names it (it tags the
+/// metrics, as a Wasm plugin's `name` does); plain `wasm-filter` is the plugin `wasm-filter`.
+fn plugin_name(name: &[u8]) -> Result<String, String> {
+    let unknown = || {
+        format!(
+            "filter_name {:?} is unknown: this module's filter is {FILTER_NAME:?}, or \
+             \"{FILTER_NAME}/<plugin>\" to name the plugin in its metrics",
+            String::from_utf8_lossy(&name[..name.len().min(MAX_PLUGIN_NAME)])
+        )
+    };
+    let name = std::str::from_utf8(name).map_err(|_| unknown())?;
+    match name.strip_prefix(FILTER_NAME) {
+        Some("") => Ok(FILTER_NAME.to_string()),
+        Some(rest) => match rest.strip_prefix('/') {
+            Some(plugin) if !plugin.is_empty() && plugin.len() <= MAX_PLUGIN_NAME => {
+                Ok(plugin.to_string())
+            }
+            _ => Err(unknown()),
+        },
+        None => Err(unknown()),
     }
+}
+
+/// The plugin configuration Envoy hands a filter, checked as the Wasm module checks it: the
+/// filter name, the size bound, then [`PluginConfig::parse`]; with the plugin's name.
+fn plugin_config(name: &[u8], config: &[u8]) -> Result<(String, PluginConfig), String> {
+    let plugin = plugin_name(name)?;
     if config.len() > MAX_CONFIG_BYTES {
         return Err(format!(
             "the plugin configuration is {} bytes, over the {MAX_CONFIG_BYTES}-byte limit",
             config.len()
         ));
     }
-    PluginConfig::parse(config)
+    Ok((plugin, PluginConfig::parse(config)?))
 }
 
-fn parse(name: &[u8], config: &[u8]) -> Result<FilterConfig, String> {
-    let role = match plugin_config(name, config)? {
-        PluginConfig::HttpHeaderOperation(ops) => Role::Headers(ops),
-        PluginConfig::HttpBodyOperation(ops) => Role::Body(ops),
-        PluginConfig::RateLimit(c) => Role::RateLimit(rate_limit::Limiter::new(c)),
+/// The filter configuration, its counters defined on `envoy` (Envoy's configuration
+/// pointer, valid during config_new; never called through before Envoy loads the module).
+fn parse(name: &[u8], config: &[u8], envoy: *mut c_void) -> Result<FilterConfig, String> {
+    let (plugin, config) = plugin_config(name, config)?;
+    let m = Metrics::http(envoy, &plugin, config.role());
+    let role = match config {
+        PluginConfig::HttpHeaderOperation(ops) => Role::Headers(ops, headers::Counters::new(&m)),
+        PluginConfig::HttpBodyOperation(ops) => Role::Body(ops, body::Counters::new(&m)),
+        PluginConfig::RateLimit(c) => Role::RateLimit(rate_limit::Limiter::new(c, &m)),
         PluginConfig::TcpTotalDataSizeCounter(_) => {
             return Err(format!(
                 "role: {:?} is a network filter: configure it in \
@@ -121,11 +152,11 @@ fn parse(name: &[u8], config: &[u8]) -> Result<FilterConfig, String> {
 
 fn summary(role: &Role) -> String {
     match role {
-        Role::Headers(ops) => {
+        Role::Headers(ops, _) => {
             let (req, resp) = ops.count();
             format!("http-header-operation (request: {req} ops, response: {resp} ops)")
         }
-        Role::Body(ops) => format!("http-body-operation ({})", ops.summary()),
+        Role::Body(ops, _) => format!("http-body-operation ({})", ops.summary()),
         Role::RateLimit(l) => format!("rate-limit ({})", l.summary()),
     }
 }
@@ -150,14 +181,14 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
-    _config_envoy_ptr: *mut c_void,
+    config_envoy_ptr: *mut c_void,
     name: EnvoyBuffer,
     config: EnvoyBuffer,
 ) -> *const c_void {
     let made = guard(|| {
         // SAFETY: Envoy's buffers, valid for this hook; parsed into owned values here.
         let (name, config) = unsafe { (name.bytes(), config.bytes()) };
-        parse(name, config)
+        parse(name, config, config_envoy_ptr)
     });
     config_pointer(made, |config| {
         format!("configured role {}", summary(&config.role))
@@ -181,10 +212,10 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_new(
         return std::ptr::null();
     };
     let state = match &config.role {
-        Role::Headers(ops) => State::Headers {
+        Role::Headers(ops, _) => State::Headers {
             matched: ops.when.is_none(),
         },
-        Role::Body(_) => State::Body(body::BodyStream::default()),
+        Role::Body(..) => State::Body(body::BodyStream::default()),
         Role::RateLimit(_) => State::RateLimit,
     };
     Box::into_raw(Box::new(StreamFilter { config, state }))
@@ -313,13 +344,16 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     run(envoy, filter, "request headers", |f, stream| {
         injected_fault(stream);
         match (&f.config.role, &mut f.state) {
-            (Role::Headers(ops), State::Headers { matched }) => {
-                *matched = headers::on_request_headers(ops, stream);
+            (Role::Headers(ops, counters), State::Headers { matched }) => {
+                *matched = headers::on_request_headers(ops, counters, stream);
                 Outcome::Continue
             }
-            (Role::Body(ops), State::Body(b)) => {
-                b.on(ops, stream, Side::Request, Event::Headers { end_of_stream })
-            }
+            (Role::Body(ops, counters), State::Body(b)) => b.on(
+                &BodyRole { ops, counters },
+                stream,
+                Side::Request,
+                Event::Headers { end_of_stream },
+            ),
             (Role::RateLimit(l), _) => l.on_request_headers(stream),
             _ => Outcome::Continue,
         }
@@ -334,9 +368,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
 ) -> u32 {
     run(envoy, filter, "request body", |f, stream| {
         match (&f.config.role, &mut f.state) {
-            (Role::Body(ops), State::Body(b)) => {
-                b.on(ops, stream, Side::Request, Event::Body { end_of_stream })
-            }
+            (Role::Body(ops, counters), State::Body(b)) => b.on(
+                &BodyRole { ops, counters },
+                stream,
+                Side::Request,
+                Event::Body { end_of_stream },
+            ),
             _ => Outcome::Continue,
         }
     })
@@ -349,7 +386,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
 ) -> u32 {
     run(envoy, filter, "request trailers", |f, stream| {
         match (&f.config.role, &mut f.state) {
-            (Role::Body(ops), State::Body(b)) => b.on(ops, stream, Side::Request, Event::Trailers),
+            (Role::Body(ops, counters), State::Body(b)) => b.on(
+                &BodyRole { ops, counters },
+                stream,
+                Side::Request,
+                Event::Trailers,
+            ),
             _ => Outcome::Continue,
         }
     })
@@ -363,12 +405,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
 ) -> u32 {
     run(envoy, filter, "response headers", |f, stream| {
         match (&f.config.role, &mut f.state) {
-            (Role::Headers(ops), State::Headers { matched: true }) => {
+            (Role::Headers(ops, _), State::Headers { matched: true }) => {
                 headers::on_response_headers(ops, stream);
                 Outcome::Continue
             }
-            (Role::Body(ops), State::Body(b)) => b.on(
-                ops,
+            (Role::Body(ops, counters), State::Body(b)) => b.on(
+                &BodyRole { ops, counters },
                 stream,
                 Side::Response,
                 Event::Headers { end_of_stream },
@@ -386,9 +428,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
 ) -> u32 {
     run(envoy, filter, "response body", |f, stream| {
         match (&f.config.role, &mut f.state) {
-            (Role::Body(ops), State::Body(b)) => {
-                b.on(ops, stream, Side::Response, Event::Body { end_of_stream })
-            }
+            (Role::Body(ops, counters), State::Body(b)) => b.on(
+                &BodyRole { ops, counters },
+                stream,
+                Side::Response,
+                Event::Body { end_of_stream },
+            ),
             _ => Outcome::Continue,
         }
     })
@@ -401,7 +446,12 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
 ) -> u32 {
     run(envoy, filter, "response trailers", |f, stream| {
         match (&f.config.role, &mut f.state) {
-            (Role::Body(ops), State::Body(b)) => b.on(ops, stream, Side::Response, Event::Trailers),
+            (Role::Body(ops, counters), State::Body(b)) => b.on(
+                &BodyRole { ops, counters },
+                stream,
+                Side::Response,
+                Event::Trailers,
+            ),
             _ => Outcome::Continue,
         }
     })
@@ -507,6 +557,7 @@ mod tests {
 
     #[test]
     fn the_configuration_is_the_wasm_modules_and_refusals_name_the_field() {
+        let parse = |name: &[u8], config: &[u8]| parse(name, config, std::ptr::null_mut());
         let ok = parse(
             b"wasm-filter",
             br#"{"role":"http-header-operation","request":{"remove":["x-a"]}}"#,
@@ -533,5 +584,24 @@ mod tests {
         );
         let e = parse(b"other", b"{}").err().unwrap();
         assert!(e.contains("filter_name \"other\""), "{e}");
+    }
+
+    #[test]
+    fn filter_name_may_name_the_plugin() {
+        assert_eq!(plugin_name(b"wasm-filter").unwrap(), "wasm-filter");
+        assert_eq!(
+            plugin_name(b"wasm-filter/header-ops").unwrap(),
+            "header-ops"
+        );
+        for bad in [
+            &b"wasm-filter/"[..],
+            b"wasm-filterx",
+            b"wasm-filter-x",
+            b"\xff",
+        ] {
+            let e = plugin_name(bad).unwrap_err();
+            assert!(e.contains("wasm-filter/<plugin>"), "{e}");
+        }
+        assert!(plugin_name(format!("wasm-filter/{}", "p".repeat(257)).as_bytes()).is_err());
     }
 }

@@ -3,12 +3,15 @@
 //! key, idle-and-full entries taken over, one overflow bucket), held in process memory behind
 //! a mutex instead of shared data. Every worker thread of the process takes from the same
 //! table, so no compare-and-swap retries are needed and the table cannot fail: nothing is
-//! let through unlimited.
+//! let through unlimited. Counted as the Wasm module counts: `allowed_total`,
+//! `limited_total`, `overflow_total`, and `failed_open_total`, defined so the series match
+//! but never counted (nothing here fails open).
 
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
 use super::host::{log, Stream};
+use super::metrics::{Counter, Metrics};
 use super::Outcome;
 use crate::body_flow::Side;
 use crate::bucket_table::{classify_entry, fingerprint, slots, Entry, Slot};
@@ -22,6 +25,11 @@ struct Table {
 pub struct Limiter {
     config: RateLimit,
     table: Mutex<Table>,
+    allowed: Counter,
+    limited: Counter,
+    overflow: Counter,
+    /// Defined, never counted: see the module's doc.
+    _failed_open: Counter,
 }
 
 /// Nanoseconds on a monotonic clock shared by every worker (the buckets only compare times
@@ -35,7 +43,7 @@ fn now_ns() -> u64 {
 impl Limiter {
     /// The table's memory (`buckets` entries of 32 bytes) is taken here, once, on the main
     /// thread.
-    pub fn new(config: RateLimit) -> Self {
+    pub fn new(config: RateLimit, m: &Metrics) -> Self {
         let slots = vec![None; config.buckets as usize];
         Self {
             config,
@@ -43,6 +51,10 @@ impl Limiter {
                 slots,
                 overflow: None,
             }),
+            allowed: m.counter("allowed_total"),
+            limited: m.counter("limited_total"),
+            overflow: m.counter("overflow_total"),
+            _failed_open: m.counter("failed_open_total"),
         }
     }
 
@@ -55,8 +67,8 @@ impl Limiter {
     }
 
     /// Takes a token for `key` at `now`: its own entry if it has one, else the first slot
-    /// free or idle, else the overflow bucket.
-    fn take(&self, key: &str, now: u64) -> Decision {
+    /// free or idle, else the overflow bucket (then the answer's `true`).
+    fn take(&self, key: &str, now: u64) -> (Decision, bool) {
         let fp = fingerprint(key.as_bytes());
         // A panic while the lock was held cannot leave an entry half-written (each is one
         // assignment), so a poisoned table is still a good one.
@@ -66,7 +78,9 @@ impl Limiter {
             let i = slot as usize;
             let entry = table.slots.get(i).copied().flatten();
             match classify_entry(&self.config, entry, fp, now) {
-                Slot::Mine(bucket) => return self.store(&mut table, i, fp, Some(bucket), now),
+                Slot::Mine(bucket) => {
+                    return (self.store(&mut table, i, fp, Some(bucket), now), false)
+                }
                 Slot::Free | Slot::Idle => {
                     claim.get_or_insert(i);
                 }
@@ -74,11 +88,11 @@ impl Limiter {
             }
         }
         if let Some(i) = claim {
-            return self.store(&mut table, i, fp, None, now);
+            return (self.store(&mut table, i, fp, None, now), false);
         }
         let (bucket, decision) = self.config.take(table.overflow, now);
         table.overflow = Some(bucket);
-        decision
+        (decision, true)
     }
 
     fn store(
@@ -110,9 +124,17 @@ impl Limiter {
     /// The request headers hook: continue, or answer 429 with `retry-after`.
     pub fn on_request_headers(&self, stream: &Stream) -> Outcome {
         let key = self.key(stream);
-        match self.take(&key, now_ns()) {
-            Decision::Allowed { .. } => Outcome::Continue,
+        let (decision, overflow) = self.take(&key, now_ns());
+        if overflow {
+            stream.count(self.overflow, 1);
+        }
+        match decision {
+            Decision::Allowed { .. } => {
+                stream.count(self.allowed, 1);
+                Outcome::Continue
+            }
             Decision::Limited { retry_after_secs } => {
+                stream.count(self.limited, 1);
                 log!(Debug, "rate limited: {key}");
                 let retry = retry_after_secs.to_string();
                 stream.send_response(
@@ -139,12 +161,14 @@ mod tests {
             r#"{{"role":"rate-limit","key":{{"header":"k"}},"burst":2,"refill_per_second":1,"idle_seconds":10,"buckets":{buckets}}}"#
         );
         match PluginConfig::parse(json.as_bytes()).unwrap() {
-            PluginConfig::RateLimit(r) => Limiter::new(r),
+            PluginConfig::RateLimit(r) => {
+                Limiter::new(r, &Metrics::http(std::ptr::null_mut(), "p", "rate-limit"))
+            }
             other => panic!("{}", other.role()),
         }
     }
 
-    fn allowed(d: Decision) -> bool {
+    fn allowed((d, _): (Decision, bool)) -> bool {
         matches!(d, Decision::Allowed { .. })
     }
 
@@ -155,9 +179,12 @@ mod tests {
         assert!(allowed(l.take("a", S)));
         assert_eq!(
             l.take("a", S),
-            Decision::Limited {
-                retry_after_secs: 1
-            }
+            (
+                Decision::Limited {
+                    retry_after_secs: 1
+                },
+                false
+            )
         );
         // Another key has its own bucket.
         assert!(allowed(l.take("b", S)));
@@ -170,7 +197,11 @@ mod tests {
         let l = limiter(1);
         assert!(allowed(l.take("a", S)));
         assert!(allowed(l.take("b", S)));
-        assert!(allowed(l.take("c", S)));
+        let (c, overflow) = l.take("c", S);
+        assert!(
+            allowed((c, overflow)) && overflow,
+            "c: the overflow bucket's"
+        );
         assert!(!allowed(l.take("d", S)), "b, c and d share two tokens");
         // `a` idle and refilled: its slot goes to the next new key.
         let later = 20 * S;

@@ -3,17 +3,23 @@
 //! connection closes, the Wasm module's log line and the totals updated. The totals live in
 //! process memory behind one mutex, which every worker adds its closed connections to (the
 //! Wasm module's compare-and-swap on shared data, without retries); the per-role counters
-//! are Envoy stats, process-wide as Envoy's counters are.
+//! are Envoy stats, process-wide as Envoy's counters are, named as the Wasm module's
+//! (`<metrics_namespace>.wasm_filter.plugin.<plugin>.role.<role>.<metric>`).
 //!
-//! A panic in a hook closes its connection (fail closed) and the connection's later hooks
-//! only continue; Envoy and every other connection go on.
+//! A panic in a hook closes its connection (fail closed): data it was reading goes no
+//! further, and the connection's later hooks only continue; Envoy and every other
+//! connection go on.
 
 use std::ffi::c_void;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use super::abi::{self, EnvoyBuffer, ModuleBuffer};
+use super::abi::{self, EnvoyBuffer};
 use super::host::log;
-use super::{config_pointer, drop_config, guard, plugin_config, share_config};
+use super::metrics::{Counter, Metrics};
+use super::{
+    config_pointer, drop_config, guard, plugin_config, share_config, FAULT_INJECTION, FAULT_MARKER,
+};
 use crate::config::PluginConfig;
 use crate::tcp_count::{TcpCounter, Totals};
 
@@ -27,12 +33,10 @@ static TOTALS: Mutex<Totals> = Mutex::new(Totals {
     connections: 0,
 });
 
-/// Envoy stat ids, named `<metrics_namespace>.wasm_filter.<role>.<name>`.
-#[derive(Default)]
 struct Counters {
-    bytes_in: Option<usize>,
-    bytes_out: Option<usize>,
-    connections: Option<usize>,
+    bytes_in: Counter,
+    bytes_out: Counter,
+    connections: Counter,
 }
 
 struct TcpConfig {
@@ -48,10 +52,11 @@ struct Connection {
     done: bool,
 }
 
-fn parse(name: &[u8], config: &[u8]) -> Result<TcpCounter, String> {
+/// The role's configuration and the plugin's name.
+fn parse(name: &[u8], config: &[u8]) -> Result<(String, TcpCounter), String> {
     match plugin_config(name, config)? {
-        PluginConfig::TcpTotalDataSizeCounter(c) => Ok(c),
-        other => Err(format!(
+        (plugin, PluginConfig::TcpTotalDataSizeCounter(c)) => Ok((plugin, c)),
+        (_, other) => Err(format!(
             "role: {:?} is an HTTP role: configure it in envoy.filters.http.dynamic_modules; \
              the network filter's role is {ROLE:?}",
             other.role()
@@ -59,30 +64,40 @@ fn parse(name: &[u8], config: &[u8]) -> Result<TcpCounter, String> {
     }
 }
 
-/// One Envoy counter, or `None` (logged) when Envoy refuses to define it: the counting
-/// itself goes on without it.
-fn define(host: &abi::Host, config: *mut c_void, name: &str) -> Option<usize> {
-    let full = format!("wasm_filter.{ROLE}.{name}");
-    let mut id = 0usize;
-    // SAFETY: Envoy's configuration pointer, valid during config_new; the name is alive for
-    // the call and `id` is writable.
-    let result = unsafe {
-        (host.network_define_counter)(config, ModuleBuffer::of(full.as_bytes()), &mut id)
+/// Whether the data being read starts with [`FAULT_MARKER`] (only asked when the tests
+/// inject faults).
+fn fault_requested(envoy: *mut c_void) -> bool {
+    let Some(host) = abi::host() else {
+        return false;
     };
-    if result == abi::METRICS_SUCCESS {
-        Some(id)
-    } else {
-        log!(Warn, "stat {full} not defined (Envoy answered {result})");
-        None
+    // SAFETY: Envoy's filter pointer, valid during the read hook.
+    let n = unsafe { (host.network_read_chunks_size)(envoy) };
+    if n == 0 || n > 1024 {
+        return false;
     }
+    let mut chunks = vec![EnvoyBuffer::NULL; n];
+    // SAFETY: `chunks` has room for the `n` buffers Envoy reported.
+    if !unsafe { (host.network_read_chunks)(envoy, chunks.as_mut_ptr()) } {
+        return false;
+    }
+    let mut head = Vec::with_capacity(FAULT_MARKER.len());
+    for c in chunks {
+        // SAFETY: Envoy's buffers, valid during the hook; copied out here.
+        let bytes = unsafe { c.bytes() };
+        let room = FAULT_MARKER.len() - head.len();
+        head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+    }
+    head == FAULT_MARKER
 }
 
-fn increment(filter: *mut c_void, id: Option<usize>, value: u64) {
-    let (Some(id), Some(host)) = (id, abi::host()) else {
-        return;
-    };
-    // SAFETY: Envoy's filter pointer, valid during the hook that calls this; plain values.
-    unsafe { (host.network_increment_counter)(filter, id, value) };
+/// The fault the tests inject (see [`FAULT_INJECTION`]).
+#[allow(clippy::panic)]
+fn injected_fault(envoy: *mut c_void) {
+    if FAULT_INJECTION.load(Ordering::Relaxed) && fault_requested(envoy) {
+        panic!(
+            "wasm-filter: injected fault (connection data starts with x-wasm-filter-fault: panic)"
+        );
+    }
 }
 
 #[no_mangle]
@@ -94,14 +109,12 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
     let made = guard(|| {
         // SAFETY: Envoy's buffers, valid for this hook; parsed into owned values here.
         let (name, config) = unsafe { (name.bytes(), config.bytes()) };
-        let counter = parse(name, config)?;
-        let counters = match abi::host() {
-            Some(host) => Counters {
-                bytes_in: define(host, config_envoy_ptr, "bytes_in_total"),
-                bytes_out: define(host, config_envoy_ptr, "bytes_out_total"),
-                connections: define(host, config_envoy_ptr, "connections_total"),
-            },
-            None => Counters::default(),
+        let (plugin, counter) = parse(name, config)?;
+        let m = Metrics::network(config_envoy_ptr, &plugin, ROLE);
+        let counters = Counters {
+            bytes_in: m.counter("bytes_in_total"),
+            bytes_out: m.counter("bytes_out_total"),
+            connections: m.counter("connections_total"),
         };
         Ok::<_, String>(TcpConfig { counter, counters })
     });
@@ -146,29 +159,45 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_destroy(filter: *const 
     }
 }
 
-/// Runs one hook of a connection under [`guard`]. A panic closes the connection (what a
-/// counter that cannot count does to the Wasm module's connection: it fails closed), and the
-/// connection's later hooks only continue.
-fn run(envoy: *mut c_void, filter: *const c_void, hook: &str, f: impl FnOnce(&mut Connection)) {
+/// Runs one hook of a connection under [`guard`]; `false` when it panicked. A panic closes
+/// the connection (what a counter that cannot count does to the Wasm module's connection: it
+/// fails closed), and the connection's later hooks only continue.
+fn run(
+    envoy: *mut c_void,
+    filter: *const c_void,
+    hook: &str,
+    f: impl FnOnce(&mut Connection),
+) -> bool {
     if filter.is_null() {
-        return;
+        return true;
     }
     // SAFETY: the Box filter_new made; Envoy runs one connection's hooks on one thread, one
     // at a time, and never after destroy.
     let connection = unsafe { &mut *filter.cast::<Connection>().cast_mut() };
     if connection.done {
-        return;
+        return true;
     }
-    if guard(|| f(connection)).is_none() {
-        connection.done = true;
-        log!(
-            Error,
-            "panicked in the network {hook} hook: the connection is closed"
-        );
-        if let Some(host) = abi::host() {
-            // SAFETY: Envoy's filter pointer, valid during this hook.
-            unsafe { (host.network_close)(envoy, abi::CLOSE_FLUSH_WRITE) };
-        }
+    if guard(|| f(connection)).is_some() {
+        return true;
+    }
+    connection.done = true;
+    log!(
+        Error,
+        "panicked in the network {hook} hook: the connection is closed"
+    );
+    if let Some(host) = abi::host() {
+        // SAFETY: Envoy's filter pointer, valid during this hook.
+        unsafe { (host.network_close)(envoy, abi::CLOSE_FLUSH_WRITE) };
+    }
+    false
+}
+
+/// What a data hook answers: the data goes on, unless the hook panicked.
+fn data_status(ran: bool) -> u32 {
+    if ran {
+        abi::NETWORK_CONTINUE
+    } else {
+        abi::NETWORK_STOP
     }
 }
 
@@ -187,12 +216,12 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
     data_length: usize,
     _end_stream: bool,
 ) -> u32 {
-    run(envoy, filter, "read", |c| {
+    data_status(run(envoy, filter, "read", |c| {
+        injected_fault(envoy);
         let n = data_length as u64;
         c.bytes_in = c.bytes_in.saturating_add(n);
-        increment(envoy, c.config.counters.bytes_in, n);
-    });
-    abi::NETWORK_CONTINUE
+        c.config.counters.bytes_in.add(envoy, n);
+    }))
 }
 
 #[no_mangle]
@@ -202,12 +231,11 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
     data_length: usize,
     _end_stream: bool,
 ) -> u32 {
-    run(envoy, filter, "write", |c| {
+    data_status(run(envoy, filter, "write", |c| {
         let n = data_length as u64;
         c.bytes_out = c.bytes_out.saturating_add(n);
-        increment(envoy, c.config.counters.bytes_out, n);
-    });
-    abi::NETWORK_CONTINUE
+        c.config.counters.bytes_out.add(envoy, n);
+    }))
 }
 
 #[no_mangle]
@@ -225,7 +253,7 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_event(
         if c.config.counter.log_connections {
             log!(Info, "tcp connection closed: in={bytes_in} out={bytes_out}");
         }
-        increment(envoy, c.config.counters.connections, 1);
+        c.config.counters.connections.add(envoy, 1);
         let totals = {
             // A panic elsewhere while holding the lock leaves plain numbers: still usable.
             let mut t = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
@@ -242,7 +270,12 @@ mod tests {
 
     #[test]
     fn only_the_tcp_role_is_a_network_filter() {
-        let c = parse(b"wasm-filter", br#"{"role":"tcp-total-data-size-counter"}"#).unwrap();
+        let (plugin, c) = parse(
+            b"wasm-filter/tcp-counter",
+            br#"{"role":"tcp-total-data-size-counter"}"#,
+        )
+        .unwrap();
+        assert_eq!(plugin, "tcp-counter");
         assert!(c.log_connections);
         let e = parse(
             b"wasm-filter",

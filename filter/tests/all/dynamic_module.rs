@@ -1,9 +1,9 @@
 //! The filter as an Envoy dynamic module (`libwasm_filter.so`) in real Envoy 1.40, on
 //! envoy-config/dynamic-module.yaml: the HTTP roles give what the Wasm module gives on
-//! envoy-config/bootstrap.yaml (the same requests go through both and are compared), the TCP
-//! counter as a network filter logs and counts what the Wasm one does, a bad
-//! configuration is refused by field, and a panic fails its request closed while Envoy goes
-//! on.
+//! envoy-config/bootstrap.yaml (the same requests go through both and are compared, and so
+//! are the roles' counters on `/stats/prometheus`), the TCP counter as a network filter logs
+//! and counts what the Wasm one does, a bad configuration is refused by field, and a panic
+//! fails its request closed, or closes its connection, while Envoy goes on.
 
 use std::path::Path;
 use std::sync::Once;
@@ -11,7 +11,10 @@ use std::sync::Once;
 use wasm_harness::real_envoy::{EnvoyError, RealEnvoy};
 use wasm_harness::{Exchange, Request, TcpEvent, UpstreamReply};
 
-use crate::support::{assert_three_of_five_pass, bootstrap_copy, dynamic_module_dir, envoy};
+use crate::support::{
+    assert_three_of_five_pass, bootstrap_copy, dynamic_module_dir, envoy, prometheus, series,
+    two_tcp_connections,
+};
 
 /// Envoy finds the module through its environment, which every Envoy a test starts
 /// inherits: the search path, and the fault injection the panic test uses (inert without
@@ -180,6 +183,47 @@ fn dynamic_module_http_roles_answer_as_the_wasm_module_does() {
         "{}",
         &big[big.len() - 40..]
     );
+    // The same counters, by name, plugin and role, with the same values (the Wasm bootstrap's
+    // stats recorders are the Wasm module's alone).
+    let counters = |real: &RealEnvoy| {
+        let mut lines: Vec<String> = prometheus(real)
+            .lines()
+            .filter(|l| l.starts_with("wasm_filter_") && !l.contains("role=\"stats-aggregator\""))
+            .map(str::to_string)
+            .collect();
+        lines.sort();
+        lines
+    };
+    let (module_counters, wasm_counters) = (counters(&module), counters(&wasm));
+    assert_eq!(module_counters, wasm_counters);
+    let scrape = module_counters.join("\n");
+    let count = |name: &str, plugin: &str, role: &str| series(&scrape, name, plugin, role);
+    let headers = "http-header-operation";
+    assert_eq!(
+        count("wasm_filter_allowed_total", "rate-limit", "rate-limit"),
+        Some(3)
+    );
+    assert_eq!(
+        count("wasm_filter_edited_total", "header-ops", headers),
+        Some(3)
+    );
+    assert_eq!(
+        count("wasm_filter_edited_total", "legacy-path", headers),
+        Some(1)
+    );
+    assert_eq!(
+        count("wasm_filter_skipped_total", "legacy-path", headers),
+        Some(2)
+    );
+    let body = "http-body-operation";
+    assert_eq!(
+        count("wasm_filter_over_limit_total", "body-ops", body),
+        Some(1)
+    );
+    assert_eq!(
+        count("wasm_filter_rewritten_total", "body-ops", body),
+        Some(2)
+    );
     assert!(logged(&module, "Dynamic module ABI version v0.2.0 matched"));
     assert!(logged(&module, "wasm-filter: response body is not JSON"));
     assert!(logged(&module, "wasm-filter: request refused with 413"));
@@ -241,26 +285,35 @@ fn dynamic_module_panic_fails_the_request_closed_and_envoy_goes_on() {
         &real,
         "wasm-filter: panicked in the request headers hook"
     ));
+    // A panic in the network filter's read hook: the connection is closed with nothing
+    // passed either way, and the next connections are served.
+    let out = real
+        .connect(
+            Some("tcp"),
+            &[
+                TcpEvent::Downstream(b"x-wasm-filter-fault: panic\r\n".to_vec()),
+                TcpEvent::Upstream(b"late".to_vec()),
+            ],
+        )
+        .unwrap();
+    assert!(out.upstream_received.is_empty(), "{out:?}");
+    assert!(out.downstream_received.is_empty(), "{out:?}");
+    assert!(logged(
+        &real,
+        "wasm-filter: panicked in the network read hook: the connection is closed"
+    ));
+    two_tcp_connections(&mut real);
+    assert!(logged(
+        &real,
+        "wasm-filter: tcp connection closed: in=10 out=1"
+    ));
 }
 
 #[test]
 fn dynamic_module_tcp_counter_logs_each_connection_and_counts_across_workers() {
     let dir = tempfile::tempdir().unwrap();
     let mut real = start_module(dir.path(), 2, |t| t).unwrap_or_else(|e| panic!("{e}"));
-    for (data, reply) in [("hello", "hi"), ("0123456789", "x")] {
-        let out = real
-            .connect(
-                Some("tcp"),
-                &[
-                    TcpEvent::Downstream(data.as_bytes().to_vec()),
-                    TcpEvent::Upstream(reply.as_bytes().to_vec()),
-                    TcpEvent::CloseDownstream,
-                ],
-            )
-            .unwrap();
-        assert_eq!(out.upstream_received, data.as_bytes());
-        assert_eq!(out.downstream_received, reply.as_bytes());
-    }
+    two_tcp_connections(&mut real);
     assert!(logged(
         &real,
         "wasm-filter: tcp connection closed: in=5 out=2"
@@ -269,12 +322,11 @@ fn dynamic_module_tcp_counter_logs_each_connection_and_counts_across_workers() {
         &real,
         "wasm-filter: tcp connection closed: in=10 out=1"
     ));
-    let stat = |name: &str| {
-        real.stat(&format!(
-            "dynamicmodulescustom.wasm_filter.tcp-total-data-size-counter.{name}"
-        ))
-    };
-    assert_eq!(stat("bytes_in_total"), Some(15));
-    assert_eq!(stat("bytes_out_total"), Some(3));
-    assert_eq!(stat("connections_total"), Some(2));
+    // Named as the Wasm module's are: the plugin (`filter_name: wasm-filter/tcp-counter`) and
+    // the role come out as tags.
+    let scrape = prometheus(&real);
+    let count = |name: &str| series(&scrape, name, "tcp-counter", "tcp-total-data-size-counter");
+    assert_eq!(count("wasm_filter_bytes_in_total"), Some(15), "{scrape}");
+    assert_eq!(count("wasm_filter_bytes_out_total"), Some(3));
+    assert_eq!(count("wasm_filter_connections_total"), Some(2));
 }

@@ -3,10 +3,11 @@
 //! summaries of the singleton aggregator).
 
 use wasm_harness::real_envoy::RealEnvoy;
-use wasm_harness::TcpEvent;
 use wasm_harness::{Request, UpstreamReply};
 
-use crate::support::{assert_three_of_five_pass, bootstrap_copy, envoy, envoy_lines};
+use crate::support::{
+    assert_three_of_five_pass, bootstrap_copy, envoy, envoy_lines, two_tcp_connections,
+};
 
 /// The shipped bootstrap with `edit` applied to its text.
 fn start(dir: &std::path::Path, workers: usize, edit: impl Fn(String) -> String) -> RealEnvoy {
@@ -142,19 +143,7 @@ fn tcp_totals_and_rate_limit_in_real_envoy() {
             r#""burst": 3, "refill_per_second": 0.01"#,
         )
     });
-    for (data, reply) in [("hello", "hi"), ("0123456789", "x")] {
-        let out = real
-            .connect(
-                Some("tcp"),
-                &[
-                    TcpEvent::Downstream(data.as_bytes().to_vec()),
-                    TcpEvent::Upstream(reply.as_bytes().to_vec()),
-                    TcpEvent::CloseDownstream,
-                ],
-            )
-            .unwrap();
-        assert_eq!(out.upstream_received, data.as_bytes());
-    }
+    two_tcp_connections(&mut real);
     let closed = envoy_lines(&real, "tcp connection closed:", 2);
     assert!(
         closed.iter().any(|l| l.ends_with("in=5 out=2")),

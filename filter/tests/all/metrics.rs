@@ -2,11 +2,10 @@
 //! bootstrap (whose `stats_tags` take the plugin and the role out of the names), scraped on
 //! `/stats/prometheus`.
 
-use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
-use crate::support::{bootstrap_copy, EnvoyProcess};
+use crate::support::{bootstrap_copy, http_get as get, series, EnvoyProcess};
 
 fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
@@ -14,20 +13,6 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
-}
-
-/// One HTTP/1.1 GET on a fresh connection; the whole response as text.
-fn get(port: u16, path: &str, headers: &str) -> String {
-    let mut c = TcpStream::connect(("127.0.0.1", port)).unwrap();
-    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    write!(
-        c,
-        "GET {path} HTTP/1.1\r\nhost: t\r\n{headers}connection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut out = String::new();
-    c.read_to_string(&mut out).unwrap();
-    out
 }
 
 #[test]
@@ -69,12 +54,7 @@ fn prometheus_shows_each_roles_metrics_tagged_with_plugin_and_role() {
         .collect();
     assert_eq!(statuses, ["200", "200", "429"]);
     let scrape = get(admin, "/stats/prometheus", "");
-    let series = |name: &str, plugin: &str, role: &str| -> Option<u64> {
-        let head = format!("{name}{{plugin=\"{plugin}\",role=\"{role}\"}} ");
-        scrape
-            .lines()
-            .find_map(|l| l.strip_prefix(&head)?.trim().parse().ok())
-    };
+    let series = |name: &str, plugin: &str, role: &str| series(&scrape, name, plugin, role);
     assert_eq!(
         series("wasm_filter_allowed_total", "rate-limit", "rate-limit"),
         Some(2),

@@ -182,3 +182,57 @@ pub fn assert_three_of_five_pass(
     assert_eq!(exchanges[3].response_header("retry-after"), Some("100"));
     exchanges
 }
+
+/// One HTTP/1.1 GET on a fresh loopback connection; the whole response as text.
+pub fn http_get(port: u16, path: &str, headers: &str) -> String {
+    use std::io::{Read, Write};
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(
+        c,
+        "GET {path} HTTP/1.1\r\nhost: t\r\n{headers}connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    out
+}
+
+/// Real Envoy's `/stats/prometheus`. Its admin port is in the file `RealEnvoy` has Envoy
+/// write beside its log (`--admin-address-path`).
+pub fn prometheus(real: &wasm_harness::real_envoy::RealEnvoy) -> String {
+    let file = real.log_path.with_file_name("admin-address");
+    let address = std::fs::read_to_string(&file).unwrap();
+    let port = address.trim().rsplit_once(':').unwrap().1.parse().unwrap();
+    http_get(port, "/stats/prometheus", "")
+}
+
+/// The value of the series `name{plugin="...",role="..."}` in a Prometheus scrape.
+pub fn series(scrape: &str, name: &str, plugin: &str, role: &str) -> Option<u64> {
+    let head = format!("{name}{{plugin=\"{plugin}\",role=\"{role}\"}} ");
+    scrape
+        .lines()
+        .find_map(|l| l.strip_prefix(&head)?.trim().parse().ok())
+}
+
+/// The two connections the TCP counter's tests drive through the `tcp` listener (the
+/// counter in front of `tcp_proxy`): `hello` answered `hi`, then `0123456789` answered `x`,
+/// each closed by the client, every byte getting through both ways. The counter then has
+/// logged `in=5 out=2` and `in=10 out=1`: 15 bytes in, 3 out, 2 connections.
+pub fn two_tcp_connections(real: &mut wasm_harness::real_envoy::RealEnvoy) {
+    use wasm_harness::TcpEvent;
+    for (data, reply) in [("hello", "hi"), ("0123456789", "x")] {
+        let out = real
+            .connect(
+                Some("tcp"),
+                &[
+                    TcpEvent::Downstream(data.as_bytes().to_vec()),
+                    TcpEvent::Upstream(reply.as_bytes().to_vec()),
+                    TcpEvent::CloseDownstream,
+                ],
+            )
+            .unwrap();
+        assert_eq!(out.upstream_received, data.as_bytes());
+        assert_eq!(out.downstream_received, reply.as_bytes());
+    }
+}
