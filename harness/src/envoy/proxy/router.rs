@@ -283,8 +283,7 @@ pub(super) fn upstream_response(reply: UpstreamReply, protocol: UpstreamProtocol
     let mut headers = routed_headers(reply.status, message.headers, len);
     if protocol != UpstreamProtocol::Http2 {
         // An upstream sends a reply with trailers chunked (the only framing with room for
-        // them), any other with its length; the filters see neither a length nor the
-        // chunked `transfer-encoding` of a chunked one.
+        // them), any other with its length: a chunked one has no length to hand the filters.
         let chunked = !message.trailers.is_empty();
         if chunked && !had_length {
             headers::remove(&mut headers, "content-length");
