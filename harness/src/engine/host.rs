@@ -123,6 +123,9 @@ pub struct HttpStreamState {
     /// The trailers a body callback at end of stream may create by editing them (Envoy's
     /// `getMap`: `addDecodedTrailers` / `addEncodedTrailers`), while that callback runs.
     pub addable_trailers: Option<crate::engine::abi::MapType>,
+    /// The body whose callback runs: Envoy hands it even empty (an HTTP/1 end of stream),
+    /// so `proxy_set_buffer_bytes` may fill it.
+    pub body_callback: Option<crate::engine::abi::BufferType>,
 }
 
 /// What Envoy's access log hands `proxy_on_log` (`Context::log`): the request headers, the

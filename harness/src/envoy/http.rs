@@ -87,10 +87,15 @@ pub struct Request {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Downstream {
-    /// HTTP/1.1, a body sent whole with its `content-length`, no trailers (what the client
-    /// sends over HTTP/1.1 lacks them).
+    /// HTTP/1.1, a body sent with its `content-length` (so no trailers), each chunk one
+    /// socket read of Envoy's: the filters get each chunk, then an empty end of stream.
     #[default]
     Http1,
+    /// HTTP/1.1 with `transfer-encoding: chunked`, each chunk one HTTP/1.1 chunk and one
+    /// socket read of Envoy's, the trailers after the last chunk; they reach the filters
+    /// only when the connection manager enables HTTP/1 trailers
+    /// (`http_protocol_options.enable_trailers`), else the filters get an empty end of stream.
+    Http1Chunked,
     /// HTTP/2 over cleartext (prior knowledge): pseudo-headers in the order the `h2` crate
     /// writes them (`:method`, `:scheme`, `:authority`, `:path`), each body chunk one DATA
     /// frame (one body callback in Envoy), trailers as a last HEADERS frame, no
@@ -108,8 +113,13 @@ impl Downstream {
     pub fn envoy_name(&self) -> &'static str {
         match self {
             Self::Http2 => "HTTP/2",
-            _ => "HTTP/1.1",
+            Self::Http1 | Self::Http1Chunked => "HTTP/1.1",
         }
+    }
+
+    /// Whether Envoy's HTTP/1 codec reads the request (with or without chunks).
+    pub fn speaks_http1(&self) -> bool {
+        matches!(self, Self::Http1 | Self::Http1Chunked)
     }
 }
 

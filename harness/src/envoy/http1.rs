@@ -13,9 +13,10 @@ use std::time::{Duration, Instant};
 
 use crate::envoy::http::{self, HeaderMap, Response};
 
+pub mod pieces;
 mod server;
 
-pub use server::{read_request, write_response, ReadRequest};
+pub use server::{read_request, response_pieces, write_response, ReadRequest};
 
 /// Envoy's default for `max_request_headers_kb` (60 KiB), rounded up: a head longer than this
 /// is refused rather than buffered.
@@ -57,7 +58,7 @@ pub enum Http1Error {
 }
 
 impl Http1Error {
-    fn from_io(e: std::io::Error, timeout: Duration) -> Self {
+    pub(crate) fn from_io(e: std::io::Error, timeout: Duration) -> Self {
         match e.kind() {
             std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                 Self::TimedOut(timeout)

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use crate::envoy::bootstrap::UpstreamProtocol;
 use crate::envoy::http::Exchange;
 use crate::envoy::proxy::TcpOutcome;
 use crate::runner::real_envoy::log::{EnvoyLogReader, EnvoyRecord};
@@ -173,12 +172,7 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
         let workers = opts.workers_for(&scenario);
         let ticking = harness.ticking();
         let in_harness = harness.step(step);
-        let upstream = in_harness
-            .outcome
-            .exchange()
-            .and_then(|ex| ex.upstream.as_ref())
-            .map(|seen| harness.upstream_protocol(&seen.cluster));
-        let conditions = step_conditions(step, ticking, workers, upstream);
+        let conditions = step_conditions(step, ticking, workers);
         if matches!(step, Step::Shutdown(_)) {
             // Lines still waiting for Envoy's log flush belong before the signal.
             std::thread::sleep(LOG_SETTLE);
@@ -221,30 +215,17 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
 }
 
 /// What, in Envoy, can add lines to a step or change them, which the harness does not
-/// reproduce exactly. `upstream`: what the cluster the harness routed the request to speaks.
-fn step_conditions(
-    step: &Step,
-    ticking: bool,
-    workers: usize,
-    upstream: Option<UpstreamProtocol>,
-) -> logs::Conditions {
-    let body = |chunks: &[u8], more: &[Vec<u8>]| !chunks.is_empty() || !more.is_empty();
+/// reproduce exactly. Bodies are not among them: the harness hands a body to the filters as
+/// Envoy's codec for the step's protocol does (HTTP/2: a DATA frame a chunk; HTTP/1.1: a
+/// socket read a chunk, which the driver's client and upstreams pace, then the end of
+/// stream on its own).
+fn step_conditions(step: &Step, ticking: bool, workers: usize) -> logs::Conditions {
     match step {
         Step::Advance(_) => logs::Conditions::Advance,
         _ if ticking => logs::Conditions::Ticking,
         Step::Request(case) => {
-            let (request, reply) = (case.to_request(), case.upstream_reply());
-            // Envoy's HTTP/2 codec hands the filters each DATA frame the upstream sent (one
-            // per chunk of the reply), as the harness hands the chunks; its HTTP/1 codec the
-            // pieces it reads. A reply no upstream sent hands nothing.
-            let reply_repieced = body(&reply.body, &reply.body_chunks)
-                && upstream.is_some_and(|p| p != UpstreamProtocol::Http2);
-            // Likewise a request body the client sends over HTTP/2, a DATA frame a chunk.
-            let request_repieced = body(&request.body, &request.body_chunks)
-                && request.protocol != crate::envoy::http::Downstream::Http2;
-            if request_repieced || reply_repieced {
-                logs::Conditions::Bodies
-            } else if crate::envoy::http::metadata::has_unordered_map(&request.dynamic_metadata) {
+            let request = case.to_request();
+            if crate::envoy::http::metadata::has_unordered_map(&request.dynamic_metadata) {
                 logs::Conditions::UnorderedMetadata
             } else if workers > 1 {
                 logs::Conditions::Workers

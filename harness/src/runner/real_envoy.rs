@@ -15,6 +15,7 @@ mod h2c;
 mod held;
 pub mod log;
 pub mod metadata;
+mod paced;
 mod tcp;
 mod upstream;
 
@@ -34,7 +35,7 @@ use crate::envoy::http::{
 use crate::envoy::http1;
 use crate::envoy::traffic::TrafficError;
 
-use client::{admin_get, bound_listeners, http1_exchange};
+use client::{admin_get, bound_listeners};
 use upstream::{from_async_client, is_grpc, Upstream, UpstreamState};
 
 #[derive(Debug, thiserror::Error)]
@@ -231,6 +232,9 @@ impl RealEnvoy {
         // (sharing the log file, stderr's writes from offset 0 would overwrite its start).
         let stderr_path = dir.path().join("envoy.stderr");
         let admin_path = dir.path().join("admin-address");
+        for state in upstreams.values() {
+            lock(state).admin = Some(admin_path.clone());
+        }
         let log = std::fs::File::create(&stderr_path).map_err(|e| io("stderr file", e))?;
         let child = Command::new(envoy)
             .arg("-c")
@@ -347,6 +351,7 @@ impl RealEnvoy {
         reply: &UpstreamReply,
         canned: &Canned,
     ) -> Result<(Exchange, Vec<CallRecord>), TrafficError> {
+        let pacer = paced::Pacer::downstream(self.admin_path.clone());
         self.send_through(
             listener,
             request,
@@ -354,13 +359,15 @@ impl RealEnvoy {
             canned,
             |port, request| match request.protocol {
                 Downstream::Http2 => h2_client::exchange(port, request),
-                Downstream::Http1 => match http1_exchange(port, request) {
-                    Ok(r) => Ok(StreamEnd::Answered(r)),
-                    Err(http1::Http1Error::Closed) => Ok(StreamEnd::Reset(
-                        "envoy closed the connection without a response".to_string(),
-                    )),
-                    Err(e) => Err(TrafficError::EnvoyRequest(e)),
-                },
+                Downstream::Http1 | Downstream::Http1Chunked => {
+                    match paced::exchange(port, request, &pacer) {
+                        Ok(r) => Ok(StreamEnd::Answered(r)),
+                        Err(http1::Http1Error::Closed) => Ok(StreamEnd::Reset(
+                            "envoy closed the connection without a response".to_string(),
+                        )),
+                        Err(e) => Err(TrafficError::EnvoyRequest(e)),
+                    }
+                }
             },
         )
     }

@@ -195,14 +195,6 @@ impl HarnessRun {
         })
     }
 
-    /// What cluster `name` speaks, as the bootstrap configures it (HTTP/1.1 if it has none).
-    pub fn upstream_protocol(&self, cluster: &str) -> crate::envoy::bootstrap::UpstreamProtocol {
-        self.proxy
-            .bootstrap()
-            .cluster(cluster)
-            .map_or_else(Default::default, |c| c.protocol)
-    }
-
     /// Whether a root context has a timer armed (see [`Proxy::ticking`]).
     pub fn ticking(&self) -> bool {
         self.proxy.ticking()

@@ -165,6 +165,7 @@ impl<'de> Deserialize<'de> for Step {
                 None => "a request without a name".to_string(),
             };
             typed::<RequestCase>(value)
+                .and_then(|r| r.request.validate().map(|()| r))
                 .map(|r| Step::Request(Box::new(r)))
                 .map_err(|e| de::Error::custom(format!("{label}: {e}")))
         }
@@ -367,10 +368,20 @@ pub struct RequestSpec {
     /// `{NAMESPACE: {KEY: VALUE}}`: the stream's dynamic metadata when the Wasm filters run.
     #[serde(default)]
     pub dynamic_metadata: crate::envoy::http::DynamicMetadata,
-    /// `http1` (default) or `http2`: what the client speaks (see
+    /// `http1` (default), `http1_chunked` or `http2`: what the client speaks (see
     /// [`crate::envoy::http::Downstream`]).
     #[serde(default)]
     pub protocol: crate::envoy::http::Downstream,
+}
+
+impl RequestSpec {
+    /// Over HTTP/1.1 only a chunked body has room for trailers.
+    fn validate(&self) -> Result<(), String> {
+        if self.protocol == crate::envoy::http::Downstream::Http1 && !self.trailers.0.is_empty() {
+            return Err("request.trailers: an HTTP/1.1 request sent with a content-length has no trailers: use `protocol: http1_chunked` (Envoy hands them to the filters when the connection manager sets http_protocol_options.enable_trailers) or `protocol: http2`".into());
+        }
+        Ok(())
+    }
 }
 
 fn default_method() -> String {
@@ -616,6 +627,22 @@ mod tests {
             .map(|(k, _)| k.as_str())
             .collect();
         assert_eq!(names, ["z", "a"]);
+    }
+
+    #[test]
+    fn trailers_need_a_protocol_that_carries_them() {
+        let step = |protocol: &str| {
+            parse(&format!(
+                "bootstrap: b.yaml\nrequests:\n  - name: t\n    request: {{{protocol}trailers: {{x-sum: '1'}}}}\n"
+            ))
+        };
+        let refused = step("").unwrap_err();
+        assert!(
+            refused.contains("request \"t\"") && refused.contains("http1_chunked"),
+            "{refused}"
+        );
+        step("protocol: http1_chunked, ").unwrap();
+        step("protocol: http2, ").unwrap();
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Bodies in chunks and trailers, with Envoy's buffering: `testdata/guests/body-buffer.wat`
 //! pauses on each chunk until the end of the stream, then rewrites the whole buffer.
 
+use wasm_harness::compare::LogComparison;
 use wasm_harness::Verdict;
 
 use crate::support::*;
@@ -21,17 +22,20 @@ const CHUNKED: &str = r#"  - name: a chunked request body is buffered, then rewr
 #[test]
 fn body_chunks_grow_the_buffer_a_pausing_filter_sees() {
     let dir = tempfile::tempdir().unwrap();
-    // Trailers cross an HTTP/1.1 upstream connection only with `enable_trailers`.
+    // Trailers cross an HTTP/1.1 connection only with `enable_trailers`: the client's (the
+    // connection manager's option) and the upstream's (the cluster's).
     let b = bootstrap_variant(dir.path(), &guest("body-buffer.wat"), None, |doc| {
         doc["static_resources"]["clusters"][0]["http_protocol_options"] =
             serde_json::json!({"enable_trailers": true});
+        doc["static_resources"]["listeners"][0]["filter_chains"][0]["filters"][0]["typed_config"]
+            ["http_protocol_options"] = serde_json::json!({"enable_trailers": true});
     });
     let s = scenario(
         dir.path(),
         &b,
         &format!(
             "{CHUNKED}  - name: trailers end the request instead of the last chunk
-    request: {{method: POST, body_chunks: [ab, cd], trailers: {{x-checksum: abcd}}}}
+    request: {{protocol: http1_chunked, method: POST, body_chunks: [ab, cd], trailers: {{x-checksum: abcd}}}}
     expect:
       upstream: {{body: abcd, trailers: {{x-checksum: abcd, x-trailer-seen: '1'}}}}
       log_counts: [{{contains: eos=1, count: 0}}, {{contains: request body size=4 eos=0, count: 1}}]
@@ -47,16 +51,100 @@ fn body_chunks_grow_the_buffer_a_pausing_filter_sees() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
 
+/// Bodies over HTTP/1.1, with a `content-length` and chunked with trailers both ways, reach
+/// the filters in real Envoy as in the harness: each chunk one socket read, then the end of
+/// stream on its own (`testdata/scenarios/http1-bodies.yaml`). Their lines are compared, and
+/// the log expectations checked on Envoy's lines too.
 #[test]
-fn real_envoy_delivers_the_same_rewritten_bodies() {
+fn http1_bodies_are_compared_read_by_read_with_their_trailers() {
     let dir = tempfile::tempdir().unwrap();
-    let wasm = assembled(dir.path(), "body-buffer.wat");
-    let b = bootstrap_variant(dir.path(), &wasm, None, |_| {});
-    // Envoy receives the request body in one piece from this client, so only the results
-    // are compared, not the per-chunk log lines.
-    let s = scenario(dir.path(), &b, CHUNKED);
+    let s = shipped_with_binary_guests(
+        dir.path(),
+        "http1-bodies.yaml",
+        "http1-bodies.bootstrap.yaml",
+        &["request-headers.wat", "body-buffer.wat"],
+    );
     let report = differential(&s);
-    assert_eq!(report.verdict, Verdict::Passed, "{report}");
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    assert_eq!(report.cases.len(), 3, "{report:#}");
+    for case in &report.cases {
+        assert_eq!(
+            case.logs,
+            LogComparison::Same,
+            "{}: {report:#}",
+            case.name()
+        );
+    }
+    let trailers = report.cases[2].envoy.exchange().unwrap();
+    let sent = trailers.upstream.as_ref().unwrap();
+    assert_eq!(
+        wasm_harness::http::headers::get(&sent.trailers, "x-checksum"),
+        Some(&b"abcd"[..]),
+        "{report:#}"
+    );
+    let wrong = std::fs::read_to_string(&s)
+        .unwrap()
+        .replace("count: 2}", "count: 3}");
+    std::fs::write(&s, wrong).unwrap();
+    let report = differential(&s);
+    assert!(
+        report.cases[2]
+            .envoy_failures
+            .iter()
+            .any(|f| f.contains("Envoy wrote 2")),
+        "{report:#}"
+    );
+}
+
+/// Without `enable_trailers` Envoy's HTTP/1 codec drops the trailers it reads, from the
+/// client and from the upstream: the filters get an empty end of stream instead, and the
+/// client gets no trailers (each checked against real Envoy).
+#[test]
+fn http1_trailers_are_dropped_without_enable_trailers_as_in_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = shipped_with_binary_guests(
+        dir.path(),
+        "http1-bodies.yaml",
+        "http1-bodies.bootstrap.yaml",
+        &["request-headers.wat", "body-buffer.wat"],
+    );
+    let b = dir.path().join("http1-bodies.bootstrap.yaml");
+    let without = std::fs::read_to_string(&b).unwrap().replace(
+        "http_protocol_options: {enable_trailers: true}",
+        "http_protocol_options: {}",
+    );
+    std::fs::write(&b, without).unwrap();
+    std::fs::write(
+        &s,
+        format!(
+            "bootstrap: {}\nworkers: 1\nrequests:
+  - name: trailers dropped both ways
+    request: {{protocol: http1_chunked, method: POST, headers: {{x-request-id: t}}, body: ab, trailers: {{x-checksum: ab}}}}
+    upstream: {{status: 200, body: ok, trailers: {{x-served: 'yes'}}}}
+    expect:
+      upstream: {{body: '[ab]'}}
+      response: {{status: 200, body: '[ok]'}}
+      logs: ['request body size=2 eos=1', 'response body size=2 eos=1']
+",
+            b.display()
+        ),
+    )
+    .unwrap();
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    let case = &report.cases[0];
+    assert_eq!(case.logs, LogComparison::Same, "{report:#}");
+    for exchange in [case.harness.outcome.exchange(), case.envoy.exchange()] {
+        let exchange = exchange.unwrap();
+        assert!(
+            exchange.upstream.as_ref().unwrap().trailers.is_empty(),
+            "{report:#}"
+        );
+        assert!(
+            exchange.response().unwrap().trailers.is_empty(),
+            "{report:#}"
+        );
+    }
 }
 
 /// A filter that grows a body but leaves `content-length` alone: Envoy frames the message by

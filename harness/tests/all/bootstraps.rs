@@ -59,25 +59,29 @@ fn expected(text: &str) -> Expect {
         })
 }
 
-/// The bootstrap as Envoy can load it: a `.wat` module (harness-only guests) assembled into
-/// `dir`, every other path as written (run from the repository root).
+/// The bootstrap as Envoy can load it: each `.wat` module (harness-only guests) assembled
+/// into `dir`, every other path as written (run from the repository root).
 fn for_envoy(dir: &Path, path: &Path) -> PathBuf {
-    let text = std::fs::read_to_string(path).unwrap();
-    let Some(wat) = text
+    let mut text = std::fs::read_to_string(path).unwrap();
+    let wats: std::collections::BTreeSet<String> = text
         .lines()
         .filter_map(|l| l.trim().strip_prefix("filename:"))
         .map(str::trim)
-        .find(|w| w.ends_with(".wat"))
+        .filter(|w| w.ends_with(".wat"))
         .map(str::to_string)
-    else {
+        .collect();
+    if wats.is_empty() {
         return path.to_path_buf();
-    };
-    let wasm = dir
-        .join(Path::new(&wat).file_name().unwrap())
-        .with_extension("wasm");
-    std::fs::write(&wasm, wat::parse_file(root().join(&wat)).unwrap()).unwrap();
+    }
+    for wat in wats {
+        let wasm = dir
+            .join(Path::new(&wat).file_name().unwrap())
+            .with_extension("wasm");
+        std::fs::write(&wasm, wat::parse_file(root().join(&wat)).unwrap()).unwrap();
+        text = text.replace(&wat, wasm.to_str().unwrap());
+    }
     let copy = dir.join(path.file_name().unwrap());
-    std::fs::write(&copy, text.replace(&wat, wasm.to_str().unwrap())).unwrap();
+    std::fs::write(&copy, text).unwrap();
     copy
 }
 

@@ -9,19 +9,11 @@ use wasm_harness::Verdict;
 
 use crate::support::*;
 
-/// The shipped scenario `name` beside a copy of its bootstrap whose module `guest` is
-/// assembled (real Envoy's V8 loads binary modules only).
+/// The shipped scenario `name` beside a copy of its bootstrap (`NAME.bootstrap.yaml`) whose
+/// module `guest` is assembled (real Envoy's V8 loads binary modules only).
 fn shipped(dir: &Path, name: &str, guest: &str) -> PathBuf {
-    let wasm = assembled(dir, guest);
-    let scenarios = root().join("testdata/scenarios");
     let bootstrap = name.replace(".yaml", ".bootstrap.yaml");
-    let text = std::fs::read_to_string(scenarios.join(&bootstrap))
-        .unwrap()
-        .replace(&format!("testdata/guests/{guest}"), wasm.to_str().unwrap());
-    std::fs::write(dir.join(&bootstrap), text).unwrap();
-    let s = dir.join(name);
-    std::fs::copy(scenarios.join(name), &s).unwrap();
-    s
+    shipped_with_binary_guests(dir, name, &bootstrap, &[guest])
 }
 
 #[test]

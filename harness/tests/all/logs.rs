@@ -19,15 +19,7 @@ pub(crate) fn shipped_with_binary_guest(
     bootstrap: &str,
     guest: &str,
 ) -> PathBuf {
-    let wasm = assembled(dir, guest);
-    let scenarios = root().join("testdata/scenarios");
-    let b = std::fs::read_to_string(scenarios.join(bootstrap))
-        .unwrap()
-        .replace(&format!("testdata/guests/{guest}"), wasm.to_str().unwrap());
-    std::fs::write(dir.join(bootstrap), b).unwrap();
-    let s = dir.join(name);
-    std::fs::copy(scenarios.join(name), &s).unwrap();
-    s
+    shipped_with_binary_guests(dir, name, bootstrap, &[guest])
 }
 
 fn options(level: Option<LogLevel>) -> RunOptions {

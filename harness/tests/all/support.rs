@@ -137,3 +137,23 @@ pub fn differential(scenario: &std::path::Path) -> wasm_harness::ComparisonRepor
         },
     )
 }
+
+/// A copy of the shipped scenario `name` beside a copy of `bootstrap` whose modules are the
+/// assembled `guests` (real Envoy loads binary modules only).
+pub fn shipped_with_binary_guests(
+    dir: &Path,
+    name: &str,
+    bootstrap: &str,
+    guests: &[&str],
+) -> PathBuf {
+    let scenarios = root().join("testdata/scenarios");
+    let mut b = std::fs::read_to_string(scenarios.join(bootstrap)).unwrap();
+    for guest in guests {
+        let wasm = assembled(dir, guest);
+        b = b.replace(&format!("testdata/guests/{guest}"), wasm.to_str().unwrap());
+    }
+    std::fs::write(dir.join(bootstrap), b).unwrap();
+    let s = dir.join(name);
+    std::fs::copy(scenarios.join(name), &s).unwrap();
+    s
+}

@@ -151,10 +151,16 @@ fn proxy_set_buffer_bytes(
         let data = memory::read(&caller, data_ptr, data_size)?;
         let state = caller.data_mut();
         let id = state.context_id();
-        let mut in_callback = false;
+        let in_callback;
         let buf = match (ty, state.contexts.get_mut(&id)) {
-            (BufferType::HttpRequestBody, Some(ContextKind::Http(s))) => &mut s.request_body,
-            (BufferType::HttpResponseBody, Some(ContextKind::Http(s))) => &mut s.response_body,
+            (BufferType::HttpRequestBody, Some(ContextKind::Http(s))) => {
+                in_callback = s.body_callback == Some(ty);
+                &mut s.request_body
+            }
+            (BufferType::HttpResponseBody, Some(ContextKind::Http(s))) => {
+                in_callback = s.body_callback == Some(ty);
+                &mut s.response_body
+            }
             (BufferType::DownstreamData | BufferType::UpstreamData, Some(ContextKind::Tcp(s))) => {
                 in_callback = s.in_data_callback == Some(ty);
                 if ty == BufferType::DownstreamData {

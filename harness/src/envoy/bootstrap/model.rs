@@ -124,6 +124,9 @@ pub struct HttpConnectionManager {
     /// A deny-all RBAC filter (a fail-closed plugin's fallback) after this many of `filters`:
     /// requests get its 403 there, and the filters after it never see them.
     pub deny_at: Option<usize>,
+    /// `http_protocol_options.enable_trailers`: whether Envoy's HTTP/1 codec hands the
+    /// filters a chunked request's trailers, and sends a chunked response's to the client.
+    pub http1_trailers: bool,
 }
 
 /// The RBAC filter that stands in for a Wasm filter whose module could not be fetched.

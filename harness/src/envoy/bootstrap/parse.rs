@@ -264,6 +264,7 @@ fn parse_hcm(at: &str, hcm: &Value) -> Result<HttpConnectionManager, BootstrapEr
         filters,
         routes,
         deny_at,
+        http1_trailers: super::protocol::enables_trailers(hcm.get("http_protocol_options")),
     })
 }
 

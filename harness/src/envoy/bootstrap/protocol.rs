@@ -55,15 +55,21 @@ impl UpstreamProtocol {
     }
 
     fn http1(options: Option<&Value>) -> Self {
-        let trailers = options
-            .and_then(|o| o.get("enable_trailers"))
-            .is_some_and(|t| t.as_bool() == Some(true) || t.as_str() == Some("true"));
-        if trailers {
+        if enables_trailers(options) {
             Self::Http1WithTrailers
         } else {
             Self::Http1
         }
     }
+}
+
+/// Whether HTTP/1 protocol options (`http_protocol_options`, of a cluster or a connection
+/// manager) set `enable_trailers`: without it Envoy's HTTP/1 codec drops trailers it reads
+/// and sends none.
+pub fn enables_trailers(options: Option<&Value>) -> bool {
+    options
+        .and_then(|o| o.get("enable_trailers"))
+        .is_some_and(|t| t.as_bool() == Some(true) || t.as_str() == Some("true"))
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 
 use std::io::{BufRead, Write};
 
+use super::pieces::{body_pieces, with_head, BodyFraming};
 use super::{read_message, Http1Error, Limits, Message};
 use crate::envoy::http::{HeaderMap, UpstreamReply};
 
@@ -66,35 +67,30 @@ pub fn read_request(
 }
 
 /// Writes `reply` as an HTTP/1.1 response: the status line, its headers as given, and its
-/// body in one piece with a `content-length`; a reply with trailers is sent chunked (one
-/// chunk per body chunk) with them after the last, the only way HTTP/1.1 carries trailers.
+/// body with a `content-length`; a reply with trailers is sent chunked (one chunk per body
+/// chunk) with them after the last, the only way HTTP/1.1 carries trailers.
 pub fn write_response(writer: &mut impl Write, reply: &UpstreamReply) -> std::io::Result<()> {
-    let mut out = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
-    let line = |out: &mut Vec<u8>, k: &str, v: &[u8]| {
-        out.extend_from_slice(k.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v);
-        out.extend_from_slice(b"\r\n");
-    };
+    writer.write_all(&response_pieces(reply).concat())
+}
+
+/// [`write_response`]'s bytes in the pieces a peer writes one at a time: the head with the
+/// first chunk, then each chunk (see [`super::pieces`]).
+pub fn response_pieces(reply: &UpstreamReply) -> Vec<Vec<u8>> {
+    let mut head = format!("HTTP/1.1 {} X\r\n", reply.status).into_bytes();
     for (k, v) in &reply.headers {
-        line(&mut out, k, v);
+        head.extend_from_slice(k.as_bytes());
+        head.extend_from_slice(b": ");
+        head.extend_from_slice(v);
+        head.extend_from_slice(b"\r\n");
     }
-    if reply.trailers.is_empty() {
-        let body = reply.chunks().concat();
-        out.extend_from_slice(format!("content-length: {}\r\n\r\n", body.len()).as_bytes());
-        out.extend_from_slice(&body);
-        return writer.write_all(&out);
-    }
-    out.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
-    for chunk in reply.chunks() {
-        out.extend_from_slice(format!("{:x}\r\n", chunk.len()).as_bytes());
-        out.extend_from_slice(&chunk);
-        out.extend_from_slice(b"\r\n");
-    }
-    out.extend_from_slice(b"0\r\n");
-    for (k, v) in &reply.trailers {
-        line(&mut out, k, v);
-    }
-    out.extend_from_slice(b"\r\n");
-    writer.write_all(&out)
+    let chunks = reply.chunks();
+    let framing = if reply.trailers.is_empty() {
+        let len: usize = chunks.iter().map(Vec::len).sum();
+        head.extend_from_slice(format!("content-length: {len}\r\n\r\n").as_bytes());
+        BodyFraming::Length
+    } else {
+        head.extend_from_slice(b"transfer-encoding: chunked\r\n\r\n");
+        BodyFraming::Chunked
+    };
+    with_head(head, body_pieces(&chunks, &reply.trailers, framing))
 }

@@ -332,7 +332,7 @@ impl<'a> HttpStream<'a> {
             chunks,
             trailers,
             grpc,
-        } = router::incoming(request, number);
+        } = router::incoming(request, number, self.hcm.http1_trailers);
         let end_at_headers = chunks.is_empty() && trailers.is_none();
         // A deny-all RBAC filter stops the request before the filters after it.
         let reach = self.hcm.deny_at.map_or(n, |k| k.min(n));
@@ -409,7 +409,7 @@ impl<'a> HttpStream<'a> {
             }
         };
         // Towards an HTTP/2 client Envoy's HTTP/2 codec frames the body: no HTTP/1 framing.
-        if request.protocol == crate::envoy::http::Downstream::Http1 {
+        if request.protocol.speaks_http1() {
             let message = &mut response.message;
             frame(
                 &mut message.headers,
@@ -421,7 +421,7 @@ impl<'a> HttpStream<'a> {
         if !self.request_complete {
             router::close_after(&mut response, request.protocol);
         }
-        router::finalize_downstream(&mut response, request.protocol);
+        router::finalize_downstream(&mut response, request.protocol, self.hcm.http1_trailers);
         Ok(response)
     }
 

@@ -22,8 +22,9 @@ pub(super) struct Incoming {
 
 /// What Envoy's connection manager puts in front of the filters: the pseudo-headers, a
 /// `content-length` for a body sent without one, `x-forwarded-proto`, and an `x-request-id`
-/// when the client sent none. `number` numbers the request for its id.
-pub(super) fn incoming(request: &Request, number: usize) -> Incoming {
+/// when the client sent none. `number` numbers the request for its id; `http1_trailers`:
+/// the connection manager's `http_protocol_options.enable_trailers`.
+pub(super) fn incoming(request: &Request, number: usize, http1_trailers: bool) -> Incoming {
     let mut headers = HeaderMap::with_capacity(request.headers.len() + ROOM_FOR_FILTERS);
     let (authority, path, method, scheme) = (
         (":authority".into(), request.authority.clone().into_bytes()),
@@ -34,15 +35,19 @@ pub(super) fn incoming(request: &Request, number: usize) -> Incoming {
     // Envoy keeps the pseudo-headers in the order its codec produced them: its HTTP/1 codec
     // this one, HTTP/2 the order the client sent.
     match request.protocol {
-        Downstream::Http1 => headers.extend([authority, path, method, scheme]),
+        Downstream::Http1 | Downstream::Http1Chunked => {
+            headers.extend([authority, path, method, scheme])
+        }
         Downstream::Http2 => headers.extend([method, scheme, authority, path]),
     }
     headers.extend(request.headers.iter().cloned());
     let grpc =
         headers::get(&headers, "content-type").is_some_and(|v| v.starts_with(b"application/grpc"));
-    let chunks = request.chunks();
+    let mut chunks = request.chunks();
     let body_len: usize = chunks.iter().map(Vec::len).sum();
-    // The HTTP/1.1 client sends a body with its length; an HTTP/2 one needs none.
+    // The HTTP/1.1 client sends a body with its length, or chunked (Envoy's HTTP/1 codec
+    // keeps `transfer-encoding: chunked` from the filters, checked against Envoy 1.40); an
+    // HTTP/2 one needs neither.
     if body_len > 0
         && request.protocol == Downstream::Http1
         && headers::get(&headers, "content-length").is_none()
@@ -53,12 +58,36 @@ pub(super) fn incoming(request: &Request, number: usize) -> Incoming {
     if headers::get(&headers, "x-request-id").is_none() {
         headers.push(("x-request-id".into(), request_id(number).into_bytes()));
     }
-    let trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
+    let mut trailers = (!request.trailers.is_empty()).then(|| request.trailers.clone());
+    if request.protocol.speaks_http1() {
+        // Only a chunked message carries trailers, and Envoy's HTTP/1 codec hands them on
+        // only when enabled.
+        if request.protocol != Downstream::Http1Chunked || !http1_trailers {
+            trailers = None;
+        }
+        let has_body = body_len > 0 || request.protocol == Downstream::Http1Chunked;
+        http1_end_of_stream(&mut chunks, has_body, trailers.is_some());
+    }
     Incoming {
         headers,
         chunks,
         trailers,
         grpc,
+    }
+}
+
+/// Envoy's HTTP/1 codec (`source/common/http/http1/codec_impl.cc`) hands a message's body
+/// to the filters as it reads it: what one socket read holds of the body is one
+/// `decodeData(data, false)` at the end of that read's dispatch (or, chunked, when the last
+/// chunk's header arrives), and the message's end is its own call: the trailers
+/// (`decodeTrailers`), else an empty `decodeData(empty, true)`. The scenario's chunks are
+/// its reads (the `--envoy` driver writes each once Envoy has read the one before), so the
+/// filters get each chunk without the end of stream, then the empty end of stream, unless
+/// trailers end the message. A message without a body (no length, not chunked) ends with
+/// its headers.
+pub(super) fn http1_end_of_stream(chunks: &mut Vec<Vec<u8>>, has_body: bool, trailers: bool) {
+    if has_body && !trailers {
+        chunks.push(Vec::new());
     }
 }
 
@@ -245,15 +274,27 @@ pub(crate) fn grpc_message_encode(text: &[u8]) -> Vec<u8> {
 /// connection carries them: HTTP/2, or HTTP/1.1 with `enable_trailers` (Envoy's HTTP/1 codec
 /// drops them otherwise, checked against Envoy 1.40).
 pub(super) fn upstream_response(reply: UpstreamReply, protocol: UpstreamProtocol) -> Outgoing {
-    let chunks = reply.chunks();
+    let mut chunks = reply.chunks();
     let len = chunks.iter().map(Vec::len).sum();
     let message = reply.message;
+    let trailers = (!message.trailers.is_empty() && protocol.passes_trailers())
+        .then_some(message.trailers.clone());
+    let had_length = headers::get(&message.headers, "content-length").is_some();
+    let mut headers = routed_headers(reply.status, message.headers, len);
+    if protocol != UpstreamProtocol::Http2 {
+        // An upstream sends a reply with trailers chunked (the only framing with room for
+        // them), any other with its length: a chunked one has no length to hand the filters.
+        let chunked = !message.trailers.is_empty();
+        if chunked && !had_length {
+            headers::remove(&mut headers, "content-length");
+        }
+        http1_end_of_stream(&mut chunks, len > 0 || chunked, trailers.is_some());
+    }
     Outgoing {
         status: reply.status,
-        headers: routed_headers(reply.status, message.headers, len),
+        headers,
         chunks,
-        trailers: (!message.trailers.is_empty() && protocol.passes_trailers())
-            .then_some(message.trailers),
+        trailers,
     }
 }
 
@@ -362,7 +403,12 @@ pub(super) fn close_after(response: &mut Response, protocol: Downstream) {
 }
 
 /// What the connection manager does after the filters, on the way to the client.
-pub(super) fn finalize_downstream(response: &mut Response, protocol: Downstream) {
+/// `http1_trailers`: the connection manager's `http_protocol_options.enable_trailers`.
+pub(super) fn finalize_downstream(
+    response: &mut Response,
+    protocol: Downstream,
+    http1_trailers: bool,
+) {
     response.status = headers::get(&response.headers, ":status")
         .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok())
         .unwrap_or(response.status);
@@ -371,8 +417,15 @@ pub(super) fn finalize_downstream(response: &mut Response, protocol: Downstream)
     // status forbids a body (seen on its failure-policy 503, whose local reply has none);
     // its HTTP/2 codec needs no length.
     let bodiless_status = response.status < 200 || matches!(response.status, 204 | 304);
+    // Envoy's HTTP/1 codec sends trailers only when enabled, after a chunked body (a
+    // `content-length` leaves no room for them).
+    if protocol.speaks_http1()
+        && (!http1_trailers || headers::get(&response.headers, "content-length").is_some())
+    {
+        response.message.trailers.clear();
+    }
     if response.body.is_empty()
-        && protocol == Downstream::Http1
+        && protocol.speaks_http1()
         && !bodiless_status
         && headers::get(&response.headers, "content-length").is_none()
         && headers::get(&response.headers, "transfer-encoding").is_none()

@@ -67,8 +67,6 @@ pub enum Conditions {
     Ticking,
     /// An `advance`: the harness's virtual clock against Envoy's real wait.
     Advance,
-    /// The step carries a body over HTTP/1.1: Envoy's body callbacks follow its socket reads.
-    Bodies,
     /// Several workers: Envoy's kernel, not the harness's round robin, picks the worker of
     /// each connection, so each worker's VM has seen other traffic before this step.
     Workers,
@@ -157,9 +155,6 @@ pub fn compare(
     }
     let why = match conditions {
         Conditions::Quiet => return LogComparison::Differs(differences),
-        Conditions::Bodies => {
-            "a body over HTTP/1.1: Envoy's codec hands it to the filters as its reads go (HTTP/2 compares)"
-        }
         Conditions::Workers => {
             "several workers: Envoy's kernel picks each connection's worker (one worker compares exactly)"
         }
@@ -304,7 +299,7 @@ mod tests {
     fn a_step_that_cannot_be_compared_gives_its_reason_in_one_line_and_its_lines_on_request() {
         let reader = EnvoyLogReader::new(std::path::Path::new("/nonexistent"));
         let harness = [record(Some(0), LogSource::Guest, &"x".repeat(400))];
-        let c = compare(&harness, &[], &reader, Conditions::Bodies);
+        let c = compare(&harness, &[], &reader, Conditions::Workers);
         let short = c.to_string();
         assert!(!short.contains('\n') && short.len() < 120, "{short}");
         assert!(!short.contains("xxxx"), "{short}");

@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use super::MAX_BODY_BYTES;
 use crate::engine::host::HeaderMap;
-use crate::envoy::http::{Request, Response};
+use crate::envoy::http::{Downstream, Request, Response};
 use crate::envoy::http1;
+use crate::envoy::http1::pieces::{body_pieces, BodyFraming};
 
 /// A GET on Envoy's admin API, once Envoy has written its admin address.
 pub(super) fn admin_get(admin_path: &Path, path: &str) -> Option<Vec<u8>> {
@@ -59,17 +60,33 @@ pub(super) fn http1_exchange(port: u16, request: &Request) -> Result<Response, h
 
 /// The header block (pseudo-headers first) and the body this client sends for `request`.
 pub(super) fn on_the_wire(request: &Request) -> (HeaderMap, Vec<u8>) {
+    let (headers, pieces) = wire_pieces(request);
+    (headers, pieces.concat())
+}
+
+/// [`on_the_wire`] with the body in the pieces the client writes one at a time: each chunk,
+/// with its `content-length`, or chunked (`protocol: http1_chunked`) with the trailers
+/// after the last chunk.
+pub(super) fn wire_pieces(request: &Request) -> (HeaderMap, Vec<Vec<u8>>) {
     let mut headers: HeaderMap = vec![
         (":method".into(), request.method.clone().into_bytes()),
         (":path".into(), request.path.clone().into_bytes()),
         (":authority".into(), request.authority.clone().into_bytes()),
     ];
     headers.extend(request.headers.iter().cloned());
-    // Chunk boundaries and trailers do not survive this HTTP/1.1 client: Envoy gets the
-    // whole body at once.
-    let body = request.full_body();
-    if !body.is_empty() {
-        headers.push(("content-length".into(), body.len().to_string().into_bytes()));
-    }
-    (headers, body)
+    let chunks = request.chunks();
+    let framing = if request.protocol == Downstream::Http1Chunked {
+        if crate::envoy::http::headers::get(&headers, "transfer-encoding").is_none() {
+            headers.push(("transfer-encoding".into(), b"chunked".to_vec()));
+        }
+        BodyFraming::Chunked
+    } else {
+        let len: usize = chunks.iter().map(Vec::len).sum();
+        if len > 0 {
+            headers.push(("content-length".into(), len.to_string().into_bytes()));
+        }
+        BodyFraming::Length
+    };
+    let pieces = body_pieces(&chunks, &request.trailers, framing);
+    (headers, pieces)
 }

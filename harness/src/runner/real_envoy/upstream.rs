@@ -34,6 +34,9 @@ pub(super) struct UpstreamState {
     pub(super) seen: Vec<(u64, SeenRequest)>,
     /// While set, accepted connections are handed over raw (a TCP proxy's upstream).
     pub(super) tcp_handoff: Option<std::sync::mpsc::Sender<TcpStream>>,
+    /// Where Envoy writes its admin address: an HTTP/1.1 reply is written a chunk at a
+    /// time, each once Envoy has read the ones before ([`super::paced`]).
+    pub(super) admin: Option<std::path::PathBuf>,
 }
 
 /// Numbers requests across every upstream, so callouts to several clusters keep their order.
@@ -182,7 +185,7 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
         else {
             return;
         };
-        let answer = lock(state).answer(SeenRequest {
+        let seen = SeenRequest {
             cluster: cluster.to_string(),
             message: Message {
                 headers: request.headers,
@@ -190,7 +193,11 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
                 trailers: request.trailers,
                 ..Message::default()
             },
-        });
+        };
+        let (answer, admin) = {
+            let mut state = lock(state);
+            (state.answer(seen), state.admin.clone())
+        };
         let reply = match answer {
             UpstreamAnswer::Reply(r) => r,
             UpstreamAnswer::ResetAfterHeaders => {
@@ -208,7 +215,14 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
             // gRPC needs HTTP/2 (trailers): over HTTP/1.1 a gRPC callout is not answered.
             UpstreamAnswer::Grpc(_) | UpstreamAnswer::Refuse | UpstreamAnswer::Close => return,
         };
-        if http1::write_response(&mut writer, &reply).is_err() {
+        let pieces = http1::response_pieces(&reply);
+        let written = match admin {
+            Some(admin) => {
+                super::paced::Pacer::upstream(admin, cluster).write(&mut writer, &pieces)
+            }
+            None => std::io::Write::write_all(&mut writer, &pieces.concat()),
+        };
+        if written.is_err() {
             return;
         }
     }

@@ -3,7 +3,7 @@
 //! its callback runs, so the guest's hostcalls read and edit it there.
 
 use super::{ChainAfter, Dir, Halt, HttpStream, Order, Part, StopReason, Stopped};
-use crate::engine::abi::MapType;
+use crate::engine::abi::{BufferType, MapType};
 use crate::engine::host;
 use crate::envoy::http::HeaderMap;
 
@@ -174,6 +174,10 @@ impl HttpStream<'_> {
             let size = buffer.len();
             let unplaced = self.give_to_filter(i, buffer, |s, b| {
                 s.addable_trailers = end_of_stream.then_some(trailers);
+                s.body_callback = Some(match dir {
+                    Dir::Request => BufferType::HttpRequestBody,
+                    Dir::Response => BufferType::HttpResponseBody,
+                });
                 match dir {
                     Dir::Request => s.request_body = b,
                     Dir::Response => s.response_body = b,
@@ -188,6 +192,7 @@ impl HttpStream<'_> {
                 .or_else(|| {
                     self.take_from_filter(i, |s| {
                         s.addable_trailers = None;
+                        s.body_callback = None;
                         Some(match dir {
                             Dir::Request => (
                                 std::mem::take(&mut s.request_body),
