@@ -1,0 +1,91 @@
+//! A stream's state, one variant per role, and the callbacks routed to it. A callback the
+//! role does not use continues at once; so does every callback of a pass-through stream
+//! (its root has no role, or the role has nothing to do per stream).
+
+use super::body::BodyFilter;
+use super::headers::HeaderFilter;
+use super::rate_limit::LimitFilter;
+use super::stats::RecordFilter;
+use super::tcp::Connection;
+use super::Action;
+
+pub enum Stream {
+    Headers(HeaderFilter),
+    Body(BodyFilter),
+    RateLimit(LimitFilter),
+    StatsRecord(RecordFilter),
+    Tcp(Connection),
+    PassThrough,
+}
+
+impl Stream {
+    pub fn request_headers(&mut self, headers: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Headers(f) => f.on_http_request_headers(headers, end_of_stream),
+            Stream::Body(f) => f.on_http_request_headers(headers, end_of_stream),
+            Stream::RateLimit(f) => f.on_http_request_headers(headers, end_of_stream),
+            Stream::StatsRecord(f) => f.on_http_request_headers(headers, end_of_stream),
+            Stream::Tcp(_) | Stream::PassThrough => Action::Continue,
+        }
+    }
+
+    pub fn request_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Body(f) => f.on_http_request_body(size, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    pub fn request_trailers(&mut self, trailers: usize) -> Action {
+        match self {
+            Stream::Body(f) => f.on_http_request_trailers(trailers),
+            _ => Action::Continue,
+        }
+    }
+
+    pub fn response_headers(&mut self, headers: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Headers(f) => f.on_http_response_headers(headers, end_of_stream),
+            Stream::Body(f) => f.on_http_response_headers(headers, end_of_stream),
+            Stream::StatsRecord(f) => f.on_http_response_headers(headers, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    pub fn response_body(&mut self, size: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Body(f) => f.on_http_response_body(size, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    pub fn response_trailers(&mut self, trailers: usize) -> Action {
+        match self {
+            Stream::Body(f) => f.on_http_response_trailers(trailers),
+            _ => Action::Continue,
+        }
+    }
+
+    pub fn downstream_data(&mut self, size: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Tcp(c) => c.on_downstream_data(size, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    pub fn upstream_data(&mut self, size: usize, end_of_stream: bool) -> Action {
+        match self {
+            Stream::Tcp(c) => c.on_upstream_data(size, end_of_stream),
+            _ => Action::Continue,
+        }
+    }
+
+    /// The stream is over (Envoy's access-log hook for HTTP, the connection's close for TCP).
+    pub fn log(&mut self) {
+        match self {
+            Stream::StatsRecord(f) => f.on_log(),
+            Stream::Tcp(c) => c.on_log(),
+            _ => {}
+        }
+    }
+}
