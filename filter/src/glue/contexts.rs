@@ -129,9 +129,9 @@ pub fn delete(id: u32) {
         if c.streams.remove(id).is_some() {
             return Some(());
         }
-        let at = c.roots.iter().position(|(held, _)| *held == id)?;
-        c.roots.swap_remove(at).1.flush();
-        Some(())
+        let before = c.roots.len();
+        c.roots.retain(|(held, _)| *held != id);
+        (c.roots.len() < before).then_some(())
     });
 }
 

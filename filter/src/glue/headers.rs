@@ -1,36 +1,27 @@
 //! `http-header-operation` on a stream: the `when` condition is read once from the request
 //! headers, then the op lists are applied through raw hostcalls. Counted: requests edited
-//! (`edited_total`) and those `when` did not match (`skipped_total`), in the guest and added
-//! to Envoy's counters on the root's tick (a hostcall per request saved; they lag by at most
-//! [`super::metrics::TALLY_TICK_MS`]).
+//! (`edited_total`) and those `when` did not match (`skipped_total`).
 
 use std::rc::Rc;
 
-use super::metrics::{tally_tick, Metrics, Tally};
+use super::metrics::{Counter, Metrics};
 use super::{log, raw, Action};
 use crate::header_ops::{Edit, HeaderOperation, Ops};
 
 pub struct HeaderRoot {
     ops: HeaderOperation,
-    edited: Tally,
-    skipped: Tally,
+    edited: Counter,
+    skipped: Counter,
 }
 
 impl HeaderRoot {
     pub fn new(ops: HeaderOperation) -> Self {
         let m = Metrics::new("http-header-operation");
-        let on_tick = tally_tick();
         Self {
             ops,
-            edited: m.tally("edited_total", on_tick),
-            skipped: m.tally("skipped_total", on_tick),
+            edited: m.counter("edited_total"),
+            skipped: m.counter("skipped_total"),
         }
-    }
-
-    /// Adds the requests counted since the last tick to Envoy's counters.
-    pub fn flush(&self) {
-        self.edited.flush();
-        self.skipped.flush();
     }
 }
 

@@ -73,7 +73,6 @@ impl Root {
 
     pub fn on_configure(&mut self, size: usize) -> bool {
         set_level(&self.vm);
-        self.flush();
         let parsed = read_config(raw::PLUGIN_CONFIGURATION, size, "plugin configuration")
             .and_then(|bytes| PluginConfig::parse(&bytes));
         let config = match parsed {
@@ -137,18 +136,8 @@ impl Root {
     }
 
     pub fn on_tick(&mut self) {
-        match &mut self.role {
-            Role::StatsService(s) => s.on_tick(),
-            Role::Headers(h) => h.flush(),
-            _ => {}
-        }
-    }
-
-    /// Adds what the role counted in the guest to Envoy's counters, before the role is
-    /// replaced or the root deleted.
-    pub fn flush(&self) {
-        if let Role::Headers(h) = &self.role {
-            h.flush();
+        if let Role::StatsService(s) = &mut self.role {
+            s.on_tick();
         }
     }
 
