@@ -123,10 +123,11 @@ pub fn create(id: u32, root_id: u32) {
     });
 }
 
-/// Drops a context's state, a stream's or a root's.
+/// Ends a stream (its role's last word, see [`Stream::end`]) or a root, and drops its state.
 pub fn delete(id: u32) {
     with("context deletion", id, |c| {
-        if c.streams.remove(id).is_some() {
+        if let Some(mut stream) = c.streams.remove(id) {
+            stream.end();
             return Some(());
         }
         let before = c.roots.len();
@@ -141,16 +142,4 @@ pub fn with_root<R>(what: &str, id: u32, f: impl FnOnce(&mut Root) -> R) -> Opti
 
 pub fn with_stream<R>(what: &str, id: u32, f: impl FnOnce(&mut Stream) -> R) -> Option<R> {
     with(what, id, |c| c.streams.get_mut(id).map(f))
-}
-
-/// `on_log` comes for streams and, from Envoy's access loggers, for roots; only streams act
-/// on it.
-pub fn log(id: u32) {
-    with("on_log", id, |c| match c.streams.get_mut(id) {
-        Some(s) => {
-            s.log();
-            Some(())
-        }
-        None => c.root(id).map(|_| ()),
-    });
 }

@@ -166,7 +166,7 @@ impl RecordFilter {
         Action::Continue
     }
 
-    pub fn on_log(&mut self) {
+    pub fn on_end(&mut self) {
         let latency = raw::now_ns().saturating_sub(self.start_ns);
         self.recorder
             .send(&Record::new(&self.path, self.status, latency));

@@ -120,11 +120,14 @@ impl Stream {
         }
     }
 
-    /// The stream is over (Envoy's access-log hook for HTTP, the connection's close for TCP).
-    pub fn log(&mut self) {
+    /// The stream is over: called when Envoy deletes its context, right after its access log
+    /// for HTTP and as the connection closes for TCP. The module does not export
+    /// `proxy_on_log` for this, which would cost every stream of every role one more call
+    /// into the VM.
+    pub fn end(&mut self) {
         match self {
-            Stream::StatsRecord(f) => f.on_log(),
-            Stream::Tcp(c) => c.on_log(),
+            Stream::StatsRecord(f) => f.on_end(),
+            Stream::Tcp(c) => c.on_end(),
             _ => {}
         }
     }

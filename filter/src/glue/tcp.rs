@@ -59,7 +59,7 @@ impl Connection {
         Action::Continue
     }
 
-    pub fn on_log(&mut self) {
+    pub fn on_end(&mut self) {
         let (bytes_in, bytes_out) = (self.bytes_in, self.bytes_out);
         if self.root.config.log_connections {
             log!(Info, "tcp connection closed: in={bytes_in} out={bytes_out}");

@@ -1,8 +1,9 @@
 //! The proxy-wasm ABI 0.2.1 exports of the VM and its root contexts: start, the allocator the
 //! host copies into, context creation and deletion, configuration, timers, queues and
 //! callouts. The stream callbacks are in `stream`. Envoy skips a callback a module does not
-//! export, so only those some role uses are here (no `proxy_on_done`: every context is done
-//! at once, which is what the host assumes without it).
+//! export, so only those some role uses are here: no `proxy_on_done` (every context is done at
+//! once, which is what the host assumes without it) and no `proxy_on_log` (a stream's end is
+//! its deletion, which comes right after).
 //!
 //! The `u32` results are the ABI's `i32`s: 1 / 0 for the booleans.
 
@@ -98,9 +99,4 @@ pub extern "C" fn proxy_on_http_call_response(
     with_root("on_http_call_response", root_id, |r| {
         r.on_http_call_response(token, num_headers, body_size)
     });
-}
-
-#[no_mangle]
-pub extern "C" fn proxy_on_log(context_id: u32) {
-    contexts::log(context_id);
 }
