@@ -7,11 +7,8 @@
 
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
-
 use super::metrics::{Counter, Metrics};
-use super::{log, raw};
+use super::{log, raw, Action};
 use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
 use crate::body_ops::BodyOperation;
 
@@ -262,10 +259,9 @@ impl BodyFilter {
     }
 }
 
-impl Context for BodyFilter {}
-
-impl HttpContext for BodyFilter {
-    fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+/// The callbacks [`super::stream::Stream`] routes here.
+impl BodyFilter {
+    pub fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         if self.root.ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
             let status = raw::remove_header(raw::REQUEST_HEADERS, "accept-encoding");
@@ -279,22 +275,22 @@ impl HttpContext for BodyFilter {
         self.on_headers(Side::Request, end_of_stream)
     }
 
-    fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    pub fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.on_body(Side::Request, body_size, end_of_stream)
     }
 
-    fn on_http_request_trailers(&mut self, _: usize) -> Action {
+    pub fn on_http_request_trailers(&mut self, _: usize) -> Action {
         self.on_trailers(Side::Request)
     }
 
-    fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
+    pub fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         if self.flow.answered() {
             return Action::Continue;
         }
         self.on_headers(Side::Response, end_of_stream)
     }
 
-    fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
+    pub fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.flow.answered() {
             return Action::Continue;
         }
@@ -312,7 +308,7 @@ impl HttpContext for BodyFilter {
         self.on_body(Side::Response, body_size, end_of_stream)
     }
 
-    fn on_http_response_trailers(&mut self, _: usize) -> Action {
+    pub fn on_http_response_trailers(&mut self, _: usize) -> Action {
         if self.flow.answered() {
             return Action::Continue;
         }

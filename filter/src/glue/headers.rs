@@ -4,11 +4,8 @@
 
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
-
 use super::metrics::{Counter, Metrics};
-use super::{log, raw};
+use super::{log, raw, Action};
 use crate::header_ops::{Edit, HeaderOperation, Ops};
 
 pub struct HeaderRoot {
@@ -56,10 +53,9 @@ fn apply(map: u32, ops: &Ops) {
     }
 }
 
-impl Context for HeaderFilter {}
-
-impl HttpContext for HeaderFilter {
-    fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+/// The callbacks [`super::stream::Stream`] routes here.
+impl HeaderFilter {
+    pub fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some(when) = &self.root.ops.when {
             self.matched = when.matches(&mut |name| raw::header_text(raw::REQUEST_HEADERS, name));
         }
@@ -72,7 +68,11 @@ impl HttpContext for HeaderFilter {
         Action::Continue
     }
 
-    fn on_http_response_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
+    pub fn on_http_response_headers(
+        &mut self,
+        _num_headers: usize,
+        _end_of_stream: bool,
+    ) -> Action {
         if self.matched {
             apply(raw::RESPONSE_HEADERS, &self.root.ops.response);
         }

@@ -8,11 +8,8 @@
 
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
-
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, shared};
+use super::{log, raw, shared, Action};
 use crate::bucket_table::{classify, fingerprint, slot_key, slots, Entry, Slot};
 use crate::config::VmConfig;
 use crate::rate_limit::{strip_port, Bucket, Decision, KeySource, RateLimit};
@@ -197,10 +194,9 @@ impl LimitFilter {
     }
 }
 
-impl Context for LimitFilter {}
-
-impl HttpContext for LimitFilter {
-    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+/// The callbacks [`super::stream::Stream`] routes here.
+impl LimitFilter {
+    pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         let key = self.limiter.key().unwrap_or_default();
         match self.limiter.take(&key) {
             Decision::Allowed { .. } => {

@@ -1,7 +1,7 @@
 //! The proxy-wasm imports the filter calls itself, each returning the host's status instead
-//! of panicking on it as the SDK's wrappers do (a panic traps the VM, and every later request
+//! of panicking on it (a panic traps the VM, and every later request
 //! on that worker then gets the failure policy). Memory the host hands back was allocated
-//! with the SDK's `proxy_on_memory_allocate` (a `Vec<u8>` of exactly that length), so it is
+//! by the module's `proxy_on_memory_allocate` (a `Vec<u8>` of exactly that length), so it is
 //! taken back the same way.
 
 /// Proxy-wasm statuses the glue branches on.
@@ -85,6 +85,18 @@ extern "C" {
     fn proxy_define_metric(kind: u32, n: *const u8, nl: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
     fn proxy_close_stream(stream: u32) -> u32;
+    fn proxy_http_call(
+        upstream: *const u8,
+        upstream_len: usize,
+        headers: *const u8,
+        headers_len: usize,
+        body: *const u8,
+        body_len: usize,
+        trailers: *const u8,
+        trailers_len: usize,
+        timeout_ms: u32,
+        token: *mut u32,
+    ) -> u32;
 }
 
 /// Takes ownership of host-returned memory.
@@ -93,7 +105,7 @@ fn owned(ptr: *mut u8, len: usize) -> Vec<u8> {
         return Vec::new();
     }
     // SAFETY: the host wrote `len` bytes into a buffer it got from proxy_on_memory_allocate,
-    // which the SDK allocates as a Vec<u8> with capacity `len`.
+    // which allocates a Vec<u8> with capacity `len`.
     unsafe { Vec::from_raw_parts(ptr, len, len) }
 }
 
@@ -205,6 +217,37 @@ pub fn send_local_response(
             headers.len(),
             -1,
         )
+    }
+}
+
+/// Sends an HTTP request to a cluster; its answer comes to the root's
+/// `proxy_on_http_call_response` with the token returned here.
+pub fn http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout_ms: u32,
+) -> Result<u32, u32> {
+    let headers = serialize_map(headers);
+    let trailers = serialize_map(&[]);
+    let mut token = 0;
+    // SAFETY: pointers and lengths of live buffers, out-pointer to a local.
+    match unsafe {
+        proxy_http_call(
+            cluster.as_ptr(),
+            cluster.len(),
+            headers.as_ptr(),
+            headers.len(),
+            body.as_ptr(),
+            body.len(),
+            trailers.as_ptr(),
+            trailers.len(),
+            timeout_ms,
+            &mut token,
+        )
+    } {
+        OK => Ok(token),
+        status => Err(status),
     }
 }
 

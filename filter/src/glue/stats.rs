@@ -14,13 +14,9 @@
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::time::Duration;
-
-use proxy_wasm::traits::{Context, HttpContext};
-use proxy_wasm::types::Action;
 
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, shared};
+use super::{log, raw, shared, Action};
 use crate::config::VmConfig;
 use crate::stats::{
     admit, backlog_key, decode_count, summary_key, Admit, Aggregate, Record, StatsConfig,
@@ -156,22 +152,21 @@ impl RecordFilter {
     }
 }
 
-impl Context for RecordFilter {}
-
-impl HttpContext for RecordFilter {
-    fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
+/// The callbacks [`super::stream::Stream`] routes here.
+impl RecordFilter {
+    pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.start_ns = raw::now_ns();
         self.path = raw::header_text(raw::REQUEST_HEADERS, ":path").unwrap_or_default();
         Action::Continue
     }
 
-    fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
+    pub fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
         self.status =
             raw::header_text(raw::RESPONSE_HEADERS, ":status").and_then(|s| s.parse().ok());
         Action::Continue
     }
 
-    fn on_log(&mut self) {
+    pub fn on_end(&mut self) {
         let latency = raw::now_ns().saturating_sub(self.start_ns);
         self.recorder
             .send(&Record::new(&self.path, self.status, latency));
@@ -293,19 +288,17 @@ impl Service {
             return;
         }
         let body = self.counts.summary();
-        let headers = vec![
+        let headers = [
             (":method", "POST"),
             (":path", collector.path.as_str()),
             (":authority", collector.authority.as_str()),
             ("content-type", "application/json"),
         ];
-        let timeout = Duration::from_millis(u64::from(collector.timeout_ms));
-        match proxy_wasm::hostcalls::dispatch_http_call(
+        match raw::http_call(
             &collector.cluster,
-            headers,
-            Some(body.as_bytes()),
-            vec![],
-            timeout,
+            &headers,
+            body.as_bytes(),
+            collector.timeout_ms,
         ) {
             Ok(token) => {
                 self.posting = Some((token, std::mem::take(&mut self.counts)));
@@ -314,7 +307,7 @@ impl Service {
                 self.post_failures.add(1);
                 log!(
                     Warn,
-                    "stats-aggregator: posting to cluster {:?} failed ({status:?}); the counts carry over to the next tick",
+                    "stats-aggregator: posting to cluster {:?} failed with host status {status}; the counts carry over to the next tick",
                     collector.cluster
                 );
             }

@@ -3,11 +3,8 @@
 
 use std::rc::Rc;
 
-use proxy_wasm::traits::{Context, StreamContext};
-use proxy_wasm::types::Action;
-
 use super::metrics::{Counter, Metrics};
-use super::{log, shared};
+use super::{log, shared, Action};
 use crate::config::VmConfig;
 use crate::tcp_count::{TcpCounter, Totals, TOTALS_KEY};
 
@@ -48,22 +45,21 @@ impl Connection {
     }
 }
 
-impl Context for Connection {}
-
-impl StreamContext for Connection {
-    fn on_downstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
+/// The callbacks [`super::stream::Stream`] routes here.
+impl Connection {
+    pub fn on_downstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
         self.bytes_in = self.bytes_in.saturating_add(data_size as u64);
         self.root.bytes_in.add(data_size as u64);
         Action::Continue
     }
 
-    fn on_upstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
+    pub fn on_upstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
         self.bytes_out = self.bytes_out.saturating_add(data_size as u64);
         self.root.bytes_out.add(data_size as u64);
         Action::Continue
     }
 
-    fn on_log(&mut self) {
+    pub fn on_end(&mut self) {
         let (bytes_in, bytes_out) = (self.bytes_in, self.bytes_out);
         if self.root.config.log_connections {
             log!(Info, "tcp connection closed: in={bytes_in} out={bytes_out}");

@@ -1,9 +1,9 @@
 //! The VM and plugin contexts every role shares: VM configuration, refusals that name the
 //! field, and roots that never trap.
 
-use wasm_harness::{Proxy, Request, StartError, UpstreamReply};
+use wasm_harness::{Proxy, Request, StartError, TcpEvent, UpstreamReply};
 
-use crate::support::{module, role};
+use crate::support::{lines, module, role};
 
 fn start_error(e: Result<Proxy, StartError>) -> String {
     let e = e.err().expect("the configuration must be refused");
@@ -96,4 +96,48 @@ fn a_role_configured_once_serves_many_streams_without_growing() {
         assert_eq!(ex.response_status(), Some(200));
     }
     assert!(proxy.take_errors().is_empty());
+}
+
+#[test]
+fn a_role_on_the_wrong_kind_of_filter_passes_streams_through_and_says_so_once() {
+    let misplaced = "where it cannot run: its streams pass through untouched";
+    // An HTTP role on a network filter: the bytes go through both ways.
+    let mut tcp = Proxy::for_module(module())
+        .configuration(r#"{"role": "http-header-operation"}"#)
+        .tcp()
+        .workers(1)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let c = tcp
+            .connect(
+                None,
+                Some(0),
+                &[
+                    TcpEvent::Downstream(b"ping".to_vec()),
+                    TcpEvent::Upstream(b"pong".to_vec()),
+                    TcpEvent::CloseDownstream,
+                ],
+            )
+            .unwrap();
+        assert_eq!(c.upstream_received, b"ping");
+        assert_eq!(c.downstream_received, b"pong");
+    }
+    assert_eq!(
+        lines(&tcp, misplaced),
+        ["wasm-filter: role http-header-operation is on a network filter, where it cannot run: its streams pass through untouched"]
+    );
+    assert!(tcp.take_errors().is_empty());
+
+    // The TCP role on an HTTP filter: requests are answered, nothing is counted.
+    let mut http = role("tcp-total-data-size-counter", serde_json::json!({}), 1).unwrap();
+    for _ in 0..2 {
+        let ex = http
+            .round_trip(&Request::get("/"), UpstreamReply::new(200))
+            .unwrap();
+        assert_eq!(ex.response_status(), Some(200));
+    }
+    assert_eq!(lines(&http, misplaced).len(), 1);
+    assert!(lines(&http, "tcp connection closed").is_empty());
+    assert!(http.take_errors().is_empty());
 }

@@ -1,0 +1,145 @@
+//! The VM's contexts by id: its roots (one per plugin sharing the VM, a handful) and its live
+//! streams. The host numbers contexts from one counter per VM, so the streams alive at once
+//! have nearby ids: a stream lives in the slot its id's low bits pick, found there with one
+//! comparison; only a stream whose slot is taken by an older one that is still alive goes to
+//! an ordered map. No allocation per stream, no hashing, no boxed trait object.
+//!
+//! Each callback borrows the table for its duration. The host never calls into the VM while
+//! a callback runs (a local reply, a callout's answer or a queue's notification comes after
+//! the callback returns), so a borrow that fails would be a host bug: it is logged and the
+//! callback answered as a pass-through would be, rather than trapping the VM.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+
+use super::log;
+use super::root::Root;
+use super::stream::Stream;
+
+/// Slots for streams; a power of two, above the streams one worker usually has in flight.
+const SLOTS: usize = 64;
+
+struct Streams {
+    slots: Vec<Option<(u32, Stream)>>,
+    overflow: BTreeMap<u32, Stream>,
+}
+
+impl Streams {
+    fn new() -> Self {
+        Self {
+            slots: (0..SLOTS).map(|_| None).collect(),
+            overflow: BTreeMap::new(),
+        }
+    }
+
+    fn slot(id: u32) -> usize {
+        id as usize % SLOTS
+    }
+
+    fn insert(&mut self, id: u32, stream: Stream) {
+        let slot = &mut self.slots[Self::slot(id)];
+        match slot {
+            Some((held, _)) if *held != id => {
+                self.overflow.insert(id, stream);
+            }
+            _ => *slot = Some((id, stream)),
+        }
+    }
+
+    fn get_mut(&mut self, id: u32) -> Option<&mut Stream> {
+        match &mut self.slots[Self::slot(id)] {
+            Some((held, stream)) if *held == id => Some(stream),
+            _ => self.overflow.get_mut(&id),
+        }
+    }
+
+    fn remove(&mut self, id: u32) -> Option<Stream> {
+        let slot = &mut self.slots[Self::slot(id)];
+        match slot {
+            Some((held, _)) if *held == id => slot.take().map(|(_, s)| s),
+            _ => self.overflow.remove(&id),
+        }
+    }
+}
+
+struct Contexts {
+    roots: Vec<(u32, Root)>,
+    streams: Streams,
+}
+
+impl Contexts {
+    fn root(&mut self, id: u32) -> Option<&mut Root> {
+        self.roots
+            .iter_mut()
+            .find(|(held, _)| *held == id)
+            .map(|(_, r)| r)
+    }
+}
+
+thread_local! {
+    static CONTEXTS: RefCell<Contexts> = RefCell::new(Contexts {
+        roots: Vec::new(),
+        streams: Streams::new(),
+    });
+}
+
+/// Runs `f` on the table; `None` if it is already borrowed (see the module's doc).
+fn with<R>(what: &str, id: u32, f: impl FnOnce(&mut Contexts) -> Option<R>) -> Option<R> {
+    let result = CONTEXTS.with(|c| c.try_borrow_mut().map(|mut c| f(&mut c)));
+    match result {
+        Ok(found) => {
+            if found.is_none() {
+                log!(Warn, "{what} for unknown context {id}: ignored");
+            }
+            found
+        }
+        Err(_) => {
+            log!(
+                Error,
+                "{what} for context {id} while another callback runs: ignored"
+            );
+            None
+        }
+    }
+}
+
+/// A new root (`root_id` 0) or a new stream of the root `root_id`.
+pub fn create(id: u32, root_id: u32) {
+    with("context creation", id, |c| {
+        if root_id == 0 {
+            c.roots.retain(|(held, _)| *held != id);
+            c.roots.push((id, Root::new()));
+            return Some(());
+        }
+        let stream = c.root(root_id).map(|r| r.new_stream());
+        if stream.is_none() {
+            log!(
+                Warn,
+                "stream {id} of unknown root {root_id}: passed through"
+            );
+        }
+        c.streams.insert(id, stream.unwrap_or(Stream::PassThrough));
+        Some(())
+    });
+}
+
+/// Ends a stream (its role's last word, see [`Stream::end`]) or a root, and drops its state.
+pub fn delete(id: u32) {
+    with("context deletion", id, |c| {
+        if let Some(mut stream) = c.streams.remove(id) {
+            stream.end();
+            return Some(());
+        }
+        let before = c.roots.len();
+        c.roots.retain(|(held, _)| *held != id);
+        (c.roots.len() < before).then_some(())
+    });
+}
+
+pub fn with_root<R>(what: &str, id: u32, f: impl FnOnce(&mut Root) -> R) -> Option<R> {
+    with(what, id, |c| c.root(id).map(f))
+}
+
+pub fn with_stream<R>(what: &str, id: u32, f: impl FnOnce(&mut Stream) -> R) -> Option<R> {
+    with(what, id, |c| c.streams.get_mut(id).map(f))
+}
