@@ -291,7 +291,7 @@ fn main() {
         "x-wat",
     );
     println!(
-        "one request, header-only filter, 1 worker: wasm-filter (Rust SDK) {}, add-header.wat {} (target < 5 us)",
+        "one request, header-only filter, 1 worker: wasm-filter {}, add-header.wat {} (target < 5 us)",
         us(filter),
         us(wat)
     );
