@@ -6,10 +6,11 @@
 mod differences;
 pub mod generated;
 mod logs;
+mod swap;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -178,12 +179,27 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
             std::thread::sleep(LOG_SETTLE);
             reader.since_last();
         }
+        let started = Instant::now();
         let mut compared = compare_step(&mut real, &scenario, step, in_harness);
+        let mut envoy_lines = Vec::new();
+        // What kept Envoy from running the step as the harness did, if anything.
+        let mut unexplained = Vec::new();
+        if matches!(compared.envoy, StepOutcome::Swap { .. }) {
+            let deadline = started + crate::runner::real_envoy::SWAP_DEADLINE;
+            match swap::lines_after_swap(&compared.harness.log_records, &mut reader, deadline) {
+                Ok(lines) => envoy_lines = lines,
+                Err((lines, why)) => {
+                    envoy_lines = lines;
+                    unexplained.push(why);
+                }
+            }
+        }
         if !matches!(step, Step::Shutdown(_)) {
             std::thread::sleep(LOG_SETTLE);
         }
-        let envoy_lines = reader.since_last();
-        compared.logs = match step {
+        envoy_lines.extend(reader.since_last());
+        unexplained.extend(real.take_unpaced());
+        let logs = match step {
             Step::Request(case) if generated::envoy_generates_request_id(&case.to_request()) => {
                 let (h, e) =
                     generated::mask_request_ids(&compared.harness.log_records, &envoy_lines);
@@ -196,6 +212,7 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
                 conditions,
             ),
         };
+        compared.logs = logs.unless(&unexplained);
         // Envoy's lines for the step hold its expectations too, unless something the harness
         // does not reproduce can add or change lines (with several workers only the counts
         // tied to a worker are left out).

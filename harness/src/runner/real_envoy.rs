@@ -19,6 +19,8 @@ mod paced;
 mod tcp;
 mod upstream;
 
+pub use ecds::SWAP_DEADLINE;
+
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -129,6 +131,8 @@ pub struct RealEnvoy {
     /// `log_path` (read with [`log::EnvoyLogReader::with_stderr`]).
     pub stderr_path: PathBuf,
     admin_path: PathBuf,
+    /// See [`RealEnvoy::take_unpaced`].
+    unpaced: Vec<String>,
 }
 
 impl RealEnvoy {
@@ -260,6 +264,7 @@ impl RealEnvoy {
             metadata_keys,
             ecds,
             admin_path: admin_path.clone(),
+            unpaced: Vec::new(),
             log_path,
             stderr_path,
         };
@@ -352,7 +357,8 @@ impl RealEnvoy {
         canned: &Canned,
     ) -> Result<(Exchange, Vec<CallRecord>), TrafficError> {
         let pacer = paced::Pacer::downstream(self.admin_path.clone());
-        self.send_through(
+        let mut pacing = paced::Pacing::Paced;
+        let sent = self.send_through(
             listener,
             request,
             reply,
@@ -360,7 +366,7 @@ impl RealEnvoy {
             |port, request| match request.protocol {
                 Downstream::Http2 => h2_client::exchange(port, request),
                 Downstream::Http1 | Downstream::Http1Chunked => {
-                    match paced::exchange(port, request, &pacer) {
+                    match paced::exchange(port, request, &pacer, &mut pacing) {
                         Ok(r) => Ok(StreamEnd::Answered(r)),
                         Err(http1::Http1Error::Closed) => Ok(StreamEnd::Reset(
                             "envoy closed the connection without a response".to_string(),
@@ -369,7 +375,18 @@ impl RealEnvoy {
                     }
                 }
             },
-        )
+        );
+        self.unpaced.extend(pacing.unpaced("the request's"));
+        sent
+    }
+
+    /// Why the log lines of the steps sent since the last call cannot be compared: messages
+    /// whose pieces went to Envoy in one write (see [`paced::Pacing`]).
+    pub fn take_unpaced(&mut self) -> Vec<String> {
+        for s in self.upstreams.values() {
+            self.unpaced.append(&mut lock(s).unpaced);
+        }
+        std::mem::take(&mut self.unpaced)
     }
 
     /// [`RealEnvoy::send_with_calls`] with `client` sending the request to the listener's

@@ -36,6 +36,25 @@ impl LogComparison {
     pub fn differs(&self) -> bool {
         matches!(self, Self::Differs(_))
     }
+
+    /// This comparison, or, when `why` names something that kept real Envoy from running the
+    /// step as the harness did, why its differences cannot be compared.
+    pub fn unless(self, why: &[String]) -> Self {
+        if why.is_empty() {
+            return self;
+        }
+        match self {
+            Self::Same => Self::Same,
+            Self::Differs(lines) => Self::CannotCompare {
+                why: why.join("; "),
+                lines,
+            },
+            Self::CannotCompare { why: first, lines } => Self::CannotCompare {
+                why: format!("{first}; {}", why.join("; ")),
+                lines,
+            },
+        }
+    }
 }
 
 impl fmt::Display for LogComparison {
@@ -334,5 +353,19 @@ mod tests {
             }
             c => panic!("{c:?}"),
         }
+    }
+
+    #[test]
+    fn an_unpaced_message_explains_a_difference() {
+        let why = vec!["the request's pieces from 1 on went to Envoy in one write".to_string()];
+        let differs = LogComparison::Differs(vec!["worker line 1".into()]);
+        let explained = differs.unless(&why);
+        assert!(!explained.differs());
+        assert!(explained
+            .to_string()
+            .contains("cannot compare: the request's pieces"));
+        assert_eq!(LogComparison::Same.unless(&why), LogComparison::Same);
+        let kept = LogComparison::Differs(Vec::new()).unless(&[]);
+        assert!(kept.differs());
     }
 }

@@ -15,7 +15,7 @@ use super::{io, EnvoyError, RealEnvoy};
 
 /// How long Envoy may take to apply a swapped file (its file watch, then the update on
 /// every thread).
-const SWAP_DEADLINE: Duration = Duration::from_secs(10);
+pub const SWAP_DEADLINE: Duration = Duration::from_secs(10);
 const POLL: Duration = Duration::from_millis(50);
 
 /// Points every `config_discovery` of the listeners' filters in `doc` (normalized) at a copy
@@ -25,7 +25,7 @@ pub(super) fn private_copies(
     dir: &Path,
 ) -> Result<HashMap<String, PathBuf>, EnvoyError> {
     let mut copies: HashMap<String, PathBuf> = HashMap::new();
-    let mut by_original: HashMap<String, PathBuf> = HashMap::new();
+    let mut by_source: HashMap<(String, String), PathBuf> = HashMap::new();
     let Some(listeners) = doc
         .pointer_mut("/static_resources/listeners")
         .and_then(Value::as_array_mut)
@@ -39,24 +39,26 @@ pub(super) fn private_copies(
         .filter_map(|c| c.get_mut("filters").and_then(Value::as_array_mut))
         .flatten();
     for filter in filters {
-        redirect(filter, dir, &mut copies, &mut by_original)?;
+        redirect(filter, dir, &mut copies, &mut by_source)?;
         let http = filter
             .pointer_mut("/typed_config/http_filters")
             .and_then(Value::as_array_mut);
         for entry in http.into_iter().flatten() {
-            redirect(entry, dir, &mut copies, &mut by_original)?;
+            redirect(entry, dir, &mut copies, &mut by_source)?;
         }
     }
     Ok(copies)
 }
 
-/// One filter entry: a `path_config_source` is pointed at the copy of its file in `dir` (one
-/// copy per file), recorded under the filter's name in `copies`.
+/// One filter entry: a `path_config_source` is pointed at a copy of its file in `dir`, recorded
+/// under the filter's name in `copies`. Each filter name gets its own copy, even when two
+/// names share a file: a swap replaces one filter's configuration in Envoy as in the harness.
+/// Entries of one name share their copy (Envoy shares their subscription).
 fn redirect(
     entry: &mut Value,
     dir: &Path,
     copies: &mut HashMap<String, PathBuf>,
-    by_original: &mut HashMap<String, PathBuf>,
+    by_source: &mut HashMap<(String, String), PathBuf>,
 ) -> Result<(), EnvoyError> {
     let name = entry
         .get("name")
@@ -70,17 +72,19 @@ fn redirect(
     let Some(original) = source.get("path").and_then(Value::as_str).map(String::from) else {
         return Ok(());
     };
-    let copy = match by_original.get(&original) {
+    let key = (name.clone(), original);
+    let copy = match by_source.get(&key) {
         Some(copy) => copy.clone(),
         None => {
-            let base = Path::new(&original)
+            let original = &key.1;
+            let base = Path::new(original)
                 .file_name()
                 .map(|f| f.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            let copy = dir.join(format!("{}-{base}", by_original.len()));
-            std::fs::copy(&original, &copy)
+            let copy = dir.join(format!("{}-{base}", by_source.len()));
+            std::fs::copy(original, &copy)
                 .map_err(|e| io(&format!("cannot copy the ECDS file {original}"), e))?;
-            by_original.insert(original, copy.clone());
+            by_source.insert(key, copy.clone());
             copy
         }
     };
@@ -157,4 +161,40 @@ impl RealEnvoy {
 struct Updates {
     applied: u64,
     rejected: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filters_naming_one_file_get_a_copy_each() {
+        let dir = tempfile::tempdir().unwrap();
+        let shared = dir.path().join("shared.yaml");
+        std::fs::write(&shared, "name: x\n").unwrap();
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        let entry = |name: &str| {
+            serde_json::json!({"name": name, "config_discovery": {"config_source":
+                {"path_config_source": {"path": shared.display().to_string()}}}})
+        };
+        let mut doc = serde_json::json!({"static_resources": {"listeners": [{"filter_chains": [
+            {"filters": [{"name": "hcm", "typed_config": {"http_filters": [entry("a"), entry("b")]}}]},
+            {"filters": [{"name": "hcm", "typed_config": {"http_filters": [entry("a")]}}]}
+        ]}]}});
+        let copies = private_copies(&mut doc, &private).unwrap();
+        assert_ne!(copies["a"], copies["b"]);
+        let paths: Vec<&str> = ["0", "1"]
+            .iter()
+            .map(|chain| {
+                doc.pointer(&format!(
+                    "/static_resources/listeners/0/filter_chains/{chain}/filters/0/typed_config/http_filters/0/config_discovery/config_source/path_config_source/path"
+                ))
+                .and_then(Value::as_str)
+                .unwrap()
+            })
+            .collect();
+        // Envoy shares one subscription among entries of one name: so do their copies.
+        assert_eq!(paths[0], paths[1]);
+    }
 }

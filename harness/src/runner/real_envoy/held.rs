@@ -118,8 +118,13 @@ struct HoldWatch {
 
 impl HoldWatch {
     fn held(&mut self, admin: &Path) -> bool {
+        self.saw(active_streams(admin))
+    }
+
+    /// Takes one poll's count of active streams.
+    fn saw(&mut self, active: u64) -> bool {
         let now = Instant::now();
-        if active_streams(admin) > 0 {
+        if active > 0 {
             now.duration_since(*self.active_since.get_or_insert(now)) >= HELD_FOR
         } else {
             self.active_since = None;
@@ -132,7 +137,7 @@ impl HoldWatch {
 /// the client's own deadline bounds the wait).
 pub(super) async fn until_held(admin: &Path) {
     let mut watch = HoldWatch::default();
-    while !watch.held(admin) {
+    while !watch.saw(active_streams_async(admin).await) {
         tokio::time::sleep(POLL).await;
     }
 }
@@ -141,9 +146,19 @@ pub(super) async fn until_held(admin: &Path) {
 /// the client's connection task send its reset meanwhile.
 pub(super) async fn until_ended(admin: &Path) {
     let closing = Instant::now();
-    while active_streams(admin) > 0 && closing.elapsed() < CLOSE_DEADLINE {
+    while active_streams_async(admin).await > 0 && closing.elapsed() < CLOSE_DEADLINE {
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// [`active_streams`] on a blocking thread: the admin GET blocks, and on the HTTP/2 client's
+/// single-threaded runtime it would stall the connection task (its reset, its reads) and
+/// every timer racing it while it waits.
+async fn active_streams_async(admin: &Path) -> u64 {
+    let admin = admin.to_path_buf();
+    tokio::task::spawn_blocking(move || active_streams(&admin))
+        .await
+        .unwrap_or(0)
 }
 
 fn limits() -> http1::Limits {

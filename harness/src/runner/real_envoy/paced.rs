@@ -83,39 +83,100 @@ impl Pacer {
     }
 
     /// Writes `pieces` to `conn`, each once Envoy has read every byte before it. When Envoy
-    /// stops reading (it answered or closed first, or the deadline passed) the rest goes
-    /// at once: what Envoy does then is what the comparison shows.
-    pub(super) fn write(&self, conn: &mut TcpStream, pieces: &[Vec<u8>]) -> std::io::Result<()> {
+    /// stops reading because it answered or closed, the rest goes at once (it reads no more
+    /// of them); when its counters cannot be read or it does not read in time, the rest goes
+    /// at once too, and the outcome says so: Envoy's body callbacks may then differ.
+    pub(super) fn write(
+        &self,
+        conn: &mut TcpStream,
+        pieces: &[Vec<u8>],
+    ) -> std::io::Result<Pacing> {
         let Some((first, rest)) = pieces.split_first() else {
-            return Ok(());
+            return Ok(Pacing::Paced);
         };
         if rest.is_empty() {
-            return conn.write_all(first);
+            conn.write_all(first)?;
+            return Ok(Pacing::Paced);
         }
-        let mut expected = self.bytes_read();
+        let mut pacing = Pacing::Paced;
+        let mut start = self.bytes_read();
+        if start.is_none() {
+            pacing = Pacing::Coalesced {
+                piece: 1,
+                why: "envoy's admin API showed no read counter".into(),
+            };
+        }
         conn.write_all(first)?;
         let mut written = first.len() as u64;
-        for piece in rest {
-            expected = expected.filter(|start| self.wait_read(conn, start + written));
+        for (i, piece) in rest.iter().enumerate() {
+            if let Some(s) = start {
+                match self.wait_read(conn, s + written) {
+                    Waited::Read => {}
+                    Waited::Answered => start = None,
+                    Waited::Deadline => {
+                        start = None;
+                        pacing = Pacing::Coalesced {
+                            piece: i + 1,
+                            why: format!(
+                                "envoy had not read the piece before it within {} s",
+                                READ_DEADLINE.as_secs()
+                            ),
+                        };
+                    }
+                }
+            }
             conn.write_all(piece)?;
             written += piece.len() as u64;
         }
-        Ok(())
+        Ok(pacing)
     }
 
-    /// Waits until Envoy has read `total` bytes in all; false if it stopped reading first.
-    fn wait_read(&self, conn: &TcpStream, total: u64) -> bool {
+    /// Waits until Envoy has read `total` bytes in all.
+    fn wait_read(&self, conn: &TcpStream, total: u64) -> Waited {
         let deadline = Instant::now() + READ_DEADLINE;
         loop {
             if self.bytes_read().is_some_and(|n| n >= total) {
-                return true;
+                return Waited::Read;
             }
-            if answered(conn) || Instant::now() > deadline {
-                return false;
+            if answered(conn) {
+                return Waited::Answered;
+            }
+            if Instant::now() > deadline {
+                return Waited::Deadline;
             }
             std::thread::sleep(POLL);
         }
     }
+}
+
+/// How a paced message went out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) enum Pacing {
+    /// Each piece once Envoy had read the ones before (or the rest once Envoy had answered
+    /// or closed: it reads no more of the message).
+    Paced,
+    /// Pieces `piece` (counted from 0, the head's piece first) and after went out together.
+    Coalesced { piece: usize, why: String },
+}
+
+impl Pacing {
+    /// Why the step's log lines cannot be compared, if pacing failed: one short line.
+    pub(super) fn unpaced(&self, whose: &str) -> Option<String> {
+        match self {
+            Self::Paced => None,
+            Self::Coalesced { piece, why } => Some(format!(
+                "{whose} pieces from {piece} on went to Envoy in one write ({why}), so Envoy's body callbacks may differ"
+            )),
+        }
+    }
+}
+
+/// How a wait for Envoy's reads ended.
+enum Waited {
+    Read,
+    /// Envoy answered or closed first.
+    Answered,
+    Deadline,
 }
 
 /// Whether the peer has sent something back or closed: then it reads no more of the message.
@@ -132,11 +193,12 @@ fn answered(conn: &TcpStream) -> bool {
 }
 
 /// One HTTP/1.1 request to the listener on `port`, written a piece at a time, and Envoy's
-/// response.
+/// response. `pacing` is set to how the request went out.
 pub(super) fn exchange(
     port: u16,
     request: &Request,
     pacer: &Pacer,
+    pacing: &mut Pacing,
 ) -> Result<Response, Http1Error> {
     let io = |e| Http1Error::from_io(e, REQUEST_DEADLINE);
     let (headers, body) = wire_pieces(request);
@@ -147,7 +209,9 @@ pub(super) fn exchange(
     conn.set_read_timeout(Some(REQUEST_DEADLINE)).map_err(io)?;
     // Envoy may answer before the whole body is written, and close: its answer is read all
     // the same.
-    let _ = pacer.write(&mut conn, &pieces);
+    if let Ok(p) = pacer.write(&mut conn, &pieces) {
+        *pacing = p;
+    }
     let message = http1::read_message(
         &mut BufReader::new(&conn),
         false,
@@ -160,4 +224,34 @@ pub(super) fn exchange(
     .ok_or(Http1Error::Closed)?;
     let _ = conn.shutdown(Shutdown::Both);
     http1::parse_response(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    /// Without Envoy's read counters the pieces cannot be paced: they go out together, and
+    /// the outcome says so.
+    #[test]
+    fn pieces_written_without_counters_are_reported_coalesced() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let reader = std::thread::spawn(move || {
+            let (mut conn, _) = listener.accept().unwrap();
+            let mut all = Vec::new();
+            conn.read_to_end(&mut all).unwrap();
+            all
+        });
+        let dir = tempfile::tempdir().unwrap();
+        let pacer = Pacer::downstream(dir.path().join("no-admin-address"));
+        let mut conn = TcpStream::connect(addr).unwrap();
+        let pieces = vec![b"head".to_vec(), b"one".to_vec(), b"two".to_vec()];
+        let pacing = pacer.write(&mut conn, &pieces).unwrap();
+        drop(conn);
+        assert_eq!(reader.join().unwrap(), b"headonetwo");
+        assert!(matches!(pacing, Pacing::Coalesced { piece: 1, .. }));
+        let why = pacing.unpaced("the request's").unwrap();
+        assert!(why.contains("no read counter"), "{why}");
+    }
 }

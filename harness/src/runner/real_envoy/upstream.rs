@@ -37,6 +37,8 @@ pub(super) struct UpstreamState {
     /// Where Envoy writes its admin address: an HTTP/1.1 reply is written a chunk at a
     /// time, each once Envoy has read the ones before ([`super::paced`]).
     pub(super) admin: Option<std::path::PathBuf>,
+    /// Why a reply could not be paced, for the step's report ([`super::paced::Pacing`]).
+    pub(super) unpaced: Vec<String>,
 }
 
 /// Numbers requests across every upstream, so callouts to several clusters keep their order.
@@ -220,10 +222,17 @@ fn serve_http1(conn: TcpStream, cluster: &str, state: &Mutex<UpstreamState>) {
             Some(admin) => {
                 super::paced::Pacer::upstream(admin, cluster).write(&mut writer, &pieces)
             }
-            None => std::io::Write::write_all(&mut writer, &pieces.concat()),
+            None => std::io::Write::write_all(&mut writer, &pieces.concat())
+                .map(|()| super::paced::Pacing::Paced),
         };
-        if written.is_err() {
-            return;
+        match written {
+            Ok(pacing) => {
+                let whose = format!("the upstream reply's ({cluster})");
+                if let Some(why) = pacing.unpaced(&whose) {
+                    lock(state).unpaced.push(why);
+                }
+            }
+            Err(_) => return,
         }
     }
 }
