@@ -14,6 +14,7 @@ pub mod body_ops;
 pub mod bucket_table;
 pub mod conditions;
 pub mod config;
+pub mod context_table;
 pub mod header_ops;
 pub mod metrics;
 pub mod rate_limit;

@@ -3,6 +3,7 @@
 //! platform order (so the order of the files on the command line does not change the digest).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 
@@ -21,9 +22,15 @@ fn digest_of(bytes: &[u8]) -> String {
     format!("sha256:{}", Sha256::of(bytes).hex())
 }
 
-/// One shared object, checked by [`check`].
+/// The most bytes one push reads across its files, `max_size` being the most one file may
+/// have: a file per platform [`elf::platform`] knows.
+pub fn total_bound(max_size: u64) -> u64 {
+    max_size.saturating_mul(2)
+}
+
+/// One shared object, checked by [`check`]. Its bytes become the layer's blob as they are.
 pub struct Module<'a> {
-    pub bytes: &'a [u8],
+    pub bytes: Arc<Vec<u8>>,
     pub file_name: &'a str,
     pub platform: &'static str,
 }
@@ -105,7 +112,7 @@ pub fn build(modules: &[Module], envoy_versions: &[String]) -> Result<Image, Str
         .map_err(|e| e.to_string())?;
         let layer = OciDescriptor {
             media_type: LAYER.into(),
-            digest: digest_of(m.bytes),
+            digest: digest_of(&m.bytes),
             size: m.bytes.len() as i64,
             annotations: Some(BTreeMap::from([(
                 TITLE.to_string(),
@@ -141,8 +148,8 @@ pub fn build(modules: &[Module], envoy_versions: &[String]) -> Result<Image, Str
             is_module: false,
         });
         blobs.push(Blob {
-            digest: digest_of(m.bytes),
-            bytes: m.bytes.to_vec().into(),
+            digest: digest_of(&m.bytes),
+            bytes: Arc::clone(&m.bytes),
             is_module: true,
         });
         children.push((digest_of(&manifest), manifest));
@@ -174,10 +181,10 @@ mod tests {
         h
     }
 
-    fn module<'a>(bytes: &'a [u8], file_name: &'a str) -> Module<'a> {
+    fn module<'a>(bytes: &[u8], file_name: &'a str) -> Module<'a> {
         let platform = check(bytes, file_name, None).unwrap();
         Module {
-            bytes,
+            bytes: Arc::new(bytes.to_vec()),
             file_name,
             platform,
         }
@@ -202,6 +209,10 @@ mod tests {
             assert_eq!(child["digest"], digest.as_str());
         }
         assert_eq!(image.blobs.len(), 4);
+        // Each layer's blob is its module's bytes, not a copy of them.
+        for m in &both {
+            assert!(image.blobs.iter().any(|b| Arc::ptr_eq(&b.bytes, &m.bytes)));
+        }
         // The order of the files does not change the index.
         let swapped = [
             module(&x86, "libwasm_filter.so"),

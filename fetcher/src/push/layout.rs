@@ -47,7 +47,8 @@ impl std::fmt::Display for Layout {
 #[derive(Debug, Clone)]
 pub struct Blob {
     pub digest: String,
-    pub bytes: Arc<[u8]>,
+    /// Shared, not copied: a module read from disk is moved in whole (`Arc::new(vec)`).
+    pub bytes: Arc<Vec<u8>>,
     /// The blob is (or carries) the module: its upload is what progress reports.
     pub is_module: bool,
 }

@@ -162,6 +162,8 @@ pub enum PushError {
         status: u16,
         to: String,
     },
+    #[error("dynamic modules too large: the files total {total} bytes, over the {bound} one push reads (one file per platform, each at most ISTIO_WASM_MAX_BINARY_SIZE_BYTES); push fewer or smaller files")]
+    TooLarge { total: u64, bound: u64 },
     #[error(transparent)]
     Fetch(#[from] FetchError),
 }
@@ -304,9 +306,26 @@ fn dynamic_modules(
         path: file.path.clone(),
         reason,
     };
+    // The sizes on disk are checked before anything is read; what was read is counted too,
+    // in case a file grew since.
+    let bound = dynamic_module::total_bound(settings.max_size);
+    let too_large = |total: u64| PushError::TooLarge { total, bound };
+    let on_disk = req
+        .modules
+        .iter()
+        .map(|f| std::fs::metadata(&f.path).map_or(0, |m| m.len()))
+        .fold(0, u64::saturating_add);
+    if on_disk > bound {
+        return Err(too_large(on_disk));
+    }
+    let mut total = 0u64;
     let mut read = Vec::new();
     for file in &req.modules {
         let bytes = read_module(&file.path, settings.max_size)?;
+        total = total.saturating_add(bytes.len() as u64);
+        if total > bound {
+            return Err(too_large(total));
+        }
         let file_name = file
             .path
             .file_name()
@@ -315,12 +334,12 @@ fn dynamic_modules(
             .to_string();
         let platform = dynamic_module::check(&bytes, &file_name, file.platform.as_deref())
             .map_err(|reason| refused(file, reason))?;
-        read.push((file, bytes, file_name, platform));
+        read.push((file, std::sync::Arc::new(bytes), file_name, platform));
     }
     let modules: Vec<dynamic_module::Module> = read
         .iter()
         .map(|(_, bytes, file_name, platform)| dynamic_module::Module {
-            bytes,
+            bytes: std::sync::Arc::clone(bytes),
             file_name,
             platform,
         })
@@ -477,6 +496,52 @@ mod tests {
         }
         assert!(ModuleFile::parse("linux/arm64=").is_err());
         assert!(ModuleFile::parse("").is_err());
+    }
+
+    #[test]
+    fn dynamic_modules_over_the_total_bound_are_refused_before_any_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let settings = Settings {
+            max_size: 100,
+            ..Settings::default()
+        };
+        // Each file within max_size, three of them over the bound; none is an ELF, which
+        // would be the refusal if they were read.
+        let modules: Vec<ModuleFile> = ["a", "b", "c"]
+            .iter()
+            .map(|d| {
+                let path = dir.path().join(d).join("libf.so");
+                std::fs::create_dir(dir.path().join(d)).unwrap();
+                std::fs::write(&path, [0u8; 100]).unwrap();
+                path.into()
+            })
+            .collect();
+        let req = PushRequest {
+            modules,
+            layout: Layout::DynamicModule,
+            envoy_versions: vec!["1.40".into()],
+            ..PushRequest::default()
+        };
+        let e = dynamic_modules(&req, &settings).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                PushError::TooLarge {
+                    total: 300,
+                    bound: 200
+                }
+            ),
+            "{e}"
+        );
+        let text = e.to_string();
+        assert!(text.contains("total 300 bytes, over the 200"), "{text}");
+        // Two such files are within the bound: their refusal is their content.
+        let two = PushRequest {
+            modules: req.modules[..2].to_vec(),
+            ..req
+        };
+        let e = dynamic_modules(&two, &settings).unwrap_err();
+        assert!(matches!(e, PushError::NotDynamicModule { .. }), "{e}");
     }
 
     #[test]

@@ -390,7 +390,18 @@ fn a_file_that_is_not_an_elf_shared_object_or_not_for_the_platform_given_is_refu
         "{}",
         stderr(&o)
     );
-    // Nothing was pushed.
+    // Nothing was pushed: the registry has no such repository, and a pull says so.
+    let (status, tags) = http_get(&reg.host, "/v2/filters/fake/tags/list").unwrap();
+    assert_eq!(status, 404, "{tags}");
+    assert!(tags.contains("NAME_UNKNOWN"), "{tags}");
     let o = pull(home.path(), &[&url, "--envoy-version", "1.40"]);
-    assert_ne!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains(&format!(
+            "{url}: not found: http://{}/v2/filters/fake/manifests/1",
+            reg.host
+        )),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -1,8 +1,5 @@
 //! The VM's contexts by id: its roots (one per plugin sharing the VM, a handful) and its live
-//! streams. The host numbers contexts from one counter per VM, so the streams alive at once
-//! have nearby ids: a stream lives in the slot its id's low bits pick, found there with one
-//! comparison; only a stream whose slot is taken by an older one that is still alive goes to
-//! an ordered map. No allocation per stream, no hashing, no boxed trait object.
+//! streams ([`ContextTable`]).
 //!
 //! Each callback borrows the table for its duration. The host never calls into the VM while
 //! a callback runs (a local reply, a callout's answer or a queue's notification comes after
@@ -10,61 +7,15 @@
 //! callback answered as a pass-through would be, rather than trapping the VM.
 
 use std::cell::RefCell;
-use std::collections::BTreeMap;
 
 use super::log;
 use super::root::Root;
 use super::stream::Stream;
-
-/// Slots for streams; a power of two, above the streams one worker usually has in flight.
-const SLOTS: usize = 64;
-
-struct Streams {
-    slots: Vec<Option<(u32, Stream)>>,
-    overflow: BTreeMap<u32, Stream>,
-}
-
-impl Streams {
-    fn new() -> Self {
-        Self {
-            slots: (0..SLOTS).map(|_| None).collect(),
-            overflow: BTreeMap::new(),
-        }
-    }
-
-    fn slot(id: u32) -> usize {
-        id as usize % SLOTS
-    }
-
-    fn insert(&mut self, id: u32, stream: Stream) {
-        let slot = &mut self.slots[Self::slot(id)];
-        match slot {
-            Some((held, _)) if *held != id => {
-                self.overflow.insert(id, stream);
-            }
-            _ => *slot = Some((id, stream)),
-        }
-    }
-
-    fn get_mut(&mut self, id: u32) -> Option<&mut Stream> {
-        match &mut self.slots[Self::slot(id)] {
-            Some((held, stream)) if *held == id => Some(stream),
-            _ => self.overflow.get_mut(&id),
-        }
-    }
-
-    fn remove(&mut self, id: u32) -> Option<Stream> {
-        let slot = &mut self.slots[Self::slot(id)];
-        match slot {
-            Some((held, _)) if *held == id => slot.take().map(|(_, s)| s),
-            _ => self.overflow.remove(&id),
-        }
-    }
-}
+use crate::context_table::ContextTable;
 
 struct Contexts {
     roots: Vec<(u32, Root)>,
-    streams: Streams,
+    streams: ContextTable<Stream>,
 }
 
 impl Contexts {
@@ -79,7 +30,7 @@ impl Contexts {
 thread_local! {
     static CONTEXTS: RefCell<Contexts> = RefCell::new(Contexts {
         roots: Vec::new(),
-        streams: Streams::new(),
+        streams: ContextTable::new(),
     });
 }
 

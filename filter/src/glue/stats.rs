@@ -136,7 +136,9 @@ impl Recorder {
 
 pub struct RecordFilter {
     recorder: Rc<Recorder>,
-    start_ns: u64,
+    /// When the request's headers came; `None` until they do. A stream that ends without
+    /// them (a connection closed before any byte reached the role) was no request.
+    start_ns: Option<u64>,
     path: String,
     status: Option<u16>,
 }
@@ -145,7 +147,7 @@ impl RecordFilter {
     pub fn new(recorder: Rc<Recorder>) -> Self {
         Self {
             recorder,
-            start_ns: 0,
+            start_ns: None,
             path: String::new(),
             status: None,
         }
@@ -155,7 +157,7 @@ impl RecordFilter {
 /// The callbacks [`super::stream::Stream`] routes here.
 impl RecordFilter {
     pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        self.start_ns = raw::now_ns();
+        self.start_ns = Some(raw::now_ns());
         self.path = raw::header_text(raw::REQUEST_HEADERS, ":path").unwrap_or_default();
         Action::Continue
     }
@@ -167,7 +169,10 @@ impl RecordFilter {
     }
 
     pub fn on_end(&mut self) {
-        let latency = raw::now_ns().saturating_sub(self.start_ns);
+        let Some(start_ns) = self.start_ns else {
+            return;
+        };
+        let latency = raw::now_ns().saturating_sub(start_ns);
         self.recorder
             .send(&Record::new(&self.path, self.status, latency));
     }

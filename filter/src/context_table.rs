@@ -1,0 +1,141 @@
+//! The VM's live streams by context id. The host numbers contexts from one counter per VM,
+//! so the streams alive at once have nearby ids: a stream lives in the slot its id's low
+//! bits pick, found there with one comparison; only a stream whose slot is taken by an
+//! older one that is still alive goes to an ordered map. No allocation per stream, no
+//! hashing, no boxed trait object. Generic over the stream so it is tested natively.
+
+use std::collections::BTreeMap;
+
+/// Slots for streams; a power of two, above the streams one worker usually has in flight.
+pub const SLOTS: usize = 64;
+
+pub struct ContextTable<T> {
+    slots: Vec<Option<(u32, T)>>,
+    overflow: BTreeMap<u32, T>,
+}
+
+impl<T> Default for ContextTable<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<T> ContextTable<T> {
+    pub fn new() -> Self {
+        Self {
+            slots: (0..SLOTS).map(|_| None).collect(),
+            overflow: BTreeMap::new(),
+        }
+    }
+
+    fn slot(id: u32) -> usize {
+        id as usize % SLOTS
+    }
+
+    /// Adds `id`, replacing a stream already held under the same id.
+    pub fn insert(&mut self, id: u32, value: T) {
+        let slot = &mut self.slots[Self::slot(id)];
+        match slot {
+            Some((held, _)) if *held != id => {
+                self.overflow.insert(id, value);
+            }
+            _ => *slot = Some((id, value)),
+        }
+    }
+
+    pub fn get_mut(&mut self, id: u32) -> Option<&mut T> {
+        match &mut self.slots[Self::slot(id)] {
+            Some((held, value)) if *held == id => Some(value),
+            _ => self.overflow.get_mut(&id),
+        }
+    }
+
+    pub fn remove(&mut self, id: u32) -> Option<T> {
+        let slot = &mut self.slots[Self::slot(id)];
+        match slot {
+            Some((held, _)) if *held == id => slot.take().map(|(_, v)| v),
+            _ => self.overflow.remove(&id),
+        }
+    }
+
+    /// Streams held, in slots and in the map.
+    pub fn len(&self) -> usize {
+        self.slots.iter().filter(|s| s.is_some()).count() + self.overflow.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    // 5, 69 and 133 share one slot.
+    const SAME_SLOT: [u32; 3] = [5, 5 + SLOTS as u32, 5 + 2 * SLOTS as u32];
+
+    #[test]
+    fn ids_sharing_a_slot_are_kept_apart_whatever_the_order() {
+        let [a, b, c] = SAME_SLOT;
+        let mut t = ContextTable::new();
+        t.insert(a, "a");
+        t.insert(b, "b");
+        t.insert(c, "c");
+        assert_eq!(t.len(), 3);
+        for (id, want) in [(a, "a"), (b, "b"), (c, "c")] {
+            assert_eq!(t.get_mut(id).copied(), Some(want));
+        }
+        // The map's entry goes first, then the slot's, then the last map entry.
+        assert_eq!(t.remove(b), Some("b"));
+        assert_eq!(t.get_mut(b), None);
+        assert_eq!(t.get_mut(a).copied(), Some("a"));
+        assert_eq!(t.get_mut(c).copied(), Some("c"));
+        assert_eq!(t.remove(a), Some("a"));
+        assert_eq!(t.get_mut(a), None);
+        assert_eq!(t.get_mut(c).copied(), Some("c"));
+        assert_eq!(t.remove(c), Some("c"));
+        assert_eq!(t.remove(c), None);
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn a_slot_freed_while_the_map_holds_its_neighbour_serves_both() {
+        let [a, b, c] = SAME_SLOT;
+        let mut t = ContextTable::new();
+        t.insert(a, 1);
+        t.insert(b, 2); // to the map: a holds the slot
+        assert_eq!(t.remove(a), Some(1));
+        // b is still found in the map although its slot is free.
+        assert_eq!(t.get_mut(b).copied(), Some(2));
+        // A new id takes the free slot; b stays reachable.
+        t.insert(c, 3);
+        assert_eq!(t.get_mut(c).copied(), Some(3));
+        assert_eq!(t.get_mut(b).copied(), Some(2));
+        if let Some(v) = t.get_mut(b) {
+            *v = 20;
+        }
+        assert_eq!(t.remove(b), Some(20));
+        assert_eq!(t.remove(c), Some(3));
+        assert_eq!((t.remove(a), t.remove(b)), (None, None));
+        assert!(t.is_empty());
+    }
+
+    #[test]
+    fn unknown_ids_and_other_slots_are_not_confused() {
+        let mut t = ContextTable::new();
+        for id in 1..=200 {
+            t.insert(id, id * 10);
+        }
+        assert_eq!(t.len(), 200);
+        assert_eq!(t.get_mut(0), None);
+        assert_eq!(t.get_mut(201), None);
+        for id in (1..=200).rev().step_by(3) {
+            assert_eq!(t.remove(id), Some(id * 10));
+        }
+        for id in 1..=200 {
+            let _ = t.remove(id);
+        }
+        assert!(t.is_empty());
+    }
+}
