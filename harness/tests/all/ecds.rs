@@ -303,11 +303,5 @@ fn a_replaced_plugins_root_contexts_end_as_in_envoy() {
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
     assert_eq!(report.cases.len(), 4, "{report:#}");
-    for case in &report.cases {
-        assert_eq!(
-            case.logs,
-            wasm_harness::compare::LogComparison::Same,
-            "{report:#}"
-        );
-    }
+    assert_logs_same(&report);
 }

@@ -114,12 +114,7 @@ fn a_body_that_no_longer_matches_its_length_is_a_502_over_http2() {
     let dir = tempfile::tempdir().unwrap();
     let wasm = assembled(dir.path(), "body-buffer.wat");
     let b = bootstrap_variant(dir.path(), &wasm, Some("keep-length"), |doc| {
-        doc["static_resources"]["clusters"][0]["typed_extension_protocol_options"] = serde_json::json!({
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}}
-            }
-        });
+        explicit_http2(&mut doc["static_resources"]["clusters"][0]);
     });
     let s = scenario(
         dir.path(),

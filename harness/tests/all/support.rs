@@ -157,3 +157,39 @@ pub fn shipped_with_binary_guests(
     std::fs::copy(scenarios.join(name), &s).unwrap();
     s
 }
+
+/// Makes `cluster` speak HTTP/2 to its upstream the way current Envoy configuration says it
+/// (`HttpProtocolOptions.explicit_http_config`).
+pub fn explicit_http2(cluster: &mut Value) {
+    cluster["typed_extension_protocol_options"] = serde_json::json!({
+        "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
+            "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
+            "explicit_http_config": {"http2_protocol_options": {}}
+        }
+    });
+}
+
+/// Every step's log lines were compared and found the same on both sides.
+pub fn assert_logs_same(report: &wasm_harness::ComparisonReport) {
+    for case in &report.cases {
+        assert_eq!(
+            case.logs,
+            wasm_harness::compare::LogComparison::Same,
+            "{}: {report:#}",
+            case.name()
+        );
+    }
+}
+
+/// The scenario compared again with `from` replaced by `to` in its text: how a test shows an
+/// expectation is checked on Envoy's lines too.
+pub fn differential_with(scenario: &Path, from: &str, to: &str) -> wasm_harness::ComparisonReport {
+    let text = std::fs::read_to_string(scenario).unwrap();
+    assert!(
+        text.contains(from),
+        "{} has no {from:?}",
+        scenario.display()
+    );
+    std::fs::write(scenario, text.replace(from, to)).unwrap();
+    differential(scenario)
+}

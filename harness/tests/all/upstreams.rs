@@ -19,14 +19,7 @@ fn add_http2_cluster(doc: &mut Value, name: &str, how: Http2) {
     let cluster = clusters.last_mut().unwrap();
     match how {
         Http2::Legacy => cluster["http2_protocol_options"] = json!({}),
-        Http2::Explicit => {
-            cluster["typed_extension_protocol_options"] = json!({
-                "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                    "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                    "explicit_http_config": {"http2_protocol_options": {}}
-                }
-            })
-        }
+        Http2::Explicit => explicit_http2(cluster),
     }
 }
 
@@ -100,12 +93,7 @@ fn a_grpc_route_to_an_http2_backend_is_compared_with_real_envoy() {
             .unwrap();
         plugin.as_object_mut().unwrap().remove("configuration");
         let backend = doc.pointer_mut("/static_resources/clusters/0").unwrap();
-        backend["typed_extension_protocol_options"] = json!({
-            "envoy.extensions.upstreams.http.v3.HttpProtocolOptions": {
-                "@type": "type.googleapis.com/envoy.extensions.upstreams.http.v3.HttpProtocolOptions",
-                "explicit_http_config": {"http2_protocol_options": {}}
-            }
-        });
+        explicit_http2(backend);
     });
     let s = scenario(
         dir.path(),
