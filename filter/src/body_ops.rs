@@ -9,21 +9,15 @@
 
 use std::collections::BTreeSet;
 
-use serde::Deserialize;
-
+use crate::json::{Field, Obj};
 use crate::redact::{redact, Redacted};
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BodyOperation {
-    #[serde(default)]
     pub request: BodySide,
-    #[serde(default)]
     pub response: BodySide,
     /// The most a body to rewrite may grow to while it is held.
-    #[serde(default = "default_max_buffer")]
     pub max_buffer_bytes: u64,
-    #[serde(default)]
     pub on_overflow: Overflow,
 }
 
@@ -41,8 +35,7 @@ pub const MAX_BUFFER_LIMIT: u64 = 64 * 1024 * 1024;
 pub const MAX_MASK_BYTES: usize = 1024;
 
 /// What to do with a body to rewrite that outgrows `max_buffer_bytes`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Overflow {
     /// Send it on unmodified and log it.
     #[default]
@@ -51,23 +44,17 @@ pub enum Overflow {
     Reject,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct BodySide {
     /// Requests only: bodies over this many bytes get 413.
-    #[serde(default)]
     pub max_bytes: Option<u64>,
-    #[serde(default)]
     pub redact_json: Option<Redact>,
-    #[serde(default)]
     pub replace: Vec<Replace>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Redact {
     pub keys: BTreeSet<String>,
-    #[serde(default = "default_mask")]
     pub mask: String,
 }
 
@@ -75,11 +62,56 @@ fn default_mask() -> String {
     "***".into()
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Replace {
     pub from: String,
     pub to: String,
+}
+
+impl BodySide {
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o = f.object("struct BodySide")?;
+        o.fields(&["max_bytes", "redact_json", "replace"])?;
+        let replace = match o.get("replace") {
+            Some(list) => list
+                .items()?
+                .into_iter()
+                .map(Replace::from_json)
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        Ok(Self {
+            max_bytes: o.opt("max_bytes").map(Field::u64).transpose()?,
+            redact_json: o.opt("redact_json").map(Redact::from_json).transpose()?,
+            replace,
+        })
+    }
+}
+
+impl Redact {
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o = f.object("struct Redact")?;
+        o.fields(&["keys", "mask"])?;
+        Ok(Self {
+            keys: o.need("keys")?.strings()?.into_iter().collect(),
+            mask: o
+                .get("mask")
+                .map(Field::string)
+                .transpose()?
+                .unwrap_or_else(default_mask),
+        })
+    }
+}
+
+impl Replace {
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o = f.object("struct Replace")?;
+        o.fields(&["from", "to"])?;
+        Ok(Self {
+            from: o.need("from")?.string()?,
+            to: o.need("to")?.string()?,
+        })
+    }
 }
 
 /// A whole body, after the side's rewrites.
@@ -96,6 +128,27 @@ pub enum Rewrite {
 }
 
 impl BodyOperation {
+    /// The role's fields (the `role` tag left to the caller).
+    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
+        o.fields(&["request", "response", "max_buffer_bytes", "on_overflow"])?;
+        let side = |name: &str| o.get(name).map(BodySide::from_json).transpose();
+        let overflow = o.get("on_overflow").map(|f| f.variant(&["pass", "reject"]));
+        let on_overflow = match overflow.transpose()? {
+            Some(1) => Overflow::Reject,
+            _ => Overflow::Pass,
+        };
+        Ok(Self {
+            request: side("request")?.unwrap_or_default(),
+            response: side("response")?.unwrap_or_default(),
+            max_buffer_bytes: o
+                .get("max_buffer_bytes")
+                .map(Field::u64)
+                .transpose()?
+                .unwrap_or_else(default_max_buffer),
+            on_overflow,
+        })
+    }
+
     pub fn validate(&mut self) -> Result<(), String> {
         if self.max_buffer_bytes == 0 || self.max_buffer_bytes > MAX_BUFFER_LIMIT {
             return Err(format!(

@@ -1,31 +1,58 @@
 //! `when`: which requests an operation applies to. Every part given must hold (a method in
 //! the set, a path prefix, each header present or equal); an absent `when` matches all.
 
-use serde::Deserialize;
+use crate::json::{Field, Obj};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Condition {
     /// Any of these methods (case-sensitive, as HTTP methods are).
-    #[serde(default)]
     pub methods: Vec<String>,
     /// The path (its query left out) starts with this.
-    #[serde(default)]
     pub path_prefix: Option<String>,
-    #[serde(default)]
     pub headers: Vec<HeaderCondition>,
 }
 
 /// `{"name": "x-a"}`: present; `{"name": "x-a", "value": "1"}`: present with this value.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HeaderCondition {
     pub name: String,
-    #[serde(default)]
     pub value: Option<String>,
 }
 
+impl HeaderCondition {
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o: Obj<'_> = f.object("struct HeaderCondition")?;
+        o.fields(&["name", "value"])?;
+        Ok(Self {
+            name: o.need("name")?.string()?,
+            value: o.opt("value").map(Field::string).transpose()?,
+        })
+    }
+}
+
 impl Condition {
+    pub fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o = f.object("struct Condition")?;
+        o.fields(&["methods", "path_prefix", "headers"])?;
+        let headers = match o.get("headers") {
+            Some(h) => h
+                .items()?
+                .into_iter()
+                .map(HeaderCondition::from_json)
+                .collect::<Result<_, _>>()?,
+            None => Vec::new(),
+        };
+        Ok(Self {
+            methods: o
+                .get("methods")
+                .map(Field::strings)
+                .transpose()?
+                .unwrap_or_default(),
+            path_prefix: o.opt("path_prefix").map(Field::string).transpose()?,
+            headers,
+        })
+    }
+
     pub fn validate(&mut self, at: &str) -> Result<(), String> {
         for (i, m) in self.methods.iter().enumerate() {
             if !crate::header_ops::is_token(m) {
@@ -86,7 +113,8 @@ mod tests {
     use super::*;
 
     fn cond(json: &str) -> Result<Condition, String> {
-        let mut c: Condition = serde_json::from_str(json).map_err(|e| e.to_string())?;
+        let v = crate::json::parse(json.as_bytes(), 1 << 20).map_err(|e| e.to_string())?;
+        let mut c = Condition::from_json(Field::root(&v))?;
         c.validate("when")?;
         Ok(c)
     }

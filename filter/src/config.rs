@@ -3,16 +3,26 @@
 //! Unknown roles and unknown fields are errors, so a typo is caught when Envoy loads the
 //! configuration (its canary rejects it) instead of silently doing nothing.
 
-use serde::Deserialize;
-
 use crate::body_ops::BodyOperation;
 use crate::header_ops::HeaderOperation;
+use crate::json::{self, Field};
 use crate::rate_limit::RateLimit;
 use crate::stats::StatsConfig;
 use crate::tcp_count::TcpCounter;
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(tag = "role", rename_all = "kebab-case", deny_unknown_fields)]
+/// A configuration is a few hundred bytes; this bounds what parsing one may build.
+pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+
+/// The roles, in [`PluginConfig`]'s order.
+const ROLES: [&str; 5] = [
+    "http-header-operation",
+    "http-body-operation",
+    "tcp-total-data-size-counter",
+    "rate-limit",
+    "stats-aggregator",
+];
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PluginConfig {
     HttpHeaderOperation(HeaderOperation),
     HttpBodyOperation(BodyOperation),
@@ -23,13 +33,14 @@ pub enum PluginConfig {
 
 impl PluginConfig {
     pub fn role(&self) -> &'static str {
-        match self {
-            Self::HttpHeaderOperation(_) => "http-header-operation",
-            Self::HttpBodyOperation(_) => "http-body-operation",
-            Self::TcpTotalDataSizeCounter(_) => "tcp-total-data-size-counter",
-            Self::RateLimit(_) => "rate-limit",
-            Self::StatsAggregator(_) => "stats-aggregator",
-        }
+        let i = match self {
+            Self::HttpHeaderOperation(_) => 0,
+            Self::HttpBodyOperation(_) => 1,
+            Self::TcpTotalDataSizeCounter(_) => 2,
+            Self::RateLimit(_) => 3,
+            Self::StatsAggregator(_) => 4,
+        };
+        ROLES.get(i).copied().unwrap_or_default()
     }
 
     /// Parses and validates; the error names the field and the problem in one line.
@@ -37,7 +48,17 @@ impl PluginConfig {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err("the plugin configuration is empty: expected JSON such as {\"role\": \"http-header-operation\", ...}".into());
         }
-        let mut config: Self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        let doc = json::parse(bytes, MAX_CONFIG_BYTES).map_err(|e| e.to_string())?;
+        let o = Field::root(&doc).object("internally tagged enum PluginConfig")?;
+        let role = o.need("role")?.variant(&ROLES)?;
+        let o = o.tagged("role");
+        let mut config = match role {
+            0 => Self::HttpHeaderOperation(HeaderOperation::from_json(&o)?),
+            1 => Self::HttpBodyOperation(BodyOperation::from_json(&o)?),
+            2 => Self::TcpTotalDataSizeCounter(TcpCounter::from_json(&o)?),
+            3 => Self::RateLimit(RateLimit::from_json(&o)?),
+            _ => Self::StatsAggregator(StatsConfig::from_json(&o)?),
+        };
         match &mut config {
             Self::HttpHeaderOperation(c) => c.validate()?,
             Self::HttpBodyOperation(c) => c.validate()?,
@@ -50,8 +71,7 @@ impl PluginConfig {
 }
 
 /// Log levels as proxy-wasm numbers them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
-#[serde(rename_all = "lowercase")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum LogLevel {
     Trace = 0,
     Debug = 1,
@@ -63,17 +83,13 @@ pub enum LogLevel {
 
 /// VM-wide settings, shared by every plugin of the VM (every plugin naming the same `vm_id`
 /// and code must give the same `vm_config`, or Envoy starts a separate VM for it).
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmConfig {
     /// Lines below this level are not even formatted.
-    #[serde(default = "default_log_level")]
     pub log_level: LogLevel,
     /// The shared queue HTTP streams put stats records on and the aggregator drains.
-    #[serde(default = "default_queue_name")]
     pub queue_name: String,
     /// Prepended to every shared-data key, so two modules sharing a `vm_id` cannot collide.
-    #[serde(default = "default_prefix")]
     pub shared_data_prefix: String,
 }
 
@@ -103,7 +119,34 @@ impl VmConfig {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self::default());
         }
-        let config: Self = serde_json::from_slice(bytes).map_err(|e| e.to_string())?;
+        let doc = json::parse(bytes, MAX_CONFIG_BYTES).map_err(|e| e.to_string())?;
+        let o = Field::root(&doc).object("struct VmConfig")?;
+        o.fields(&["log_level", "queue_name", "shared_data_prefix"])?;
+        const LEVELS: [LogLevel; 6] = [
+            LogLevel::Trace,
+            LogLevel::Debug,
+            LogLevel::Info,
+            LogLevel::Warn,
+            LogLevel::Error,
+            LogLevel::Critical,
+        ];
+        let level = o
+            .get("log_level")
+            .map(|f| f.variant(&["trace", "debug", "info", "warn", "error", "critical"]));
+        let text = |name: &str, default: fn() -> String| {
+            o.get(name)
+                .map(Field::string)
+                .transpose()
+                .map(|s| s.unwrap_or_else(default))
+        };
+        let config = Self {
+            log_level: match level.transpose()? {
+                Some(i) => LEVELS.get(i).copied().unwrap_or(LogLevel::Info),
+                None => default_log_level(),
+            },
+            queue_name: text("queue_name", default_queue_name)?,
+            shared_data_prefix: text("shared_data_prefix", default_prefix)?,
+        };
         if config.queue_name.is_empty() {
             return Err("queue_name: must not be empty".into());
         }
@@ -150,6 +193,53 @@ mod tests {
         assert!(PluginConfig::parse(b"{not json")
             .unwrap_err()
             .contains("key must be a string"));
+    }
+
+    #[test]
+    fn the_document_is_bounded_and_read_as_serde_read_it() {
+        let big = format!(
+            r#"{{"role":"http-header-operation","request":{{"remove":["{}"]}}}}"#,
+            "x".repeat(MAX_CONFIG_BYTES)
+        );
+        let e = PluginConfig::parse(big.as_bytes()).unwrap_err();
+        assert!(e.ends_with("bytes, over the 1048576-byte limit"), "{e}");
+        for (json, want) in [
+            (
+                "[]",
+                "invalid type: sequence, expected internally tagged enum PluginConfig",
+            ),
+            (
+                r#"{"role":5}"#,
+                "invalid type: integer `5`, expected a string at role",
+            ),
+            (
+                r#"{"role":"rate-limit","role":"rate-limit"}"#,
+                "duplicate field `role`",
+            ),
+            (
+                r#"{"role":"http-header-operation","request":{"add":[{"name":"a","value":"b","name":"c"}]}}"#,
+                "duplicate field `name` at request.add[0]",
+            ),
+            (
+                r#"{"role":"http-body-operation","request":{"replace":{}}}"#,
+                "invalid type: map, expected a sequence at request.replace",
+            ),
+            (
+                r#"{"role":"http-header-operation"} {}"#,
+                "trailing characters at line 1 column 34",
+            ),
+        ] {
+            assert_eq!(
+                PluginConfig::parse(json.as_bytes()).unwrap_err(),
+                want,
+                "{json}"
+            );
+        }
+        let e = VmConfig::parse(br#"{"log_level":"loud"}"#).unwrap_err();
+        assert_eq!(
+            e,
+            "unknown variant `loud`, expected one of `trace`, `debug`, `info`, `warn`, `error`, `critical` at log_level"
+        );
     }
 
     #[test]

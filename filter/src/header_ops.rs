@@ -4,39 +4,40 @@
 //! Order is fixed (remove, then set, then add) so a config can say "drop every `x-foo`, then
 //! add ours" without depending on how JSON orders keys.
 
-use serde::Deserialize;
-
 use crate::conditions::Condition;
+use crate::json::{Field, Obj};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct HeaderOperation {
     /// Both lists apply only to requests that match (the response list: to responses to
     /// requests that matched).
-    #[serde(default)]
     pub when: Option<Condition>,
-    #[serde(default)]
     pub request: Ops,
-    #[serde(default)]
     pub response: Ops,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Ops {
-    #[serde(default)]
     pub remove: Vec<String>,
-    #[serde(default)]
     pub set: Vec<Header>,
-    #[serde(default)]
     pub add: Vec<Header>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Header {
     pub name: String,
     pub value: String,
+}
+
+impl Header {
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o = f.object("struct Header")?;
+        o.fields(&["name", "value"])?;
+        Ok(Self {
+            name: o.need("name")?.string()?,
+            value: o.need("value")?.string()?,
+        })
+    }
 }
 
 /// One edit, as the glue applies it with a hostcall.
@@ -55,6 +56,17 @@ pub fn is_token(s: &str) -> bool {
 }
 
 impl HeaderOperation {
+    /// The role's fields (the `role` tag left to the caller).
+    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
+        o.fields(&["when", "request", "response"])?;
+        let ops = |name| o.get(name).map(Ops::from_json).transpose();
+        Ok(Self {
+            when: o.opt("when").map(Condition::from_json).transpose()?,
+            request: ops("request")?.unwrap_or_default(),
+            response: ops("response")?.unwrap_or_default(),
+        })
+    }
+
     pub fn validate(&mut self) -> Result<(), String> {
         if let Some(when) = &mut self.when {
             when.validate("when")?;
@@ -69,6 +81,24 @@ impl HeaderOperation {
 }
 
 impl Ops {
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o = f.object("struct Ops")?;
+        o.fields(&["remove", "set", "add"])?;
+        let headers = |name| match o.get(name) {
+            Some(list) => list.items()?.into_iter().map(Header::from_json).collect(),
+            None => Ok(Vec::new()),
+        };
+        Ok(Self {
+            remove: o
+                .get("remove")
+                .map(Field::strings)
+                .transpose()?
+                .unwrap_or_default(),
+            set: headers("set")?,
+            add: headers("add")?,
+        })
+    }
+
     pub fn len(&self) -> usize {
         self.remove.len() + self.set.len() + self.add.len()
     }

@@ -16,6 +16,7 @@ pub mod conditions;
 pub mod config;
 pub mod context_table;
 pub mod header_ops;
+pub mod json;
 pub mod metrics;
 pub mod rate_limit;
 pub mod redact;

@@ -4,26 +4,26 @@
 //! with compare-and-swap, retrying when another worker got there first.
 //!
 //! Tokens are counted in thousandths so a fractional refill rate (0.5 per second) is exact
-//! enough without floating point in the stored state. A bucket is stored as text,
+//! without floating point, in the stored state and in the configuration (read from its
+//! decimal text). A bucket is stored as text,
 //! `<milli-tokens> <last-update-ns>`, inside a table entry of [`crate::bucket_table`], whose
 //! size the configuration fixes.
 
-use serde::Deserialize;
+use std::fmt;
 
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
+use crate::json::{Field, Obj};
+
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RateLimit {
     pub key: KeySource,
     /// The bucket's size: how many requests may come at once.
     pub burst: u32,
     /// Tokens added back per second (fractions allowed, e.g. 0.5).
-    pub refill_per_second: f64,
+    pub refill_per_second: Rate,
     /// A bucket unused this long (and refilled) may be taken over by another key.
-    #[serde(default = "default_idle")]
     pub idle_seconds: u32,
     /// Table entries in shared data: keys active within `idle_seconds` beyond this share
     /// an overflow bucket. It bounds Envoy's memory, whatever keys clients send.
-    #[serde(default = "default_buckets")]
     pub buckets: u32,
 }
 
@@ -36,14 +36,85 @@ fn default_idle() -> u32 {
 }
 
 /// Where the bucket's key comes from.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KeySource {
     /// `{"header": "x-api-key"}`: that request header's value; requests without it share
     /// one bucket.
     Header(String),
     /// `"client-address"`: the client's IP address (`source.address`, port left out).
     ClientAddress,
+}
+
+/// Tokens added back per second, in thousandths.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rate {
+    pub milli: u64,
+}
+
+/// The bounds of `refill_per_second`, in thousandths: 0.001 to 1 000 000 per second.
+const RATE_MILLI: (u64, u64) = (1, 1_000_000_000);
+
+impl Rate {
+    /// From the configuration's number, exactly: more than three decimals round to the
+    /// nearest thousandth, a value out of bounds is refused as written.
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let n = f.scaled(3, "a number")?;
+        let (min, max) = RATE_MILLI;
+        if n.negative || n.units < min || n.units > max || (n.units == max && n.rest) {
+            return Err(format!(
+                "refill_per_second {}: must be between 0.001 and 1000000",
+                n.text
+            ));
+        }
+        Ok(Self { milli: n.rounded() })
+    }
+}
+
+/// As a decimal: `2`, `0.5`, `0.001`.
+impl fmt::Display for Rate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (whole, frac) = (self.milli / 1000, self.milli % 1000);
+        if frac == 0 {
+            return write!(f, "{whole}");
+        }
+        let digits = format!("{frac:03}");
+        write!(f, "{whole}.{}", digits.trim_end_matches('0'))
+    }
+}
+
+impl KeySource {
+    /// `"client-address"` or `{"header": "<name>"}`, with serde's messages for the rest.
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        const VARIANTS: [&str; 2] = ["header", "client-address"];
+        let unknown = |name: &str| {
+            f.error(format!(
+                "unknown variant `{name}`, expected `header` or `client-address`"
+            ))
+        };
+        let expected = "`\"client-address\"` or `{\"header\": ...}`";
+        match f.value {
+            crate::json::Value::String(s) => match f.variant(&VARIANTS)? {
+                1 => Ok(Self::ClientAddress),
+                _ => Err(f.error(format!(
+                    "{s:?} needs a header name: {{\"header\": \"<name>\"}}"
+                ))),
+            },
+            crate::json::Value::Object(entries) => match entries.as_slice() {
+                [(name, value)] if name == "header" => Field {
+                    at: format!("{}.header", f.at),
+                    value,
+                }
+                .string()
+                .map(Self::Header),
+                [(name, _)] if name == "client-address" => {
+                    Err(f.error("`client-address` takes no value: write \"client-address\"".into()))
+                }
+                [(name, _)] => Err(unknown(name)),
+                _ => Err(f.invalid_type(expected)),
+            },
+            _ => Err(f.invalid_type(expected)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +130,30 @@ pub enum Decision {
 }
 
 impl RateLimit {
+    /// The role's fields (the `role` tag left to the caller).
+    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
+        o.fields(&[
+            "key",
+            "burst",
+            "refill_per_second",
+            "idle_seconds",
+            "buckets",
+        ])?;
+        let number = |name: &str, default: fn() -> u32| {
+            o.get(name)
+                .map(Field::u32)
+                .transpose()
+                .map(|n| n.unwrap_or_else(default))
+        };
+        Ok(Self {
+            key: KeySource::from_json(o.need("key")?)?,
+            burst: o.need("burst")?.u32()?,
+            refill_per_second: Rate::from_json(o.need("refill_per_second")?)?,
+            idle_seconds: number("idle_seconds", default_idle)?,
+            buckets: number("buckets", default_buckets)?,
+        })
+    }
+
     pub fn validate(&mut self) -> Result<(), String> {
         if let KeySource::Header(h) = &mut self.key {
             if !crate::header_ops::is_token(h.strip_prefix(':').unwrap_or(h)) {
@@ -68,15 +163,6 @@ impl RateLimit {
         }
         if self.burst == 0 {
             return Err("burst: must be at least 1".into());
-        }
-        if !(self.refill_per_second.is_finite()
-            && self.refill_per_second >= 0.001
-            && self.refill_per_second <= 1_000_000.0)
-        {
-            return Err(format!(
-                "refill_per_second {}: must be between 0.001 and 1000000",
-                self.refill_per_second
-            ));
         }
         if self.idle_seconds == 0 {
             return Err("idle_seconds: must be at least 1".into());
@@ -96,7 +182,7 @@ impl RateLimit {
     }
 
     fn milli_per_second(&self) -> u64 {
-        ((self.refill_per_second * 1000.0).round() as u64).max(1)
+        self.refill_per_second.milli.max(1)
     }
 
     pub fn idle_ns(&self) -> u64 {
@@ -356,6 +442,39 @@ mod tests {
     }
 
     #[test]
+    fn the_refill_rate_is_read_from_its_decimal_text() {
+        let rate = |text: &str| {
+            limit(&format!(
+                r#"{{"role":"rate-limit","key":"client-address","burst":1,"refill_per_second":{text}}}"#
+            ))
+            .map(|r| (r.refill_per_second.milli, r.refill_per_second.to_string()))
+        };
+        for (text, milli, shown) in [
+            ("2", 2000, "2"),
+            ("0.5", 500, "0.5"),
+            ("0.25", 250, "0.25"),
+            ("0.001", 1, "0.001"),
+            ("0.0015", 2, "0.002"),
+            ("1.0019", 1002, "1.002"),
+            ("2.5e-1", 250, "0.25"),
+            ("1e6", 1_000_000_000, "1000000"),
+            ("1000000.000", 1_000_000_000, "1000000"),
+        ] {
+            assert_eq!(rate(text), Ok((milli, shown.to_string())), "{text}");
+        }
+        for text in ["0", "-1", "-0", "0.0009", "1000000.0001", "1e7", "1e-400"] {
+            assert_eq!(
+                rate(text).unwrap_err(),
+                format!("refill_per_second {text}: must be between 0.001 and 1000000")
+            );
+        }
+        assert_eq!(
+            rate(r#""1""#).unwrap_err(),
+            "invalid type: string \"1\", expected a number at refill_per_second"
+        );
+    }
+
+    #[test]
     fn bad_configurations_name_the_field() {
         for (json, want) in [
             (
@@ -390,6 +509,30 @@ mod tests {
             (
                 r#""key":"client-address","burst":1,"refill_per_second":1,"per":1"#,
                 "unknown field `per`",
+            ),
+            (
+                r#""key":"header","burst":1,"refill_per_second":1"#,
+                "\"header\" needs a header name",
+            ),
+            (
+                r#""key":{"header":5},"burst":1,"refill_per_second":1"#,
+                "invalid type: integer `5`, expected a string at key.header",
+            ),
+            (
+                r#""key":{"client-address":1},"burst":1,"refill_per_second":1"#,
+                "takes no value",
+            ),
+            (
+                r#""key":{"hdr":"x"},"burst":1,"refill_per_second":1"#,
+                "unknown variant `hdr`, expected `header` or `client-address` at key",
+            ),
+            (
+                r#""key":5,"burst":1,"refill_per_second":1"#,
+                "invalid type: integer `5`",
+            ),
+            (
+                r#""key":"client-address","burst":-1,"refill_per_second":1"#,
+                "invalid value: integer `-1`, expected u32 at burst",
             ),
         ] {
             let e = limit(&format!(r#"{{"role":"rate-limit",{json}}}"#)).unwrap_err();

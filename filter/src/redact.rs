@@ -4,6 +4,8 @@
 
 use std::collections::BTreeSet;
 
+use crate::json::{self, Lexer, MAX_DEPTH};
+
 /// What redaction did to a body.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Redacted {
@@ -25,15 +27,12 @@ pub enum Redacted {
 /// writes it into a buffer of exactly that size. Neither keeps a list of what to mask, so
 /// memory stays the body plus the output, whatever the body holds.
 pub fn redact(body: &[u8], keys: &BTreeSet<String>, mask: &str, limit: usize) -> Redacted {
-    // serde_json checks the syntax, so the scanner below walks a document known to be
-    // valid; it bounds the nesting itself, to stay well within the guest's stack.
-    if let Err(e) = serde_json::from_slice::<serde::de::IgnoredAny>(body) {
+    let mut quoted = String::new();
+    json::write::quote(mask, &mut quoted);
+    // The planning walk checks the syntax as it goes: the writing walk sees a valid document.
+    let mut plan = Scanner::new(body, keys, quoted.as_bytes(), None);
+    if let Err(e) = plan.document() {
         return Redacted::NotJson(e.to_string());
-    }
-    let mask = serde_json::Value::String(mask.to_string()).to_string();
-    let mut plan = Scanner::new(body, keys, mask.as_bytes(), None);
-    if plan.value().is_none() {
-        return Redacted::NotJson(format!("nested deeper than {MAX_DEPTH} levels"));
     }
     if plan.masked == 0 {
         return Redacted::Unchanged;
@@ -42,18 +41,19 @@ pub fn redact(body: &[u8], keys: &BTreeSet<String>, mask: &str, limit: usize) ->
         return Redacted::TooLarge(plan.out_len);
     }
     let mut out = Vec::with_capacity(plan.out_len);
-    let mut write = Scanner::new(body, keys, mask.as_bytes(), Some(&mut out));
-    if write.value().is_none() {
-        return Redacted::NotJson(format!("nested deeper than {MAX_DEPTH} levels"));
+    let mut write = Scanner::new(body, keys, quoted.as_bytes(), Some(&mut out));
+    if let Err(e) = write.document() {
+        return Redacted::NotJson(e.to_string());
     }
     let (masked, copied) = (write.masked, write.copied);
     out.extend_from_slice(body.get(copied..).unwrap_or_default());
     Redacted::Changed(out, masked)
 }
 
+/// A walk over the document on [`json::Lexer`], noting (or writing) what masking changes.
 struct Scanner<'a, 'o> {
+    lex: Lexer<'a>,
     b: &'a [u8],
-    i: usize,
     keys: &'a BTreeSet<String>,
     mask: &'a [u8],
     /// Where the output goes on the writing walk; `None` while planning.
@@ -65,11 +65,9 @@ struct Scanner<'a, 'o> {
     masked: usize,
     /// Inside a value being masked: keys in it are not looked at.
     masking: bool,
-    depth: usize,
+    /// The key last read, unescaped (one buffer for the whole walk).
+    key: String,
 }
-
-/// Objects and arrays nested deeper than this are refused (serde_json's own default).
-pub const MAX_DEPTH: usize = 128;
 
 impl<'a, 'o> Scanner<'a, 'o> {
     fn new(
@@ -79,8 +77,8 @@ impl<'a, 'o> Scanner<'a, 'o> {
         out: Option<&'o mut Vec<u8>>,
     ) -> Self {
         Self {
+            lex: Lexer::new(b),
             b,
-            i: 0,
             keys,
             mask,
             out,
@@ -88,7 +86,7 @@ impl<'a, 'o> Scanner<'a, 'o> {
             out_len: b.len(),
             masked: 0,
             masking: false,
-            depth: 0,
+            key: String::new(),
         }
     }
 
@@ -103,136 +101,83 @@ impl<'a, 'o> Scanner<'a, 'o> {
         self.copied = end;
     }
 
-    fn peek(&self) -> Option<u8> {
-        self.b.get(self.i).copied()
+    fn document(&mut self) -> Result<(), json::Error> {
+        self.value(0)?;
+        self.lex.end()
     }
 
-    fn ws(&mut self) {
-        while matches!(self.peek(), Some(b' ' | b'\t' | b'\n' | b'\r')) {
-            self.i += 1;
-        }
-    }
-
-    fn eat(&mut self, c: u8) -> Option<()> {
-        self.ws();
-        (self.peek()? == c).then(|| self.i += 1)
-    }
-
-    /// Walks one value, recording spans of listed keys' values inside it.
-    fn value(&mut self) -> Option<()> {
-        self.ws();
-        if matches!(self.peek()?, b'{' | b'[') {
-            self.depth += 1;
-            if self.depth > MAX_DEPTH {
-                return None;
-            }
-            let walked = self.nested();
-            self.depth -= 1;
-            return walked;
-        }
-        match self.peek()? {
-            b'"' => self.string().map(drop),
-            _ => {
-                while !matches!(
-                    self.peek(),
-                    None | Some(b',' | b']' | b'}' | b' ' | b'\t' | b'\n' | b'\r')
-                ) {
-                    self.i += 1;
+    /// Walks one value, masking listed keys' values inside it.
+    fn value(&mut self, depth: usize) -> Result<(), json::Error> {
+        match self.lex.next("a value")? {
+            b'"' => self.lex.string(None),
+            c @ (b'{' | b'[') => {
+                if depth >= MAX_DEPTH {
+                    return Err(self
+                        .lex
+                        .error(format!("nested deeper than {MAX_DEPTH} levels")));
                 }
-                Some(())
-            }
-        }
-    }
-
-    fn nested(&mut self) -> Option<()> {
-        match self.peek()? {
-            b'{' => self.object(),
-            _ => {
-                self.i += 1;
-                self.ws();
-                if self.peek()? == b']' {
-                    self.i += 1;
-                    return Some(());
-                }
-                loop {
-                    self.value()?;
-                    self.ws();
-                    match self.peek()? {
-                        b',' => self.i += 1,
-                        b']' => {
-                            self.i += 1;
-                            return Some(());
-                        }
-                        _ => return None,
-                    }
+                self.lex.bump();
+                if c == b'{' {
+                    self.object(depth + 1)
+                } else {
+                    self.array(depth + 1)
                 }
             }
+            _ => self.lex.scalar().map(drop),
         }
     }
 
-    fn object(&mut self) -> Option<()> {
-        self.i += 1;
-        self.ws();
-        if self.peek()? == b'}' {
-            self.i += 1;
-            return Some(());
+    fn array(&mut self, depth: usize) -> Result<(), json::Error> {
+        if self.lex.next("a list")? == b']' {
+            self.lex.bump();
+            return Ok(());
         }
         loop {
-            self.ws();
-            let (start, end) = self.string()?;
-            self.eat(b':')?;
-            self.ws();
-            let value_start = self.i;
-            if !self.masking && self.listed(start, end) {
+            self.value(depth)?;
+            match self.lex.next("a list")? {
+                b',' => self.lex.bump(),
+                b']' => {
+                    self.lex.bump();
+                    return Ok(());
+                }
+                _ => return Err(self.lex.error("expected `,` or `]`".into())),
+            }
+        }
+    }
+
+    fn object(&mut self, depth: usize) -> Result<(), json::Error> {
+        if self.lex.next("an object")? == b'}' {
+            self.lex.bump();
+            return Ok(());
+        }
+        loop {
+            if self.lex.next("an object")? != b'"' {
+                return Err(self.lex.error("key must be a string".into()));
+            }
+            self.key.clear();
+            self.lex.string(Some(&mut self.key))?;
+            self.lex.colon()?;
+            if !self.masking && self.keys.contains(&self.key) {
                 // Skip it without looking for keys inside: the whole value goes.
+                self.lex.next("a value")?;
+                let value_start = self.lex.at();
                 self.masking = true;
-                let walked = self.value();
+                let walked = self.value(depth);
                 self.masking = false;
                 walked?;
-                self.mask_span(value_start, self.i);
+                self.mask_span(value_start, self.lex.at());
             } else {
-                self.value()?;
+                self.value(depth)?;
             }
-            self.ws();
-            match self.peek()? {
-                b',' => self.i += 1,
+            match self.lex.next("an object")? {
+                b',' => self.lex.bump(),
                 b'}' => {
-                    self.i += 1;
-                    return Some(());
+                    self.lex.bump();
+                    return Ok(());
                 }
-                _ => return None,
+                _ => return Err(self.lex.error("expected `,` or `}`".into())),
             }
         }
-    }
-
-    /// Skips a string at the cursor; returns the range including its quotes.
-    fn string(&mut self) -> Option<(usize, usize)> {
-        let start = self.i;
-        if self.peek()? != b'"' {
-            return None;
-        }
-        self.i += 1;
-        loop {
-            match self.peek()? {
-                b'\\' => self.i += 2,
-                b'"' => {
-                    self.i += 1;
-                    return Some((start, self.i));
-                }
-                _ => self.i += 1,
-            }
-        }
-    }
-
-    fn listed(&self, start: usize, end: usize) -> bool {
-        let Some(raw) = self.b.get(start..end) else {
-            return false;
-        };
-        let inner = raw.get(1..raw.len().saturating_sub(1)).unwrap_or_default();
-        if !inner.contains(&b'\\') {
-            return std::str::from_utf8(inner).is_ok_and(|k| self.keys.contains(k));
-        }
-        serde_json::from_slice::<String>(raw).is_ok_and(|k| self.keys.contains(&k))
     }
 }
 
@@ -300,12 +245,24 @@ mod tests {
 
     #[test]
     fn not_json_is_reported() {
-        for body in [&b"hello"[..], b"{\"a\":", b"", b"{\"a\":1} trailing"] {
+        for body in [
+            &b"hello"[..],
+            b"{\"a\":",
+            b"",
+            b"{\"a\":1} trailing",
+            b"{\"a\":\"\xff\"}",
+            b"{\"a\":\"\\ud800\"}",
+            b"[1,]",
+        ] {
             assert!(
                 matches!(redact(body, &keys(&["a"]), "-", L), Redacted::NotJson(_)),
                 "{body:?}"
             );
         }
+        assert_eq!(
+            redact(b"{\"a\":1,\n \"b\" 2}", &keys(&["a"]), "-", L),
+            Redacted::NotJson("expected `:` at line 2 column 6".into())
+        );
         let deep = "[".repeat(200) + &"]".repeat(200);
         assert!(matches!(
             redact(deep.as_bytes(), &keys(&["a"]), "-", L),

@@ -6,40 +6,54 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use crate::json::{write, Field, Obj};
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatsConfig {
-    #[serde(default)]
     pub mode: Mode,
     /// Aggregate only: seconds between summaries (default 10).
-    #[serde(default)]
     pub tick_seconds: Option<u32>,
     /// Aggregate only: where summaries are posted.
-    #[serde(default)]
     pub collector: Option<Collector>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Mode {
     #[default]
     Record,
     Aggregate,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Collector {
     /// A cluster of the bootstrap.
     pub cluster: String,
-    #[serde(default = "default_path")]
     pub path: String,
-    #[serde(default = "default_authority")]
     pub authority: String,
-    #[serde(default = "default_timeout")]
     pub timeout_ms: u32,
+}
+
+impl Collector {
+    fn from_json(f: Field<'_>) -> Result<Self, String> {
+        let o = f.object("struct Collector")?;
+        o.fields(&["cluster", "path", "authority", "timeout_ms"])?;
+        let text = |name: &str, default: fn() -> String| {
+            o.get(name)
+                .map(Field::string)
+                .transpose()
+                .map(|s| s.unwrap_or_else(default))
+        };
+        Ok(Self {
+            cluster: o.need("cluster")?.string()?,
+            path: text("path", default_path)?,
+            authority: text("authority", default_authority)?,
+            timeout_ms: o
+                .get("timeout_ms")
+                .map(Field::u32)
+                .transpose()?
+                .unwrap_or_else(default_timeout),
+        })
+    }
 }
 
 fn default_path() -> String {
@@ -53,6 +67,20 @@ fn default_timeout() -> u32 {
 }
 
 impl StatsConfig {
+    /// The role's fields (the `role` tag left to the caller).
+    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
+        o.fields(&["mode", "tick_seconds", "collector"])?;
+        let mode = o.get("mode").map(|f| f.variant(&["record", "aggregate"]));
+        Ok(Self {
+            mode: match mode.transpose()? {
+                Some(1) => Mode::Aggregate,
+                _ => Mode::Record,
+            },
+            tick_seconds: o.opt("tick_seconds").map(Field::u32).transpose()?,
+            collector: o.opt("collector").map(Collector::from_json).transpose()?,
+        })
+    }
+
     pub fn validate(&mut self) -> Result<(), String> {
         if self.mode == Mode::Record {
             if self.tick_seconds.is_some() {
@@ -258,17 +286,10 @@ impl Aggregate {
     /// One line of JSON: `{"requests":3,"routes":{"/api":{"2xx":2,"5xx":1}},"latency_ms":{"<1":3}}`
     /// (only non-zero counts).
     pub fn summary(&self) -> String {
-        let mut routes = serde_json::Map::new();
-        for (route, counts) in &self.by_route {
-            let mut by_class = serde_json::Map::new();
-            for (name, n) in CLASSES.iter().zip(counts) {
-                if *n > 0 {
-                    by_class.insert((*name).to_string(), (*n).into());
-                }
-            }
-            routes.insert(route.clone(), by_class.into());
-        }
-        let mut latency = serde_json::Map::new();
+        let mut out = String::new();
+        // Keys in byte order at every level, as readers have always seen them.
+        let mut summary = write::Object::new(&mut out);
+        let mut latency: Vec<(String, u64)> = Vec::new();
         for (i, n) in self.latency.iter().enumerate() {
             if *n == 0 {
                 continue;
@@ -277,10 +298,31 @@ impl Aggregate {
                 Some(b) => format!("<{b}"),
                 None => format!(">={}", LATENCY_BOUNDS_MS[LATENCY_BOUNDS_MS.len() - 1]),
             };
-            latency.insert(name, (*n).into());
+            latency.push((name, *n));
         }
-        serde_json::json!({"requests": self.requests, "routes": routes, "latency_ms": latency})
-            .to_string()
+        latency.sort();
+        let mut by_bucket = write::Object::new(summary.key("latency_ms"));
+        for (name, n) in &latency {
+            by_bucket.number(name, *n);
+        }
+        by_bucket.end();
+        summary.number("requests", self.requests);
+        let mut routes = write::Object::new(summary.key("routes"));
+        for (route, counts) in &self.by_route {
+            let mut by_class = write::Object::new(routes.key(route));
+            // `1xx` to `5xx`, then `none`.
+            for i in (1..CLASSES.len()).chain([0]) {
+                if let (Some(name), Some(n)) = (CLASSES.get(i), counts.get(i)) {
+                    if *n > 0 {
+                        by_class.number(name, *n);
+                    }
+                }
+            }
+            by_class.end();
+        }
+        routes.end();
+        summary.end();
+        out
     }
 }
 
@@ -342,6 +384,50 @@ mod tests {
         assert_eq!(b.by_route["/x"][4], 2);
         assert_eq!(b.latency[7], 1);
         assert!(!b.is_empty() && Aggregate::default().is_empty());
+    }
+
+    #[test]
+    fn the_summary_is_the_json_serde_json_wrote() {
+        // The summary's readers saw serde_json's output: sorted keys, its string escapes.
+        let mut a = Aggregate::default();
+        let latencies = [0, 2, 7, 20, 70, 200, 700, 5000];
+        for (i, route) in ["/a\"b\\", "/\u{1}\u{1f}", "/é€", "/plain"]
+            .iter()
+            .enumerate()
+        {
+            for (j, status) in [None, Some(101), Some(204), Some(302), Some(404), Some(599)]
+                .into_iter()
+                .enumerate()
+            {
+                if (i + j) % 3 != 0 {
+                    let ms = latencies[(i + j) % latencies.len()];
+                    a.add(&Record::new(route, status, ms * 1_000_000));
+                }
+            }
+        }
+        let mut routes = serde_json::Map::new();
+        for (route, counts) in &a.by_route {
+            let mut by_class = serde_json::Map::new();
+            for (name, n) in CLASSES.iter().zip(counts).filter(|(_, n)| **n > 0) {
+                by_class.insert(name.to_string(), (*n).into());
+            }
+            routes.insert(route.clone(), by_class.into());
+        }
+        let mut latency = serde_json::Map::new();
+        for (i, n) in a.latency.iter().enumerate().filter(|(_, n)| **n > 0) {
+            let name = match LATENCY_BOUNDS_MS.get(i) {
+                Some(b) => format!("<{b}"),
+                None => ">=1000".to_string(),
+            };
+            latency.insert(name, (*n).into());
+        }
+        let want =
+            serde_json::json!({"requests": a.requests, "routes": routes, "latency_ms": latency});
+        assert_eq!(a.summary(), want.to_string());
+        assert_eq!(
+            Aggregate::default().summary(),
+            r#"{"latency_ms":{},"requests":0,"routes":{}}"#
+        );
     }
 
     #[test]

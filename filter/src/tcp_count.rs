@@ -5,18 +5,26 @@
 //! The totals are stored as text, `in=<bytes> out=<bytes> connections=<n>`, so an operator
 //! (or a scenario's `shared_data` check) can read them as they are.
 
-use serde::Deserialize;
+use crate::json::{Field, Obj};
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpCounter {
     /// Log each connection's bytes when it closes (the totals are kept either way).
-    #[serde(default = "yes")]
     pub log_connections: bool,
 }
 
-fn yes() -> bool {
-    true
+impl TcpCounter {
+    /// The role's fields (the `role` tag left to the caller).
+    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
+        o.fields(&["log_connections"])?;
+        Ok(Self {
+            log_connections: o
+                .get("log_connections")
+                .map(Field::bool)
+                .transpose()?
+                .unwrap_or(true),
+        })
+    }
 }
 
 /// The shared-data key under the VM's prefix.
@@ -113,8 +121,28 @@ mod tests {
 
     #[test]
     fn config_logs_connections_by_default() {
-        let c: TcpCounter = serde_json::from_str("{}").unwrap();
-        assert!(c.log_connections);
-        assert!(serde_json::from_str::<TcpCounter>(r#"{"log":true}"#).is_err());
+        use crate::config::PluginConfig;
+        let parse = |json: &str| PluginConfig::parse(json.as_bytes());
+        let c = parse(r#"{"role":"tcp-total-data-size-counter"}"#).unwrap();
+        assert_eq!(
+            c,
+            PluginConfig::TcpTotalDataSizeCounter(TcpCounter {
+                log_connections: true
+            })
+        );
+        let c = parse(r#"{"role":"tcp-total-data-size-counter","log_connections":false}"#);
+        assert_eq!(
+            c.unwrap(),
+            PluginConfig::TcpTotalDataSizeCounter(TcpCounter {
+                log_connections: false
+            })
+        );
+        let e = parse(r#"{"role":"tcp-total-data-size-counter","log":true}"#).unwrap_err();
+        assert_eq!(e, "unknown field `log`, expected `log_connections`");
+        let e = parse(r#"{"role":"tcp-total-data-size-counter","log_connections":1}"#);
+        assert_eq!(
+            e.unwrap_err(),
+            "invalid type: integer `1`, expected a boolean at log_connections"
+        );
     }
 }

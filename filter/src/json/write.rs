@@ -1,0 +1,99 @@
+//! Writing JSON: strings escaped as serde_json escapes them (quote, backslash, control
+//! characters; everything else as it is), and objects written key by key.
+
+/// `s` as a JSON string, appended to `out`.
+pub fn quote(s: &str, out: &mut String) {
+    out.push('"');
+    let mut run = 0;
+    for (i, b) in s.bytes().enumerate() {
+        let escape = match b {
+            b'"' => "\\\"",
+            b'\\' => "\\\\",
+            b'\n' => "\\n",
+            b'\r' => "\\r",
+            b'\t' => "\\t",
+            0x08 => "\\b",
+            0x0c => "\\f",
+            0..=0x1f => "",
+            _ => continue,
+        };
+        out.push_str(s.get(run..i).unwrap_or_default());
+        run = i + 1;
+        if escape.is_empty() {
+            const HEX: &[u8; 16] = b"0123456789abcdef";
+            out.push_str("\\u00");
+            out.push(char::from(HEX[usize::from(b >> 4)]));
+            out.push(char::from(HEX[usize::from(b & 0xf)]));
+        } else {
+            out.push_str(escape);
+        }
+    }
+    out.push_str(s.get(run..).unwrap_or_default());
+    out.push('"');
+}
+
+/// An object being written: `{`, then `"key":value` pairs, then `}` on [`Object::end`].
+pub struct Object<'o> {
+    out: &'o mut String,
+    empty: bool,
+}
+
+impl<'o> Object<'o> {
+    pub fn new(out: &'o mut String) -> Self {
+        out.push('{');
+        Self { out, empty: true }
+    }
+
+    /// Writes the key; the caller writes the value into what is returned.
+    pub fn key(&mut self, key: &str) -> &mut String {
+        if !self.empty {
+            self.out.push(',');
+        }
+        self.empty = false;
+        quote(key, self.out);
+        self.out.push(':');
+        self.out
+    }
+
+    pub fn number(&mut self, key: &str, n: u64) {
+        let out = self.key(key);
+        out.push_str(&n.to_string());
+    }
+
+    pub fn end(self) {
+        self.out.push('}');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strings_are_escaped_like_serde_json() {
+        for s in [
+            "plain",
+            "",
+            "q\"b\\s/",
+            "\n\r\t\u{8}\u{c}\u{0}\u{1f}\u{7f}",
+            "é€😀 <>&'",
+        ] {
+            let mut out = String::new();
+            quote(s, &mut out);
+            assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
+        }
+    }
+
+    #[test]
+    fn objects_are_written_key_by_key() {
+        let mut out = String::new();
+        let mut o = Object::new(&mut out);
+        o.number("a\"", 1);
+        let mut inner = Object::new(o.key("b"));
+        inner.number("c", u64::MAX);
+        inner.end();
+        Object::new(o.key("d")).end();
+        o.end();
+        assert_eq!(out, r#"{"a\"":1,"b":{"c":18446744073709551615},"d":{}}"#);
+    }
+}
