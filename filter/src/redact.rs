@@ -25,7 +25,7 @@ pub enum Redacted {
 /// The result is never allocated past `limit` bytes: a first walk only counts what the
 /// output would be (a short mask over many short values can multiply a body), and the second
 /// writes it into a buffer of exactly that size. Neither keeps a list of what to mask, so
-/// memory stays the body plus the output, whatever the body holds.
+/// memory stays the body plus the output (and the longest key), whatever the body holds.
 pub fn redact(body: &[u8], keys: &BTreeSet<String>, mask: &str, limit: usize) -> Redacted {
     let mut quoted = String::new();
     json::write::quote(mask, &mut quoted);
