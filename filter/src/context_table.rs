@@ -34,26 +34,28 @@ impl<T> ContextTable<T> {
 
     /// Adds `id`, replacing a stream already held under the same id.
     pub fn insert(&mut self, id: u32, value: T) {
-        let slot = &mut self.slots[Self::slot(id)];
-        match slot {
-            Some((held, _)) if *held != id => {
+        // `get_mut` rather than indexing: the slot always exists, and no panic path is built.
+        match self.slots.get_mut(Self::slot(id)) {
+            Some(slot @ None) => *slot = Some((id, value)),
+            Some(Some((held, v))) if *held == id => *v = value,
+            _ => {
                 self.overflow.insert(id, value);
             }
-            _ => *slot = Some((id, value)),
         }
     }
 
     pub fn get_mut(&mut self, id: u32) -> Option<&mut T> {
-        match &mut self.slots[Self::slot(id)] {
-            Some((held, value)) if *held == id => Some(value),
+        match self.slots.get_mut(Self::slot(id)) {
+            Some(Some((held, value))) if *held == id => Some(value),
             _ => self.overflow.get_mut(&id),
         }
     }
 
     pub fn remove(&mut self, id: u32) -> Option<T> {
-        let slot = &mut self.slots[Self::slot(id)];
-        match slot {
-            Some((held, _)) if *held == id => slot.take().map(|(_, v)| v),
+        match self.slots.get_mut(Self::slot(id)) {
+            Some(slot) if slot.as_ref().is_some_and(|(held, _)| *held == id) => {
+                slot.take().map(|(_, v)| v)
+            }
             _ => self.overflow.remove(&id),
         }
     }
