@@ -169,21 +169,20 @@ impl BodyOperation {
     /// What `on_configure` logs.
     pub fn summary(&self) -> String {
         let side = |s: &BodySide| {
-            let mut parts = Vec::new();
+            let mut parts = String::new();
             if let Some(m) = s.max_bytes {
-                parts.push(format!("limit {m} bytes"));
+                push_item(&mut parts, format_args!("limit {m} bytes"));
             }
             if let Some(r) = &s.redact_json {
-                parts.push(format!("redact {} keys", r.keys.len()));
+                push_item(&mut parts, format_args!("redact {} keys", r.keys.len()));
             }
             if !s.replace.is_empty() {
-                parts.push(format!("{} replacements", s.replace.len()));
+                push_item(&mut parts, format_args!("{} replacements", s.replace.len()));
             }
             if parts.is_empty() {
-                "nothing".to_string()
-            } else {
-                parts.join(", ")
+                parts.push_str("nothing");
             }
+            parts
         };
         format!(
             "request: {}; response: {}",
@@ -226,7 +225,7 @@ impl BodySide {
     /// never grows past `limit` bytes (`max_buffer_bytes`): past it the rewrite stops and
     /// says so, before allocating more.
     pub fn rewrite(&self, body: &[u8], limit: usize) -> Rewrite {
-        let mut done = Vec::new();
+        let mut done = String::new();
         let mut current: Option<Vec<u8>> = None;
         if let Some(r) = &self.redact_json {
             match redact(body, &r.keys, &r.mask, limit) {
@@ -234,7 +233,7 @@ impl BodySide {
                 Redacted::Unchanged => {}
                 Redacted::TooLarge(_) => return Rewrite::TooLarge(limit),
                 Redacted::Changed(b, n) => {
-                    done.push(format!("{n} values redacted"));
+                    push_item(&mut done, format_args!("{n} values redacted"));
                     current = Some(b);
                 }
             }
@@ -244,17 +243,27 @@ impl BodySide {
             match replace_all(from, r.from.as_bytes(), r.to.as_bytes(), limit) {
                 Replaced::None => {}
                 Replaced::Done(b, n) => {
-                    done.push(format!("{n} x {:?}", r.from));
+                    push_item(&mut done, format_args!("{n} x {:?}", r.from));
                     current = Some(b);
                 }
                 Replaced::TooLarge => return Rewrite::TooLarge(limit),
             }
         }
         match current {
-            Some(b) => Rewrite::Changed(b, done.join(", ")),
+            Some(b) => Rewrite::Changed(b, done),
             None => Rewrite::Unchanged,
         }
     }
+}
+
+/// Appends `item` to a `, `-separated list (rather than collecting the items to join them:
+/// `[String]::join` is a 1.3 KB function in the guest).
+fn push_item(list: &mut String, item: std::fmt::Arguments) {
+    if !list.is_empty() {
+        list.push_str(", ");
+    }
+    // Writing to a `String` does not fail.
+    let _ = std::fmt::Write::write_fmt(list, item);
 }
 
 #[derive(Debug, PartialEq, Eq)]

@@ -15,6 +15,7 @@
 //! for a key ([`classify`]) and what to store.
 
 use crate::rate_limit::{Bucket, RateLimit};
+use crate::stored;
 
 /// How many slots one key may occupy; also the most slots a lookup reads.
 pub const WAYS: u32 = 8;
@@ -56,14 +57,19 @@ impl Entry {
         let Some(value) = value.filter(|v| !v.is_empty()) else {
             return Ok(None);
         };
-        let text = std::str::from_utf8(value).map_err(|_| "entry is not UTF-8".to_string())?;
-        let (fp, rest) = text.split_once(' ').ok_or_else(|| {
-            format!("entry {text:?}: expected `<fingerprint> <milli-tokens> <ns>`")
-        })?;
-        let fingerprint = u64::from_str_radix(fp, 16)
-            .map_err(|_| format!("entry {text:?}: the fingerprint is not hexadecimal"))?;
-        let bucket = Bucket::decode(Some(rest.as_bytes()))?
-            .ok_or_else(|| format!("entry {text:?}: no bucket"))?;
+        let text = stored::text(value, "entry")?;
+        let bad = |problem| stored::malformed("entry", text, problem);
+        let Some((fp, rest)) = text.split_once(' ') else {
+            return Err(bad(format_args!(
+                "expected `<fingerprint> <milli-tokens> <ns>`"
+            )));
+        };
+        let Ok(fingerprint) = u64::from_str_radix(fp, 16) else {
+            return Err(bad(format_args!("the fingerprint is not hexadecimal")));
+        };
+        let Some(bucket) = Bucket::decode(Some(rest.as_bytes()))? else {
+            return Err(bad(format_args!("no bucket")));
+        };
         Ok(Some(Self {
             fingerprint,
             bucket,

@@ -21,6 +21,7 @@ pub mod metrics;
 pub mod rate_limit;
 pub mod redact;
 pub mod stats;
+pub mod stored;
 pub mod tcp_count;
 
 #[cfg(not(target_family = "wasm"))]

@@ -11,6 +11,8 @@
 
 use std::fmt;
 
+use crate::stored;
+
 use crate::json::{Field, Obj};
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -117,6 +119,8 @@ impl KeySource {
     }
 }
 
+const NS_PER_SEC: u64 = 1_000_000_000;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bucket {
     pub milli_tokens: u64,
@@ -199,11 +203,10 @@ impl RateLimit {
                 remaining: tokens / 1000,
             }
         } else {
-            let missing_ns =
-                u128::from(1000 - tokens) * 1_000_000_000 / u128::from(self.milli_per_second());
-            let secs = missing_ns.div_ceil(1_000_000_000).max(1);
+            // At most 1000 * 10^9: within u64.
+            let missing_ns = (1000 - tokens) * NS_PER_SEC / self.milli_per_second();
             Decision::Limited {
-                retry_after_secs: u64::try_from(secs).unwrap_or(u64::MAX),
+                retry_after_secs: missing_ns.div_ceil(NS_PER_SEC).max(1),
             }
         };
         let stored = Bucket {
@@ -231,16 +234,21 @@ impl RateLimit {
         let Some(b) = bucket else {
             return (cap, now_ns);
         };
-        let rate = u128::from(self.milli_per_second());
-        let elapsed = u128::from(now_ns.saturating_sub(b.updated_ns));
-        let added = elapsed * rate / 1_000_000_000;
-        let tokens = u128::from(b.milli_tokens).saturating_add(added);
-        if tokens >= u128::from(cap) {
+        let rate = self.milli_per_second();
+        let elapsed = now_ns.saturating_sub(b.updated_ns);
+        // `elapsed * rate / 10^9`, floored, in u64 arithmetic (a u128 division would link
+        // compiler-builtins' 1 KB `u128_div_rem` into the module): whole seconds times the
+        // rate, plus the rest of a second (under 10^9) times the rate (at most 10^9), under
+        // 10^18. Past u64, the bucket is full whatever it held.
+        let added = (elapsed / NS_PER_SEC)
+            .checked_mul(rate)
+            .and_then(|a| a.checked_add(elapsed % NS_PER_SEC * rate / NS_PER_SEC));
+        let tokens = added.map_or(u64::MAX, |a| b.milli_tokens.saturating_add(a));
+        let Some(added) = added.filter(|_| tokens < cap) else {
             return (cap, now_ns.max(b.updated_ns));
-        }
-        // `added` milli-tokens took at most `elapsed` ns, so this stays within u64.
-        let used_ns = u64::try_from(added * 1_000_000_000 / rate).unwrap_or(u64::MAX);
-        let tokens = u64::try_from(tokens).unwrap_or(cap);
+        };
+        // `added * 10^9 / rate`, floored, the same way; at most `elapsed`.
+        let used_ns = added / rate * NS_PER_SEC + added % rate * NS_PER_SEC / rate;
         (tokens, b.updated_ns.saturating_add(used_ns))
     }
 }
@@ -255,16 +263,17 @@ impl Bucket {
         let Some(value) = value.filter(|v| !v.is_empty()) else {
             return Ok(None);
         };
-        let text = std::str::from_utf8(value).map_err(|_| "bucket is not UTF-8".to_string())?;
-        let (t, u) = text
-            .split_once(' ')
-            .ok_or_else(|| format!("bucket {text:?}: expected `<milli-tokens> <ns>`"))?;
-        match (t.parse(), u.parse()) {
-            (Ok(milli_tokens), Ok(updated_ns)) => Ok(Some(Self {
+        let text = stored::text(value, "bucket")?;
+        let bad = |problem| stored::malformed("bucket", text, problem);
+        let Some((t, u)) = text.split_once(' ') else {
+            return Err(bad(format_args!("expected `<milli-tokens> <ns>`")));
+        };
+        match (stored::number(t), stored::number(u)) {
+            (Some(milli_tokens), Some(updated_ns)) => Ok(Some(Self {
                 milli_tokens,
                 updated_ns,
             })),
-            _ => Err(format!("bucket {text:?}: expected two numbers")),
+            _ => Err(bad(format_args!("expected two numbers"))),
         }
     }
 
@@ -331,6 +340,55 @@ mod tests {
         // A long pause refills to the burst, not beyond.
         let (_, d) = r.take(Some(nb), 1000 * S);
         assert_eq!(d, Decision::Allowed { remaining: 2 });
+    }
+
+    /// `refill` as a u128 computation, which it must equal.
+    fn refill_u128(r: &RateLimit, b: Bucket, now_ns: u64) -> (u64, u64) {
+        let rate = u128::from(r.milli_per_second());
+        let elapsed = u128::from(now_ns.saturating_sub(b.updated_ns));
+        let added = elapsed * rate / u128::from(S);
+        let tokens = u128::from(b.milli_tokens) + added;
+        if tokens >= u128::from(r.capacity()) {
+            return (r.capacity(), now_ns.max(b.updated_ns));
+        }
+        let used = u64::try_from(added * u128::from(S) / rate).unwrap();
+        (u64::try_from(tokens).unwrap(), b.updated_ns + used)
+    }
+
+    #[test]
+    fn refill_in_u64_equals_the_exact_arithmetic_at_the_extremes() {
+        for (burst, milli) in [(1, 1), (3, 500), (7, 2000), (u32::MAX, 1_000_000_000)] {
+            let r = RateLimit {
+                key: KeySource::ClientAddress,
+                burst,
+                refill_per_second: Rate { milli },
+                idle_seconds: 300,
+                buckets: 1,
+            };
+            let cap = r.capacity();
+            for milli_tokens in [0, 1, 999, cap / 2, cap - 1] {
+                for updated_ns in [0, 1, S - 1, 7 * S + 3, u64::MAX / 2] {
+                    for elapsed in [0, 1, 999_999, S - 1, S, 3 * S + 1, u64::MAX / 3, u64::MAX] {
+                        let now = updated_ns.saturating_add(elapsed);
+                        let b = Bucket {
+                            milli_tokens,
+                            updated_ns,
+                        };
+                        assert_eq!(
+                            r.refill(Some(b), now),
+                            refill_u128(&r, b, now),
+                            "burst {burst}, {milli} milli/s, {b:?}, now {now}"
+                        );
+                    }
+                }
+            }
+            // A clock that went back refills nothing.
+            let b = Bucket {
+                milli_tokens: 0,
+                updated_ns: 10 * S,
+            };
+            assert_eq!(r.refill(Some(b), S), (0, 10 * S));
+        }
     }
 
     #[test]

@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 
 use crate::json::{write, Field, Obj};
 
+use crate::stored;
+
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StatsConfig {
     pub mode: Mode,
@@ -166,21 +168,23 @@ impl Record {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let text = std::str::from_utf8(bytes).map_err(|_| "record is not UTF-8".to_string())?;
+        let text = stored::text(bytes, "record")?;
+        let bad = |problem| stored::malformed("record", text, problem);
         let mut parts = text.splitn(3, '|');
         let (Some(c), Some(l), Some(route)) = (parts.next(), parts.next(), parts.next()) else {
-            return Err(format!("record {text:?}: expected class|latency|route"));
+            return Err(bad(format_args!("expected class|latency|route")));
         };
-        let class: u8 = c
-            .parse()
-            .map_err(|_| format!("record {text:?}: bad class"))?;
-        let latency_bucket: u8 = l
-            .parse()
-            .map_err(|_| format!("record {text:?}: bad latency"))?;
+        let small = |n: &str| stored::number(n).and_then(|n| u8::try_from(n).ok());
+        let Some(class) = small(c) else {
+            return Err(bad(format_args!("bad class")));
+        };
+        let Some(latency_bucket) = small(l) else {
+            return Err(bad(format_args!("bad latency")));
+        };
         if usize::from(class) >= CLASSES.len()
             || usize::from(latency_bucket) > LATENCY_BOUNDS_MS.len()
         {
-            return Err(format!("record {text:?}: out of range"));
+            return Err(bad(format_args!("out of range")));
         }
         Ok(Self {
             route: route.to_string(),
@@ -222,7 +226,7 @@ pub fn decode_count(value: Option<&[u8]>) -> Result<u64, String> {
         None => Ok(0),
         Some(v) => std::str::from_utf8(v)
             .ok()
-            .and_then(|t| t.parse().ok())
+            .and_then(stored::number)
             .ok_or_else(|| format!("backlog {:?}: not a number", String::from_utf8_lossy(v))),
     }
 }

@@ -7,6 +7,8 @@
 
 use crate::json::{Field, Obj};
 
+use crate::stored;
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TcpCounter {
     /// Log each connection's bytes when it closes (the totals are kept either way).
@@ -52,26 +54,27 @@ impl Totals {
         let Some(value) = value.filter(|v| !v.is_empty()) else {
             return Ok(Self::default());
         };
-        let text = std::str::from_utf8(value).map_err(|_| "totals are not UTF-8".to_string())?;
+        let text = stored::text(value, "totals")?;
+        let bad = |problem| stored::malformed("totals", text, problem);
         let mut t = Self::default();
         let mut seen = 0;
         for part in text.split(' ') {
-            let (k, v) = part
-                .split_once('=')
-                .ok_or_else(|| format!("totals {text:?}: {part:?} is not key=value"))?;
-            let n: u64 = v
-                .parse()
-                .map_err(|_| format!("totals {text:?}: {k} is not a number"))?;
+            let Some((k, v)) = part.split_once('=') else {
+                return Err(bad(format_args!("{part:?} is not key=value")));
+            };
+            let Some(n) = stored::number(v) else {
+                return Err(bad(format_args!("{k} is not a number")));
+            };
             match k {
                 "in" => t.bytes_in = n,
                 "out" => t.bytes_out = n,
                 "connections" => t.connections = n,
-                _ => return Err(format!("totals {text:?}: unknown field {k:?}")),
+                _ => return Err(bad(format_args!("unknown field {k:?}"))),
             }
             seen += 1;
         }
         if seen != 3 {
-            return Err(format!("totals {text:?}: expected in, out and connections"));
+            return Err(bad(format_args!("expected in, out and connections")));
         }
         Ok(t)
     }

@@ -36,6 +36,7 @@ pub struct BodyRoot {
 }
 
 impl BodyRoot {
+    #[inline(never)]
     pub fn new(ops: BodyOperation) -> Self {
         let m = Metrics::new("http-body-operation");
         Self {
@@ -259,8 +260,10 @@ impl BodyFilter {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here.
+/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
+/// `contexts::with`).
 impl BodyFilter {
+    #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         if self.root.ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
@@ -275,14 +278,17 @@ impl BodyFilter {
         self.on_headers(Side::Request, end_of_stream)
     }
 
+    #[inline(never)]
     pub fn on_http_request_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         self.on_body(Side::Request, body_size, end_of_stream)
     }
 
+    #[inline(never)]
     pub fn on_http_request_trailers(&mut self, _: usize) -> Action {
         self.on_trailers(Side::Request)
     }
 
+    #[inline(never)]
     pub fn on_http_response_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         if self.flow.answered() {
             return Action::Continue;
@@ -290,6 +296,7 @@ impl BodyFilter {
         self.on_headers(Side::Response, end_of_stream)
     }
 
+    #[inline(never)]
     pub fn on_http_response_body(&mut self, body_size: usize, end_of_stream: bool) -> Action {
         if self.flow.answered() {
             return Action::Continue;
@@ -308,6 +315,7 @@ impl BodyFilter {
         self.on_body(Side::Response, body_size, end_of_stream)
     }
 
+    #[inline(never)]
     pub fn on_http_response_trailers(&mut self, _: usize) -> Action {
         if self.flow.answered() {
             return Action::Continue;

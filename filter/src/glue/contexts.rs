@@ -34,24 +34,38 @@ thread_local! {
     });
 }
 
-/// Runs `f` on the table; `None` if it is already borrowed (see the module's doc).
+/// Runs `f` on the table; `None` if it is already borrowed (see the module's doc). Each
+/// caller's `f` is a few lines routing to a role's callback, which is a function of its own
+/// (`#[inline(never)]` there): one callback per compiled function keeps V8's optimizing
+/// compiler, which compiles every function of the module, from working on one large body.
 fn with<R>(what: &str, id: u32, f: impl FnOnce(&mut Contexts) -> Option<R>) -> Option<R> {
     let result = CONTEXTS.with(|c| c.try_borrow_mut().map(|mut c| f(&mut c)));
     match result {
-        Ok(found) => {
-            if found.is_none() {
-                log!(Warn, "{what} for unknown context {id}: ignored");
-            }
-            found
+        Ok(Some(found)) => Some(found),
+        Ok(None) => {
+            unknown(what, id);
+            None
         }
         Err(_) => {
-            log!(
-                Error,
-                "{what} for context {id} while another callback runs: ignored"
-            );
+            busy(what, id);
             None
         }
     }
+}
+
+#[cold]
+#[inline(never)]
+fn unknown(what: &str, id: u32) {
+    log!(Warn, "{what} for unknown context {id}: ignored");
+}
+
+#[cold]
+#[inline(never)]
+fn busy(what: &str, id: u32) {
+    log!(
+        Error,
+        "{what} for context {id} while another callback runs: ignored"
+    );
 }
 
 /// A new root (`root_id` 0) or a new stream of the root `root_id`.

@@ -15,6 +15,7 @@ pub struct HeaderRoot {
 }
 
 impl HeaderRoot {
+    #[inline(never)]
     pub fn new(ops: HeaderOperation) -> Self {
         let m = Metrics::new("http-header-operation");
         Self {
@@ -53,8 +54,10 @@ fn apply(map: u32, ops: &Ops) {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here.
+/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
+/// `contexts::with`).
 impl HeaderFilter {
+    #[inline(never)]
     pub fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some(when) = &self.root.ops.when {
             self.matched = when.matches(&mut |name| raw::header_text(raw::REQUEST_HEADERS, name));
@@ -68,6 +71,7 @@ impl HeaderFilter {
         Action::Continue
     }
 
+    #[inline(never)]
     pub fn on_http_response_headers(
         &mut self,
         _num_headers: usize,

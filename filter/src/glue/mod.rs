@@ -76,15 +76,21 @@ pub(crate) fn set_level(vm: &VmConfig) {
     LEVEL.with(|l| l.set(vm.log_level.max(host)));
 }
 
-/// Logs `wasm-filter: <message>` at a level, formatting only when the level is enabled.
+/// Logs `wasm-filter: <message>` at a level, formatting only when the level is enabled. The
+/// formatting is [`emit`]'s, one function for every line the module logs.
 macro_rules! log {
     ($level:ident, $($arg:tt)*) => {
         if $crate::glue::enabled($crate::config::LogLevel::$level) {
-            $crate::glue::raw::log(
-                $crate::config::LogLevel::$level as u32,
-                &format!("wasm-filter: {}", format_args!($($arg)*)),
+            $crate::glue::emit(
+                $crate::config::LogLevel::$level,
+                format_args!($($arg)*),
             );
         }
     };
 }
 pub(crate) use log;
+
+#[inline(never)]
+pub(crate) fn emit(level: LogLevel, message: std::fmt::Arguments) {
+    raw::log(level as u32, &format!("wasm-filter: {message}"));
+}

@@ -32,6 +32,7 @@ enum Outcome {
 }
 
 impl Limiter {
+    #[inline(never)]
     pub fn new(config: RateLimit, vm: &VmConfig) -> Self {
         let m = Metrics::new("rate-limit");
         let plugin = match m.plugin() {
@@ -112,6 +113,7 @@ impl Limiter {
 
     /// One walk of the key's slots: its own entry if it has one, else the first slot free
     /// or idle, else the overflow bucket.
+    #[inline(never)]
     fn try_take(&self, fp: u64) -> Result<Outcome, String> {
         let now = raw::now_ns();
         let mut claim: Option<(String, u32)> = None;
@@ -194,8 +196,10 @@ impl LimitFilter {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here.
+/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
+/// `contexts::with`).
 impl LimitFilter {
+    #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         let key = self.limiter.key().unwrap_or_default();
         match self.limiter.take(&key) {

@@ -52,6 +52,7 @@ impl Root {
         }
     }
 
+    #[inline(never)]
     pub fn on_vm_start(&mut self, size: usize) -> bool {
         let parsed = read_config(raw::VM_CONFIGURATION, size, "VM configuration")
             .and_then(|bytes| VmConfig::parse(&bytes));
@@ -71,6 +72,9 @@ impl Root {
         }
     }
 
+    /// Each role's root is built by a function of its own (`#[inline(never)]` on its `new`),
+    /// for the reason `contexts::with` gives.
+    #[inline(never)]
     pub fn on_configure(&mut self, size: usize) -> bool {
         set_level(&self.vm);
         let parsed = read_config(raw::PLUGIN_CONFIGURATION, size, "plugin configuration")
@@ -135,18 +139,21 @@ impl Root {
         true
     }
 
+    #[inline(never)]
     pub fn on_tick(&mut self) {
         if let Role::StatsService(s) = &mut self.role {
             s.on_tick();
         }
     }
 
+    #[inline(never)]
     pub fn on_queue_ready(&mut self, queue_id: u32) {
         if let Role::StatsService(s) = &mut self.role {
             s.drain(queue_id);
         }
     }
 
+    #[inline(never)]
     pub fn on_http_call_response(&mut self, token: u32, headers: usize, body: usize) {
         if let Role::StatsService(s) = &mut self.role {
             s.on_post_answer(token, headers, body);
@@ -154,6 +161,7 @@ impl Root {
     }
 
     /// The state of a new stream (HTTP or TCP, as the role is) of this plugin.
+    #[inline(never)]
     pub fn new_stream(&self) -> Stream {
         note_memory();
         match &self.role {

@@ -38,6 +38,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    #[inline(never)]
     pub fn new(vm: &VmConfig) -> Self {
         let metrics = Metrics::new("stats-aggregator");
         Self {
@@ -154,20 +155,24 @@ impl RecordFilter {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here.
+/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
+/// `contexts::with`).
 impl RecordFilter {
+    #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
         self.start_ns = Some(raw::now_ns());
         self.path = raw::header_text(raw::REQUEST_HEADERS, ":path").unwrap_or_default();
         Action::Continue
     }
 
+    #[inline(never)]
     pub fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
         self.status =
             raw::header_text(raw::RESPONSE_HEADERS, ":status").and_then(|s| s.parse().ok());
         Action::Continue
     }
 
+    #[inline(never)]
     pub fn on_end(&mut self) {
         let Some(start_ns) = self.start_ns else {
             return;
@@ -199,6 +204,7 @@ pub struct Service {
 }
 
 impl Service {
+    #[inline(never)]
     pub fn new(config: StatsConfig, vm: &VmConfig) -> Result<Self, String> {
         let queue = raw::register_queue(&vm.queue_name).map_err(|s| {
             format!(

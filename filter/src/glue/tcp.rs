@@ -17,6 +17,7 @@ pub struct TcpRoot {
 }
 
 impl TcpRoot {
+    #[inline(never)]
     pub fn new(config: TcpCounter, vm: &VmConfig) -> Self {
         let m = Metrics::new("tcp-total-data-size-counter");
         Self {
@@ -45,20 +46,24 @@ impl Connection {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here.
+/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
+/// `contexts::with`).
 impl Connection {
+    #[inline(never)]
     pub fn on_downstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
         self.bytes_in = self.bytes_in.saturating_add(data_size as u64);
         self.root.bytes_in.add(data_size as u64);
         Action::Continue
     }
 
+    #[inline(never)]
     pub fn on_upstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {
         self.bytes_out = self.bytes_out.saturating_add(data_size as u64);
         self.root.bytes_out.add(data_size as u64);
         Action::Continue
     }
 
+    #[inline(never)]
     pub fn on_end(&mut self) {
         let (bytes_in, bytes_out) = (self.bytes_in, self.bytes_out);
         if self.root.config.log_connections {
