@@ -197,3 +197,33 @@ fn encoded_bodies_are_not_rewritten_and_responses_are_asked_for_unencoded() {
     );
     assert_eq!(lines(&proxy, "in content-encoding \"gzip\"").len(), 2);
 }
+
+/// On wasm32 the redacted size is a 32-bit count. A mask of 1024 control characters is
+/// 6146 bytes quoted; over 698 256 one-byte values that makes the output 2^32 + 5361 bytes
+/// (one value fewer stays under 2^32). The body (4 MiB) is within the hold, so either way the
+/// answer is the overflow policy's 413, never a VM that traps building a 4 GiB body.
+#[test]
+fn a_request_whose_masks_would_total_4_gib_gets_413_not_a_trapped_vm() {
+    let mask = "\u{1}".repeat(1024);
+    let mut proxy = body_ops(serde_json::json!({
+        "max_buffer_bytes": 8 << 20, "on_overflow": "reject",
+        "request": {"redact_json": {"keys": ["k"], "mask": mask}}
+    }));
+    for n in [698_255, 698_256] {
+        let mut body = String::with_capacity(6 * n + 1);
+        body.push('{');
+        for i in 0..n {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str("\"k\":0");
+        }
+        body.push('}');
+        let ex = proxy
+            .round_trip(&Request::post("/", body), UpstreamReply::new(200))
+            .unwrap();
+        let log = proxy.logs().last().map(|l| l.message.clone());
+        assert_eq!(ex.response_status(), Some(413), "{n} masks: {log:?}");
+        assert!(ex.upstream.is_none());
+    }
+}
