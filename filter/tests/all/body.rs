@@ -227,3 +227,33 @@ fn a_request_whose_masks_would_total_4_gib_gets_413_not_a_trapped_vm() {
         assert!(ex.upstream.is_none());
     }
 }
+
+/// Redaction recurses once per level in the guest's stack: the deepest body it accepts is
+/// redacted, one level more passes unmodified as not JSON, and neither traps the VM.
+#[test]
+fn a_request_nested_to_the_depth_limit_is_redacted_and_one_deeper_passes_as_not_json() {
+    let mut proxy = body_ops(serde_json::json!({
+        "request": {"redact_json": {"keys": ["k"], "mask": "-"}}
+    }));
+    let nested = |levels: usize| {
+        let open = "{\"a\":".repeat(levels - 1) + "{\"k\":1}";
+        (
+            open.clone() + &"}".repeat(levels - 1),
+            open.replace(":1}", ":\"-\"}") + &"}".repeat(levels - 1),
+        )
+    };
+    let (body, want) = nested(128);
+    let ex = proxy
+        .round_trip(&Request::post("/", body), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&ex.upstream.as_ref().unwrap().body),
+        want
+    );
+    let (body, _) = nested(129);
+    let ex = proxy
+        .round_trip(&Request::post("/", body.clone()), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.upstream.as_ref().unwrap().body, body.as_bytes());
+    assert_eq!(lines(&proxy, "request body is not JSON").len(), 1);
+}
