@@ -257,4 +257,21 @@ mod tests {
         assert!(e.contains("queue_name"), "{e}");
         assert!(VmConfig::parse(b"[").is_err());
     }
+
+    #[test]
+    fn a_refill_rate_with_an_exponent_near_the_i64_limit_is_refused_as_out_of_bounds() {
+        for exp in [
+            "9223372036854775807",
+            "9223372036854775805",
+            "+9223372036854775807",
+        ] {
+            let json = format!(
+                r#"{{"role":"rate-limit","key":"client-address","burst":1,"refill_per_second":1e{exp}}}"#
+            );
+            assert_eq!(
+                PluginConfig::parse(json.as_bytes()).unwrap_err(),
+                format!("refill_per_second 1e{exp}: must be between 0.001 and 1000000")
+            );
+        }
+    }
 }

@@ -177,4 +177,23 @@ mod tests {
         }
         assert!(t.is_empty());
     }
+
+    #[test]
+    fn a_stream_recreated_under_a_live_overflow_id_is_held_once_and_gone_when_removed() {
+        let [a, b, _] = SAME_SLOT;
+        let mut t = ContextTable::new();
+        t.insert(a, 1);
+        t.insert(b, 2); // to the overflow: a holds the slot
+        assert_eq!(t.remove(a), Some(1));
+        // The host creates `b` again while it is live: "replacing a stream already held".
+        t.insert(b, 3);
+        assert_eq!(t.len(), 1, "b is held twice");
+        assert_eq!(t.remove(b), Some(3));
+        assert_eq!(
+            t.get_mut(b),
+            None,
+            "the replaced stream outlives its removal"
+        );
+        assert!(t.is_empty());
+    }
 }

@@ -294,3 +294,83 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod serde_json_agreement {
+    use super::*;
+
+    /// Bodies serde_json refused were passed on as "not JSON"; the lexer must refuse the same
+    /// ones, except numbers beyond f64 (RFC 8259 allows any magnitude), which it redacts.
+    #[test]
+    fn bodies_are_json_exactly_when_serde_json_said_so_except_huge_numbers() {
+        let corpus: [&[u8]; 52] = [
+            b"01",
+            b"-",
+            b"1.",
+            b"1e",
+            b"-01",
+            b"1e400",
+            b"-1e400",
+            b"1e99999999999999999999999",
+            b"123456789012345678901234567890",
+            b"\"\\u0000\"",
+            b"\"\\ud800\"",
+            b"\"\\udc00\"",
+            b"\"\\ud800\\u0041\"",
+            b"\"\\uD83D\\uDE00\"",
+            b"\xef\xbb\xbf{}",
+            b"\x0c{}",
+            b"{}\x0c",
+            b"\xa0{}",
+            b"[1,]",
+            b"{\"a\":1,}",
+            b"{\"a\":1,\"a\":2}",
+            b"\"\xff\"",
+            b"\"\xed\xa0\x80\"",
+            b"\"\xc0\xaf\"",
+            b"\"\x7f\"",
+            b"NaN",
+            b"Infinity",
+            b"+1",
+            b".5",
+            b"1.e5",
+            b"1E+",
+            b"0x10",
+            b"[\"\\u00\"]",
+            b"\"\\U0041\"",
+            b"\"\\'\"",
+            b"nulll",
+            b"truex",
+            b"[true false]",
+            b"\"a\tb\"",
+            b"{\"a\" : 1 }",
+            b"  ",
+            b"[]]",
+            b"{}\n",
+            b"\x00",
+            b"1 ",
+            b"-0.0e-0",
+            b"[1e309]",
+            b"\"\\u0041\\\"",
+            b"{\"\xff\":1}",
+            b"[-]",
+            b"[1.5e]",
+            b"\r\n[1]\r\n",
+        ];
+        let keys: BTreeSet<String> = ["zz".to_string()].into();
+        let huge = [
+            &b"1e400"[..],
+            b"-1e400",
+            b"1e99999999999999999999999",
+            b"[1e309]",
+        ];
+        for body in corpus {
+            let ours = !matches!(redact(body, &keys, "-", L), Redacted::NotJson(_));
+            let serde = serde_json::from_slice::<serde_json::Value>(body).is_ok();
+            let want = serde || huge.contains(&body);
+            assert_eq!(ours, want, "{:?}", String::from_utf8_lossy(body));
+        }
+    }
+
+    const L: usize = 1 << 20;
+}

@@ -56,4 +56,18 @@ mod tests {
             r#"entry "a\"b": no bucket"#
         );
     }
+
+    /// A value another module wrote under the prefix can be any size; its error is logged on
+    /// every request that reads it, so it quotes a bounded part of it.
+    #[test]
+    fn a_huge_malformed_stored_value_makes_a_log_line_of_bounded_size() {
+        let junk = "x".repeat(1 << 20);
+        let e = malformed("bucket", &junk, format_args!("expected two numbers"));
+        assert!(
+            e.starts_with("bucket \"xxx"),
+            "{}",
+            e.get(..40).unwrap_or_default()
+        );
+        assert!(e.len() <= 1024, "a {}-byte log line", e.len());
+    }
 }

@@ -197,3 +197,63 @@ fn encoded_bodies_are_not_rewritten_and_responses_are_asked_for_unencoded() {
     );
     assert_eq!(lines(&proxy, "in content-encoding \"gzip\"").len(), 2);
 }
+
+/// On wasm32 the redacted size is a 32-bit count. A mask of 1024 control characters is
+/// 6146 bytes quoted; over 698 256 one-byte values that makes the output 2^32 + 5361 bytes
+/// (one value fewer stays under 2^32). The body (4 MiB) is within the hold, so either way the
+/// answer is the overflow policy's 413, never a VM that traps building a 4 GiB body.
+#[test]
+fn a_request_whose_masks_would_total_4_gib_gets_413_not_a_trapped_vm() {
+    let mask = "\u{1}".repeat(1024);
+    let mut proxy = body_ops(serde_json::json!({
+        "max_buffer_bytes": 8 << 20, "on_overflow": "reject",
+        "request": {"redact_json": {"keys": ["k"], "mask": mask}}
+    }));
+    for n in [698_255, 698_256] {
+        let mut body = String::with_capacity(6 * n + 1);
+        body.push('{');
+        for i in 0..n {
+            if i > 0 {
+                body.push(',');
+            }
+            body.push_str("\"k\":0");
+        }
+        body.push('}');
+        let ex = proxy
+            .round_trip(&Request::post("/", body), UpstreamReply::new(200))
+            .unwrap();
+        let log = proxy.logs().last().map(|l| l.message.clone());
+        assert_eq!(ex.response_status(), Some(413), "{n} masks: {log:?}");
+        assert!(ex.upstream.is_none());
+    }
+}
+
+/// Redaction recurses once per level in the guest's stack: the deepest body it accepts is
+/// redacted, one level more passes unmodified as not JSON, and neither traps the VM.
+#[test]
+fn a_request_nested_to_the_depth_limit_is_redacted_and_one_deeper_passes_as_not_json() {
+    let mut proxy = body_ops(serde_json::json!({
+        "request": {"redact_json": {"keys": ["k"], "mask": "-"}}
+    }));
+    let nested = |levels: usize| {
+        let open = "{\"a\":".repeat(levels - 1) + "{\"k\":1}";
+        (
+            open.clone() + &"}".repeat(levels - 1),
+            open.replace(":1}", ":\"-\"}") + &"}".repeat(levels - 1),
+        )
+    };
+    let (body, want) = nested(128);
+    let ex = proxy
+        .round_trip(&Request::post("/", body), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&ex.upstream.as_ref().unwrap().body),
+        want
+    );
+    let (body, _) = nested(129);
+    let ex = proxy
+        .round_trip(&Request::post("/", body.clone()), UpstreamReply::new(200))
+        .unwrap();
+    assert_eq!(ex.upstream.as_ref().unwrap().body, body.as_bytes());
+    assert_eq!(lines(&proxy, "request body is not JSON").len(), 1);
+}
