@@ -42,7 +42,14 @@ impl<T> ContextTable<T> {
     pub fn insert(&mut self, id: u32, value: T) {
         // `get_mut` rather than indexing: the slot always exists, and no panic path is built.
         match self.slots.get_mut(Self::slot(id)) {
-            Some(slot @ None) => *slot = Some((id, value)),
+            Some(slot @ None) => {
+                // An id the host re-creates while it waits in the overflow list is one
+                // stream: the old one goes, or it would outlive its removal.
+                if let Ok(at) = find(&self.overflow, id) {
+                    self.overflow.remove(at);
+                }
+                *slot = Some((id, value));
+            }
             Some(Some((held, v))) if *held == id => *v = value,
             _ => match find(&self.overflow, id) {
                 Ok(at) => {

@@ -16,7 +16,7 @@ pub enum Redacted {
     /// Not JSON; the reason, for the log.
     NotJson(String),
     /// The redacted body would be this many bytes, over the limit: nothing was built.
-    TooLarge(usize),
+    TooLarge(u64),
 }
 
 /// Masks the value of every key in `keys`, at any depth, with `mask` (written as a JSON
@@ -37,10 +37,11 @@ pub fn redact(body: &[u8], keys: &BTreeSet<String>, mask: &str, limit: usize) ->
     if plan.masked == 0 {
         return Redacted::Unchanged;
     }
-    if plan.out_len > limit {
-        return Redacted::TooLarge(plan.out_len);
-    }
-    let mut out = Vec::with_capacity(plan.out_len);
+    let capacity = match usize::try_from(plan.out_len) {
+        Ok(n) if n <= limit => n,
+        _ => return Redacted::TooLarge(plan.out_len),
+    };
+    let mut out = Vec::with_capacity(capacity);
     let mut write = Scanner::new(body, keys, quoted.as_bytes(), Some(&mut out));
     if let Err(e) = write.document() {
         return Redacted::NotJson(e.to_string());
@@ -60,8 +61,9 @@ struct Scanner<'a, 'o> {
     out: Option<&'o mut Vec<u8>>,
     /// Body bytes up to here are in `out` (or counted).
     copied: usize,
-    /// The output's size once the walk is done.
-    out_len: usize,
+    /// The output's size once the walk is done: a u64, as a short mask over many short
+    /// values in a large body can total more than wasm32's `usize`.
+    out_len: u64,
     masked: usize,
     /// Inside a value being masked: keys in it are not looked at.
     masking: bool,
@@ -83,7 +85,7 @@ impl<'a, 'o> Scanner<'a, 'o> {
             mask,
             out,
             copied: 0,
-            out_len: b.len(),
+            out_len: b.len() as u64,
             masked: 0,
             masking: false,
             key: String::new(),
@@ -93,7 +95,8 @@ impl<'a, 'o> Scanner<'a, 'o> {
     /// The value at `start..end` is replaced by the mask.
     fn mask_span(&mut self, start: usize, end: usize) {
         self.masked += 1;
-        self.out_len = self.out_len - (end - start) + self.mask.len();
+        // Spans are disjoint parts of the body, so this never goes below zero.
+        self.out_len = self.out_len - (end - start) as u64 + self.mask.len() as u64;
         if let Some(out) = self.out.as_deref_mut() {
             out.extend_from_slice(self.b.get(self.copied..start).unwrap_or_default());
             out.extend_from_slice(self.mask);
@@ -278,7 +281,7 @@ mod tests {
         let want = body.len() + 10_001 * (402 - 1);
         assert_eq!(
             redact(body.as_bytes(), &keys(&["k"]), &mask, want - 1),
-            Redacted::TooLarge(want)
+            Redacted::TooLarge(want as u64)
         );
         match redact(body.as_bytes(), &keys(&["k"]), &mask, want) {
             Redacted::Changed(b, n) => {

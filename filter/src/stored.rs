@@ -16,11 +16,23 @@ pub fn text<'a>(value: &'a [u8], what: &str) -> Result<&'a str, String> {
     std::str::from_utf8(value).map_err(|_| format!("{what} is not UTF-8"))
 }
 
-/// `<what> "<text>": <problem>`, the error for a stored value that cannot be read.
+/// Of a malformed value, the log shows this much: another module sharing the key space can
+/// store megabytes under a key, and the line is written on every request that reads it.
+const SHOWN_CHARS: usize = 100;
+
+/// `<what> "<text>": <problem>`, the error for a stored value that cannot be read; a long
+/// value is cut and its size given.
 #[cold]
 #[inline(never)]
 pub fn malformed(what: &str, text: &str, problem: Arguments) -> String {
-    format!("{what} {text:?}: {problem}")
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((cut, _)) => format!(
+            "{what} {:?}... ({} bytes): {problem}",
+            text.get(..cut).unwrap_or_default(),
+            text.len()
+        ),
+        None => format!("{what} {text:?}: {problem}"),
+    }
 }
 
 #[cfg(test)]

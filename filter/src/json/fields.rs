@@ -202,7 +202,9 @@ impl<'v> Scaled<'v> {
             });
         let (int, frac) = mantissa.split_once('.').unwrap_or((mantissa, ""));
         // Digits before this index are whole units.
-        let point = int.len() as i64 + exp + i64::from(places);
+        let point = (int.len() as i64)
+            .saturating_add(exp)
+            .saturating_add(i64::from(places));
         let mut s = Self {
             text,
             negative,
