@@ -37,8 +37,16 @@ fn one_of(names: &[&str]) -> String {
         [a] => format!("`{a}`"),
         [a, b] => format!("`{a}` or `{b}`"),
         _ => {
-            let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
-            format!("one of {}", quoted.join(", "))
+            let mut list = String::from("one of ");
+            for (i, n) in names.iter().enumerate() {
+                if i > 0 {
+                    list.push_str(", ");
+                }
+                list.push('`');
+                list.push_str(n);
+                list.push('`');
+            }
+            list
         }
     }
 }
