@@ -7,6 +7,7 @@
 //! counts bytes as they pass and answers 413 as soon as the count goes over (or at once when
 //! `content-length` already says so).
 
+use crate::json::write::Quoted;
 use crate::json::{Field, Obj};
 use crate::redact::{redact, Redacted};
 
@@ -261,7 +262,7 @@ impl BodySide {
             match replace_all(from, r.from.as_bytes(), r.to.as_bytes(), limit) {
                 Replaced::None => {}
                 Replaced::Done(b, n) => {
-                    push_item(&mut done, format_args!("{n} x {:?}", r.from));
+                    push_item(&mut done, format_args!("{n} x {}", Quoted(&r.from)));
                     current = Some(b);
                 }
                 Replaced::TooLarge => return Rewrite::TooLarge(limit),

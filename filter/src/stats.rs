@@ -4,6 +4,7 @@
 //! on every tick, logs a summary and (with a `collector`) posts it. A post that fails keeps
 //! its counts, which go out with the next tick's: nothing is dropped silently.
 
+use crate::json::write::Quoted;
 use crate::json::{write, Field, Obj};
 
 use crate::stored;
@@ -98,7 +99,10 @@ impl StatsConfig {
                 return Err("collector.cluster: must name a cluster".into());
             }
             if !c.path.starts_with('/') {
-                return Err(format!("collector.path {:?}: must start with /", c.path));
+                return Err(format!(
+                    "collector.path {}: must start with /",
+                    Quoted(&c.path)
+                ));
             }
             if c.timeout_ms == 0 {
                 return Err("collector.timeout_ms: must be at least 1".into());
@@ -225,7 +229,12 @@ pub fn decode_count(value: Option<&[u8]>) -> Result<u64, String> {
         Some(v) => std::str::from_utf8(v)
             .ok()
             .and_then(stored::number)
-            .ok_or_else(|| format!("backlog {:?}: not a number", String::from_utf8_lossy(v))),
+            .ok_or_else(|| {
+                format!(
+                    "backlog {}: not a number",
+                    Quoted(&String::from_utf8_lossy(v))
+                )
+            }),
     }
 }
 

@@ -3,6 +3,7 @@
 //! these rather than its own inlined `str::parse` and `format!` per field: in the guest each
 //! copy is code V8's optimizing compiler compiles in every worker.
 
+use crate::json::write::Quoted;
 use std::fmt::Arguments;
 
 /// A decimal `u64`, as `str::parse` reads one.
@@ -20,7 +21,7 @@ pub fn text<'a>(value: &'a [u8], what: &str) -> Result<&'a str, String> {
 #[cold]
 #[inline(never)]
 pub fn malformed(what: &str, text: &str, problem: Arguments) -> String {
-    format!("{what} {text:?}: {problem}")
+    format!("{what} {}: {problem}", Quoted(text))
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 //! rewritten, passed unchanged, and over a limit (`rewritten_total`, `passed_total`,
 //! `over_limit_total`), and body bytes each way (`request_bytes_total`, `response_bytes_total`).
 
+use crate::json::write::Quoted;
 use std::rc::Rc;
 
 use super::metrics::{Counter, Metrics};
@@ -145,8 +146,9 @@ impl BodyFilter {
                 self.root.passed.add(1);
                 log!(
                     Info,
-                    "{} body is in content-encoding {encoding:?}: passed on unmodified",
-                    which.name()
+                    "{} body is in content-encoding {}: passed on unmodified",
+                    which.name(),
+                    Quoted(&encoding)
                 );
                 Action::Continue
             }

@@ -75,7 +75,7 @@ impl<'v> Field<'v> {
             Value::Bool(b) => format!("boolean `{b}`"),
             Value::Number(n) if is_integer(n) => format!("integer `{n}`"),
             Value::Number(n) => format!("floating point `{n}`"),
-            Value::String(s) => format!("string {s:?}"),
+            Value::String(s) => format!("string {}", super::write::Quoted(s)),
             Value::Array(_) => "sequence".into(),
             Value::Object(_) => "map".into(),
         };
