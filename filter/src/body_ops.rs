@@ -77,11 +77,7 @@ impl BodySide {
         let o = f.object("struct BodySide")?;
         o.fields(&["max_bytes", "redact_json", "replace"])?;
         let replace = match o.get("replace") {
-            Some(list) => list
-                .items()?
-                .into_iter()
-                .map(Replace::from_json)
-                .collect::<Result<_, _>>()?,
+            Some(list) => list.list(Replace::from_json)?,
             None => Vec::new(),
         };
         Ok(Self {

@@ -36,11 +36,7 @@ impl Condition {
         let o = f.object("struct Condition")?;
         o.fields(&["methods", "path_prefix", "headers"])?;
         let headers = match o.get("headers") {
-            Some(h) => h
-                .items()?
-                .into_iter()
-                .map(HeaderCondition::from_json)
-                .collect::<Result<_, _>>()?,
+            Some(h) => h.list(HeaderCondition::from_json)?,
             None => Vec::new(),
         };
         Ok(Self {

@@ -97,7 +97,7 @@ impl Ops {
         let o = f.object("struct Ops")?;
         o.fields(&["remove", "set", "add"])?;
         let headers = |name| match o.get(name) {
-            Some(list) => list.items()?.into_iter().map(Header::from_json).collect(),
+            Some(list) => list.list(Header::from_json),
             None => Ok(Vec::new()),
         };
         Ok(Self {

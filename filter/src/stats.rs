@@ -226,15 +226,11 @@ pub enum Admit {
 pub fn decode_count(value: Option<&[u8]>) -> Result<u64, String> {
     match value.filter(|v| !v.is_empty()) {
         None => Ok(0),
-        Some(v) => std::str::from_utf8(v)
-            .ok()
-            .and_then(stored::number)
-            .ok_or_else(|| {
-                format!(
-                    "backlog {}: not a number",
-                    Quoted(&String::from_utf8_lossy(v))
-                )
-            }),
+        Some(v) => {
+            let text = stored::text(v, "backlog")?;
+            stored::number(text)
+                .ok_or_else(|| stored::malformed("backlog", text, format_args!("not a number")))
+        }
     }
 }
 

@@ -132,8 +132,9 @@ impl BodyFilter {
 
     fn on_headers(&mut self, which: Side, end_of_stream: bool) -> Action {
         let map = headers_map(which);
-        let declared =
-            || raw::header_text(map, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+        let declared = || {
+            raw::header_text(map, "content-length").and_then(|v| v.trim_ascii().parse::<u64>().ok())
+        };
         let encoding = || raw::header_text(map, "content-encoding");
         match self
             .flow
