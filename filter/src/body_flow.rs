@@ -164,7 +164,7 @@ impl BodyFlow {
                 };
             }
         }
-        if let Some(e) = encoding().filter(|e| !e.trim().eq_ignore_ascii_case("identity")) {
+        if let Some(e) = encoding().filter(|e| !e.trim_ascii().eq_ignore_ascii_case("identity")) {
             self.state(which).overflowed = true;
             return HeadersStep::PassEncoded(e);
         }

@@ -7,8 +7,7 @@
 //! counts bytes as they pass and answers 413 as soon as the count goes over (or at once when
 //! `content-length` already says so).
 
-use std::collections::BTreeSet;
-
+use crate::json::write::Quoted;
 use crate::json::{Field, Obj};
 use crate::redact::{redact, Redacted};
 
@@ -34,6 +33,10 @@ pub const MAX_BUFFER_LIMIT: u64 = 64 * 1024 * 1024;
 /// A mask is a marker, not content: a long one only multiplies bodies.
 pub const MAX_MASK_BYTES: usize = 1024;
 
+/// Keys to redact are field names, a handful in practice; the bound keeps building their
+/// sorted list (one insertion each) cheap whatever the configuration holds.
+pub const MAX_REDACT_KEYS: usize = 1024;
+
 /// What to do with a body to rewrite that outgrows `max_buffer_bytes`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Overflow {
@@ -54,7 +57,8 @@ pub struct BodySide {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Redact {
-    pub keys: BTreeSet<String>,
+    /// In byte order, without repeats: looked up by binary search for every key of a body.
+    pub keys: Vec<String>,
     pub mask: String,
 }
 
@@ -73,11 +77,7 @@ impl BodySide {
         let o = f.object("struct BodySide")?;
         o.fields(&["max_bytes", "redact_json", "replace"])?;
         let replace = match o.get("replace") {
-            Some(list) => list
-                .items()?
-                .into_iter()
-                .map(Replace::from_json)
-                .collect::<Result<_, _>>()?,
+            Some(list) => list.list(Replace::from_json)?,
             None => Vec::new(),
         };
         Ok(Self {
@@ -92,8 +92,23 @@ impl Redact {
     fn from_json(f: Field<'_>) -> Result<Self, String> {
         let o = f.object("struct Redact")?;
         o.fields(&["keys", "mask"])?;
+        let listed = o.need("keys")?;
+        let at = listed.at.clone();
+        let listed = listed.strings()?;
+        if listed.len() > MAX_REDACT_KEYS {
+            return Err(format!(
+                "{at}: {} keys, over the {MAX_REDACT_KEYS}-key limit",
+                listed.len()
+            ));
+        }
+        let mut keys: Vec<String> = Vec::with_capacity(listed.len());
+        for k in listed {
+            if let Err(i) = keys.binary_search(&k) {
+                keys.insert(i, k);
+            }
+        }
         Ok(Self {
-            keys: o.need("keys")?.strings()?.into_iter().collect(),
+            keys,
             mask: o
                 .get("mask")
                 .map(Field::string)
@@ -243,7 +258,7 @@ impl BodySide {
             match replace_all(from, r.from.as_bytes(), r.to.as_bytes(), limit) {
                 Replaced::None => {}
                 Replaced::Done(b, n) => {
-                    push_item(&mut done, format_args!("{n} x {:?}", r.from));
+                    push_item(&mut done, format_args!("{n} x {}", Quoted(&r.from)));
                     current = Some(b);
                 }
                 Replaced::TooLarge => return Rewrite::TooLarge(limit),
@@ -337,6 +352,13 @@ mod tests {
             r#"{{"request":{{"redact_json":{{"keys":["k"],"mask":"{}"}}}}}}"#,
             "m".repeat(1025)
         );
+        let many_keys = format!(
+            r#"{{"request":{{"redact_json":{{"keys":[{}]}}}}}}"#,
+            (0..=MAX_REDACT_KEYS)
+                .map(|i| format!(r#""k{i}""#))
+                .collect::<Vec<_>>()
+                .join(",")
+        );
         for (json, want) in [
             (r#"{"max_buffer_bytes":0}"#, "max_buffer_bytes 0"),
             (r#"{"max_buffer_bytes":99999999999}"#, "max_buffer_bytes"),
@@ -356,6 +378,10 @@ mod tests {
             ),
             (r#"{"on_overflow":"drop"}"#, "unknown variant `drop`"),
             (long_mask.as_str(), "request.redact_json.mask: 1025 bytes"),
+            (
+                many_keys.as_str(),
+                "request.redact_json.keys: 1025 keys, over the 1024-key limit",
+            ),
             (r#"{"response":{"redact":{}}}"#, "unknown field `redact`"),
             (r#"{"max_buffer_bytes":-1}"#, "invalid value"),
         ] {
@@ -370,10 +396,12 @@ mod tests {
     fn redacts_then_replaces() {
         let o = parse(
             r#"{"role":"http-body-operation","response":{
-            "redact_json":{"keys":["token"],"mask":"[hidden]"},
+            "redact_json":{"keys":["token","b","token"],"mask":"[hidden]"},
             "replace":[{"from":"internal.example","to":"example.com"}]}}"#,
         )
         .unwrap();
+        let keys = &o.response.redact_json.as_ref().unwrap().keys;
+        assert_eq!(keys, &["b", "token"], "sorted, without repeats");
         match o.response.rewrite(
             br#"{"token":"abc","url":"https://internal.example/x"}"#,
             1024,

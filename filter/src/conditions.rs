@@ -1,6 +1,7 @@
 //! `when`: which requests an operation applies to. Every part given must hold (a method in
 //! the set, a path prefix, each header present or equal); an absent `when` matches all.
 
+use crate::json::write::Quoted;
 use crate::json::{Field, Obj};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -35,11 +36,7 @@ impl Condition {
         let o = f.object("struct Condition")?;
         o.fields(&["methods", "path_prefix", "headers"])?;
         let headers = match o.get("headers") {
-            Some(h) => h
-                .items()?
-                .into_iter()
-                .map(HeaderCondition::from_json)
-                .collect::<Result<_, _>>()?,
+            Some(h) => h.list(HeaderCondition::from_json)?,
             None => Vec::new(),
         };
         Ok(Self {
@@ -56,20 +53,23 @@ impl Condition {
     pub fn validate(&mut self, at: &str) -> Result<(), String> {
         for (i, m) in self.methods.iter().enumerate() {
             if !crate::header_ops::is_token(m) {
-                return Err(format!("{at}.methods[{i}] {m:?}: not an HTTP method"));
+                return Err(format!(
+                    "{at}.methods[{i}] {}: not an HTTP method",
+                    Quoted(m)
+                ));
             }
         }
         if let Some(p) = &self.path_prefix {
             if !p.starts_with('/') {
-                return Err(format!("{at}.path_prefix {p:?}: must start with /"));
+                return Err(format!("{at}.path_prefix {}: must start with /", Quoted(p)));
             }
         }
         for (i, h) in self.headers.iter_mut().enumerate() {
             let name = h.name.strip_prefix(':').unwrap_or(&h.name);
             if !crate::header_ops::is_token(name) {
                 return Err(format!(
-                    "{at}.headers[{i}].name {:?}: not a valid HTTP header name",
-                    h.name
+                    "{at}.headers[{i}].name {}: not a valid HTTP header name",
+                    Quoted(&h.name)
                 ));
             }
             h.name = h.name.to_ascii_lowercase();

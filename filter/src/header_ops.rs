@@ -5,6 +5,7 @@
 //! add ours" without depending on how JSON orders keys.
 
 use crate::conditions::Condition;
+use crate::json::write::Quoted;
 use crate::json::{Field, Obj};
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -48,6 +49,17 @@ pub enum Edit<'a> {
     Add(&'a str, &'a str),
 }
 
+/// For the log: `Set("x-a", "1")`, the shape `{:?}` gives, through [`Quoted`].
+impl std::fmt::Display for Edit<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Edit::Remove(n) => write!(f, "Remove({})", Quoted(n)),
+            Edit::Set(n, v) => write!(f, "Set({}, {})", Quoted(n), Quoted(v)),
+            Edit::Add(n, v) => write!(f, "Add({}, {})", Quoted(n), Quoted(v)),
+        }
+    }
+}
+
 /// RFC 9110 `tchar`.
 pub fn is_token(s: &str) -> bool {
     !s.is_empty()
@@ -85,7 +97,7 @@ impl Ops {
         let o = f.object("struct Ops")?;
         o.fields(&["remove", "set", "add"])?;
         let headers = |name| match o.get(name) {
-            Some(list) => list.items()?.into_iter().map(Header::from_json).collect(),
+            Some(list) => list.list(Header::from_json),
             None => Ok(Vec::new()),
         };
         Ok(Self {
@@ -119,8 +131,8 @@ impl Ops {
                 check_name(&format!("{at}.name"), &h.name, pseudo_ok)?;
                 if h.value.bytes().any(|b| matches!(b, b'\r' | b'\n' | 0)) {
                     return Err(format!(
-                        "{at}.value {:?}: a header value must not contain CR, LF or NUL",
-                        h.value
+                        "{at}.value {}: a header value must not contain CR, LF or NUL",
+                        Quoted(&h.value)
                     ));
                 }
                 h.name = h.name.to_ascii_lowercase();
@@ -162,7 +174,8 @@ fn check_name(at: &str, name: &str, pseudo_ok: bool) -> Result<(), String> {
     if let Some(rest) = name.strip_prefix(':') {
         if !pseudo_ok {
             return Err(format!(
-                "{at} {name:?}: pseudo-headers can only be set, not added or removed"
+                "{at} {}: pseudo-headers can only be set, not added or removed",
+                Quoted(name)
             ));
         }
         if is_token(rest) {
@@ -171,7 +184,10 @@ fn check_name(at: &str, name: &str, pseudo_ok: bool) -> Result<(), String> {
     } else if is_token(name) {
         return Ok(());
     }
-    Err(format!("{at} {name:?}: not a valid HTTP header name"))
+    Err(format!(
+        "{at} {}: not a valid HTTP header name",
+        Quoted(name)
+    ))
 }
 
 #[cfg(test)]
@@ -251,5 +267,9 @@ mod tests {
     fn pseudo_header_may_be_set() {
         let o = ops(r#"{"role":"http-header-operation","request":{"set":[{"name":":path","value":"/v2"}]}}"#).unwrap();
         assert_eq!(o.request.edits().next(), Some(Edit::Set(":path", "/v2")));
+        // The log names a failed edit as `{:?}` would.
+        let set = Edit::Set(":path", "/v2");
+        assert_eq!(set.to_string(), format!("{set:?}"));
+        assert_eq!(Edit::Remove("x").to_string(), r#"Remove("x")"#);
     }
 }

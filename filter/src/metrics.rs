@@ -12,17 +12,12 @@
 /// stat names or the tag regexes treat specially (`.`, `:`, space...) in the plugin's name
 /// become `_` (an Istio plugin is named `<namespace>.<name>`: `istio-system_my-plugin`).
 pub fn metric_name(plugin: &str, role: &str, metric: &str) -> String {
-    let plugin: String = plugin
-        .chars()
-        .take(MAX_PLUGIN_CHARS)
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect();
+    let mut plugin_part = String::new();
+    for c in plugin.chars().take(MAX_PLUGIN_CHARS) {
+        let keep = c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        plugin_part.push(if keep { c } else { '_' });
+    }
+    let plugin = plugin_part;
     let plugin = if plugin.is_empty() { "_" } else { &plugin };
     format!("wasm_filter.plugin.{plugin}.role.{role}.{metric}")
 }

@@ -9,6 +9,7 @@
 //! `<milli-tokens> <last-update-ns>`, inside a table entry of [`crate::bucket_table`], whose
 //! size the configuration fixes.
 
+use crate::json::write::Quoted;
 use std::fmt;
 
 use crate::stored;
@@ -98,7 +99,8 @@ impl KeySource {
             crate::json::Value::String(s) => match f.variant(&VARIANTS)? {
                 1 => Ok(Self::ClientAddress),
                 _ => Err(f.error(format!(
-                    "{s:?} needs a header name: {{\"header\": \"<name>\"}}"
+                    "{} needs a header name: {{\"header\": \"<name>\"}}",
+                    Quoted(s)
                 ))),
             },
             crate::json::Value::Object(entries) => match entries.as_slice() {
@@ -161,7 +163,10 @@ impl RateLimit {
     pub fn validate(&mut self) -> Result<(), String> {
         if let KeySource::Header(h) = &mut self.key {
             if !crate::header_ops::is_token(h.strip_prefix(':').unwrap_or(h)) {
-                return Err(format!("key.header {h:?}: not a valid HTTP header name"));
+                return Err(format!(
+                    "key.header {}: not a valid HTTP header name",
+                    Quoted(h)
+                ));
             }
             *h = h.to_ascii_lowercase();
         }

@@ -3,6 +3,7 @@
 //! these rather than its own inlined `str::parse` and `format!` per field: in the guest each
 //! copy is code V8's optimizing compiler compiles in every worker.
 
+use crate::json::write::Quoted;
 use std::fmt::Arguments;
 
 /// A decimal `u64`, as `str::parse` reads one.
@@ -27,11 +28,11 @@ const SHOWN_CHARS: usize = 100;
 pub fn malformed(what: &str, text: &str, problem: Arguments) -> String {
     match text.char_indices().nth(SHOWN_CHARS) {
         Some((cut, _)) => format!(
-            "{what} {:?}... ({} bytes): {problem}",
-            text.get(..cut).unwrap_or_default(),
+            "{what} {}... ({} bytes): {problem}",
+            Quoted(text.get(..cut).unwrap_or_default()),
             text.len()
         ),
-        None => format!("{what} {text:?}: {problem}"),
+        None => format!("{what} {}: {problem}", Quoted(text)),
     }
 }
 

@@ -5,6 +5,7 @@
 //! The totals are stored as text, `in=<bytes> out=<bytes> connections=<n>`, so an operator
 //! (or a scenario's `shared_data` check) can read them as they are.
 
+use crate::json::write::Quoted;
 use crate::json::{Field, Obj};
 
 use crate::stored;
@@ -60,7 +61,7 @@ impl Totals {
         let mut seen = 0;
         for part in text.split(' ') {
             let Some((k, v)) = part.split_once('=') else {
-                return Err(bad(format_args!("{part:?} is not key=value")));
+                return Err(bad(format_args!("{} is not key=value", Quoted(part))));
             };
             let Some(n) = stored::number(v) else {
                 return Err(bad(format_args!("{k} is not a number")));
@@ -69,7 +70,7 @@ impl Totals {
                 "in" => t.bytes_in = n,
                 "out" => t.bytes_out = n,
                 "connections" => t.connections = n,
-                _ => return Err(bad(format_args!("unknown field {k:?}"))),
+                _ => return Err(bad(format_args!("unknown field {}", Quoted(k)))),
             }
             seen += 1;
         }

@@ -5,6 +5,7 @@
 //! rewritten, passed unchanged, and over a limit (`rewritten_total`, `passed_total`,
 //! `over_limit_total`), and body bytes each way (`request_bytes_total`, `response_bytes_total`).
 
+use crate::json::write::Quoted;
 use std::rc::Rc;
 
 use super::metrics::{Counter, Metrics};
@@ -131,8 +132,9 @@ impl BodyFilter {
 
     fn on_headers(&mut self, which: Side, end_of_stream: bool) -> Action {
         let map = headers_map(which);
-        let declared =
-            || raw::header_text(map, "content-length").and_then(|v| v.trim().parse::<u64>().ok());
+        let declared = || {
+            raw::header_text(map, "content-length").and_then(|v| v.trim_ascii().parse::<u64>().ok())
+        };
         let encoding = || raw::header_text(map, "content-encoding");
         match self
             .flow
@@ -145,8 +147,9 @@ impl BodyFilter {
                 self.root.passed.add(1);
                 log!(
                     Info,
-                    "{} body is in content-encoding {encoding:?}: passed on unmodified",
-                    which.name()
+                    "{} body is in content-encoding {}: passed on unmodified",
+                    which.name(),
+                    Quoted(&encoding)
                 );
                 Action::Continue
             }

@@ -48,7 +48,7 @@ fn apply(map: u32, ops: &Ops) {
         if status != raw::OK {
             log!(
                 Warn,
-                "{e:?} failed with host status {status}; request continues"
+                "{e} failed with host status {status}; request continues"
             );
         }
     }

@@ -6,6 +6,7 @@
 //! allowed and limited (`allowed_total`, `limited_total`), those the overflow bucket decided
 //! (`overflow_total`) and those let through because shared data failed (`failed_open_total`).
 
+use crate::json::write::Quoted;
 use std::rc::Rc;
 
 use super::metrics::{Counter, Metrics};
@@ -119,8 +120,12 @@ impl Limiter {
         let mut claim: Option<(String, u32)> = None;
         for slot in slots(fp, self.config.buckets) {
             let key = slot_key(&self.prefix, &self.plugin, Some(slot));
-            let (value, cas) = raw::shared_data(&key)
-                .map_err(|s| format!("reading shared data {key:?} failed with host status {s}"))?;
+            let (value, cas) = raw::shared_data(&key).map_err(|s| {
+                format!(
+                    "reading shared data {} failed with host status {s}",
+                    Quoted(&key)
+                )
+            })?;
             match classify(&self.config, value.as_deref(), fp, now) {
                 Slot::Mine(bucket) => return self.write(&key, fp, Some(bucket), cas, now),
                 Slot::Free if value.is_none() => {
@@ -130,7 +135,8 @@ impl Limiter {
                         let status = raw::set_shared_data(&key, b"", 0);
                         if status != raw::OK {
                             return Err(format!(
-                                "creating shared data {key:?} failed with host status {status}"
+                                "creating shared data {} failed with host status {status}",
+                                Quoted(&key)
                             ));
                         }
                         return Ok(Outcome::Raced);
@@ -180,7 +186,8 @@ impl Limiter {
             raw::OK => Ok(Outcome::Decided(decision)),
             raw::CAS_MISMATCH => Ok(Outcome::Raced),
             status => Err(format!(
-                "writing shared data {key:?} failed with host status {status}"
+                "writing shared data {} failed with host status {status}",
+                Quoted(key)
             )),
         }
     }

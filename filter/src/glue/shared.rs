@@ -7,6 +7,7 @@
 //! runs on that, with a real token.
 
 use super::raw;
+use crate::json::write::Quoted;
 
 /// Retries before giving up; only heavy contention on one key gets there.
 pub const MAX_CAS_ATTEMPTS: u32 = 16;
@@ -18,13 +19,18 @@ pub fn update<T>(
     mut f: impl FnMut(Option<&[u8]>) -> Result<(String, T), String>,
 ) -> Result<T, String> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (value, cas) = raw::shared_data(key)
-            .map_err(|s| format!("reading shared data {key:?} failed with host status {s}"))?;
+        let (value, cas) = raw::shared_data(key).map_err(|s| {
+            format!(
+                "reading shared data {} failed with host status {s}",
+                Quoted(key)
+            )
+        })?;
         if value.is_none() {
             let status = raw::set_shared_data(key, b"", 0);
             if status != raw::OK {
                 return Err(format!(
-                    "creating shared data {key:?} failed with host status {status}"
+                    "creating shared data {} failed with host status {status}",
+                    Quoted(key)
                 ));
             }
             continue;
@@ -35,12 +41,14 @@ pub fn update<T>(
             raw::CAS_MISMATCH => continue,
             status => {
                 return Err(format!(
-                    "writing shared data {key:?} failed with host status {status}"
+                    "writing shared data {} failed with host status {status}",
+                    Quoted(key)
                 ))
             }
         }
     }
     Err(format!(
-        "shared data {key:?}: gave up after {MAX_CAS_ATTEMPTS} compare-and-swap attempts (other workers kept changing it)"
+        "shared data {}: gave up after {MAX_CAS_ATTEMPTS} compare-and-swap attempts (other workers kept changing it)",
+        Quoted(key)
     ))
 }

@@ -12,6 +12,7 @@
 //! Each tick the service also stores its summary in shared data
 //! ([`crate::stats::summary_key`]), where every worker VM can read the aggregate.
 
+use crate::json::write::Quoted;
 use std::cell::Cell;
 use std::rc::Rc;
 
@@ -76,8 +77,8 @@ impl Recorder {
                 if !self.told_full.replace(true) {
                     log!(
                         Warn,
-                        "stats records for queue {:?} dropped, counted in records_dropped_total: {e}",
-                        self.queue_name
+                        "stats records for queue {} dropped, counted in records_dropped_total: {e}",
+                        Quoted(&self.queue_name)
                     );
                 }
                 false
@@ -99,9 +100,9 @@ impl Recorder {
                 if !self.told_missing.replace(true) {
                     log!(
                         Warn,
-                        "stats queue {:?} of vm {:?} is not registered (is the stats-aggregator service running?); records are dropped until it is",
-                        self.queue_name,
-                        self.vm_id
+                        "stats queue {} of vm {} is not registered (is the stats-aggregator service running?); records are dropped until it is",
+                        Quoted(&self.queue_name),
+                        Quoted(&self.vm_id)
                     );
                 }
                 None
@@ -208,8 +209,8 @@ impl Service {
     pub fn new(config: StatsConfig, vm: &VmConfig) -> Result<Self, String> {
         let queue = raw::register_queue(&vm.queue_name).map_err(|s| {
             format!(
-                "registering the stats queue {:?} failed with host status {s}",
-                vm.queue_name
+                "registering the stats queue {} failed with host status {s}",
+                Quoted(&vm.queue_name)
             )
         })?;
         let status = raw::set_tick_period_ms(config.tick_ms());
@@ -220,8 +221,8 @@ impl Service {
         }
         log!(
             Info,
-            "stats-aggregator: registered queue {:?}",
-            vm.queue_name
+            "stats-aggregator: registered queue {}",
+            Quoted(&vm.queue_name)
         );
         let metrics = Metrics::new("stats-aggregator");
         Ok(Self {
@@ -318,8 +319,8 @@ impl Service {
                 self.post_failures.add(1);
                 log!(
                     Warn,
-                    "stats-aggregator: posting to cluster {:?} failed with host status {status}; the counts carry over to the next tick",
-                    collector.cluster
+                    "stats-aggregator: posting to cluster {} failed with host status {status}; the counts carry over to the next tick",
+                    Quoted(&collector.cluster)
                 );
             }
         }
@@ -351,15 +352,17 @@ impl Service {
                 self.posted.add(1);
                 log!(
                     Info,
-                    "stats-aggregator: summary of {} requests posted to {cluster:?} ({s})",
-                    counts.requests
+                    "stats-aggregator: summary of {} requests posted to {} ({s})",
+                    counts.requests,
+                    Quoted(cluster)
                 );
             }
             other => {
                 self.post_failures.add(1);
                 log!(
                     Warn,
-                    "stats-aggregator: collector {cluster:?} answered {}; the {} requests carry over to the next tick",
+                    "stats-aggregator: collector {} answered {}; the {} requests carry over to the next tick",
+                    Quoted(cluster),
                     other.unwrap_or("nothing (the call failed)"),
                     counts.requests
                 );

@@ -37,8 +37,16 @@ fn one_of(names: &[&str]) -> String {
         [a] => format!("`{a}`"),
         [a, b] => format!("`{a}` or `{b}`"),
         _ => {
-            let quoted: Vec<String> = names.iter().map(|n| format!("`{n}`")).collect();
-            format!("one of {}", quoted.join(", "))
+            let mut list = String::from("one of ");
+            for (i, n) in names.iter().enumerate() {
+                if i > 0 {
+                    list.push_str(", ");
+                }
+                list.push('`');
+                list.push_str(n);
+                list.push('`');
+            }
+            list
         }
     }
 }
@@ -67,7 +75,7 @@ impl<'v> Field<'v> {
             Value::Bool(b) => format!("boolean `{b}`"),
             Value::Number(n) if is_integer(n) => format!("integer `{n}`"),
             Value::Number(n) => format!("floating point `{n}`"),
-            Value::String(s) => format!("string {s:?}"),
+            Value::String(s) => format!("string {}", super::write::Quoted(s)),
             Value::Array(_) => "sequence".into(),
             Value::Object(_) => "map".into(),
         };
@@ -130,23 +138,27 @@ impl<'v> Field<'v> {
         }
     }
 
-    /// The elements of a list, each with its path (`at[i]`).
-    pub fn items(self) -> Result<Vec<Field<'v>>, String> {
-        match self.value {
-            Value::Array(items) => Ok(items
-                .iter()
-                .enumerate()
-                .map(|(i, value)| Field {
-                    at: format!("{}[{i}]", self.at),
-                    value,
-                })
-                .collect()),
-            _ => Err(self.invalid_type("a sequence")),
+    /// The elements of a list, each read by `read` with its path (`at[i]`). A plain loop
+    /// rather than `collect` into a `Result`, whose iterator adapters are far more code.
+    pub fn list<T>(
+        self,
+        mut read: impl FnMut(Field<'v>) -> Result<T, String>,
+    ) -> Result<Vec<T>, String> {
+        let Value::Array(items) = self.value else {
+            return Err(self.invalid_type("a sequence"));
+        };
+        let mut out = Vec::with_capacity(items.len());
+        for (i, value) in items.iter().enumerate() {
+            out.push(read(Field {
+                at: format!("{}[{i}]", self.at),
+                value,
+            })?);
         }
+        Ok(out)
     }
 
     pub fn strings(self) -> Result<Vec<String>, String> {
-        self.items()?.into_iter().map(Field::string).collect()
+        self.list(Field::string)
     }
 
     /// A unit variant named by a string: its index in `names`.
@@ -278,7 +290,7 @@ impl<'v> Obj<'v> {
 
     /// The field, if given and not `null` (for what is optional in the configuration).
     pub fn opt(&self, name: &str) -> Option<Field<'v>> {
-        self.get(name).filter(|f| *f.value != Value::Null)
+        self.get(name).filter(|f| !matches!(f.value, Value::Null))
     }
 
     pub fn need(&self, name: &str) -> Result<Field<'v>, String> {
@@ -329,14 +341,16 @@ mod tests {
             doc(r#"{"s":{"l":[1,"two",1.5,-3,4294967296,null,true,{},[]]},"n":null,"e":"loud"}"#);
         let o = Field::root(&v).object("struct T").unwrap();
         let s = o.need("s").unwrap().object("struct S").unwrap();
-        let items = s.need("l").unwrap().items().unwrap();
-        let got: Vec<String> = items
-            .into_iter()
-            .map(|f| match f.u32() {
-                Ok(n) => n.to_string(),
-                Err(e) => e,
+        let got = s
+            .need("l")
+            .unwrap()
+            .list(|f| {
+                Ok(match f.u32() {
+                    Ok(n) => n.to_string(),
+                    Err(e) => e,
+                })
             })
-            .collect();
+            .unwrap();
         assert_eq!(
             got,
             [

@@ -32,6 +32,19 @@ pub fn quote(s: &str, out: &mut String) {
     out.push('"');
 }
 
+/// `s` between quotes with its quotes, backslashes and control characters escaped, as
+/// [`quote`] writes it: how a value is shown in a message. Not `{:?}`, whose Debug code and
+/// Unicode tables would be compiled into every VM for error messages alone.
+pub struct Quoted<'a>(pub &'a str);
+
+impl std::fmt::Display for Quoted<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut out = String::with_capacity(self.0.len() + 2);
+        quote(self.0, &mut out);
+        f.write_str(&out)
+    }
+}
+
 /// An object being written: `{`, then `"key":value` pairs, then `}` on [`Object::end`].
 pub struct Object<'o> {
     out: &'o mut String,
@@ -81,7 +94,10 @@ mod tests {
             let mut out = String::new();
             quote(s, &mut out);
             assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
+            assert_eq!(Quoted(s).to_string(), out);
         }
+        // Where a message's value has no control characters, it reads as `{:?}` did.
+        assert_eq!(Quoted("x-a b\"").to_string(), format!("{:?}", "x-a b\""));
     }
 
     #[test]
