@@ -324,6 +324,23 @@ mod tests {
         );
     }
 
+    /// Envoy 1.40 hands an upstream's `content-encoding: identity<U+00A0>` to the filter as
+    /// it is (it refuses VT and DEL, not UTF-8 spaces). Trimmed with `str::trim` that was
+    /// `identity` and the JSON was redacted; it must not now reach the client unredacted.
+    #[test]
+    fn an_identity_encoding_padded_with_a_unicode_space_is_still_redacted() {
+        let o = rewriting("pass");
+        for padded in ["identity\u{a0}", "\u{2003}identity", "identity\u{3000}"] {
+            let mut f = BodyFlow::default();
+            assert_eq!(
+                f.headers(&o, Side::Response, false, NONE, || Some(padded.into())),
+                HeadersStep::Hold,
+                "{}",
+                padded.escape_default()
+            );
+        }
+    }
+
     #[test]
     fn bodies_are_held_then_rewritten_or_handled_as_on_overflow_says() {
         let mut f = BodyFlow::default();

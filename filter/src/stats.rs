@@ -472,6 +472,28 @@ mod tests {
         assert_eq!(summary_key("p/", "q"), "p/stats/q/summary");
     }
 
+    /// Any VM under the service's vm_id can put on the queue; a record is what a recorder
+    /// made (a route of at most 64 bytes), so a longer route from the queue is cut the same
+    /// way rather than kept whole in every summary the service logs, stores and posts.
+    #[test]
+    fn a_queued_record_with_a_huge_route_keeps_at_most_64_bytes_of_it() {
+        let mut queued = b"2|0|/".to_vec();
+        queued.extend(std::iter::repeat_n(b'a', 1 << 20));
+        let r = Record::decode(&queued).unwrap();
+        assert!(
+            r.route.len() <= MAX_ROUTE_LEN,
+            "a {}-byte route kept",
+            r.route.len()
+        );
+        let mut a = Aggregate::default();
+        a.add(&r);
+        assert!(
+            a.summary().len() < 1024,
+            "a {}-byte summary",
+            a.summary().len()
+        );
+    }
+
     #[test]
     fn routes_are_bounded() {
         let mut a = Aggregate::default();

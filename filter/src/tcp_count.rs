@@ -94,6 +94,30 @@ impl Totals {
 mod tests {
     use super::*;
 
+    /// Another module sharing the key space can store megabytes under the totals key; the
+    /// error is logged on every closed connection, so it must stay a bounded line whatever
+    /// part of the value is wrong (as `stored::malformed` bounds the value it quotes).
+    #[test]
+    fn a_huge_malformed_tcp_totals_value_makes_a_log_line_of_bounded_size() {
+        let long = "x".repeat(1 << 20);
+        let mut too_long = Vec::new();
+        for (what, value) in [
+            ("no `=`", long.clone()),
+            (
+                "a long unknown field",
+                format!("{long}=1 out=0 connections=0"),
+            ),
+            ("a long number", format!("in={long} out=0 connections=0")),
+            ("a long field not a number", format!("{long}=y")),
+        ] {
+            let e = Totals::decode(Some(value.as_bytes())).unwrap_err();
+            if e.len() > 1024 {
+                too_long.push(format!("{what}: a {}-byte log line", e.len()));
+            }
+        }
+        assert!(too_long.is_empty(), "{too_long:#?}");
+    }
+
     #[test]
     fn encodes_and_adds() {
         let t = Totals::decode(None).unwrap().add_connection(4, 5);

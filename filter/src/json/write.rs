@@ -100,6 +100,26 @@ mod tests {
         assert_eq!(Quoted("x-a b\"").to_string(), format!("{:?}", "x-a b\""));
     }
 
+    /// `Quoted` shows values in log lines, some from any client (a request's
+    /// `content-encoding`) or any worker (a malformed shared-data value). `{:?}` wrote DEL,
+    /// C1 controls, Unicode line/paragraph separators and bidi overrides escaped; written raw
+    /// they split or reorder the line in a log viewer or terminal.
+    #[test]
+    fn a_message_shows_line_separators_bidi_and_c1_controls_escaped() {
+        for c in [
+            '\u{7f}', '\u{85}', '\u{9b}', '\u{2028}', '\u{2029}', '\u{202e}', '\u{2066}',
+        ] {
+            let value = format!("gzip{c}x");
+            let shown = Quoted(&value).to_string();
+            assert!(
+                !shown.contains(c),
+                "U+{:04X} written raw: {}",
+                u32::from(c),
+                shown.escape_default()
+            );
+        }
+    }
+
     #[test]
     fn objects_are_written_key_by_key() {
         let mut out = String::new();
