@@ -164,7 +164,9 @@ impl BodyFlow {
                 };
             }
         }
-        if let Some(e) = encoding().filter(|e| !e.trim_ascii().eq_ignore_ascii_case("identity")) {
+        // Any whitespace, not only ASCII's: Envoy passes `identity` followed by a Unicode
+        // space, and a body so labelled must not skip the redaction.
+        if let Some(e) = encoding().filter(|e| !e.trim().eq_ignore_ascii_case("identity")) {
             self.state(which).overflowed = true;
             return HeadersStep::PassEncoded(e);
         }

@@ -121,6 +121,15 @@ pub const LATENCY_BOUNDS_MS: [u64; 7] = [1, 5, 10, 50, 100, 500, 1000];
 /// Distinct routes kept; more are counted as `(other)`, so a path scan cannot grow memory.
 pub const MAX_ROUTES: usize = 256;
 const MAX_ROUTE_LEN: usize = 64;
+
+/// `route`'s first [`MAX_ROUTE_LEN`] bytes at most, cut at a character boundary.
+fn cut_route(route: &str) -> &str {
+    let mut end = route.len().min(MAX_ROUTE_LEN);
+    while !route.is_char_boundary(end) {
+        end -= 1;
+    }
+    route.get(..end).unwrap_or_default()
+}
 const CLASSES: [&str; 6] = ["none", "1xx", "2xx", "3xx", "4xx", "5xx"];
 
 /// One stream, as it goes on the queue: `<status class>|<latency bucket>|<route>`.
@@ -141,14 +150,7 @@ impl Record {
             .strip_prefix('/')
             .map(|rest| rest.split('/').next().unwrap_or_default())
             .unwrap_or_default();
-        let mut route = format!("/{first}");
-        if route.len() > MAX_ROUTE_LEN {
-            let mut end = MAX_ROUTE_LEN;
-            while !route.is_char_boundary(end) {
-                end -= 1;
-            }
-            route.truncate(end);
-        }
+        let route = cut_route(&format!("/{first}")).to_string();
         let class = match status {
             Some(s @ 100..=599) => (s / 100) as u8,
             _ => 0,
@@ -189,7 +191,9 @@ impl Record {
             return Err(bad(format_args!("out of range")));
         }
         Ok(Self {
-            route: route.to_string(),
+            // Another worker's record is cut as this worker's own are: a route past the
+            // bound would be kept in every summary.
+            route: cut_route(route).to_string(),
             class,
             latency_bucket,
         })

@@ -26,13 +26,23 @@ const SHOWN_CHARS: usize = 100;
 #[cold]
 #[inline(never)]
 pub fn malformed(what: &str, text: &str, problem: Arguments) -> String {
-    match text.char_indices().nth(SHOWN_CHARS) {
-        Some((cut, _)) => format!(
+    let shown = cut(text);
+    if shown.len() < text.len() {
+        format!(
             "{what} {}... ({} bytes): {problem}",
-            Quoted(text.get(..cut).unwrap_or_default()),
+            Quoted(shown),
             text.len()
-        ),
-        None => format!("{what} {}: {problem}", Quoted(text)),
+        )
+    } else {
+        format!("{what} {}: {problem}", Quoted(text))
+    }
+}
+
+/// The part of a stored value a message shows: its first [`SHOWN_CHARS`] characters.
+pub fn cut(text: &str) -> &str {
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((end, _)) => text.get(..end).unwrap_or_default(),
+        None => text,
     }
 }
 

@@ -61,16 +61,27 @@ impl Totals {
         let mut seen = 0;
         for part in text.split(' ') {
             let Some((k, v)) = part.split_once('=') else {
-                return Err(bad(format_args!("{} is not key=value", Quoted(part))));
+                return Err(bad(format_args!(
+                    "{} is not key=value",
+                    Quoted(stored::cut(part))
+                )));
             };
             let Some(n) = stored::number(v) else {
-                return Err(bad(format_args!("{k} is not a number")));
+                return Err(bad(format_args!(
+                    "{} is not a number",
+                    Quoted(stored::cut(k))
+                )));
             };
             match k {
                 "in" => t.bytes_in = n,
                 "out" => t.bytes_out = n,
                 "connections" => t.connections = n,
-                _ => return Err(bad(format_args!("unknown field {}", Quoted(k)))),
+                _ => {
+                    return Err(bad(format_args!(
+                        "unknown field {}",
+                        Quoted(stored::cut(k))
+                    )))
+                }
             }
             seen += 1;
         }

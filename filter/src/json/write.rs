@@ -33,16 +33,33 @@ pub fn quote(s: &str, out: &mut String) {
 }
 
 /// `s` between quotes with its quotes, backslashes and control characters escaped, as
-/// [`quote`] writes it: how a value is shown in a message. Not `{:?}`, whose Debug code and
-/// Unicode tables would be compiled into every VM for error messages alone.
+/// [`quote`] writes it, and also every character that would split or reorder a log line in
+/// a viewer (DEL, C1 controls, line and paragraph separators, bidi marks and overrides):
+/// how a value a client or upstream sent is shown in a message. Not `{:?}`, whose Debug code
+/// and Unicode tables would be compiled into every VM for error messages alone.
 pub struct Quoted<'a>(pub &'a str);
 
 impl std::fmt::Display for Quoted<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut out = String::with_capacity(self.0.len() + 2);
         quote(self.0, &mut out);
-        f.write_str(&out)
+        if !out.chars().any(breaks_a_line) {
+            return f.write_str(&out);
+        }
+        for c in out.chars() {
+            if breaks_a_line(c) {
+                write!(f, "\\u{:04x}", u32::from(c))?;
+            } else {
+                write!(f, "{c}")?;
+            }
+        }
+        Ok(())
     }
+}
+
+/// What [`quote`] leaves as it is (JSON needs no more) but a log line must not hold raw.
+fn breaks_a_line(c: char) -> bool {
+    matches!(c, '\u{7f}'..='\u{9f}' | '\u{200e}' | '\u{200f}' | '\u{2028}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
 }
 
 /// An object being written: `{`, then `"key":value` pairs, then `}` on [`Object::end`].
@@ -94,7 +111,8 @@ mod tests {
             let mut out = String::new();
             quote(s, &mut out);
             assert_eq!(out, serde_json::to_string(s).unwrap(), "{s:?}");
-            assert_eq!(Quoted(s).to_string(), out);
+            // DEL is JSON as it is, but no log line's.
+            assert_eq!(Quoted(s).to_string(), out.replace('\u{7f}', "\\u007f"));
         }
         // Where a message's value has no control characters, it reads as `{:?}` did.
         assert_eq!(Quoted("x-a b\"").to_string(), format!("{:?}", "x-a b\""));
