@@ -11,6 +11,7 @@ use super::metrics::{Counter, Metrics};
 use super::Outcome;
 use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
 use crate::body_ops::{BodyOperation, MAX_BUFFER_LIMIT};
+use crate::json::write::Quoted;
 
 /// What Envoy hands the role, one hook at a time.
 #[derive(Debug, Clone, Copy)]
@@ -142,8 +143,9 @@ impl BodyStream {
                 stream.count(role.counters.passed, 1);
                 log!(
                     Info,
-                    "{} body is in content-encoding {encoding:?}: passed on unmodified",
-                    which.name()
+                    "{} body is in content-encoding {}: passed on unmodified",
+                    which.name(),
+                    Quoted(&encoding)
                 );
                 Outcome::Continue
             }
