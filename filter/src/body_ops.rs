@@ -109,11 +109,7 @@ impl Redact {
         }
         Ok(Self {
             keys,
-            mask: o
-                .get("mask")
-                .map(Field::string)
-                .transpose()?
-                .unwrap_or_else(default_mask),
+            mask: o.or("mask", Field::string, default_mask)?,
         })
     }
 }
@@ -146,20 +142,15 @@ impl BodyOperation {
     /// The role's fields (the `role` tag left to the caller).
     pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
         o.fields(&["request", "response", "max_buffer_bytes", "on_overflow"])?;
-        let side = |name: &str| o.get(name).map(BodySide::from_json).transpose();
         let overflow = o.get("on_overflow").map(|f| f.variant(&["pass", "reject"]));
         let on_overflow = match overflow.transpose()? {
             Some(1) => Overflow::Reject,
             _ => Overflow::Pass,
         };
         Ok(Self {
-            request: side("request")?.unwrap_or_default(),
-            response: side("response")?.unwrap_or_default(),
-            max_buffer_bytes: o
-                .get("max_buffer_bytes")
-                .map(Field::u64)
-                .transpose()?
-                .unwrap_or_else(default_max_buffer),
+            request: o.or("request", BodySide::from_json, BodySide::default)?,
+            response: o.or("response", BodySide::from_json, BodySide::default)?,
+            max_buffer_bytes: o.or("max_buffer_bytes", Field::u64, default_max_buffer)?,
             on_overflow,
         })
     }

@@ -35,16 +35,9 @@ impl Condition {
     pub fn from_json(f: Field<'_>) -> Result<Self, String> {
         let o = f.object("struct Condition")?;
         o.fields(&["methods", "path_prefix", "headers"])?;
-        let headers = match o.get("headers") {
-            Some(h) => h.list(HeaderCondition::from_json)?,
-            None => Vec::new(),
-        };
+        let headers = o.or("headers", |h| h.list(HeaderCondition::from_json), Vec::new)?;
         Ok(Self {
-            methods: o
-                .get("methods")
-                .map(Field::strings)
-                .transpose()?
-                .unwrap_or_default(),
+            methods: o.or("methods", Field::strings, Vec::new)?,
             path_prefix: o.opt("path_prefix").map(Field::string).transpose()?,
             headers,
         })

@@ -133,19 +133,13 @@ impl VmConfig {
         let level = o
             .get("log_level")
             .map(|f| f.variant(&["trace", "debug", "info", "warn", "error", "critical"]));
-        let text = |name: &str, default: fn() -> String| {
-            o.get(name)
-                .map(Field::string)
-                .transpose()
-                .map(|s| s.unwrap_or_else(default))
-        };
         let config = Self {
             log_level: match level.transpose()? {
                 Some(i) => LEVELS.get(i).copied().unwrap_or(LogLevel::Info),
                 None => default_log_level(),
             },
-            queue_name: text("queue_name", default_queue_name)?,
-            shared_data_prefix: text("shared_data_prefix", default_prefix)?,
+            queue_name: o.or("queue_name", Field::string, default_queue_name)?,
+            shared_data_prefix: o.or("shared_data_prefix", Field::string, default_prefix)?,
         };
         if config.queue_name.is_empty() {
             return Err("queue_name: must not be empty".into());

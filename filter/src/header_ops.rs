@@ -71,11 +71,10 @@ impl HeaderOperation {
     /// The role's fields (the `role` tag left to the caller).
     pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
         o.fields(&["when", "request", "response"])?;
-        let ops = |name| o.get(name).map(Ops::from_json).transpose();
         Ok(Self {
             when: o.opt("when").map(Condition::from_json).transpose()?,
-            request: ops("request")?.unwrap_or_default(),
-            response: ops("response")?.unwrap_or_default(),
+            request: o.or("request", Ops::from_json, Ops::default)?,
+            response: o.or("response", Ops::from_json, Ops::default)?,
         })
     }
 
@@ -96,16 +95,9 @@ impl Ops {
     fn from_json(f: Field<'_>) -> Result<Self, String> {
         let o = f.object("struct Ops")?;
         o.fields(&["remove", "set", "add"])?;
-        let headers = |name| match o.get(name) {
-            Some(list) => list.list(Header::from_json),
-            None => Ok(Vec::new()),
-        };
+        let headers = |name| o.or(name, |list| list.list(Header::from_json), Vec::new);
         Ok(Self {
-            remove: o
-                .get("remove")
-                .map(Field::strings)
-                .transpose()?
-                .unwrap_or_default(),
+            remove: o.or("remove", Field::strings, Vec::new)?,
             set: headers("set")?,
             add: headers("add")?,
         })

@@ -145,18 +145,12 @@ impl RateLimit {
             "idle_seconds",
             "buckets",
         ])?;
-        let number = |name: &str, default: fn() -> u32| {
-            o.get(name)
-                .map(Field::u32)
-                .transpose()
-                .map(|n| n.unwrap_or_else(default))
-        };
         Ok(Self {
             key: KeySource::from_json(o.need("key")?)?,
             burst: o.need("burst")?.u32()?,
             refill_per_second: Rate::from_json(o.need("refill_per_second")?)?,
-            idle_seconds: number("idle_seconds", default_idle)?,
-            buckets: number("buckets", default_buckets)?,
+            idle_seconds: o.or("idle_seconds", Field::u32, default_idle)?,
+            buckets: o.or("buckets", Field::u32, default_buckets)?,
         })
     }
 

@@ -38,21 +38,11 @@ impl Collector {
     fn from_json(f: Field<'_>) -> Result<Self, String> {
         let o = f.object("struct Collector")?;
         o.fields(&["cluster", "path", "authority", "timeout_ms"])?;
-        let text = |name: &str, default: fn() -> String| {
-            o.get(name)
-                .map(Field::string)
-                .transpose()
-                .map(|s| s.unwrap_or_else(default))
-        };
         Ok(Self {
             cluster: o.need("cluster")?.string()?,
-            path: text("path", default_path)?,
-            authority: text("authority", default_authority)?,
-            timeout_ms: o
-                .get("timeout_ms")
-                .map(Field::u32)
-                .transpose()?
-                .unwrap_or_else(default_timeout),
+            path: o.or("path", Field::string, default_path)?,
+            authority: o.or("authority", Field::string, default_authority)?,
+            timeout_ms: o.or("timeout_ms", Field::u32, default_timeout)?,
         })
     }
 }

@@ -21,11 +21,7 @@ impl TcpCounter {
     pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
         o.fields(&["log_connections"])?;
         Ok(Self {
-            log_connections: o
-                .get("log_connections")
-                .map(Field::bool)
-                .transpose()?
-                .unwrap_or(true),
+            log_connections: o.or("log_connections", Field::bool, || true)?,
         })
     }
 }

@@ -293,6 +293,20 @@ impl<'v> Obj<'v> {
         self.get(name).filter(|f| !matches!(f.value, Value::Null))
     }
 
+    /// The field read by `read`, or `default()` when it is not given: serde's
+    /// `#[serde(default)]` (a `null` is read, and refused as the wrong type).
+    pub fn or<T>(
+        &self,
+        name: &str,
+        read: impl FnOnce(Field<'v>) -> Result<T, String>,
+        default: impl FnOnce() -> T,
+    ) -> Result<T, String> {
+        match self.get(name) {
+            Some(f) => read(f),
+            None => Ok(default()),
+        }
+    }
+
     pub fn need(&self, name: &str) -> Result<Field<'v>, String> {
         self.get(name)
             .ok_or_else(|| error(&self.at, format!("missing field `{name}`")))
