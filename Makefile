@@ -16,7 +16,7 @@ DEMO := target/demo
 
 export ENVOY_BIN := $(abspath $(ENVOY))
 
-.PHONY: run test bench build filter module-cross envoy wasm-target lint clean publish image image-tools image-push test-image
+.PHONY: run test bench build filter module-cross envoy wasm-target lint clean publish image image-tools image-push test-image test-tools bench-tools
 
 ## run: build the filter, pull it through wasm-fetcher into a cache under target/, point a copy
 ## of envoy-config/bootstrap.yaml at the cached module, then run the demo scenario in the
@@ -72,19 +72,25 @@ image: image-tools
 	  SOURCE="$(or $(IMAGE_SOURCE),unknown: no git remote origin; set IMAGE_SOURCE)" \
 	  EPOCH=$$(git log -1 --format=%ct) CARGO=$(CARGO) deploy/image/build.sh
 
-# What `make image` needs beyond a Rust toolchain: Debian packages (as root, or through sudo)
-# and the Rust musl targets of IMAGE_PLATFORMS.
+# Debian packages behind missing commands, as root or through sudo: `$(call apt_install,cmd:pkg ...)`
+# installs the package of every command that is not on PATH, and nothing when all are.
 SUDO := $(if $(filter 0,$(shell id -u)),,sudo)
+define apt_install
+missing=; for tool in $(1); do command -v $${tool%%:*} >/dev/null || missing="$$missing $${tool#*:}"; done; \
+  test -s /etc/ssl/certs/ca-certificates.crt || missing="$$missing ca-certificates"; \
+  if [ -n "$$missing" ]; then \
+    echo "==> apt-get install$$missing"; \
+    $(SUDO) apt-get update -qq && \
+    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
+  fi
+endef
+
+# What `make image` needs beyond a Rust toolchain: Debian packages and the Rust musl targets of
+# IMAGE_PLATFORMS.
 IMAGE_APT := podman:podman skopeo:skopeo musl-gcc:musl-tools \
   $(if $(filter linux/arm64,$(IMAGE_PLATFORMS)),aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu)
 image-tools:
-	@missing=; for tool in $(IMAGE_APT); do command -v $${tool%%:*} >/dev/null || missing="$$missing $${tool#*:}"; done; \
-	  test -s /etc/ssl/certs/ca-certificates.crt || missing="$$missing ca-certificates"; \
-	  if [ -n "$$missing" ]; then \
-	    echo "==> apt-get install$$missing"; \
-	    $(SUDO) apt-get update -qq && \
-	    $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; \
-	  fi
+	@$(call apt_install,$(IMAGE_APT))
 	@for target in $(patsubst linux/amd64,x86_64-unknown-linux-musl,$(patsubst linux/arm64,aarch64-unknown-linux-musl,$(IMAGE_PLATFORMS))); do \
 	  rustup target list --installed 2>/dev/null | grep -qx $$target || rustup target add $$target; done
 
@@ -120,10 +126,12 @@ test-image: image
 	$(CARGO) test --release --workspace --test all image:: -- --ignored --nocapture --test-threads 1
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
-test: build filter module-cross envoy
+## Installs what the tests start first (test-tools, envoy).
+test: test-tools build filter module-cross envoy
 	$(CARGO) test --release --workspace
 
-bench: build filter envoy
+## bench: every benchmark (docs/performance.md says what each measures).
+bench: bench-tools build filter envoy
 	$(CARGO) bench --workspace
 
 build:
@@ -146,10 +154,24 @@ CROSS_LINKER := aarch64-linux-gnu-gcc
 CROSS_APT := gcc-aarch64-linux-gnu
 endif
 CROSS_TARGET_ENV := CARGO_TARGET_$(shell echo $(CROSS_TARGET) | tr a-z- A-Z_)_LINKER
-module-cross:
-	@command -v $(CROSS_LINKER) >/dev/null || { echo "module-cross: no $(CROSS_LINKER): install $(CROSS_APT) (apt-get install $(CROSS_APT))" >&2; exit 1; }
+module-cross: test-tools
 	@rustup target list --installed 2>/dev/null | grep -qx $(CROSS_TARGET) || rustup target add $(CROSS_TARGET)
 	$(CROSS_TARGET_ENV)=$(CROSS_LINKER) $(CARGO) build --release -p wasm-filter --lib --target $(CROSS_TARGET)
+
+## test-tools: the commands the tests and the docs' examples start, beyond what a fresh machine
+## with Rust, Python 3 and make has (common/tests/setup.rs checks every command a test starts
+## against this list): a real OCI registry, skopeo, htpasswd, curl, openssl, and the other
+## architecture's linker for module-cross. Envoy and the Wasm target come from their own targets.
+TEST_APT := docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils curl:curl \
+  openssl:openssl $(CROSS_LINKER):$(CROSS_APT)
+test-tools:
+	@$(call apt_install,$(TEST_APT))
+
+## bench-tools: what the benchmarks start beyond test-tools (binaryen's wasm-opt: the roles bench
+## measures the module after `wasm-opt -Oz` too).
+BENCH_APT := wasm-opt:binaryen
+bench-tools: test-tools
+	@$(call apt_install,$(BENCH_APT))
 
 wasm-target:
 	@rustup target list --installed 2>/dev/null | grep -qx $(WASM_TARGET) || rustup target add $(WASM_TARGET)
