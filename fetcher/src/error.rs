@@ -89,15 +89,6 @@ pub enum FetchError {
     CredentialHelper { program: String, reason: String },
 }
 
-/// Text someone else chose (a URL, a header, a server's message) as a message may quote it:
-/// at most 200 characters, on one line.
-pub fn shown(text: &str) -> String {
-    text.chars()
-        .take(200)
-        .map(|c| if c.is_control() { ' ' } else { c })
-        .collect()
-}
-
 /// At most a few items of a list that a server controls, and how many more there were.
 fn a_few(items: &[String]) -> String {
     const SHOWN: usize = 5;

@@ -175,7 +175,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
         let deadline = self.deadline;
         Box::pin(async move {
             let failed = |reason: String| ResolveFailed {
-                host: crate::error::shown(&host),
+                host: crate::shown::shown(&host),
                 reason,
             };
             let found = tokio::time::timeout(deadline, tokio::net::lookup_host((host.as_str(), 0)))
@@ -197,7 +197,7 @@ impl reqwest::dns::Resolve for GuardedResolver {
 pub fn redirect_policy(listed: &[IpNet]) -> reqwest::redirect::Policy {
     let listed: Arc<[IpNet]> = listed.into();
     reqwest::redirect::Policy::custom(move |attempt| {
-        let to = crate::error::shown(attempt.url().as_str());
+        let to = crate::shown::shown(attempt.url().as_str());
         let from = attempt.previous().last().cloned();
         let refusal = if attempt.previous().len() > MAX_REDIRECTS {
             Some(Refusal::TooManyRedirects { to })
@@ -207,7 +207,7 @@ pub fn redirect_policy(listed: &[IpNet]) -> reqwest::redirect::Policy {
                 "http" if from.as_ref().is_some_and(|f| f.scheme() == "https") => {
                     Some(Refusal::InsecureRedirect {
                         from: from
-                            .map(|f| crate::error::shown(f.as_str()))
+                            .map(|f| crate::shown::shown(f.as_str()))
                             .unwrap_or_default(),
                         to,
                     })

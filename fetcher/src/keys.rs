@@ -50,7 +50,7 @@ impl VerifyKey {
             .map_err(|e| format!("cannot encode the key: {e}"))?;
         let id = format!(
             "sha256:{}",
-            &crate::verify::Sha256::of(der.as_bytes()).hex()[..16]
+            &crate::digest::Sha256::of(der.as_bytes()).hex()[..16]
         );
         Ok(Self { key, id: id.into() })
     }

@@ -14,41 +14,68 @@
 //! # Ok(()) }
 //! ```
 
+//! # The wings, lowest first
+//! Each names only itself and the wings below it (`tests/all/layers.rs` checks it):
+//!
+//! | wing | what it holds |
+//! |---|---|
+//! | the ground floor (one file each) | `error`, `shown` (quoting others' text), `digest` (sha256 pins, the Wasm header), `regular_file` (bounded reads), `keys`, `guard` (the address guard), `net` (the HTTP client), `settings`, `progress` |
+//! | `reference/` | what a module URL or an image reference names |
+//! | `store/` | the cache, its index, expiry and leases, unboxing, the shared-object checks |
+//! | `oci/` | the registry: manifests, the distribution API, credentials, mirrors, cosign |
+//! | `pull/` | one pull: policy, pins, a source per scheme, the dynamic-module pull |
+//! | `push/` | images and signatures written to a registry |
+//! | `envoy/` | Envoy and Istio configuration, through this file's public names only |
+//! | `serve/` | the sidecar's loop: watch, pull, write ECDS files, purge |
+
 #[cfg(test)]
 mod alloc_meter;
-pub mod cache;
-pub mod dynamic_module;
-pub mod envoy;
+mod digest;
 pub mod error;
 mod guard;
-mod index;
 mod keys;
-mod lifecycle;
 mod net;
-mod oci;
-mod pin;
-mod policy;
 mod progress;
-mod pull;
-pub mod push;
-pub mod reference;
 pub mod regular_file;
-pub mod serve;
 pub mod settings;
-pub mod shared_object;
-pub mod signature;
-mod source;
-mod tls;
-mod unbox;
-mod verify;
+pub mod shown;
 
-pub use cache::Cache;
+pub mod reference;
+
+mod store;
+
+mod oci;
+
+pub mod pull;
+
+pub mod push;
+
+pub mod envoy;
+
+pub mod serve;
+
+/// Envoy dynamic modules (native `lib<name>.so` files) through an OCI registry: `push --layout
+/// dynamic-module` writes an image index with a manifest per file, each for the `os/arch` its
+/// ELF header names, annotated with the Envoy minor versions the module loads on; `pull
+/// --envoy-version` picks the child for a platform and an Envoy version, checks the ELF header
+/// against that platform, and keeps the file as `<cache>/dynamic-modules/<sha256>/lib<name>.so`,
+/// a directory Envoy's `ENVOY_DYNAMIC_MODULES_SEARCH_PATH` can name.
+pub mod dynamic_module {
+    pub use crate::pull::dynamic_module::{pull, DynamicPulled};
+    pub use crate::store::shared_object as elf;
+    pub use crate::store::shared_object::{
+        module_name, parse_envoy_version, CONFIG, ENVOY_VERSIONS, LAYER, TITLE,
+    };
+}
+
+pub use digest::{Digest, Sha256};
 pub use error::FetchError;
 pub use guard::{Refusal, Rule};
-pub use pin::PinMatch;
-pub use policy::PullPolicy;
+pub use keys::{SignKey, VerifyKey};
 pub use progress::{Event as ProgressEvent, Progress};
+pub use pull::pin::PinMatch;
+pub use pull::policy::PullPolicy;
+pub use pull::source::image_volume;
 pub use pull::{list, pull, purge, Listed, PullRequest, Pulled};
 pub use settings::Settings;
-pub use source::image_volume;
-pub use verify::{Digest, Sha256};
+pub use store::cache::Cache;

@@ -87,7 +87,7 @@ fn build(
     deadline: Deadline,
     redirects: reqwest::redirect::Policy,
 ) -> Result<reqwest::Client, FetchError> {
-    crate::tls::ensure_provider();
+    ensure_provider();
     blocked_proxy(|name| std::env::var(name).ok(), &settings.blocked_cidrs)?;
     let dns_deadline = match deadline {
         Deadline::Total(d) | Deadline::PerRead(d) => d,
@@ -133,11 +133,11 @@ pub fn unfollowed_redirect(resp: &reqwest::Response) -> Option<FetchError> {
     }
     Some(match resp.headers().get(reqwest::header::LOCATION) {
         Some(to) => guard::Refusal::RedirectScheme {
-            to: crate::error::shown(&String::from_utf8_lossy(to.as_bytes())),
+            to: crate::shown::shown(&String::from_utf8_lossy(to.as_bytes())),
         }
         .into(),
         None => FetchError::RedirectWithoutLocation {
-            from: crate::error::shown(resp.url().as_str()),
+            from: crate::shown::shown(resp.url().as_str()),
             status: status.as_u16(),
         },
     })
@@ -184,6 +184,16 @@ fn read_error(e: reqwest::Error, what: &str) -> FetchError {
         attempts: 1,
         message: format!("reading the {what}: {}", crate::error::chain(&e)),
     }
+}
+
+/// The TLS crypto provider (ring), installed once before any HTTP client is built: reqwest and
+/// oci-client are built without a provider of their own (see the workspace Cargo.toml for why).
+/// Idempotent; a provider the embedding program installed first is kept.
+pub fn ensure_provider() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    });
 }
 
 #[cfg(test)]

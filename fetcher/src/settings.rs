@@ -35,10 +35,10 @@ pub struct Settings {
     /// config names until the cache's modules fit (unset: no cap).
     pub cache_max_bytes: Option<u64>,
     /// `WASM_VERIFY_KEY` (a PEM public key file) or `--verify-key`: every module must carry a
-    /// cosign signature by this key (`crate::signature`).
+    /// cosign signature by this key (`crate::oci::cosign`).
     pub verify_key: Option<crate::keys::VerifyKey>,
     /// `WASM_IMAGE_VOLUME_ROOT` or `--image-volume-root`: `oci://` modules are the image
-    /// volumes the kubelet mounted under this directory (`crate::source::image_volume`), read
+    /// volumes the kubelet mounted under this directory (`crate::pull::source::image_volume`), read
     /// in place (or copied, with `copy_image_volumes`); no registry is asked.
     pub image_volume_root: Option<std::path::PathBuf>,
     /// `serve --copy-image-volumes`: a module read from an image volume is copied into the

@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use wasm_fetcher::signature::VerifyKey;
+use wasm_fetcher::VerifyKey;
 use wasm_fetcher::{settings, Cache, PullPolicy, PullRequest, Settings, Sha256};
 
 use super::Failure;

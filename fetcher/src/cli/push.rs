@@ -126,7 +126,7 @@ impl PushOptions {
                 sign_key: args
                     .sign_key
                     .as_deref()
-                    .map(wasm_fetcher::signature::SignKey::read)
+                    .map(wasm_fetcher::SignKey::read)
                     .transpose()?,
                 progress,
             },

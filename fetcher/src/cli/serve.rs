@@ -101,10 +101,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         settings.add_ca_file(ca)?;
     }
     if let Some(key) = &args.verify_key {
-        settings.verify_key = Some(wasm_fetcher::signature::VerifyKey::read(
-            key,
-            "--verify-key",
-        )?);
+        settings.verify_key = Some(wasm_fetcher::VerifyKey::read(key, "--verify-key")?);
     }
     if let Some(root) = &args.image_volume_root {
         settings.image_volume_root = Some(root.clone());

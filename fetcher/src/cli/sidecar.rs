@@ -48,10 +48,7 @@ impl Fetching {
             settings.add_ca_file(ca)?;
         }
         if let Some(key) = &self.verify_key {
-            settings.verify_key = Some(wasm_fetcher::signature::VerifyKey::read(
-                key,
-                "--verify-key",
-            )?);
+            settings.verify_key = Some(wasm_fetcher::VerifyKey::read(key, "--verify-key")?);
         }
         if let Some(root) = &self.image_volume_root {
             settings.image_volume_root = Some(root.clone());

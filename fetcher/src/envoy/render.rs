@@ -338,7 +338,7 @@ fn write_with_mode(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::signature::SignKey;
+    use crate::SignKey;
 
     fn plugin(extra: &str) -> WasmPlugin {
         let text = format!(
@@ -539,7 +539,7 @@ mod tests {
         let request = plan(&p, &Default::default());
         assert_eq!(
             request.verify_key,
-            Some(crate::signature::VerifyKey::from_pem(&pem).unwrap())
+            Some(crate::VerifyKey::from_pem(&pem).unwrap())
         );
         let e = WasmPlugin::from_value(&doc("not a key")).unwrap_err();
         assert_eq!(e.field, "spec.verificationKey");

@@ -43,7 +43,7 @@ pub fn program(helper: &str) -> Result<String, FetchError> {
         && !helper.starts_with('.');
     if !plain {
         return Err(failed(
-            &crate::error::shown(helper),
+            &crate::shown::shown(helper),
             "not a helper name: expected letters, digits, '-', '_' or '.'".into(),
         ));
     }
@@ -128,7 +128,7 @@ pub async fn get_within(
             &program,
             format!(
                 "get for {registry} failed ({status}): {}",
-                crate::error::shown(text.trim())
+                crate::shown::shown(text.trim())
             ),
         ));
     }

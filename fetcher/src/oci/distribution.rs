@@ -16,10 +16,11 @@ use oci_client::secrets::RegistryAuth;
 use reqwest::header::{HeaderValue, ACCEPT, AUTHORIZATION, WWW_AUTHENTICATE};
 use serde_json::Value;
 
-use crate::error::{shown, FetchError};
+use crate::digest::Digest;
+use crate::error::FetchError;
 use crate::net;
 use crate::settings::Settings;
-use crate::verify::Digest;
+use crate::shown::shown;
 
 /// Manifests and indexes are small JSON documents; anything larger is not one.
 pub const MANIFEST_LIMIT: usize = 4 << 20;
@@ -393,7 +394,7 @@ impl Distribution {
             )
             .await?;
         let bytes = net::read_limited(resp, MANIFEST_LIMIT, "manifest").await?;
-        let digest = Digest(crate::verify::Sha256::of(&bytes));
+        let digest = Digest(crate::digest::Sha256::of(&bytes));
         if reference.starts_with("sha256:") && reference != digest.to_string() {
             return Err(FetchError::ChecksumMismatch {
                 expected: reference.to_string(),

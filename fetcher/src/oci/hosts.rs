@@ -180,7 +180,7 @@ fn endpoint(
         (Some(h), None) => h.to_string(),
         (None, _) => return Err("no host".into()),
     };
-    let loopback = super::reference::is_loopback_host(&host);
+    let loopback = crate::reference::oci::is_loopback_host(&host);
     if scheme == Scheme::Http && !loopback && !settings.is_insecure_registry(&host) {
         return Err(format!(
             "plain HTTP to {host}: only loopback hosts or hosts listed in WASM_INSECURE_REGISTRIES may be reached without TLS"

@@ -5,8 +5,8 @@
 use oci_client::manifest::OciImageManifest;
 use serde_json::Value;
 
+use crate::digest::Digest;
 use crate::error::FetchError;
-use crate::verify::Digest;
 
 pub const WASM_LAYERS: &[&str] = &[
     "application/wasm",
@@ -214,7 +214,7 @@ mod tests {
                 // A layer's digest and size are checked when it is downloaded, not trusted here.
                 if let Ok(m) = parse_manifest(&bytes) {
                     for l in &m.layers {
-                        let checked = crate::verify::parse_digest(&l.digest);
+                        let checked = crate::digest::parse_digest(&l.digest);
                         prop_assert_eq!(checked.is_ok(), l.digest.len() == 71
                             && l.digest.starts_with("sha256:")
                             && l.digest[7..].bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')));

@@ -15,11 +15,11 @@ use super::distribution::{Access, Distribution, PingFailure, Scheme};
 use super::hosts::{self, Endpoint, Hosts};
 use super::manifest::ImageDigests;
 use super::manifest::{self as media, parse_json, parse_manifest, pick_child};
-use super::reference::OciRef;
-use crate::cache::{Cache, Staging};
+use crate::digest::{parse_digest, Digest};
 use crate::error::FetchError;
+use crate::reference::oci::OciRef;
 use crate::settings::Settings;
-use crate::verify::{parse_digest, Digest};
+use crate::store::cache::{Cache, Staging};
 
 /// A resolved image: the manifest of the module's image, its digest, and the index digest
 /// when the reference named an index.
@@ -37,7 +37,7 @@ impl Resolved {
             .iter()
             .filter(|l| {
                 media::WASM_LAYERS.contains(&l.media_type.as_str())
-                    || l.media_type == crate::shared_object::LAYER
+                    || l.media_type == crate::store::shared_object::LAYER
             })
             .collect();
         let istio = layers
@@ -51,7 +51,7 @@ impl Resolved {
     }
 
     /// The module's sha256 when the manifest alone says it (see [`Self::module_layer`]).
-    pub fn module_sha256(&self) -> Result<Option<crate::verify::Sha256>, FetchError> {
+    pub fn module_sha256(&self) -> Result<Option<crate::digest::Sha256>, FetchError> {
         self.module_layer()
             .map(|l| parse_digest(&l.digest).map(|d| d.0))
             .transpose()
@@ -309,7 +309,7 @@ impl Registry {
             // The layer is kept whole in the staging file (checked against its digest), then
             // plugin.wasm is streamed out of it into a second one.
             self.stream_layer(d, last, &mut staging).await?;
-            return crate::unbox::extract_plugin_wasm(cache, staging, &last.media_type);
+            return crate::store::unbox::extract_plugin_wasm(cache, staging, &last.media_type);
         }
         Err(FetchError::UnsupportedLayout {
             found: layers.iter().map(|l| l.media_type.clone()).collect(),
@@ -409,7 +409,7 @@ mod tests {
 
     #[test]
     fn only_loopback_and_listed_registries_may_skip_tls() {
-        let r = |u: &str| super::super::reference::parse(&u["oci://".len()..]).unwrap();
+        let r = |u: &str| crate::reference::oci::parse(&u["oci://".len()..]).unwrap();
         let none = Settings::default();
         let listed = Settings {
             insecure_registries: vec!["reg.example:5000".into()],

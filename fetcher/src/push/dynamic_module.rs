@@ -8,9 +8,9 @@ use std::sync::Arc;
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 
 use super::layout::{Blob, Image};
+use crate::digest::Sha256;
 use crate::oci::manifest as media;
-use crate::shared_object::{self as elf, module_name, CONFIG, ENVOY_VERSIONS, LAYER, TITLE};
-use crate::verify::Sha256;
+use crate::store::shared_object::{self as elf, module_name, CONFIG, ENVOY_VERSIONS, LAYER, TITLE};
 
 const OCI_INDEX: &str = "application/vnd.oci.image.index.v1+json";
 

@@ -2,7 +2,7 @@
 //! module (not text that starts like one, not a component, not cut short), and which
 //! proxy-wasm ABI versions it exports (`--check-abi`).
 
-use crate::verify::check_wasm_header;
+use crate::digest::check_wasm_header;
 
 /// The prefix of the export a proxy-wasm module announces its ABI with
 /// (`proxy_abi_version_0_2_1`, ...).
@@ -12,7 +12,7 @@ pub const ABI_EXPORT_PREFIX: &str = "proxy_abi_version_";
 /// Only structure is read (sections and exports), never code: cheap even for a large module.
 pub fn abi_versions(module: &[u8]) -> Result<Vec<String>, String> {
     check_wasm_header(module).map_err(|e| match e {
-        crate::FetchError::NotWasm { reason } => reason,
+        crate::error::FetchError::NotWasm { reason } => reason,
         other => other.to_string(),
     })?;
     let mut versions = Vec::new();

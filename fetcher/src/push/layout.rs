@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use oci_client::manifest::{OciDescriptor, OciImageManifest};
 
+use crate::digest::Sha256;
 use crate::oci::manifest as media;
-use crate::verify::Sha256;
 
 /// Which image `push` writes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
@@ -29,7 +29,7 @@ pub enum Layout {
     /// A single-layer OCI image whose layer is a tar.gz holding `plugin.wasm`.
     Compat,
     /// Envoy dynamic modules (`lib<name>.so`), one per os/arch: an image index with a manifest
-    /// per file (`crate::dynamic_module`).
+    /// per file (`crate::pull::dynamic_module`).
     DynamicModule,
 }
 

@@ -14,13 +14,13 @@ use std::path::PathBuf;
 
 pub use layout::Layout;
 
+use crate::digest::Sha256;
 use crate::error::FetchError;
-use crate::oci::reference::OciRef;
 use crate::oci::registry::Registry;
 use crate::progress::Progress;
+use crate::reference::oci::OciRef;
 use crate::reference::Source;
 use crate::settings::Settings;
-use crate::verify::Sha256;
 
 /// One file to push, with the platform the command line gives it, if it does.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -245,7 +245,7 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
             Outcome::Pushed
         };
     if let Some(key) = &req.sign_key {
-        let digest = crate::verify::parse_digest(&image.manifest_digest)?;
+        let digest = crate::digest::parse_digest(&image.manifest_digest)?;
         sign::sign(&d, &digest, key).await?;
     }
     Ok(pushed(outcome))

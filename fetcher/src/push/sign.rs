@@ -2,13 +2,13 @@
 
 use serde_json::Value;
 
+use crate::digest::Digest;
 use crate::error::FetchError;
 use crate::keys::SignKey;
-use crate::oci::distribution::Distribution;
-use crate::signature::{
+use crate::oci::cosign::{
     payload, signature_tag, LAYERS_LIMIT, SIGNATURE_ANNOTATION, SIMPLE_SIGNING,
 };
-use crate::verify::Digest;
+use crate::oci::distribution::Distribution;
 
 /// Writes `key`'s signature of `digest` (the image just pushed to `d`'s repository) under the
 /// cosign tag, keeping the signatures already there. Signing is deterministic, so a signature
@@ -23,7 +23,7 @@ pub async fn sign(
     let tag = signature_tag(digest);
     let reference = format!("{}/{}", d.registry(), d.repository());
     let payload = payload(&reference, digest);
-    let payload_digest = Digest(crate::verify::Sha256::of(&payload));
+    let payload_digest = Digest(crate::digest::Sha256::of(&payload));
     let signature = key.sign(&payload);
     let ours = serde_json::json!({
         "mediaType": SIMPLE_SIGNING,
@@ -48,7 +48,7 @@ pub async fn sign(
         "rootfs": {"type": "layers", "diff_ids": diff_ids},
     }))
     .unwrap_or_default();
-    let config_digest = Digest(crate::verify::Sha256::of(&config));
+    let config_digest = Digest(crate::digest::Sha256::of(&config));
     let manifest = serde_json::to_vec(&serde_json::json!({
         "schemaVersion": 2,
         "mediaType": crate::oci::manifest::OCI_MANIFEST,
@@ -60,7 +60,7 @@ pub async fn sign(
         "layers": layers,
     }))
     .unwrap_or_default();
-    let manifest_digest = Digest(crate::verify::Sha256::of(&manifest)).to_string();
+    let manifest_digest = Digest(crate::digest::Sha256::of(&manifest)).to_string();
     for (bytes, digest) in [(payload, payload_digest), (config, config_digest)] {
         let blob = Blob {
             digest: digest.to_string(),

@@ -171,7 +171,7 @@ async fn send_upload(
             // Without its query, where an upload's session state goes.
             .map(|l| {
                 let l = String::from_utf8_lossy(l.as_bytes());
-                crate::error::shown(l.split('?').next().unwrap_or_default())
+                crate::shown::shown(l.split('?').next().unwrap_or_default())
             })
             .unwrap_or_else(|| "nowhere (no Location)".into());
         return Err(PushError::UploadRedirected {

@@ -8,7 +8,7 @@
 //! file is written by a rename inside the ECDS directory: Envoy sees the old file or the new,
 //! never a part, and a stop (SIGTERM) between two writes leaves both files whole.
 //!
-//! The modules the written files name are held in a lease (`crate::lifecycle`), so no purge,
+//! The modules the written files name are held in a lease (`crate::store::lifecycle`), so no purge,
 //! this process's or the CLI's, removes a module Envoy loads.
 
 mod dir;
@@ -31,7 +31,7 @@ use tokio::task::JoinSet;
 use crate::envoy::render::{self, EcdsResource, Outcome};
 use crate::envoy::wasmplugin::WasmPlugin;
 use crate::error::FetchError;
-use crate::lifecycle::Lease;
+use crate::store::lifecycle::Lease;
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
 use state::{duplicate, Claim, Source, State};
@@ -152,7 +152,7 @@ impl Shared {
     }
 
     fn refresh_cache_entries(&self) {
-        if let Ok(idx) = crate::index::IndexFile::new(&self.options.cache).load() {
+        if let Ok(idx) = crate::store::index::IndexFile::new(&self.options.cache).load() {
             self.metrics.set_cache_entries(idx.modules.len());
         }
     }

@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use super::{Shared, State};
 use crate::envoy::render::Outcome;
-use crate::lifecycle;
+use crate::store::lifecycle;
 
 /// Sources whose modules are gone or damaged on disk, or which run on a fallback: they are
 /// converted again. `rehash` checks every byte (SIGHUP); otherwise size and mtime against the
 /// index.
 pub(super) fn needing_refresh(shared: &Shared, rehash: bool) -> Vec<PathBuf> {
     let cache = &shared.options.cache;
-    let idx = crate::index::IndexFile::new(cache)
+    let idx = crate::store::index::IndexFile::new(cache)
         .load()
         .unwrap_or_default();
     let state = shared.state();
@@ -26,10 +26,12 @@ pub(super) fn needing_refresh(shared: &Shared, rehash: bool) -> Vec<PathBuf> {
                     Outcome::Fallback { .. } => true,
                     Outcome::Module { sha256: sha, .. } => {
                         let verify = if rehash {
-                            crate::cache::Verify::Hash
+                            crate::store::cache::Verify::Hash
                         } else {
-                            crate::cache::Verify::Stamp(
-                                idx.modules.get(sha).map(crate::index::ModuleEntry::stamp),
+                            crate::store::cache::Verify::Stamp(
+                                idx.modules
+                                    .get(sha)
+                                    .map(crate::store::index::ModuleEntry::stamp),
                             )
                         };
                         cache.lookup_intact(sha, verify).is_none()

@@ -267,7 +267,7 @@ fn fail_open(config: &Map<String, Value>, at: &str) -> Result<bool, ConvertError
                     &join(at, &policy_key),
                     format!(
                         "Unsupported value: {:?}: supported values: \"UNSPECIFIED\", \"FAIL_RELOAD\", \"FAIL_CLOSED\", \"FAIL_OPEN\"",
-                        crate::error::shown(other)
+                        crate::shown::shown(other)
                     ),
                 ))
             }

@@ -45,7 +45,7 @@ pub(super) fn spec_url(spec: &Map<String, Value>) -> Result<String, Invalid> {
                     "spec.url",
                     format!(
                         "url must have schema one of [http, https, file, oci], got {:?}",
-                        crate::error::shown(scheme)
+                        crate::shown::shown(scheme)
                     ),
                 ));
             }
@@ -69,7 +69,7 @@ pub(super) fn vm_env(spec: &Map<String, Value>) -> Result<Vec<EnvVar>, Invalid> 
     };
     if let Some(key) = vm.keys().find(|k| *k != "env") {
         return Err(invalid(
-            format!("spec.vmConfig.{}", crate::error::shown(key)),
+            format!("spec.vmConfig.{}", crate::shown::shown(key)),
             "unknown field; vmConfig has env",
         ));
     }
@@ -93,7 +93,7 @@ pub(super) fn vm_env(spec: &Map<String, Value>) -> Result<Vec<EnvVar>, Invalid> 
             .find(|k| !["name", "value", "valueFrom"].contains(&k.as_str()))
         {
             return Err(invalid(
-                format!("{at}.{}", crate::error::shown(key)),
+                format!("{at}.{}", crate::shown::shown(key)),
                 "unknown field; an env entry has name, value, valueFrom",
             ));
         }
@@ -106,7 +106,7 @@ pub(super) fn vm_env(spec: &Map<String, Value>) -> Result<Vec<EnvVar>, Invalid> 
         if !seen.insert(name.clone()) {
             return Err(invalid(
                 format!("{at}.name"),
-                format!("Duplicate value: {:?}", crate::error::shown(&name)),
+                format!("Duplicate value: {:?}", crate::shown::shown(&name)),
             ));
         }
         let from = enumeration(
@@ -228,7 +228,7 @@ pub(super) fn enumeration<'a>(
                 field,
                 format!(
                     "Unsupported value: {:?}: supported values: {}",
-                    crate::error::shown(&s),
+                    crate::shown::shown(&s),
                     list.join(", ")
                 ),
             )
@@ -246,7 +246,7 @@ pub(super) fn check_dns_subdomain(s: &str, field: &str) -> Result<(), Invalid> {
             field,
             format!(
                 "Invalid value: {:?}: a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character",
-                crate::error::shown(s)
+                crate::shown::shown(s)
             ),
         ))
     }
@@ -260,7 +260,7 @@ pub(super) fn check_dns_label(s: &str, field: &str) -> Result<(), Invalid> {
             field,
             format!(
                 "Invalid value: {:?}: a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character",
-                crate::error::shown(s)
+                crate::shown::shown(s)
             ),
         ))
     }

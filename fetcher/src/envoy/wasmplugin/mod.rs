@@ -6,7 +6,7 @@
 //! Workload selection (`selector`, `targetRef(s)`, `match`) is accepted and not used: a
 //! resource given here is meant for the proxy beside this fetcher. `verificationKey`, which
 //! Istio accepts and ignores, is read as what its name says: a PEM public key the module's
-//! cosign signature must verify with (`crate::signature`).
+//! cosign signature must verify with (`crate::oci::cosign`).
 
 use serde_json::{Map, Value};
 
@@ -37,7 +37,7 @@ pub struct WasmPlugin {
     /// `spec.url` with `oci://` put in front when it names no scheme, as Istio does.
     pub url: String,
     pub sha256: Option<Sha256>,
-    /// `None` for `UNSPECIFIED_POLICY` or no field: the URL decides (see `crate::policy`).
+    /// `None` for `UNSPECIFIED_POLICY` or no field: the URL decides (see `crate::pull::policy`).
     pub image_pull_policy: Option<PullPolicy>,
     pub image_pull_secret: Option<String>,
     /// `spec.pluginConfig`, handed to the module as JSON text.
@@ -50,7 +50,7 @@ pub struct WasmPlugin {
     pub fail_strategy: FailStrategy,
     pub env: Vec<EnvVar>,
     /// `spec.verificationKey`: the module must carry a cosign signature by this key.
-    pub verify_key: Option<crate::signature::VerifyKey>,
+    pub verify_key: Option<crate::VerifyKey>,
 }
 
 /// Where in the filter chain a plugin goes (Istio: before its own authn, authz, stats
@@ -132,7 +132,7 @@ impl WasmPlugin {
     /// so nothing is rendered from half a file.
     pub fn parse_all(text: &str) -> Result<Vec<WasmPlugin>, DocumentError> {
         let docs: Vec<Value> = wasm_common::yaml::from_str_all(text)
-            .map_err(|e| DocumentError::Syntax(crate::error::shown(&e.to_string())))?;
+            .map_err(|e| DocumentError::Syntax(crate::shown::shown(&e.to_string())))?;
         let mut out = Vec::new();
         for (i, value) in docs.into_iter().enumerate() {
             if value.is_null() {
@@ -163,7 +163,7 @@ impl WasmPlugin {
                         field,
                         format!(
                             "Unsupported value: {:?}: supported values: {wanted:?}{}",
-                            crate::error::shown(v),
+                            crate::shown::shown(v),
                             if field == "kind" {
                                 " (TrafficExtension is not read)"
                             } else {
@@ -203,7 +203,7 @@ impl WasmPlugin {
         for key in spec.keys() {
             if !SPEC_FIELDS.contains(&key.as_str()) {
                 return Err(invalid(
-                    format!("spec.{}", crate::error::shown(key)),
+                    format!("spec.{}", crate::shown::shown(key)),
                     format!(
                         "unknown field; WasmPlugin's spec has {}",
                         SPEC_FIELDS.join(", ")
@@ -289,8 +289,7 @@ impl WasmPlugin {
         tolerated(spec)?;
         let verify_key = match string(spec.get("verificationKey"), "spec.verificationKey")? {
             Some(pem) if !pem.is_empty() => Some(
-                crate::signature::VerifyKey::from_pem(&pem)
-                    .map_err(|e| invalid("spec.verificationKey", e))?,
+                crate::VerifyKey::from_pem(&pem).map_err(|e| invalid("spec.verificationKey", e))?,
             ),
             _ => None,
         };

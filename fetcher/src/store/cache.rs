@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256 as Hasher};
 
+use crate::digest::{self, Sha256};
 use crate::error::FetchError;
-use crate::verify::{self, Sha256};
 
 #[derive(Debug, Clone)]
 pub struct Cache {
@@ -117,15 +117,17 @@ impl Cache {
         let sha256 = Sha256::parse(dir.file_name()?.to_str()?).ok()?;
         let mut found = std::fs::read_dir(dir).ok()?.flatten().filter_map(|e| {
             let name = e.file_name().into_string().ok()?;
-            crate::shared_object::module_name(&name).ok()?;
+            crate::store::shared_object::module_name(&name).ok()?;
             Some((name, e.metadata().ok().filter(|m| m.is_file())?))
         });
         let (file, meta) = found.next()?;
-        let mut head = [0u8; crate::shared_object::HEADER_LEN];
+        let mut head = [0u8; crate::store::shared_object::HEADER_LEN];
         std::fs::File::open(dir.join(&file))
             .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
             .ok()?;
-        let platform = crate::shared_object::platform(&head).ok()?.to_string();
+        let platform = crate::store::shared_object::platform(&head)
+            .ok()?
+            .to_string();
         Some(CachedFile {
             sha256,
             dynamic_module: Some(DynamicModuleFile { file, platform }),
@@ -265,9 +267,9 @@ impl Cache {
         let Staging {
             file, hasher, head, ..
         } = staging;
-        verify::check_wasm_header(&head)?;
+        digest::check_wasm_header(&head)?;
         let actual = Sha256(hasher.finalize().into());
-        verify::check_pin(expected, &actual)?;
+        digest::check_pin(expected, &actual)?;
         let dest = self.module_path(&actual);
         // Not fsynced, which would cost more than the rest of a pull: after a power loss the
         // file may be short or empty, and `lookup_intact` then sees a size or mtime the index

@@ -2,8 +2,8 @@
 //! checked against the distribution spec's grammar before any request is made; its tag and
 //! digest feed the pull policy and pinning.
 
+use crate::digest::Sha256;
 use crate::error::FetchError;
-use crate::verify::Sha256;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OciRef {
@@ -63,7 +63,7 @@ pub fn is_loopback_host(host_port: &str) -> bool {
 
 /// The reference after `oci://`: `host[:port]/repo[:tag][@sha256:hex]`.
 pub(crate) fn parse(rest: &str) -> Result<OciRef, FetchError> {
-    let shown = crate::error::shown(rest);
+    let shown = crate::shown::shown(rest);
     let bad = |reason: &str| FetchError::BadUrl {
         reason: format!("oci://{shown}: {reason}"),
     };

@@ -4,9 +4,9 @@
 
 use tokio::io::AsyncReadExt;
 
-use crate::cache::Staging;
 use crate::error::FetchError;
 use crate::regular_file::ReadError;
+use crate::store::cache::Staging;
 
 pub async fn fetch(url: &url::Url, staging: &mut Staging) -> Result<(), FetchError> {
     let path = url.to_file_path().map_err(|_| FetchError::BadUrl {
@@ -41,7 +41,7 @@ pub async fn fetch(url: &url::Url, staging: &mut Staging) -> Result<(), FetchErr
         staging.write(&buf[..n])?;
         // Not a module: stop now rather than copy up to the size limit (`/dev/urandom`).
         if !header_checked && staging.head().len() == 8 {
-            crate::verify::check_wasm_header(staging.head())?;
+            crate::digest::check_wasm_header(staging.head())?;
             header_checked = true;
         }
     }

@@ -4,6 +4,7 @@
 //! treats only a literal `:latest` so), and `Always` records a resource version only after a
 //! successful pull (Istio records it first, so a failed pull is never retried for that version).
 
+use crate::error::SignatureError;
 use crate::reference::Source;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -28,6 +29,18 @@ pub fn effective(requested: Option<PullPolicy>, source: &Source, pinned: bool) -
             Source::Oci(r) if r.is_latest() => PullPolicy::Always,
             _ => PullPolicy::IfNotPresent,
         },
+    }
+}
+
+/// Refuses, before anything is fetched, a pull whose signature could not be checked: a source
+/// with no registry to hold one, or a policy that forbids reaching it.
+pub fn check_signable(source: &Source, policy: PullPolicy) -> Result<(), SignatureError> {
+    match source {
+        Source::Oci(_) if policy == PullPolicy::Never => Err(SignatureError::Offline),
+        Source::Oci(_) => Ok(()),
+        other => Err(SignatureError::NoLocation {
+            url: crate::reference::redact_userinfo(&crate::shown::shown(&other.key())),
+        }),
     }
 }
 

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::cache::Staging;
 use crate::error::FetchError;
 use crate::settings::Settings;
+use crate::store::cache::Staging;
 
 fn retryable_status(status: u16) -> bool {
     (500..600).contains(&status) && !matches!(status, 501 | 505 | 511)

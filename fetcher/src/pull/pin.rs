@@ -4,11 +4,11 @@
 //! pin copied from any of the three places works). A digest in the URL (`@sha256:`) names the
 //! manifest or the index. Every rule about which pin matched what lives here.
 
+use crate::digest::{Digest, Sha256};
 use crate::error::FetchError;
-use crate::index::Index;
 use crate::oci::manifest::ImageDigests;
 use crate::reference::Source;
-use crate::verify::{Digest, Sha256};
+use crate::store::index::Index;
 
 /// Which pin a module was matched against.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -139,7 +139,7 @@ impl Checked {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::ModuleEntry;
+    use crate::store::index::ModuleEntry;
 
     fn sha(n: u8) -> Sha256 {
         Sha256([n; 32])

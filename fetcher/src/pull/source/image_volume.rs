@@ -20,10 +20,10 @@ use std::path::{Path, PathBuf};
 
 use sha2::Digest as _;
 
-use crate::cache::Staging;
+use crate::digest::Sha256;
 use crate::error::FetchError;
 use crate::reference::Source;
-use crate::verify::Sha256;
+use crate::store::cache::Staging;
 
 /// The file the `compat` layout puts the module in, at the image's root.
 pub const MODULE_FILE: &str = "plugin.wasm";
@@ -70,7 +70,7 @@ pub async fn read(
     let sha = tokio::task::spawn_blocking(move || scan(&checked, max_size, |_| Ok(())))
         .await
         .map_err(|e| FetchError::Io(std::io::Error::other(format!("reading the module: {e}"))))??;
-    crate::verify::check_pin(pin, &sha)?;
+    crate::digest::check_pin(pin, &sha)?;
     Ok((path, sha))
 }
 
@@ -88,7 +88,7 @@ pub async fn copy(
     })
     .await
     .map_err(|e| FetchError::Io(std::io::Error::other(format!("copying the module: {e}"))))??;
-    crate::verify::check_pin(pin, &sha)?;
+    crate::digest::check_pin(pin, &sha)?;
     Ok((staging, sha))
 }
 
@@ -151,7 +151,7 @@ fn scan(
         hasher.update(&buf[..n]);
         sink(&buf[..n])?;
     }
-    crate::verify::check_wasm_header(&head)?;
+    crate::digest::check_wasm_header(&head)?;
     Ok(Sha256(hasher.finalize().into()))
 }
 

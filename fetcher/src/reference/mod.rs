@@ -2,9 +2,11 @@
 //! reference (`oci://host[:port]/repo[:tag][@sha256:hex]`) whose tag and digest feed the pull
 //! policy and pinning.
 
+pub mod oci;
+
+use crate::digest::Sha256;
 use crate::error::FetchError;
-use crate::oci::reference::OciRef;
-use crate::verify::Sha256;
+use oci::OciRef;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Source {
@@ -20,7 +22,7 @@ impl Source {
             .filter(|scheme| scheme.eq_ignore_ascii_case("oci://"))
             .and_then(|_| url.get(6..))
         {
-            return crate::oci::reference::parse(rest).map(Source::Oci);
+            return oci::parse(rest).map(Source::Oci);
         }
         let parsed = url::Url::parse(url).map_err(|e| FetchError::BadUrl {
             reason: format!("{e} (expected oci://, https://, http:// or file://)"),

@@ -16,11 +16,11 @@ use std::collections::BTreeSet;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use crate::cache::{io_error, Cache};
+use crate::digest::Sha256;
 use crate::error::FetchError;
-use crate::index::{self, IndexFile};
 use crate::settings::Settings;
-use crate::verify::Sha256;
+use crate::store::cache::{io_error, Cache};
+use crate::store::index::{self, IndexFile};
 
 /// What a purge did, each list holding module digests.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
@@ -270,7 +270,7 @@ fn held(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::index::ModuleEntry;
+    use crate::store::index::ModuleEntry;
 
     fn cache_with(modules: &[(u8, u64, u64)]) -> (tempfile::TempDir, Cache, Vec<Sha256>) {
         let dir = tempfile::tempdir().unwrap();

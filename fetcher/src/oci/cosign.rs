@@ -11,7 +11,6 @@
 //! a bound checked before it is read.
 
 pub use crate::error::SignatureError;
-pub use crate::keys::{SignKey, VerifyKey, KEY_FILE_LIMIT};
 
 use base64::Engine;
 use oci_client::manifest::OciDescriptor;
@@ -19,10 +18,12 @@ use p256::ecdsa::signature::Verifier;
 use p256::ecdsa::Signature;
 use serde_json::Value;
 
-use crate::error::{shown, FetchError};
+use crate::digest::{parse_digest, Digest};
+use crate::error::FetchError;
+use crate::keys::VerifyKey;
 use crate::net;
 use crate::oci::distribution::Distribution;
-use crate::verify::{parse_digest, Digest};
+use crate::shown::shown;
 
 /// The media type of a simple-signing payload layer.
 pub const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
@@ -36,24 +37,6 @@ pub const PAYLOAD_LIMIT: u64 = 64 << 10;
 pub const SIGNATURE_TEXT_LIMIT: usize = 1 << 10;
 /// Signatures read from one signature manifest (one per key that signed).
 pub const LAYERS_LIMIT: usize = 32;
-
-/// Refuses, before anything is fetched, a pull whose signature could not be checked: a source
-/// with no registry to hold one, or a policy that forbids reaching it.
-pub fn check_request(
-    source: &crate::reference::Source,
-    policy: crate::policy::PullPolicy,
-) -> Result<(), SignatureError> {
-    use crate::reference::Source;
-    match source {
-        Source::Oci(_) if policy == crate::policy::PullPolicy::Never => {
-            Err(SignatureError::Offline)
-        }
-        Source::Oci(_) => Ok(()),
-        other => Err(SignatureError::NoLocation {
-            url: crate::reference::redact_userinfo(&shown(&other.key())),
-        }),
-    }
-}
 
 /// The tag cosign stores the signature of `digest` under.
 pub fn signature_tag(digest: &Digest) -> String {
@@ -320,7 +303,7 @@ async fn read_entry(
         }
         Err(e) => return Err(e),
     };
-    if Digest(crate::verify::Sha256::of(&payload)) != blob_digest {
+    if Digest(crate::digest::Sha256::of(&payload)) != blob_digest {
         return Ok(Err(malformed(format!(
             "the payload does not match its digest {blob_digest}"
         ))));
@@ -337,7 +320,7 @@ mod tests {
     }
 
     fn digest(n: u8) -> Digest {
-        Digest(crate::verify::Sha256([n; 32]))
+        Digest(crate::digest::Sha256([n; 32]))
     }
 
     fn entry(payload: &[u8], signature_b64: &str) -> Entry {

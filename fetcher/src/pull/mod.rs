@@ -1,19 +1,30 @@
 //! One pull, from the request to the recorded module: the policy, the cache, the source, the
 //! locks that keep one download per source, and the index entry it leaves.
+//!
+//! Its rooms: the pull policy (`policy`), pins (`pin`), one source per scheme (`source/`), and
+//! the dynamic-module pull (`dynamic_module`), which shares the registry and the cache but
+//! picks a native file by platform and Envoy version.
+
+pub mod dynamic_module;
+pub(crate) mod pin;
+pub(crate) mod policy;
+pub(crate) mod source;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, LazyLock, Mutex};
 
-use crate::cache::{self, Cache};
-use crate::index::{self, Index, IndexFile, ModuleEntry, SourceEntry};
-use crate::pin::{PinMatch, Pins};
-use crate::policy::{self, PullPolicy};
+use crate::digest::{Digest, Sha256};
+use crate::error::FetchError;
 use crate::progress::Progress;
 use crate::reference::{self, Source};
-use crate::source::{self, image_volume, Body, Fetched};
-use crate::verify::{Digest, Sha256};
-use crate::{lifecycle, FetchError, Settings};
+use crate::settings::Settings;
+use crate::store::cache::{self, Cache};
+use crate::store::index::{self, Index, IndexFile, ModuleEntry, SourceEntry};
+use crate::store::lifecycle;
+use pin::{PinMatch, Pins};
+use policy::PullPolicy;
+use source::{image_volume, Body, Fetched};
 
 #[derive(Debug, Clone, Default)]
 pub struct PullRequest {
@@ -33,7 +44,7 @@ pub struct PullRequest {
     /// A key the module's cosign signature must verify with, beside `Settings::verify_key`
     /// (a plugin's own); with either, only an `oci://` module is accepted, and only after its
     /// signature is checked at the registry.
-    pub verify_key: Option<crate::signature::VerifyKey>,
+    pub verify_key: Option<crate::keys::VerifyKey>,
     /// Where download progress goes (the CLI draws a bar on a terminal).
     pub progress: Progress,
 }
@@ -73,7 +84,7 @@ impl<'a> Pull<'a> {
         let policy = policy::effective(req.policy, &source, pins.any());
         let verified = req.verify_key.is_some() || settings.verify_key.is_some();
         if verified {
-            crate::signature::check_request(&source, policy)?;
+            policy::check_signable(&source, policy)?;
         }
         // A resource named by a URL is one resource however the URL is written.
         let resource = req

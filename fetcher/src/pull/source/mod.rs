@@ -7,15 +7,15 @@ pub mod http;
 pub mod image_volume;
 pub mod oci;
 
-use crate::cache::{Cache, Staging};
+use crate::digest::Sha256;
 use crate::error::FetchError;
-use crate::index::IndexFile;
 use crate::oci::manifest::ImageDigests;
-use crate::pin::{Checked, Pins};
+use crate::pull::pin::{Checked, Pins};
+use crate::pull::PullRequest;
 use crate::reference::Source;
 use crate::settings::Settings;
-use crate::verify::Sha256;
-use crate::PullRequest;
+use crate::store::cache::{Cache, Staging};
+use crate::store::index::IndexFile;
 
 /// What a source produced.
 pub struct Fetched {
@@ -62,7 +62,7 @@ pub async fn fetch(
         }
         Source::Http(url) => {
             http::fetch(url, &mut staging, target.settings).await?;
-            staged(crate::unbox::unbox(target.cache, staging)?)
+            staged(crate::store::unbox::unbox(target.cache, staging)?)
         }
         Source::Oci(r) => oci::fetch(r, req, pins, target, staging).await,
     }

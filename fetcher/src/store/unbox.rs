@@ -4,8 +4,8 @@
 
 use std::io::Read;
 
-use crate::cache::{Cache, Staging};
 use crate::error::FetchError;
+use crate::store::cache::{Cache, Staging};
 
 const MAX_DEPTH: usize = 4;
 

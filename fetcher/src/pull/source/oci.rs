@@ -2,13 +2,13 @@
 //! checked against its digests, and the module's layer downloaded unless the cache already
 //! holds the module the manifest names.
 
-use crate::cache::Staging;
 use crate::error::FetchError;
-use crate::oci::reference::OciRef;
 use crate::oci::registry::Registry;
-use crate::pin::Pins;
-use crate::source::{Body, Fetched, Target};
-use crate::PullRequest;
+use crate::pull::pin::Pins;
+use crate::pull::source::{Body, Fetched, Target};
+use crate::pull::PullRequest;
+use crate::reference::oci::OciRef;
+use crate::store::cache::Staging;
 
 /// Resolves the image, checks the pins against it, and downloads the module unless the
 /// manifest it resolved to is one whose module the cache holds (a tag that did not move).
@@ -32,7 +32,7 @@ pub async fn fetch(
         .chain(req.verify_key.iter())
         .cloned()
         .collect();
-    crate::signature::verify(&connection, &image, &keys).await?;
+    crate::oci::cosign::verify(&connection, &image, &keys).await?;
     let unchanged = target
         .index
         .load()?

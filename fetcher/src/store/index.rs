@@ -9,10 +9,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
-use crate::cache::Cache;
+use crate::digest::{Digest, Sha256};
 use crate::error::FetchError;
 use crate::reference::canonical_key;
-use crate::verify::{Digest, Sha256};
+use crate::store::cache::Cache;
 
 /// What `format` says of an index whose source and resource names are canonical
 /// (`Source::key`). An older index (no `format`) is migrated when read.
@@ -65,7 +65,7 @@ pub struct ModuleEntry {
     pub image_volume_copy: bool,
     /// Set for an Envoy dynamic module; a Wasm module otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dynamic_module: Option<crate::cache::DynamicModuleFile>,
+    pub dynamic_module: Option<crate::store::cache::DynamicModuleFile>,
 }
 
 impl ModuleEntry {
@@ -86,7 +86,7 @@ impl ModuleEntry {
 
     /// A pull just verified the file (downloaded it, or found it intact): remember it as it
     /// is now, and where it came from if a rebuilt index could not say.
-    pub fn verified(&mut self, source: &str, now: u64, stamp: Option<crate::cache::Stamp>) {
+    pub fn verified(&mut self, source: &str, now: u64, stamp: Option<crate::store::cache::Stamp>) {
         self.last_used = now;
         if self.source.is_empty() {
             self.source = source.to_string();
@@ -102,8 +102,8 @@ impl ModuleEntry {
         cache.path_of(sha, self.dynamic_module.as_ref())
     }
 
-    pub fn stamp(&self) -> crate::cache::Stamp {
-        crate::cache::Stamp {
+    pub fn stamp(&self) -> crate::store::cache::Stamp {
+        crate::store::cache::Stamp {
             size: self.size,
             modified_ns: self.modified_ns,
         }
@@ -121,9 +121,9 @@ impl Index {
     /// whatever the index recorded, since the answer is reported as a pin match.
     pub fn intact(&self, cache: &Cache, sha: &Sha256, pinned: bool) -> Option<PathBuf> {
         let verify = if pinned {
-            crate::cache::Verify::Hash
+            crate::store::cache::Verify::Hash
         } else {
-            crate::cache::Verify::Stamp(self.modules.get(sha).map(ModuleEntry::stamp))
+            crate::store::cache::Verify::Stamp(self.modules.get(sha).map(ModuleEntry::stamp))
         };
         cache.lookup_intact(sha, verify)
     }
@@ -271,7 +271,7 @@ impl IndexFile {
                 | ReadError::TooLarge { .. }
                 | ReadError::NotText { .. }),
             ) => e.to_string(),
-            Err(ReadError::Io(e)) => return Err(crate::cache::io_error(&self.path, e)),
+            Err(ReadError::Io(e)) => return Err(crate::store::cache::io_error(&self.path, e)),
         };
         tracing::warn!(path = %self.path.display(), %problem, "cache index rebuilt from the module files");
         Ok(self.rebuild(true))
@@ -317,7 +317,7 @@ impl IndexFile {
     pub fn update<T>(&self, f: impl FnOnce(&mut Index) -> T) -> Result<T, FetchError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
-            move |e: std::io::Error| crate::cache::io_error(&path, e)
+            move |e: std::io::Error| crate::store::cache::io_error(&path, e)
         };
         let _lock = wasm_common::fs::lock_within(&self.lock_path, LOCK_WAIT)
             .map_err(io(&self.lock_path))?;
@@ -422,7 +422,7 @@ mod tests {
         fn any_index_file_loads(bytes in proptest::collection::vec(any::<u8>(), 0..512), json in "\\{\"modules\":\\{\"[a-f0-9]{0,64}\":\\{[^}]{0,40}\\}\\}\\}") {
             let dir = tempfile::tempdir().unwrap();
             let cache = Cache::open(dir.path()).unwrap();
-            let sha = crate::verify::Sha256([7; 32]);
+            let sha = crate::digest::Sha256([7; 32]);
             std::fs::write(cache.module_path(&sha), b"\0asm\x01\0\0\0").unwrap();
             let index = IndexFile::new(&cache);
             for content in [&bytes[..], json.as_bytes()] {
@@ -451,7 +451,7 @@ mod tests {
         let idx = IndexFile::new(&cache).load().unwrap();
         assert_eq!(idx.modules.len(), 1);
         let m = &idx.modules[&sha];
-        let kept = crate::cache::DynamicModuleFile {
+        let kept = crate::store::cache::DynamicModuleFile {
             file: "libm.so".into(),
             platform: "linux/arm64".into(),
         };

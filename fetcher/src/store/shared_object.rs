@@ -85,6 +85,23 @@ pub fn module_name(file_name: &str) -> Result<&str, String> {
         })
 }
 
+/// An Envoy minor version as the annotation lists it: `MAJOR.MINOR`, digits only.
+pub fn parse_envoy_version(v: &str) -> Result<String, String> {
+    let ok = v.split_once('.').is_some_and(|(major, minor)| {
+        [major, minor]
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 4 && p.bytes().all(|b| b.is_ascii_digit()))
+    });
+    if ok {
+        Ok(v.to_string())
+    } else {
+        Err(format!(
+            "{:?} is not an Envoy minor version such as 1.40",
+            v.chars().take(40).collect::<String>()
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

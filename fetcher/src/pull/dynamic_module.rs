@@ -7,13 +7,16 @@ use std::path::PathBuf;
 
 use serde_json::Value;
 
-use super::{elf, module_name, ENVOY_VERSIONS, LAYER, TITLE};
-use crate::cache::DynamicModuleFile;
+use crate::digest::{parse_digest, Digest, Sha256};
+use crate::error::FetchError;
 use crate::oci::manifest::{accept_manifests, parse_manifest, ImageDigests};
 use crate::oci::registry::{Registry, Resolved};
+use crate::pull::PullRequest;
 use crate::reference::Source;
-use crate::verify::{parse_digest, Digest, Sha256};
-use crate::{Cache, FetchError, PullRequest, Settings};
+use crate::settings::Settings;
+use crate::store::cache::Cache;
+use crate::store::cache::DynamicModuleFile;
+use crate::store::shared_object::{self as elf, module_name, ENVOY_VERSIONS, LAYER, TITLE};
 
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct DynamicPulled {
@@ -175,13 +178,13 @@ struct Kept<'a> {
 /// expires and evicts it) and marks it used now. The index's sources are left alone: one
 /// reference names a different module per platform.
 fn record(cache: &Cache, k: Kept) -> Result<(), FetchError> {
-    let now = crate::index::now();
-    let stamp = crate::cache::Stamp::of_file(k.path);
-    crate::index::IndexFile::new(cache).update(|idx| {
+    let now = crate::store::index::now();
+    let stamp = crate::store::cache::Stamp::of_file(k.path);
+    crate::store::index::IndexFile::new(cache).update(|idx| {
         let entry = idx
             .modules
             .entry(k.sha256)
-            .or_insert_with(|| crate::index::ModuleEntry::pulled(k.key, now));
+            .or_insert_with(|| crate::store::index::ModuleEntry::pulled(k.key, now));
         entry.verified(k.key, now, stamp);
         entry.manifest_digest = Some(k.manifest_digest);
         entry.index_digest = Some(k.index_digest);
