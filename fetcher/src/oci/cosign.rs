@@ -314,6 +314,7 @@ async fn read_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::keys::SignKey;
 
     fn key(n: u8) -> SignKey {
         SignKey::from_scalar(&[n; 32])

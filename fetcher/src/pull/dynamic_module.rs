@@ -3,15 +3,18 @@
 //! not execute, and an Envoy running as another user reads it).
 
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
+use oci_client::manifest::{OciDescriptor, OciImageManifest};
 use serde_json::Value;
 
 use crate::digest::{parse_digest, Digest, Sha256};
 use crate::error::FetchError;
+use crate::oci::distribution::Distribution;
 use crate::oci::manifest::{accept_manifests, parse_manifest, ImageDigests};
 use crate::oci::registry::{Registry, Resolved};
 use crate::pull::PullRequest;
+use crate::reference::oci::OciRef;
 use crate::reference::Source;
 use crate::settings::Settings;
 use crate::store::cache::Cache;
@@ -59,39 +62,13 @@ pub async fn pull(
     let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry).await?;
     let registry = Registry::new(&r, creds, settings);
     let d = registry.connect().await?;
-    let reference = match (r.digest, &r.tag) {
-        (Some(digest), _) => Digest(digest).to_string(),
-        (None, Some(tag)) => tag.clone(),
-        (None, None) => "latest".into(),
-    };
-    let accept = accept_manifests();
-    let (bytes, index_digest) = d.manifest(&reference, &accept).await?;
-    let index: Value = serde_json::from_slice(&bytes).map_err(|e| FetchError::Registry {
-        message: format!("index is not JSON: {e}"),
-    })?;
-    let child = pick(&index, &platform, envoy_version)?;
-    let (bytes, manifest_digest) = d.manifest(&child, &accept).await?;
-    let manifest = parse_manifest(&bytes)?;
-    let layer = match manifest.layers.as_slice() {
-        [only] if only.media_type == LAYER => only.clone(),
-        layers => {
-            return Err(FetchError::UnsupportedLayout {
-                found: layers.iter().map(|l| l.media_type.clone()).collect(),
-            })
-        }
-    };
-    let sha256 = parse_digest(&layer.digest)?.0;
-    if let Some(pin) = req.sha256 {
-        if ![index_digest.0, manifest_digest.0, sha256].contains(&pin) {
-            return Err(FetchError::ChecksumMismatch {
-                expected: pin.hex(),
-                actual: format!(
-                    "index {index_digest}, manifest {manifest_digest}, module sha256:{}",
-                    sha256.hex()
-                ),
-            });
-        }
-    }
+    let Chosen {
+        manifest,
+        layer,
+        index_digest,
+        manifest_digest,
+        sha256,
+    } = choose(&d, &r, &platform, envoy_version, req.sha256).await?;
     let file_name = layer
         .annotations
         .as_ref()
@@ -139,29 +116,108 @@ pub async fn pull(
             index: Some(index_digest),
         },
     };
-    let staging = cache.staging(settings.max_size)?;
-    let mut staging = registry.download(&d, cache, &resolved, staging).await?;
-    let tmp = staging.reopen()?;
-    let module = read_all(tmp, settings.max_size, &path)?;
-    let found = elf::platform(&module).map_err(|reason| not_module(&platform, reason))?;
-    if found != platform {
-        return Err(not_module(&platform, format!("built for {found}")));
+    let module = download(&registry, &d, cache, &resolved, &path, &platform, settings).await?;
+    write_module(&dir, &path, &module)?;
+    done(false)
+}
+
+/// What the index and the child manifest for `platform` and `envoy_version` name, with every
+/// pin checked against the index, the manifest and the module digests.
+struct Chosen {
+    manifest: OciImageManifest,
+    layer: OciDescriptor,
+    index_digest: Digest,
+    manifest_digest: Digest,
+    sha256: Sha256,
+}
+
+async fn choose(
+    d: &Distribution,
+    r: &OciRef,
+    platform: &str,
+    envoy_version: &str,
+    pin: Option<Sha256>,
+) -> Result<Chosen, FetchError> {
+    let reference = match (r.digest, &r.tag) {
+        (Some(digest), _) => Digest(digest).to_string(),
+        (None, Some(tag)) => tag.clone(),
+        (None, None) => "latest".into(),
+    };
+    let accept = accept_manifests();
+    let (bytes, index_digest) = d.manifest(&reference, &accept).await?;
+    let index: Value = serde_json::from_slice(&bytes).map_err(|e| FetchError::Registry {
+        message: format!("index is not JSON: {e}"),
+    })?;
+    let child = pick(&index, platform, envoy_version)?;
+    let (bytes, manifest_digest) = d.manifest(&child, &accept).await?;
+    let manifest = parse_manifest(&bytes)?;
+    let layer = match manifest.layers.as_slice() {
+        [only] if only.media_type == LAYER => only.clone(),
+        layers => {
+            return Err(FetchError::UnsupportedLayout {
+                found: layers.iter().map(|l| l.media_type.clone()).collect(),
+            })
+        }
+    };
+    let sha256 = parse_digest(&layer.digest)?.0;
+    if let Some(pin) = pin {
+        if ![index_digest.0, manifest_digest.0, sha256].contains(&pin) {
+            return Err(FetchError::ChecksumMismatch {
+                expected: pin.hex(),
+                actual: format!(
+                    "index {index_digest}, manifest {manifest_digest}, module sha256:{}",
+                    sha256.hex()
+                ),
+            });
+        }
     }
+    Ok(Chosen {
+        manifest,
+        layer,
+        index_digest,
+        manifest_digest,
+        sha256,
+    })
+}
+
+/// The module's bytes from the registry, checked to be a shared object for `platform`.
+async fn download(
+    registry: &Registry,
+    d: &Distribution,
+    cache: &Cache,
+    resolved: &Resolved,
+    path: &Path,
+    platform: &str,
+    settings: &Settings,
+) -> Result<Vec<u8>, FetchError> {
+    let staging = cache.staging(settings.max_size)?;
+    let mut staging = registry.download(d, cache, resolved, staging).await?;
+    let tmp = staging.reopen()?;
+    let module = read_all(tmp, settings.max_size, path)?;
+    let found = elf::platform(&module).map_err(|reason| not_module(platform, reason))?;
+    if found != platform {
+        return Err(not_module(platform, format!("built for {found}")));
+    }
+    Ok(module)
+}
+
+/// Writes the module whole into its own directory of the cache, readable by an Envoy running
+/// as another user.
+fn write_module(dir: &Path, path: &Path, module: &[u8]) -> Result<(), FetchError> {
     let io = |e: std::io::Error| FetchError::Cache {
-        path: dir.clone(),
+        path: dir.to_path_buf(),
         message: e.to_string(),
     };
-    std::fs::create_dir_all(&dir).map_err(io)?;
+    std::fs::create_dir_all(dir).map_err(io)?;
     wasm_common::fs::write_whole(
-        &dir,
+        dir,
         ".lib",
-        &path,
-        &module,
+        path,
+        module,
         wasm_common::fs::Mode::WorldReadable,
         false,
     )
-    .map_err(io)?;
-    done(false)
+    .map_err(io)
 }
 
 /// A dynamic module just pulled or found, as the index records it.

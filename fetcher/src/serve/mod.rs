@@ -11,6 +11,7 @@
 //! The modules the written files name are held in a lease (`crate::store::lifecycle`), so no purge,
 //! this process's or the CLI's, removes a module Envoy loads.
 
+mod apply;
 mod dir;
 pub mod http;
 pub mod metrics;
@@ -28,13 +29,13 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
-use crate::envoy::render::{self, EcdsResource, Outcome};
+use crate::envoy::render::{self, Outcome};
 use crate::envoy::wasmplugin::WasmPlugin;
 use crate::error::FetchError;
 use crate::store::lifecycle::Lease;
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
-use state::{duplicate, Claim, Source, State};
+use state::{Claim, Source, State};
 use watch::{Change, Content, Watcher};
 
 /// How `serve` runs; the CLI fills it from flags and the environment.
@@ -198,6 +199,62 @@ pub async fn run(
 ) -> Result<(), ServeError> {
     dir::check_ecds_dir(&options.ecds_dir)?;
     let _dir_lock = dir::lock_ecds_dir(&options.ecds_dir)?;
+    let mut watcher = Watcher::new(&options.plugins, options.max_plugin_bytes);
+    let shared = start(options)?;
+    let endpoint = listener.map(|l| tokio::spawn(http::serve(l, shared.clone())));
+    let mut work = Work {
+        tasks: JoinSet::new(),
+        running: BTreeMap::new(),
+    };
+    let opts = &shared.options;
+    let mut poll = tokio::time::interval(opts.poll);
+    let mut verify = tokio::time::interval(opts.verify_every);
+    let mut purge = tokio::time::interval(opts.settings.purge_interval);
+    for t in [&mut poll, &mut verify, &mut purge] {
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    }
+    // The first ticks fire at once: verify and purge wait for their period.
+    verify.tick().await;
+    purge.tick().await;
+    let outcome = loop {
+        let again: Vec<PathBuf> = tokio::select! {
+            _ = poll.tick() => match watcher.poll() {
+                Ok(changes) => work.take_changes(&shared, changes),
+                Err(source) if !shared.state().scanned => {
+                    break Err(ServeError::Plugins { path: opts.plugins.clone(), source });
+                }
+                Err(e) => {
+                    tracing::warn!(dir = %opts.plugins.display(), error = %e, "cannot read the plugins directory; keeping what is served");
+                    shared.state().scanned = true;
+                    Vec::new()
+                }
+            },
+            _ = verify.tick() => upkeep::needing_refresh(&shared, false),
+            _ = purge.tick() => {
+                let shared = shared.clone();
+                work.tasks.spawn(async move { upkeep::purge_now(&shared).await });
+                Vec::new()
+            }
+            c = control.recv() => match c {
+                Some(Control::Reverify) => upkeep::needing_refresh(&shared, true),
+                Some(Control::Stop) | None => break Ok(()),
+            },
+        };
+        work.convert_again(&shared, again);
+        shared.state().sweep_leftovers(&opts.ecds_dir);
+    };
+    // Each pull is dropped at an await: its temp file goes with it, and no ECDS file is being
+    // written then (writes happen whole, between awaits).
+    work.tasks.shutdown().await;
+    if let Some(e) = endpoint {
+        e.abort();
+    }
+    outcome
+}
+
+/// What `run` starts with: the temp files of killed writers gone, the lease taken, and the
+/// ECDS files a previous run left read back as what is served.
+fn start(options: Options) -> Result<Arc<Shared>, ServeError> {
     let orphans = dir::remove_orphaned_temp_files(&options.ecds_dir)
         + options.cache.remove_orphaned_downloads();
     if orphans > 0 {
@@ -206,7 +263,6 @@ pub async fn run(
             "removed the temp files of writers killed mid-write"
         );
     }
-    let mut watcher = Watcher::new(&options.plugins, options.max_plugin_bytes);
     let lease = Lease::take(&options.cache, &dir::lease_holder(&options.ecds_dir))?;
     let pulls = tokio::sync::Semaphore::new(options.max_concurrent_pulls.max(1));
     let shared = Arc::new(Shared {
@@ -224,76 +280,59 @@ pub async fn run(
         state.leftover = written::load(&shared.options.ecds_dir);
         state.recorded = state.leftover.clone();
     }
-    let endpoint = listener.map(|l| tokio::spawn(http::serve(l, shared.clone())));
-    let mut tasks = JoinSet::new();
-    let mut running: BTreeMap<PathBuf, tokio::task::AbortHandle> = BTreeMap::new();
-    let opts = &shared.options;
-    let mut poll = tokio::time::interval(opts.poll);
-    let mut verify = tokio::time::interval(opts.verify_every);
-    let mut purge = tokio::time::interval(opts.settings.purge_interval);
-    for t in [&mut poll, &mut verify, &mut purge] {
-        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    }
-    // The first ticks fire at once: verify and purge wait for their period.
-    verify.tick().await;
-    purge.tick().await;
-    let outcome = loop {
-        let again: Vec<PathBuf> = tokio::select! {
-            _ = poll.tick() => {
-                let changes = match watcher.poll() {
-                    Ok(c) => c,
-                    Err(source) if !shared.state().scanned => {
-                        break Err(ServeError::Plugins { path: opts.plugins.clone(), source });
-                    }
-                    Err(e) => {
-                        tracing::warn!(dir = %opts.plugins.display(), error = %e, "cannot read the plugins directory; keeping what is served");
-                        Vec::new()
-                    }
-                };
-                let mut updated = Vec::new();
-                for change in changes {
-                    match change {
-                        Change::Updated(path, content) => {
-                            let mut state = shared.state();
-                            match state.sources.get_mut(&path) {
-                                Some(s) => s.content = content,
-                                None => {
-                                    state.sources.insert(path.clone(), Source {
-                                        generation: 0,
-                                        content,
-                                        claims: Vec::new(),
-                                        unserved: Vec::new(),
-                                        applied: None,
-                                        problem: None,
-                                    });
-                                }
-                            }
-                            updated.push(path);
-                        }
-                        Change::Removed(path) => {
-                            if let Some(h) = running.remove(&path) {
-                                h.abort();
-                            }
-                            remove_source(&shared, &path);
-                            let shared = shared.clone();
-                            tasks.spawn(async move { upkeep::purge_copies(&shared).await });
+    Ok(shared)
+}
+
+/// The conversions and purges under way, and which plugin file each conversion is for.
+struct Work {
+    tasks: JoinSet<()>,
+    running: BTreeMap<PathBuf, tokio::task::AbortHandle>,
+}
+
+impl Work {
+    /// Records what a scan of the plugins directory found; returns the files to convert.
+    fn take_changes(&mut self, shared: &Arc<Shared>, changes: Vec<Change>) -> Vec<PathBuf> {
+        let mut updated = Vec::new();
+        for change in changes {
+            match change {
+                Change::Updated(path, content) => {
+                    let mut state = shared.state();
+                    match state.sources.get_mut(&path) {
+                        Some(s) => s.content = content,
+                        None => {
+                            state.sources.insert(
+                                path.clone(),
+                                Source {
+                                    generation: 0,
+                                    content,
+                                    claims: Vec::new(),
+                                    unserved: Vec::new(),
+                                    applied: None,
+                                    problem: None,
+                                },
+                            );
                         }
                     }
+                    updated.push(path);
                 }
-                shared.state().scanned = true;
-                updated
+                Change::Removed(path) => {
+                    if let Some(h) = self.running.remove(&path) {
+                        h.abort();
+                    }
+                    remove_source(shared, &path);
+                    let shared = shared.clone();
+                    self.tasks
+                        .spawn(async move { upkeep::purge_copies(&shared).await });
+                }
             }
-            _ = verify.tick() => upkeep::needing_refresh(&shared, false),
-            _ = purge.tick() => {
-                let shared = shared.clone();
-                tasks.spawn(async move { upkeep::purge_now(&shared).await });
-                Vec::new()
-            }
-            c = control.recv() => match c {
-                Some(Control::Reverify) => upkeep::needing_refresh(&shared, true),
-                Some(Control::Stop) | None => break Ok(()),
-            },
-        };
+        }
+        shared.state().scanned = true;
+        updated
+    }
+
+    /// Starts a conversion of each file in `again` (and each the state asks for), a new
+    /// generation each, aborting the one under way for that file.
+    fn convert_again(&mut self, shared: &Arc<Shared>, again: Vec<PathBuf>) {
         let again: BTreeSet<PathBuf> = again
             .into_iter()
             .chain(std::mem::take(&mut shared.state().reconvert))
@@ -309,25 +348,19 @@ pub async fn run(
                 source.generation = generation;
                 generation
             };
-            if let Some(h) = running.remove(&path) {
+            if let Some(h) = self.running.remove(&path) {
                 h.abort();
             }
             let shared = shared.clone();
             let key = path.clone();
-            let handle = tasks.spawn(async move { convert(&shared, &path, generation).await });
-            running.insert(key, handle);
+            let handle = self
+                .tasks
+                .spawn(async move { convert(&shared, &path, generation).await });
+            self.running.insert(key, handle);
         }
-        while tasks.try_join_next().is_some() {}
-        running.retain(|_, h| !h.is_finished());
-        shared.state().sweep_leftovers(&opts.ecds_dir);
-    };
-    // Each pull is dropped at an await: its temp file goes with it, and no ECDS file is being
-    // written then (writes happen whole, between awaits).
-    tasks.shutdown().await;
-    if let Some(e) = endpoint {
-        e.abort();
+        while self.tasks.try_join_next().is_some() {}
+        self.running.retain(|_, h| !h.is_finished());
     }
-    outcome
 }
 
 /// Pulls and renders every plugin of one file's content, then writes the files if this is
@@ -432,7 +465,7 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         }
         Err(e) => tracing::warn!(error = %e, "leasing the modules in use did not finish"),
     }
-    apply(shared, path, generation, resources);
+    apply::apply(shared, path, generation, resources);
     drop(_gate);
     upkeep::purge_copies(shared).await;
     shared.refresh_cache_entries();
@@ -445,129 +478,6 @@ fn cached_module(cache: &Cache, outcome: &Outcome) -> Option<crate::Sha256> {
         Outcome::Module { sha256, path } => (*path == cache.module_path(sha256)).then_some(*sha256),
         Outcome::Fallback { .. } => None,
     }
-}
-
-/// Writes `resources` for the file at `path`, unless a newer generation of it was seen.
-fn apply(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResource>) {
-    apply_locked(shared, path, generation, resources);
-    shared.record_lease();
-}
-
-fn apply_locked(shared: &Shared, path: &Path, generation: u64, resources: Vec<EcdsResource>) {
-    let dir = &shared.options.ecds_dir;
-    let mut state = shared.state();
-    state.pending.remove(path);
-    let current = state
-        .sources
-        .get(path)
-        .is_some_and(|s| s.generation == generation);
-    if !current {
-        tracing::debug!(path = %path.display(), generation, "a newer version arrived; result dropped");
-        return;
-    }
-    let claims = state
-        .sources
-        .get(path)
-        .map(|s| s.claims.clone())
-        .unwrap_or_default();
-    let owners: BTreeMap<String, PathBuf> = claims
-        .iter()
-        .filter_map(|c| Some((c.file.clone(), state.owner(&c.file)?.to_path_buf())))
-        .collect();
-    let ours = |file: &str| owners.get(file).is_some_and(|o| o == path);
-    let mut unserved = Vec::new();
-    let mut seen = BTreeSet::new();
-    for c in &claims {
-        if !seen.insert(c.file.as_str()) {
-            unserved.push(format!(
-                "{}: declared again in a later document of this file; the first is served",
-                c.name
-            ));
-        } else if let Some(owner) = owners.get(&c.file).filter(|o| *o != path) {
-            unserved.push(duplicate(&c.name, owner));
-        }
-    }
-    // A name that became ours while this pull ran has no resource yet: convert again.
-    if claims
-        .iter()
-        .any(|c| ours(&c.file) && !resources.iter().any(|r| r.file_name == c.file))
-    {
-        state.reconvert.insert(path.to_path_buf());
-    }
-    // The names this source now writes are no longer served for a later duplicate.
-    for (other, s) in state
-        .sources
-        .iter_mut()
-        .filter(|(p, _)| p.as_path() != path)
-    {
-        let Some(applied) = s.applied.as_mut() else {
-            continue;
-        };
-        for r in resources.iter().filter(|r| ours(&r.file_name)) {
-            if applied.remove(&r.file_name).is_some() {
-                if let Some(c) = s.claims.iter().find(|c| c.file == r.file_name) {
-                    s.unserved.push(duplicate(&c.name, path));
-                }
-                tracing::warn!(file = %other.display(), plugin = %r.file_name, "duplicate plugin name: the file first by name serves it");
-            }
-        }
-    }
-    let Some(source) = state.sources.get_mut(path) else {
-        return;
-    };
-    let previous = source.applied.take().unwrap_or_default();
-    let mut written = BTreeMap::new();
-    let mut problems = Vec::new();
-    for r in resources {
-        if !ours(&r.file_name) {
-            continue;
-        }
-        let unchanged = previous.get(&r.file_name) == Some(&r) && dir.join(&r.file_name).is_file();
-        let result = if unchanged {
-            Ok(())
-        } else {
-            r.write_with_mode(dir, shared.options.ecds_mode).map(drop)
-        };
-        match result {
-            Ok(()) => {
-                shared.metrics.conversion(match r.outcome {
-                    Outcome::Module { .. } => ConversionResult::Success,
-                    Outcome::Fallback { .. } => ConversionResult::FetchFailure,
-                });
-                if let Outcome::Fallback { error, .. } = &r.outcome {
-                    problems.push(format!("{}: on its fallback ({error})", r.name));
-                }
-                written.insert(r.file_name.clone(), r);
-            }
-            Err(e) => {
-                shared.metrics.conversion(ConversionResult::MarshalFailure);
-                let name = claims
-                    .iter()
-                    .find(|c| c.file == r.file_name)
-                    .map_or(r.name.as_str(), |c| c.name.as_str());
-                unserved.push(format!(
-                    "{name}: its ECDS file cannot be written ({})",
-                    e.source
-                ));
-                problems.push(e.to_string());
-                // What was there stays there, and stays counted.
-                if let Some(old) = previous.get(&r.file_name) {
-                    written.insert(r.file_name.clone(), old.clone());
-                }
-            }
-        }
-    }
-    // A file no longer written for this source goes, unless another source owns it now.
-    for name in previous.keys().filter(|n| !written.contains_key(*n)) {
-        if owners.get(name).is_none_or(|o| o == path) {
-            let _ = std::fs::remove_file(dir.join(name));
-        }
-    }
-    problems.extend(unserved.iter().cloned());
-    source.unserved = unserved;
-    source.applied = Some(written);
-    source.problem = (!problems.is_empty()).then(|| problems.join("; "));
-    state.record(dir);
 }
 
 /// A plugin file is gone: so are its ECDS files, and a duplicate of one of its plugins

@@ -94,20 +94,9 @@ pub fn sites(doc: &Value) -> Result<Vec<Site>, ConvertError> {
 
 /// The site `any` is, checked; `None` for one whose module is already local.
 fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
-    let (map, at) = (any.object, any.at.as_str());
+    let at = any.at.as_str();
     let base = any.message_at();
-    // The message itself, without `@type` (from a TypedStruct: its `value`).
-    let mut message = if any.wrapped {
-        match map.get("value") {
-            None => json!({}),
-            Some(v @ Value::Object(_)) => v.clone(),
-            Some(_) => return Err(invalid(&base, "must be an object")),
-        }
-    } else {
-        let mut m = map.clone();
-        m.remove("@type");
-        Value::Object(m)
-    };
+    let mut message = message_of(any, &base)?;
     let config_at = join(&base, "config");
     let config = message
         .get_mut("config")
@@ -138,55 +127,11 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
             "Required value: no remote and no local module (code.remote.http_uri or code.local.filename)",
         )
     })?;
-    let http_uri_key = key_in(remote, "http_uri", &remote_at)?;
-    let http_uri_at = join(&remote_at, &http_uri_key);
-    let uri_at = join(&http_uri_at, "uri");
-    let http_uri = remote
-        .get(&http_uri_key)
-        .and_then(Value::as_object)
-        .ok_or_else(|| {
-            invalid(
-                &http_uri_at,
-                "Required value: the module's URL (http_uri.uri); this fetcher reads nothing else of a remote source",
-            )
-        })?;
-    let url = http_uri
-        .get("uri")
-        .and_then(Value::as_str)
-        .filter(|u| !u.is_empty())
-        .ok_or_else(|| invalid(&uri_at, "Required value: the module's URL"))?
-        .to_string();
-    crate::reference::Source::parse(&url)
-        .map_err(|e| invalid(&uri_at, crate::reference::redact_userinfo(&e.to_string())))?;
-    let sha256 = match remote.get("sha256") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(s)) if s.is_empty() || s == "nil" => None,
-        Some(Value::String(s)) => Some(Sha256::parse(s).map_err(|e| {
-            invalid(
-                &join(&remote_at, "sha256"),
-                format!("{e} (the module's sha256, or for oci:// the manifest digest)"),
-            )
-        })?),
-        Some(_) => {
-            return Err(invalid(
-                &join(&remote_at, "sha256"),
-                "must be a string of 64 hex characters",
-            ))
-        }
-    };
-    let timeout = match http_uri.get("timeout") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(t)) => Some(
-            wasm_common::duration::parse(t)
-                .map_err(|e| invalid(&join(&http_uri_at, "timeout"), e))?,
-        ),
-        Some(_) => {
-            return Err(invalid(
-                &join(&http_uri_at, "timeout"),
-                "must be a duration string such as \"30s\"",
-            ))
-        }
-    };
+    let Remote {
+        url,
+        sha256,
+        timeout,
+    } = remote_source(remote, &remote_at)?;
     let env = take_istio_env(vm, &vm_at)?;
     let policy = match env.get(POLICY_ENV).map(String::as_str) {
         Some("IfNotPresent") => Some(PullPolicy::IfNotPresent),
@@ -212,6 +157,86 @@ fn site(any: &WasmAny) -> Result<Option<Site>, ConvertError> {
         secret: env.get(SECRET_ENV).map(|s| s.clone().into_bytes()),
         fail_open,
     }))
+}
+
+/// The message of `any` itself, without `@type` (from a TypedStruct: its `value`).
+fn message_of(any: &WasmAny, base: &str) -> Result<Value, ConvertError> {
+    let map = any.object;
+    if any.wrapped {
+        match map.get("value") {
+            None => Ok(json!({})),
+            Some(v @ Value::Object(_)) => Ok(v.clone()),
+            Some(_) => Err(invalid(base, "must be an object")),
+        }
+    } else {
+        let mut m = map.clone();
+        m.remove("@type");
+        Ok(Value::Object(m))
+    }
+}
+
+/// What a `code.remote` says of the module: where it is, its pin, and how long to wait.
+struct Remote {
+    url: String,
+    sha256: Option<Sha256>,
+    timeout: Option<Duration>,
+}
+
+fn remote_source(remote: &Map<String, Value>, remote_at: &str) -> Result<Remote, ConvertError> {
+    let http_uri_key = key_in(remote, "http_uri", remote_at)?;
+    let http_uri_at = join(remote_at, &http_uri_key);
+    let uri_at = join(&http_uri_at, "uri");
+    let http_uri = remote
+        .get(&http_uri_key)
+        .and_then(Value::as_object)
+        .ok_or_else(|| {
+            invalid(
+                &http_uri_at,
+                "Required value: the module's URL (http_uri.uri); this fetcher reads nothing else of a remote source",
+            )
+        })?;
+    let url = http_uri
+        .get("uri")
+        .and_then(Value::as_str)
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| invalid(&uri_at, "Required value: the module's URL"))?
+        .to_string();
+    crate::reference::Source::parse(&url)
+        .map_err(|e| invalid(&uri_at, crate::reference::redact_userinfo(&e.to_string())))?;
+    let sha256 = match remote.get("sha256") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) if s.is_empty() || s == "nil" => None,
+        Some(Value::String(s)) => Some(Sha256::parse(s).map_err(|e| {
+            invalid(
+                &join(remote_at, "sha256"),
+                format!("{e} (the module's sha256, or for oci:// the manifest digest)"),
+            )
+        })?),
+        Some(_) => {
+            return Err(invalid(
+                &join(remote_at, "sha256"),
+                "must be a string of 64 hex characters",
+            ))
+        }
+    };
+    let timeout = match http_uri.get("timeout") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(t)) => Some(
+            wasm_common::duration::parse(t)
+                .map_err(|e| invalid(&join(&http_uri_at, "timeout"), e))?,
+        ),
+        Some(_) => {
+            return Err(invalid(
+                &join(&http_uri_at, "timeout"),
+                "must be a duration string such as \"30s\"",
+            ))
+        }
+    };
+    Ok(Remote {
+        url,
+        sha256,
+        timeout,
+    })
 }
 
 /// The key `snake` goes by in `map`: its snake_case name, or proto JSON's lowerCamelCase one,

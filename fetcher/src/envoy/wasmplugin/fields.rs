@@ -6,7 +6,10 @@ use std::collections::BTreeSet;
 
 use serde_json::{Map, Value};
 
-use super::{invalid, EnvValue, EnvVar, Invalid};
+use super::{
+    invalid, EnvValue, EnvVar, FailStrategy, Invalid, Phase, PluginType, API_VERSION, KIND,
+};
+use crate::Sha256;
 
 pub(super) const SPEC_FIELDS: &[&str] = &[
     "selector",
@@ -26,6 +29,166 @@ pub(super) const SPEC_FIELDS: &[&str] = &[
     "match",
     "type",
 ];
+
+/// `apiVersion` and `kind`: the only ones read are Istio's `WasmPlugin`.
+pub(super) fn check_kind(top: &Map<String, Value>) -> Result<(), Invalid> {
+    for (field, wanted) in [("apiVersion", API_VERSION), ("kind", KIND)] {
+        match top.get(field) {
+            Some(Value::String(v)) if v == wanted => {}
+            Some(Value::String(v)) => {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "Unsupported value: {:?}: supported values: {wanted:?}{}",
+                        crate::shown::shown(v),
+                        if field == "kind" {
+                            " (TrafficExtension is not read)"
+                        } else {
+                            ""
+                        }
+                    ),
+                ))
+            }
+            _ => return Err(invalid(field, "Required value")),
+        }
+    }
+    Ok(())
+}
+
+/// What `metadata` names: the plugin, its namespace (`default` when absent) and version.
+pub(super) struct Metadata {
+    pub name: String,
+    pub namespace: String,
+    pub resource_version: Option<String>,
+}
+
+pub(super) fn metadata(top: &Map<String, Value>) -> Result<Metadata, Invalid> {
+    let metadata = object(top.get("metadata"), "metadata")?
+        .ok_or_else(|| invalid("metadata", "Required value"))?;
+    let name = string(metadata.get("name"), "metadata.name")?
+        .ok_or_else(|| invalid("metadata.name", "Required value: name is required"))?;
+    check_dns_subdomain(&name, "metadata.name")?;
+    let namespace = match string(metadata.get("namespace"), "metadata.namespace")? {
+        Some(ns) => {
+            check_dns_label(&ns, "metadata.namespace")?;
+            ns
+        }
+        None => "default".to_string(),
+    };
+    let resource_version = string(metadata.get("resourceVersion"), "metadata.resourceVersion")?;
+    Ok(Metadata {
+        name,
+        namespace,
+        resource_version,
+    })
+}
+
+/// `spec`: an object holding only the fields a WasmPlugin has.
+pub(super) fn spec_object(top: &Map<String, Value>) -> Result<&Map<String, Value>, Invalid> {
+    let spec = match top.get("spec") {
+        None | Some(Value::Null) => {
+            return Err(invalid("spec", "in body must be of type object: \"null\""))
+        }
+        Some(Value::Object(s)) => s,
+        Some(other) => {
+            return Err(invalid(
+                "spec",
+                format!("in body must be of type object: {:?}", type_name(other)),
+            ))
+        }
+    };
+    for key in spec.keys() {
+        if !SPEC_FIELDS.contains(&key.as_str()) {
+            return Err(invalid(
+                format!("spec.{}", crate::shown::shown(key)),
+                format!(
+                    "unknown field; WasmPlugin's spec has {}",
+                    SPEC_FIELDS.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(spec)
+}
+
+/// `spec.sha256`: empty or 64 lower-case hex characters, as Istio's schema says.
+pub(super) fn spec_sha256(spec: &Map<String, Value>) -> Result<Option<Sha256>, Invalid> {
+    match string(spec.get("sha256"), "spec.sha256")? {
+        None => Ok(None),
+        Some(s) if s.is_empty() => Ok(None),
+        Some(s) => {
+            let lower_hex = s.len() == 64
+                && s.bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+            if !lower_hex {
+                return Err(invalid(
+                    "spec.sha256",
+                    "in body should match '(^$|^[a-f0-9]{64}$)': 64 lower-case hex characters (for an oci:// url, the image's manifest digest without \"sha256:\")",
+                ));
+            }
+            Ok(Some(
+                Sha256::parse(&s).map_err(|e| invalid("spec.sha256", e))?,
+            ))
+        }
+    }
+}
+
+/// Where and how the plugin sits in the chain: `phase`, `priority`, `type`, `failStrategy`.
+pub(super) struct Placement {
+    pub phase: Phase,
+    pub priority: Option<i32>,
+    pub plugin_type: PluginType,
+    pub fail_strategy: FailStrategy,
+}
+
+pub(super) fn placement(spec: &Map<String, Value>) -> Result<Placement, Invalid> {
+    let phase = match enumeration(
+        spec.get("phase"),
+        "spec.phase",
+        &["UNSPECIFIED_PHASE", "AUTHN", "AUTHZ", "STATS"],
+    )? {
+        Some("AUTHN") => Phase::Authn,
+        Some("AUTHZ") => Phase::Authz,
+        Some("STATS") => Phase::Stats,
+        _ => Phase::Unspecified,
+    };
+    let priority = match spec.get("priority") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_i64()
+                .and_then(|n| i32::try_from(n).ok())
+                .ok_or_else(|| {
+                    invalid(
+                        "spec.priority",
+                        "in body must be of type int32 (a whole number from -2147483648 to 2147483647)",
+                    )
+                })?,
+        ),
+    };
+    let plugin_type = match enumeration(
+        spec.get("type"),
+        "spec.type",
+        &["UNSPECIFIED_PLUGIN_TYPE", "HTTP", "NETWORK"],
+    )? {
+        Some("NETWORK") => PluginType::Network,
+        _ => PluginType::Http,
+    };
+    let fail_strategy = match enumeration(
+        spec.get("failStrategy"),
+        "spec.failStrategy",
+        &["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"],
+    )? {
+        Some("FAIL_OPEN") => FailStrategy::FailOpen,
+        Some("FAIL_RELOAD") => FailStrategy::FailReload,
+        _ => FailStrategy::FailClose,
+    };
+    Ok(Placement {
+        phase,
+        priority,
+        plugin_type,
+        fail_strategy,
+    })
+}
 
 /// `spec.url`: required, a scheme Istio takes (none means `oci://`), and a URL the fetcher
 /// can pull.

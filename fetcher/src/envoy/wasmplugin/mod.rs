@@ -155,79 +155,15 @@ impl WasmPlugin {
         let top = doc
             .as_object()
             .ok_or_else(|| invalid("(document)", "must be of type object"))?;
-        for (field, wanted) in [("apiVersion", API_VERSION), ("kind", KIND)] {
-            match top.get(field) {
-                Some(Value::String(v)) if v == wanted => {}
-                Some(Value::String(v)) => {
-                    return Err(invalid(
-                        field,
-                        format!(
-                            "Unsupported value: {:?}: supported values: {wanted:?}{}",
-                            crate::shown::shown(v),
-                            if field == "kind" {
-                                " (TrafficExtension is not read)"
-                            } else {
-                                ""
-                            }
-                        ),
-                    ))
-                }
-                _ => return Err(invalid(field, "Required value")),
-            }
-        }
-        let metadata = object(top.get("metadata"), "metadata")?
-            .ok_or_else(|| invalid("metadata", "Required value"))?;
-        let name = string(metadata.get("name"), "metadata.name")?
-            .ok_or_else(|| invalid("metadata.name", "Required value: name is required"))?;
-        check_dns_subdomain(&name, "metadata.name")?;
-        let namespace = match string(metadata.get("namespace"), "metadata.namespace")? {
-            Some(ns) => {
-                check_dns_label(&ns, "metadata.namespace")?;
-                ns
-            }
-            None => "default".to_string(),
-        };
-        let resource_version = string(metadata.get("resourceVersion"), "metadata.resourceVersion")?;
-        let spec = match top.get("spec") {
-            None | Some(Value::Null) => {
-                return Err(invalid("spec", "in body must be of type object: \"null\""))
-            }
-            Some(Value::Object(s)) => s,
-            Some(other) => {
-                return Err(invalid(
-                    "spec",
-                    format!("in body must be of type object: {:?}", type_name(other)),
-                ))
-            }
-        };
-        for key in spec.keys() {
-            if !SPEC_FIELDS.contains(&key.as_str()) {
-                return Err(invalid(
-                    format!("spec.{}", crate::shown::shown(key)),
-                    format!(
-                        "unknown field; WasmPlugin's spec has {}",
-                        SPEC_FIELDS.join(", ")
-                    ),
-                ));
-            }
-        }
+        check_kind(top)?;
+        let Metadata {
+            name,
+            namespace,
+            resource_version,
+        } = metadata(top)?;
+        let spec = spec_object(top)?;
         let url = spec_url(spec)?;
-        let sha256 = match string(spec.get("sha256"), "spec.sha256")? {
-            None => None,
-            Some(s) if s.is_empty() => None,
-            Some(s) => {
-                let lower_hex = s.len() == 64
-                    && s.bytes()
-                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-                if !lower_hex {
-                    return Err(invalid(
-                        "spec.sha256",
-                        "in body should match '(^$|^[a-f0-9]{64}$)': 64 lower-case hex characters (for an oci:// url, the image's manifest digest without \"sha256:\")",
-                    ));
-                }
-                Some(Sha256::parse(&s).map_err(|e| invalid("spec.sha256", e))?)
-            }
-        };
+        let sha256 = spec_sha256(spec)?;
         let image_pull_policy = match enumeration(
             spec.get("imagePullPolicy"),
             "spec.imagePullPolicy",
@@ -245,46 +181,12 @@ impl WasmPlugin {
         }
         let plugin_config = object(spec.get("pluginConfig"), "spec.pluginConfig")?.cloned();
         let plugin_name = non_empty(spec.get("pluginName"), "spec.pluginName")?;
-        let phase = match enumeration(
-            spec.get("phase"),
-            "spec.phase",
-            &["UNSPECIFIED_PHASE", "AUTHN", "AUTHZ", "STATS"],
-        )? {
-            Some("AUTHN") => Phase::Authn,
-            Some("AUTHZ") => Phase::Authz,
-            Some("STATS") => Phase::Stats,
-            _ => Phase::Unspecified,
-        };
-        let priority = match spec.get("priority") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_i64()
-                    .and_then(|n| i32::try_from(n).ok())
-                    .ok_or_else(|| {
-                        invalid(
-                            "spec.priority",
-                            "in body must be of type int32 (a whole number from -2147483648 to 2147483647)",
-                        )
-                    })?,
-            ),
-        };
-        let plugin_type = match enumeration(
-            spec.get("type"),
-            "spec.type",
-            &["UNSPECIFIED_PLUGIN_TYPE", "HTTP", "NETWORK"],
-        )? {
-            Some("NETWORK") => PluginType::Network,
-            _ => PluginType::Http,
-        };
-        let fail_strategy = match enumeration(
-            spec.get("failStrategy"),
-            "spec.failStrategy",
-            &["FAIL_CLOSE", "FAIL_OPEN", "FAIL_RELOAD"],
-        )? {
-            Some("FAIL_OPEN") => FailStrategy::FailOpen,
-            Some("FAIL_RELOAD") => FailStrategy::FailReload,
-            _ => FailStrategy::FailClose,
-        };
+        let Placement {
+            phase,
+            priority,
+            plugin_type,
+            fail_strategy,
+        } = placement(spec)?;
         let env = vm_env(spec)?;
         tolerated(spec)?;
         let verify_key = match string(spec.get("verificationKey"), "spec.verificationKey")? {
