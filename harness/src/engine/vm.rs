@@ -148,20 +148,18 @@ impl Vm {
         let deadline = runtime.callback_deadline;
         // Envoy logs a start function's trap as it logs a callback's (after the lines the
         // guest wrote meanwhile); the canary's refusal follows it.
-        let start_err = |name: &'static str, store: &Store<HostState>| {
-            move |e: wasmtime::Error| {
-                let line = match e.downcast_ref::<wasmtime::Trap>() {
-                    Some(wasmtime::Trap::Interrupt) => format!(
-                        "Function: {name} failed: {}",
-                        describe_start_trap(name, &e, deadline)
-                    ),
-                    _ => failure::describe(name, &e, module.names_functions),
-                };
-                logging::vm_failure(store.data(), line);
-                VmError::Start {
-                    path: module.path.clone(),
-                    message: describe_start_trap(name, &e, deadline),
-                }
+        let start_err = |name: &'static str, e: wasmtime::Error, store: &Store<HostState>| {
+            let line = match e.downcast_ref::<wasmtime::Trap>() {
+                Some(wasmtime::Trap::Interrupt) => format!(
+                    "Function: {name} failed: {}",
+                    describe_start_trap(name, &e, deadline)
+                ),
+                _ => failure::describe(name, &e, module.names_functions),
+            };
+            logging::vm_failure(store.data(), line);
+            VmError::Start {
+                path: module.path.clone(),
+                message: describe_start_trap(name, &e, deadline),
             }
         };
         let state = HostState::new(shared, worker, module.abi, plugin, clusters);
@@ -191,17 +189,17 @@ impl Vm {
         store.data_mut().allocator = Some(allocator);
         if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
             let r = init.call(&mut store, ());
-            r.map_err(start_err("_initialize", &store))?;
+            r.map_err(|e| start_err("_initialize", e, &store))?;
             if let Ok(main) = instance.get_typed_func::<(i32, i32), i32>(&mut store, "main") {
                 let r = main.call(&mut store, (0, 0));
-                r.map_err(start_err("main", &store))?;
+                r.map_err(|e| start_err("main", e, &store))?;
             } else if let Ok(main) = instance.get_typed_func::<(), i32>(&mut store, "__main_void") {
                 let r = main.call(&mut store, ());
-                r.map_err(start_err("__main_void", &store))?;
+                r.map_err(|e| start_err("__main_void", e, &store))?;
             }
         } else if let Ok(start) = instance.get_typed_func::<(), ()>(&mut store, "_start") {
             let r = start.call(&mut store, ());
-            r.map_err(start_err("_start", &store))?;
+            r.map_err(|e| start_err("_start", e, &store))?;
         }
         let exports = Exports::lookup(&instance, &mut store);
         Ok(Self {

@@ -176,47 +176,8 @@ impl RealEnvoy {
             &mut doc,
             crate::envoy::bootstrap::TypedStructs::Keep,
         );
-        let mut listeners = HashMap::new();
-        let mut first_listener = String::new();
-        let mut upstreams = HashMap::new();
-        if let Some(ls) = doc
-            .pointer_mut("/static_resources/listeners")
-            .and_then(Value::as_array_mut)
-        {
-            for (i, l) in ls.iter_mut().enumerate() {
-                let mut name = l["name"].as_str().unwrap_or_default().to_string();
-                if name.is_empty() {
-                    // Envoy names it with a UUID; a name of ours finds it in the admin API.
-                    name = format!("unnamed-listener-{i}");
-                    l["name"] = name.clone().into();
-                }
-                l["address"]["socket_address"] =
-                    serde_json::json!({"address": "127.0.0.1", "port_value": 0});
-                if first_listener.is_empty() {
-                    first_listener = name.clone();
-                }
-                listeners.insert(name, 0);
-            }
-        }
-        if let Some(cs) = doc
-            .pointer_mut("/static_resources/clusters")
-            .and_then(Value::as_array_mut)
-        {
-            for c in cs {
-                let name = c["name"].as_str().unwrap_or_default().to_string();
-                let state = Arc::new(Mutex::new(UpstreamState::default()));
-                let up = Upstream::start(name.clone(), state.clone())?;
-                upstreams.insert(name.clone(), state);
-                // A cluster without endpoints keeps none: Envoy fails calls to it.
-                if !has_endpoints(c) {
-                    continue;
-                }
-                c["load_assignment"] = serde_json::json!({
-                    "cluster_name": name,
-                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": up.port}}}}]}]
-                });
-            }
-        }
+        let (listeners, first_listener) = loopback_listeners(&mut doc);
+        let upstreams = loopback_upstreams(&mut doc)?;
         if !doc.get("admin").is_some_and(Value::is_object) {
             doc["admin"] = serde_json::json!({});
         }
@@ -240,21 +201,15 @@ impl RealEnvoy {
             lock(state).admin = Some(admin_path.clone());
         }
         let log = std::fs::File::create(&stderr_path).map_err(|e| io("stderr file", e))?;
-        let child = Command::new(envoy)
-            .arg("-c")
-            .arg(&config)
-            .args(["--disable-hot-restart", "--concurrency"])
-            .arg(workers.max(1).to_string())
-            .args(["--file-flush-interval-msec", "50", "-l", log_level.as_str()])
-            .arg("--log-path")
-            .arg(&log_path)
-            .arg("--admin-address-path")
-            .arg(&admin_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| io(&format!("cannot start {}", envoy.display()), e))?;
+        let child = spawn(
+            envoy,
+            &config,
+            workers,
+            log_level,
+            &log_path,
+            &admin_path,
+            log,
+        )?;
         let mut running = Self {
             child,
             listeners,
@@ -559,4 +514,88 @@ fn absolutize_wasm_paths(v: &mut Value) {
         Value::Array(a) => a.iter_mut().for_each(absolutize_wasm_paths),
         _ => {}
     }
+}
+
+/// Every listener of `doc` moved to a loopback port the kernel picks, and named (Envoy names
+/// an unnamed one with a UUID; a name of ours finds it in the admin API): their names, and
+/// the first one's.
+fn loopback_listeners(doc: &mut Value) -> (HashMap<String, u16>, String) {
+    let mut listeners = HashMap::new();
+    let mut first_listener = String::new();
+    let Some(ls) = doc
+        .pointer_mut("/static_resources/listeners")
+        .and_then(Value::as_array_mut)
+    else {
+        return (listeners, first_listener);
+    };
+    for (i, l) in ls.iter_mut().enumerate() {
+        let mut name = l["name"].as_str().unwrap_or_default().to_string();
+        if name.is_empty() {
+            name = format!("unnamed-listener-{i}");
+            l["name"] = name.clone().into();
+        }
+        l["address"]["socket_address"] =
+            serde_json::json!({"address": "127.0.0.1", "port_value": 0});
+        if first_listener.is_empty() {
+            first_listener = name.clone();
+        }
+        listeners.insert(name, 0);
+    }
+    (listeners, first_listener)
+}
+
+/// An upstream of the driver's for every cluster of `doc`, which is pointed at it (a
+/// cluster without endpoints keeps none: Envoy fails calls to it).
+fn loopback_upstreams(
+    doc: &mut Value,
+) -> Result<HashMap<String, Arc<Mutex<UpstreamState>>>, EnvoyError> {
+    let mut upstreams = HashMap::new();
+    let Some(cs) = doc
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    else {
+        return Ok(upstreams);
+    };
+    for c in cs {
+        let name = c["name"].as_str().unwrap_or_default().to_string();
+        let state = Arc::new(Mutex::new(UpstreamState::default()));
+        let up = Upstream::start(name.clone(), state.clone())?;
+        upstreams.insert(name.clone(), state);
+        if !has_endpoints(c) {
+            continue;
+        }
+        c["load_assignment"] = serde_json::json!({
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": up.port}}}}]}]
+        });
+    }
+    Ok(upstreams)
+}
+
+/// Envoy on `config`, logging to `log_path` (its stderr to `stderr`), writing its admin
+/// address to `admin_path`.
+fn spawn(
+    envoy: &Path,
+    config: &Path,
+    workers: usize,
+    log_level: crate::engine::abi::LogLevel,
+    log_path: &Path,
+    admin_path: &Path,
+    stderr: std::fs::File,
+) -> Result<std::process::Child, EnvoyError> {
+    Command::new(envoy)
+        .arg("-c")
+        .arg(config)
+        .args(["--disable-hot-restart", "--concurrency"])
+        .arg(workers.max(1).to_string())
+        .args(["--file-flush-interval-msec", "50", "-l", log_level.as_str()])
+        .arg("--log-path")
+        .arg(log_path)
+        .arg("--admin-address-path")
+        .arg(admin_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| io(&format!("cannot start {}", envoy.display()), e))
 }

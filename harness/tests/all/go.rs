@@ -11,7 +11,12 @@ use crate::support::*;
 
 /// The shipped bootstrap with `module` as its HTTP filter, named `go` (plugin, root_id and
 /// vm_id), with this plugin configuration and `LEVEL=debug` in its environment.
-fn go_bootstrap(dir: &Path, module: &Path, config: &str, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+fn go_bootstrap(
+    dir: &Path,
+    module: &Path,
+    config: &str,
+    edit: impl FnOnce(&mut serde_json::Value),
+) -> PathBuf {
     bootstrap_variant(dir, module, Some(config), move |doc| {
         let plugin = doc
             .pointer_mut("/static_resources/listeners/0/filter_chains/0/filters/0/typed_config/http_filters/0/typed_config/config")
@@ -30,7 +35,10 @@ fn go_scenario(dir: &Path, bootstrap: &Path, head: &str, requests: &str) -> Path
     let path = dir.join("scenario.yaml");
     std::fs::write(
         &path,
-        format!("bootstrap: {}\n{head}requests:\n{requests}", bootstrap.display()),
+        format!(
+            "bootstrap: {}\n{head}requests:\n{requests}",
+            bootstrap.display()
+        ),
     )
     .unwrap();
     path
@@ -73,7 +81,7 @@ fn a_go_filter_starts_in_the_harness_with_its_own_lines() {
     // fmt.Print("\n") is a write of a lone newline: an empty line, as Envoy logs it.
     let empty = out
         .lines()
-        .filter(|l| l.ends_with("wasm log go go go: "))
+        .filter(|l| l.ends_with("[info] wasm log go go: "))
         .count();
     assert_eq!(empty, 3, "{out}");
 }
@@ -107,14 +115,28 @@ const PANIC_START: &str = r#"expect_start:
 fn a_panic_in_go_initialize_reads_as_envoy_writes_it() {
     let dir = tempfile::tempdir().unwrap();
     let b = go_bootstrap(dir.path(), &go_guest("panic-init"), "", |_| {});
-    let s = go_scenario(dir.path(), &b, &format!("workers: 1\n{PANIC_START}"), "  []\n");
+    let s = go_scenario(
+        dir.path(),
+        &b,
+        &format!("workers: 1\n{PANIC_START}"),
+        "  []\n",
+    );
     let o = harness(&["run", s.to_str().unwrap()]);
     let out = text(&o);
     assert_eq!(o.status.code(), Some(0), "{out}");
     // The guest's lines come first, then the trap, then Envoy's refusal.
-    let at = |needle: &str| out.find(needle).unwrap_or_else(|| panic!("{needle}: {out}"));
-    assert!(at("LEVEL=debug") < at("Function: _initialize failed"), "{out}");
-    assert!(at("Function: _initialize failed") < at("Failed to initialize Wasm code"), "{out}");
+    let at = |needle: &str| {
+        out.find(needle)
+            .unwrap_or_else(|| panic!("{needle}: {out}"))
+    };
+    assert!(
+        at("LEVEL=debug") < at("Function: _initialize failed"),
+        "{out}"
+    );
+    assert!(
+        at("Function: _initialize failed") < at("Failed to initialize Wasm code"),
+        "{out}"
+    );
 
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report:#}");

@@ -325,6 +325,34 @@ impl<'a> HttpStream<'a> {
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
         trace: &mut Trace,
     ) -> Result<Response, Halt> {
+        let (response, encoders, grpc) = self.decode(request, number, upstream, trace)?;
+        let mut response = self.encode(response, encoders, grpc, trace)?;
+        // Towards an HTTP/2 client Envoy's HTTP/2 codec frames the body: no HTTP/1 framing.
+        if request.protocol.speaks_http1() {
+            let message = &mut response.message;
+            frame(
+                &mut message.headers,
+                &mut message.body,
+                "client",
+                &mut trace.notes,
+            )?;
+        }
+        if !self.request_complete {
+            router::close_after(&mut response, request.protocol);
+        }
+        router::finalize_downstream(&mut response, request.protocol, self.hcm.http1_trailers);
+        Ok(response)
+    }
+
+    /// Decode, then route and forward: the response the filters encode (the upstream's or a
+    /// local reply), how many filters it runs back through, and whether the request is gRPC.
+    fn decode(
+        &mut self,
+        request: &Request,
+        number: usize,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+        trace: &mut Trace,
+    ) -> Result<(Outgoing, usize, bool), Halt> {
         self.setup(&Arc::new(request.dynamic_metadata.clone()));
         let n = self.contexts.len();
         let router::Incoming {
@@ -365,6 +393,18 @@ impl<'a> HttpStream<'a> {
                 (response, n)
             }
         };
+        Ok((response, encoders, grpc))
+    }
+
+    /// Encode: the response through `encoders` filters, last to first; a local reply made on
+    /// the way replaces it.
+    fn encode(
+        &mut self,
+        response: Outgoing,
+        encoders: usize,
+        grpc: bool,
+        trace: &mut Trace,
+    ) -> Result<Response, Halt> {
         // Encode: the response runs back through the filters, last to first, starting at the
         // one that produced a local reply.
         let encode_order = Order::Backward(encoders);
@@ -390,39 +430,24 @@ impl<'a> HttpStream<'a> {
                 },
             })
         });
-        let mut response = match encoded {
-            Ok(r) => r,
-            Err((_, StopReason::Halt(halt))) => return Err(halt),
+        match encoded {
+            Ok(r) => Ok(r),
+            Err((_, StopReason::Halt(halt))) => Err(halt),
             // Envoy can still replace the response before its headers went out.
             Err((_, StopReason::LocalReply(source, reply))) => {
                 trace.local_reply = Some(source);
                 let r = router::local_reply_response(&reply, grpc);
                 // It does not pass through the filters again.
-                Response {
+                Ok(Response {
                     status: r.status,
                     message: Message {
                         headers: r.headers,
                         body: r.chunks.concat(),
                         ..Message::default()
                     },
-                }
+                })
             }
-        };
-        // Towards an HTTP/2 client Envoy's HTTP/2 codec frames the body: no HTTP/1 framing.
-        if request.protocol.speaks_http1() {
-            let message = &mut response.message;
-            frame(
-                &mut message.headers,
-                &mut message.body,
-                "client",
-                &mut trace.notes,
-            )?;
         }
-        if !self.request_complete {
-            router::close_after(&mut response, request.protocol);
-        }
-        router::finalize_downstream(&mut response, request.protocol, self.hcm.http1_trailers);
-        Ok(response)
     }
 
     /// The router's part: the decoded request goes to its route's upstream (whose response

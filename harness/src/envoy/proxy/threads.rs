@@ -310,7 +310,10 @@ pub(super) fn place_plugins(
     for (listener, l) in bootstrap.listeners.iter().enumerate() {
         let mut slots = Vec::new();
         for (filter, p) in l.plugins().iter().enumerate() {
-            let vm = refused_if_uninitialized(dispatcher.find_or_start_vm(factory, shared, thread, p), p)?;
+            let vm = refused_if_uninitialized(
+                dispatcher.find_or_start_vm(factory, shared, thread, p),
+                p,
+            )?;
             dispatcher.hosts[vm].push(Hosted::Filter { listener, filter });
             match dispatcher.find_or_start_plugin(vm, p) {
                 Ok(root) => slots.push(root.map(|root| PluginSlot { vm, root })),
@@ -328,7 +331,8 @@ pub(super) fn place_plugins(
             continue;
         }
         let p = &service.plugin;
-        let vm = refused_if_uninitialized(dispatcher.find_or_start_vm(factory, shared, thread, p), p)?;
+        let vm =
+            refused_if_uninitialized(dispatcher.find_or_start_vm(factory, shared, thread, p), p)?;
         dispatcher.hosts[vm].push(Hosted::Service(index));
         match dispatcher.find_or_start_plugin(vm, p) {
             Err(e) if canary => return Err(e.into()),

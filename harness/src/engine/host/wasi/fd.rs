@@ -135,8 +135,14 @@ pub(super) fn add(linker: &mut Linker<HostState>, m: &str) -> wasmtime::Result<(
     })?;
     linker.func_wrap(m, "fd_fdstat_get", fd_fdstat_get)?;
     linker.func_wrap(m, "fd_tell", fd_tell)?;
-    linker.func_wrap(m, "fd_allocate", |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64| std_ok(fd))?;
-    linker.func_wrap(m, "fd_datasync", |_: Caller<'_, HostState>, fd: i32| std_ok(fd))?;
+    linker.func_wrap(
+        m,
+        "fd_allocate",
+        |_: Caller<'_, HostState>, fd: i32, _: i64, _: i64| std_ok(fd),
+    )?;
+    linker.func_wrap(m, "fd_datasync", |_: Caller<'_, HostState>, fd: i32| {
+        std_ok(fd)
+    })?;
     linker.func_wrap(m, "fd_sync", |_: Caller<'_, HostState>, fd: i32| std_ok(fd))?;
     linker.func_wrap(
         m,
@@ -161,13 +167,17 @@ pub(super) fn add(linker: &mut Linker<HostState>, m: &str) -> wasmtime::Result<(
             NOTDIR
         },
     )?;
-    linker.func_wrap(m, "fd_renumber", |_: Caller<'_, HostState>, fd: i32, to: i32| {
-        if is_std(fd) && is_std(to) {
-            NOTSUP
-        } else {
-            BADF
-        }
-    })?;
+    linker.func_wrap(
+        m,
+        "fd_renumber",
+        |_: Caller<'_, HostState>, fd: i32, to: i32| {
+            if is_std(fd) && is_std(to) {
+                NOTSUP
+            } else {
+                BADF
+            }
+        },
+    )?;
     Ok(())
 }
 

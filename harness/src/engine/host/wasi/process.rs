@@ -29,7 +29,11 @@ fn environ_sizes_get(
 }
 
 /// Writes the entries one after another at `buf`, and their addresses at `array`.
-fn write_environ(caller: &mut Caller<'_, HostState>, array: i32, buf: i32) -> Result<(), HostError> {
+fn write_environ(
+    caller: &mut Caller<'_, HostState>,
+    array: i32,
+    buf: i32,
+) -> Result<(), HostError> {
     let env = environ(caller.data());
     // Addresses past the end of i32 are the guest's fault, never an overflow.
     let fault = || HostError::Status(Status::InvalidMemoryAccess);
