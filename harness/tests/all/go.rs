@@ -142,3 +142,143 @@ fn a_panic_in_go_initialize_reads_as_envoy_writes_it() {
     assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
     assert!(report.envoy_startup_failures.is_empty(), "{report:#}");
 }
+
+/// The features guest as the HTTP filter (role `http`), the same module as a singleton Wasm
+/// service (role `service`, vm_id `go-service`, which registers queue `paths`) and, with
+/// `ticker`, as a ticking singleton (role `ticker`, vm_id `go-ticker`), and a cluster `auth` for callouts
+/// (port 9: never reached, every answer is canned).
+fn features_bootstrap(dir: &Path, module: &Path, ticker: bool) -> PathBuf {
+    let service = |name: &str, role: &str| {
+        serde_json::json!({
+            "name": "envoy.bootstrap.wasm",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.wasm.v3.WasmService",
+                "singleton": true,
+                "config": {
+                    "name": name,
+                    "root_id": name,
+                    "configuration": {
+                        "@type": "type.googleapis.com/google.protobuf.StringValue",
+                        "value": role
+                    },
+                    "vm_config": {
+                        "vm_id": name,
+                        "runtime": "envoy.wasm.runtime.v8",
+                        "code": {"local": {"filename": module.display().to_string()}}
+                    }
+                }
+            }
+        })
+    };
+    let (service, ticker_service) = (
+        service("go-service", "service"),
+        service("go-ticker", "ticker"),
+    );
+    go_bootstrap(dir, module, "http", move |doc| {
+        doc["bootstrap_extensions"] = if ticker {
+            serde_json::json!([service, ticker_service])
+        } else {
+            serde_json::json!([service])
+        };
+        add_loopback_cluster(doc, "auth", 9);
+    })
+}
+
+const FEATURES_HEAD: &str = r#"http_calls: [{cluster: auth, path: /tick, reply: {status: 204}}]
+"#;
+
+/// Requests alternate between the workers: the count in shared data (CAS) and the metric are
+/// proxy-wide, the service hears of every path through the queue.
+const FEATURES: &str = r#"  - name: the first request counts 1
+    worker: 0
+    request: {path: /a}
+    expect:
+      upstream: {headers: {x-go-count: "1"}}
+      response: {status: 200, headers: {x-go-requests: "1", x-go-metric: "1"}}
+      logs: ["go http: request /a number 1 root go", "go service: got /a"]
+  - name: the other worker's VM sees it in shared data
+    worker: -1
+    request: {path: /b}
+    expect:
+      upstream: {headers: {x-go-count: "2"}}
+      response: {status: 200, headers: {x-go-requests: "2", x-go-metric: "2"}}
+      logs: ["go http: request /b number 2", "go service: got /b"]
+      metrics: {go_requests: 2}
+      shared_data: {go: {requests: "2"}}
+  - name: a callout's answer resumes the request
+    worker: 0
+    request: {path: /callout}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 200, body: alice}}]
+    expect:
+      calls: [{cluster: auth, headers: {":path": /check, ":authority": auth}}]
+      upstream: {headers: {x-go-auth: alice}}
+      response: {status: 200}
+      logs: ["go http: callout answered 200: alice"]
+  - name: a refusal answers from the filter
+    worker: 0
+    request: {path: /callout}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 401}}]
+    expect:
+      reached_upstream: false
+      response: {status: 403, headers: {x-go-auth: "401"}, body: "denied by auth\n"}
+      local_reply: plugin
+  - name: the request body is buffered and rewritten, the response body counted
+    worker: 0
+    request: {method: POST, path: /upper, body_chunks: ["hello ", "go"]}
+    upstream: {status: 200, body: "0123456789"}
+    expect:
+      upstream: {body: "HELLO GO"}
+      response: {status: 200, body: "0123456789"}
+      logs: ["go http: upper-cased 8 bytes", "go http: response body of 10 bytes"]
+"#;
+
+/// Ticks from the start: the first callouts are made before any request.
+const TICKS: &str = r#"  - advance: 2s
+    expect:
+      logs: ["go ticker: tick 2", "go ticker: callout answered 204 with 0 bytes"]
+      log_counts:
+        - {contains: "go ticker: tick", worker: main, count: 2}
+        - {contains: "go ticker: callout answered 204", count: 2}
+  - name: a request meanwhile
+    request: {path: /c}
+    expect: {response: {status: 200}, logs: ["go service: got /c"]}
+"#;
+
+#[test]
+fn a_go_filter_shares_data_queues_metrics_callouts_and_bodies_across_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = features_bootstrap(dir.path(), &go_guest("features"), false);
+    let requests = FEATURES.replace("worker: -1", "worker: 1");
+    let s = go_scenario(dir.path(), &b, "workers: 2\n", &requests);
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
+
+#[test]
+fn the_go_features_run_the_same_in_real_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = features_bootstrap(dir.path(), &go_guest("features"), false);
+    let requests = FEATURES
+        .replace("    worker: -1\n", "")
+        .replace("    worker: 0\n", "");
+    let s = go_scenario(dir.path(), &b, "", &requests);
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    assert_logs_same(&report);
+}
+
+#[test]
+fn a_go_service_ticks_and_calls_out_from_start_up_in_the_harness_and_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = features_bootstrap(dir.path(), &go_guest("features"), true);
+    let s = go_scenario(
+        dir.path(),
+        &b,
+        &format!("workers: 1\n{FEATURES_HEAD}"),
+        TICKS,
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+}

@@ -4,7 +4,7 @@
 //	http     counts requests in shared data (CAS, across workers), in a metric, and on a
 //	         shared queue; /callout pauses the request for a callout to cluster "auth";
 //	         /upper buffers the request body and upper-cases it; /hold pauses the request
-//	         until the next tick resumes it; response bodies are counted.
+//	         and arms a one-second tick that resumes it; response bodies are counted.
 //	ticker   ticks every second, logging the tick and making a callout to "auth".
 //	service  (a Wasm service) registers queue "paths" and logs every item.
 //	tcp      counts a connection's bytes and logs them with upstream.address on close.
@@ -13,6 +13,7 @@ package main
 import (
 	"bytes"
 	"strconv"
+	"strings"
 
 	"proxywasm.test/guests/proxy"
 )
@@ -47,7 +48,6 @@ func (p *pluginContext) OnPluginStart(size int) bool {
 	switch p.role {
 	case "http":
 		p.metric, _ = proxy.DefineMetric(proxy.MetricCounter, "go_requests")
-		proxy.SetTickPeriod(1000)
 	case "ticker":
 		proxy.SetTickPeriod(1000)
 	case "service":
@@ -79,6 +79,7 @@ func (p *pluginContext) OnTick() {
 			proxy.ResumeRequest()
 		}
 		p.held = nil
+		proxy.SetTickPeriod(0)
 	}
 }
 
@@ -170,6 +171,7 @@ func (h *httpContext) OnRequestHeaders(int, bool) proxy.Action {
 		return proxy.Pause
 	case "/hold":
 		h.plugin.held = append(h.plugin.held, h.id)
+		proxy.SetTickPeriod(1000)
 		return proxy.Pause
 	}
 	return proxy.Continue
@@ -217,8 +219,10 @@ func (t *tcpContext) OnDownstreamData(size int, end bool) proxy.Action {
 func (t *tcpContext) OnUpstreamData(size int, end bool) proxy.Action {
 	t.up += size
 	if t.up == size && size > 0 {
+		// The host only: the port is the upstream's, which a test's upstream picks.
 		upstream, st := proxy.Property("upstream", "address")
-		proxy.Log(proxy.Info, "go tcp: upstream "+string(upstream)+" status "+strconv.Itoa(int(st)))
+		host, _, _ := strings.Cut(string(upstream), ":")
+		proxy.Log(proxy.Info, "go tcp: upstream host "+host+" status "+strconv.Itoa(int(st)))
 	}
 	return proxy.Continue
 }

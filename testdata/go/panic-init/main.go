@@ -13,7 +13,7 @@ import (
 func main() {}
 
 func init() {
+	proxy.SetVMContext(nil)
 	fmt.Println("go panic-init: starting, LEVEL=" + os.Getenv("LEVEL"))
 	panic("go panic-init: no configuration")
-	proxy.SetVMContext(nil)
 }
