@@ -282,3 +282,67 @@ fn a_go_service_ticks_and_calls_out_from_start_up_in_the_harness_and_envoy() {
     let report = differential(&s);
     assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
 }
+
+/// The shipped TCP bootstrap with `module` as its network filter, configured with `config`.
+fn tcp_bootstrap(dir: &Path, module: &Path, config: &str) -> PathBuf {
+    let text = std::fs::read_to_string(root().join("testdata/scenarios/tcp-bytes.bootstrap.yaml"))
+        .unwrap()
+        .replace("testdata/guests/tcp-bytes.wat", module.to_str().unwrap())
+        .replace(
+            "            vm_config:\n",
+            &format!("            configuration: {{\"@type\": type.googleapis.com/google.protobuf.StringValue, value: {config:?}}}\n            vm_config:\n"),
+        );
+    let path = dir.join("tcp.bootstrap.yaml");
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+const TCP: &str = r#"  - name: a connection's bytes are counted, the upstream's address read once connected
+    connection:
+      - downstream: "ping"
+      - upstream: "pong!"
+      - close: downstream
+    expect:
+      upstream_received: "ping"
+      downstream_received: "pong!"
+      logs: ["go tcp: upstream host 127.0.0.1 status 0", "go tcp: 4 bytes in, 5 bytes out"]
+"#;
+
+#[test]
+fn a_go_tcp_filter_counts_bytes_and_reads_its_upstream_in_the_harness_and_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = tcp_bootstrap(dir.path(), &go_guest("features"), "tcp");
+    let s = go_scenario(dir.path(), &b, "workers: 1\n", TCP);
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let report = differential(&s);
+    assert_eq!(report.verdict, Verdict::Passed, "{report:#}");
+    assert_logs_same(&report);
+}
+
+#[test]
+fn a_property_envoy_has_and_the_harness_does_not_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = tcp_bootstrap(
+        dir.path(),
+        &guest("property-probe.wat"),
+        "upstream/local_address\nupstream/address",
+    );
+    let s = go_scenario(
+        dir.path(),
+        &b,
+        "workers: 1\n",
+        r#"  - name: a connection
+    connection: [{downstream: "x"}, {close: downstream}]
+    expect:
+      logs:
+        - "property upstream.local_address exists in Envoy but is not emulated"
+        - "upstream/local_address status=1"
+        # Not connected upstream yet: NotFound, as in Envoy, and nothing to say about it.
+        - "upstream/address status=1"
+      log_counts: [{contains: "property upstream.address", count: 0}]
+"#,
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+}
