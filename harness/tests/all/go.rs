@@ -346,3 +346,19 @@ fn a_property_envoy_has_and_the_harness_does_not_is_named() {
     let o = harness(&["run", s.to_str().unwrap()]);
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
+
+#[test]
+fn the_go_authors_page_shows_the_code_the_tests_build() {
+    let page = std::fs::read_to_string(root().join("docs/go-filters.md")).unwrap();
+    let source = std::fs::read_to_string(root().join("testdata/go/hello/main.go")).unwrap();
+    let excerpt = page
+        .split("```console\n")
+        .nth(1)
+        .and_then(|rest| rest.split("```").next())
+        .unwrap();
+    assert!(excerpt.contains("func (h *httpContext) OnRequestHeaders"), "{excerpt}");
+    assert!(
+        source.contains(excerpt),
+        "docs/go-filters.md shows code that testdata/go/hello/main.go does not have:\n{excerpt}"
+    );
+}
