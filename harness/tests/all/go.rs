@@ -222,6 +222,14 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       reached_upstream: false
       response: {status: 403, headers: {x-go-auth: "401"}, body: "denied by auth\n"}
       local_reply: plugin
+  - name: a 204 has no content-length, in the callout's answer nor in the client's response
+    worker: 0
+    request: {path: /callout}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 204}}]
+    upstream: {status: 204}
+    expect:
+      response: {status: 204, absent: [content-length]}
+      logs: ["go http: callout answered 204:  (content-length , status 1)"]
   - name: the request body is buffered and rewritten, the response body counted
     worker: 0
     request: {method: POST, path: /upper, body_chunks: ["hello ", "go"]}

@@ -103,7 +103,12 @@ func (p *pluginContext) OnHttpCallResponse(token uint32, headers, bodySize, trai
 	}
 	delete(p.waiting, token)
 	proxy.SetEffectiveContext(stream)
-	proxy.Log(proxy.Info, "go http: callout answered "+status+": "+string(body))
+	length, st := proxy.Header(proxy.HttpCallHeaders, "content-length")
+	proxy.Log(proxy.Info, "go http: callout answered "+status+": "+string(body)+" (content-length "+length+", status "+strconv.Itoa(int(st))+")")
+	if status == "204" {
+		proxy.ResumeRequest()
+		return
+	}
 	if status != "200" {
 		proxy.SendLocalResponse(403, "denied by auth\n", [][2]string{{"x-go-auth", status}})
 		return

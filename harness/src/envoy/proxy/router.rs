@@ -317,14 +317,15 @@ pub(super) fn forwarded_trailers(
 
 /// An upstream's response headers as Envoy's router hands them on, to the filter chain or to
 /// a callout's caller: `:status` first, the upstream's headers, a `content-length` when the
-/// upstream sent none, and the router's service-time stamp.
+/// upstream sent none (never on a 204 or a 304, which have no body: Envoy's codecs hand
+/// those on without one, checked against Envoy 1.40), and the router's service-time stamp.
 pub(crate) fn routed_headers(status: u16, upstream: HeaderMap, body_len: usize) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(upstream.len() + ROOM_FOR_FILTERS);
     headers.push((":status".into(), status.to_string().into_bytes()));
     for (k, v) in upstream {
         headers::add(&mut headers, k, v);
     }
-    if headers::get(&headers, "content-length").is_none() {
+    if !matches!(status, 204 | 304) && headers::get(&headers, "content-length").is_none() {
         headers.push(("content-length".into(), body_len.to_string().into_bytes()));
     }
     headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
