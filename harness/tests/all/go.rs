@@ -222,6 +222,14 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       reached_upstream: false
       response: {status: 403, headers: {x-go-auth: "401"}, body: "denied by auth\n"}
       local_reply: plugin
+  - name: a 400 from the filter closes the HTTP/1.1 connection after it, as Envoy does
+    worker: 0
+    request: {path: /callout}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 400}}]
+    expect:
+      reached_upstream: false
+      response: {status: 400, headers: {connection: close}, body: "bad credentials\n"}
+      local_reply: plugin
   - name: a 204 has no content-length, in the callout's answer nor in the client's response
     worker: 0
     request: {path: /callout}

@@ -109,6 +109,10 @@ func (p *pluginContext) OnHttpCallResponse(token uint32, headers, bodySize, trai
 		proxy.ResumeRequest()
 		return
 	}
+	if status == "400" {
+		proxy.SendLocalResponse(400, "bad credentials\n", nil)
+		return
+	}
 	if status != "200" {
 		proxy.SendLocalResponse(403, "denied by auth\n", [][2]string{{"x-go-auth", status}})
 		return

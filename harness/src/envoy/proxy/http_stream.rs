@@ -337,7 +337,10 @@ impl<'a> HttpStream<'a> {
                 &mut trace.notes,
             )?;
         }
-        if !self.request_complete {
+        // Envoy's connection manager also closes an HTTP/1.1 connection after a local reply of
+        // 400 (`ActiveStream::onLocalReply`): the rest of the request may not parse.
+        let bad_request = trace.local_reply.is_some() && response.status == 400;
+        if !self.request_complete || bad_request {
             router::close_after(&mut response, request.protocol);
         }
         router::finalize_downstream(&mut response, request.protocol, self.hcm.http1_trailers);
