@@ -244,18 +244,9 @@ fn run_compared_step(
     }
     envoy_lines.extend(reader.since_last());
     unexplained.extend(real.take_unpaced());
-    let logs = match step {
-        Step::Request(case) if generated::envoy_generates_request_id(&case.to_request()) => {
-            let (h, e) = generated::mask_request_ids(&compared.harness.log_records, &envoy_lines);
-            logs::compare(&h, &e, reader, conditions)
-        }
-        _ => logs::compare(
-            &compared.harness.log_records,
-            &envoy_lines,
-            reader,
-            conditions,
-        ),
-    };
+    let request_ids = matches!(step, Step::Request(case) if generated::envoy_generates_request_id(&case.to_request()));
+    let (h, e) = generated::mask_lines(&compared.harness.log_records, &envoy_lines, request_ids);
+    let logs = logs::compare(&h, &e, reader, conditions);
     compared.logs = logs.unless(&unexplained);
     // Envoy's lines for the step hold its expectations too, unless something the harness
     // does not reproduce can add or change lines (with several workers only the counts

@@ -372,7 +372,10 @@ fn the_go_authors_page_shows_the_code_the_tests_build() {
         .nth(1)
         .and_then(|rest| rest.split("```").next())
         .unwrap();
-    assert!(excerpt.contains("func (h *httpContext) OnRequestHeaders"), "{excerpt}");
+    assert!(
+        excerpt.contains("func (h *httpContext) OnRequestHeaders"),
+        "{excerpt}"
+    );
     assert!(
         source.contains(excerpt),
         "docs/go-filters.md shows code that testdata/go/hello/main.go does not have:\n{excerpt}"

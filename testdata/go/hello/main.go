@@ -59,6 +59,8 @@ func (h *httpContext) OnRequestHeaders(int, bool) proxy.Action {
 }
 
 func (h *httpContext) OnResponseHeaders(int, bool) proxy.Action {
+	took, _ := proxy.Header(proxy.ResponseHeaders, "x-envoy-upstream-service-time")
+	proxy.Log(proxy.Info, "go hello: x-envoy-upstream-service-time: "+took)
 	proxy.AddHeader(proxy.ResponseHeaders, "x-go-filter", "hello")
 	return proxy.Continue
 }
