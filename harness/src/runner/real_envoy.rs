@@ -38,7 +38,7 @@ use crate::envoy::http1;
 use crate::envoy::traffic::TrafficError;
 
 use client::{admin_get, bound_listeners};
-use upstream::{from_async_client, is_grpc, Upstream, UpstreamState};
+use upstream::{from_async_client, is_grpc, unmarked, Upstream, UpstreamState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyError {
@@ -184,6 +184,7 @@ impl RealEnvoy {
         doc["admin"]["address"] =
             serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": 0}});
         absolutize_wasm_paths(&mut doc);
+        upstream::mark_routes(&mut doc);
         metadata::insert_filter(&mut doc, &metadata_keys);
         let dir = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
         let ecds_dir = dir.path().join("ecds");
@@ -300,8 +301,8 @@ impl RealEnvoy {
             .map(|(ex, _)| ex)
     }
 
-    /// Sends one request; callouts (requests from Envoy's async client, told apart by its
-    /// marks, see [`upstream::from_async_client`]) get the first matching canned answer and
+    /// Sends one request; callouts (requests from Envoy's async client, told apart by the
+    /// route mark, see [`upstream::from_async_client`]) get the first matching canned answer and
     /// every other request `reply`. Returns the exchange and the callouts the upstreams
     /// received, in the order they arrived, as call records.
     pub fn send_with_calls(
@@ -384,7 +385,7 @@ impl RealEnvoy {
             if from_async_client(&seen.headers) {
                 records.push(call_record(seen));
             } else if upstream.is_none() {
-                upstream = Some(seen);
+                upstream = Some(unmarked(seen));
             }
         }
         Ok((

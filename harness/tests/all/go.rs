@@ -214,6 +214,30 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       upstream: {headers: {x-go-auth: alice}}
       response: {status: 200}
       logs: ["go http: callout answered 200: alice"]
+  - name: a body sent with the headers comes in one call once the callout's answer resumes
+    worker: 0
+    request: {method: POST, path: /callout, body: "abc"}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 200, body: alice}}]
+    expect:
+      upstream: {body: "abc"}
+      logs: ["go http: request body of 3 bytes, end true"]
+      log_counts: [{contains: "go http: request body of", count: 1}]
+  - name: a body sent in chunks comes chunk by chunk
+    worker: 0
+    request: {method: POST, path: /callout, body_chunks: ["abc", "def"]}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 200, body: alice}}]
+    expect:
+      upstream: {body: "abcdef"}
+      log_counts: [{contains: "go http: request body of", count: 3}]
+  - name: a callout with the request's own headers is still told from the routed request
+    worker: 0
+    request: {path: /copy}
+    http_calls: [{cluster: auth, path: /check, reply: {status: 200, body: bob}}]
+    upstream: {status: 200, body: "from the backend"}
+    expect:
+      calls: [{cluster: auth, headers: {":path": /check, x-forwarded-proto: http}}]
+      upstream: {headers: {x-go-auth: bob}}
+      response: {status: 200, body: "from the backend"}
   - name: a refusal answers from the filter
     worker: 0
     request: {path: /callout}

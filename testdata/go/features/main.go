@@ -2,7 +2,8 @@
 // configuration:
 //
 //	http     counts requests in shared data (CAS, across workers), in a metric, and on a
-//	         shared queue; /callout pauses the request for a callout to cluster "auth";
+//	         shared queue; /callout pauses the request for a callout to cluster "auth"
+//	         (/copy too, with the request's own headers);
 //	         /upper buffers the request body and upper-cases it; /hold pauses the request
 //	         and arms a one-second tick that resumes it; response bodies are counted.
 //	ticker   ticks every second, logging the tick and making a callout to "auth".
@@ -171,13 +172,19 @@ func (h *httpContext) OnRequestHeaders(int, bool) proxy.Action {
 	proxy.Log(proxy.Info, "go http: request "+h.path+" number "+strconv.Itoa(n)+" root "+string(id)+" route "+string(route))
 	switch h.path {
 	case "/callout":
-		token, st := proxy.HttpCall("auth", [][2]string{{":method", "GET"}, {":path", "/check"}, {":authority", "auth"}}, nil, 5000)
-		if st != proxy.OK {
-			proxy.SendLocalResponse(503, "auth unavailable\n", nil)
-			return proxy.Pause
+		return h.callAuth([][2]string{{":method", "GET"}, {":path", "/check"}, {":authority", "auth"}})
+	case "/copy":
+		// The request's own headers (x-forwarded-proto among them) go to the auth service.
+		headers := proxy.Headers(proxy.RequestHeaders)
+		for i := range headers {
+			switch headers[i][0] {
+			case ":path":
+				headers[i][1] = "/check"
+			case ":authority":
+				headers[i][1] = "auth"
+			}
 		}
-		h.plugin.waiting[token] = h.id
-		return proxy.Pause
+		return h.callAuth(headers)
 	case "/hold":
 		h.plugin.held = append(h.plugin.held, h.id)
 		proxy.SetTickPeriod(1000)
@@ -186,7 +193,21 @@ func (h *httpContext) OnRequestHeaders(int, bool) proxy.Action {
 	return proxy.Continue
 }
 
+// callAuth pauses the request on a callout to cluster "auth"; its answer resumes it.
+func (h *httpContext) callAuth(headers [][2]string) proxy.Action {
+	token, st := proxy.HttpCall("auth", headers, nil, 5000)
+	if st != proxy.OK {
+		proxy.SendLocalResponse(503, "auth unavailable\n", nil)
+		return proxy.Pause
+	}
+	h.plugin.waiting[token] = h.id
+	return proxy.Pause
+}
+
 func (h *httpContext) OnRequestBody(size int, end bool) proxy.Action {
+	if h.path == "/callout" {
+		proxy.Log(proxy.Info, "go http: request body of "+strconv.Itoa(size)+" bytes, end "+strconv.FormatBool(end))
+	}
 	if h.path != "/upper" {
 		return proxy.Continue
 	}

@@ -36,6 +36,9 @@ pub(super) struct HttpStream<'a> {
     /// Envoy's `remoteDecodeComplete`: the codec has handed the filters the request's end of
     /// stream. A response that starts before it closes an HTTP/1.1 connection.
     request_complete: bool,
+    /// A filter paused the request in its headers callback and what it posted (a callout's
+    /// answer) resumed it: Envoy's codec read the rest of the request meanwhile.
+    resumed_at_request_headers: bool,
 }
 
 /// How a callback's result (after the failure policy) tells the chain to go on.
@@ -144,6 +147,7 @@ impl<'a> HttpStream<'a> {
             contexts: Vec::new(),
             request: None,
             request_complete: false,
+            resumed_at_request_headers: false,
         }
     }
 
@@ -250,6 +254,12 @@ impl<'a> HttpStream<'a> {
         }
         let resumed =
             std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
+        if resumed
+            && !matches!(result, None | Some(0) | Some(2))
+            && phase == Dir::Request.phase(Part::Headers)
+        {
+            self.resumed_at_request_headers = true;
+        }
         match result {
             // 0 Continue; 2 ContinueAndEndStream, which Envoy's converter treats as Continue.
             None | Some(0) | Some(2) => ChainAfter::Continue,
@@ -371,6 +381,11 @@ impl<'a> HttpStream<'a> {
         let (headers, decoded) =
             self.headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0);
         self.share_request(headers);
+        let chunks = if self.resumed_at_request_headers {
+            router::buffered_while_paused(request, chunks, trailers.is_some())
+        } else {
+            chunks
+        };
         // Envoy's RBAC filter answers in its headers callback: no filter decodes the body.
         let denied = self.hcm.deny_at.is_some() && decoded.is_ok();
         let decoded = match decoded {

@@ -394,6 +394,27 @@ pub(super) fn protocol_error() -> LocalReply {
     }
 }
 
+/// The request's chunks once a filter that paused in its headers callback is resumed by a
+/// callout's answer: over HTTP/1.1 a `body` the client sent with the headers was read whole,
+/// end of stream included, while the filter waited, and Envoy hands it on in one body
+/// callback (its `StopAndResumeViaAsyncCall` test filter shows it; checked against Envoy
+/// 1.40). Chunks the client sends one by one (`body_chunks`) still come one by one.
+pub(super) fn buffered_while_paused(
+    request: &Request,
+    mut chunks: Vec<Vec<u8>>,
+    trailers: bool,
+) -> Vec<Vec<u8>> {
+    let one_body = request.protocol == Downstream::Http1
+        && request.body_chunks.is_empty()
+        && !trailers
+        && chunks.len() == 2
+        && chunks.last().is_some_and(Vec::is_empty);
+    if one_body {
+        chunks.pop();
+    }
+    chunks
+}
+
 /// A response that starts before the request's end of stream was decoded (a local reply
 /// before its body was read): Envoy's connection manager closes an HTTP/1.1 connection after
 /// it and says so (`connection: close`, `ActiveStream::encodeHeaders`); an HTTP/2 one stays.
