@@ -126,7 +126,7 @@ fn start_both(
     report.harness = startup;
     let harness_verdict = startup_verdict(&report.harness);
     let bootstrap = opts.bootstrap_for(scenario);
-    let started = RealEnvoy::start_seeding(
+    let started = RealEnvoy::start_answering(
         envoy_bin,
         &bootstrap,
         opts.workers_for(scenario),
@@ -137,6 +137,7 @@ fn start_both(
                 _ => None,
             },
         )),
+        &standing_calls(scenario),
     );
     let real = match started {
         Ok(r) => r,
@@ -223,6 +224,10 @@ fn run_compared_step(
         // Lines still waiting for Envoy's log flush belong before the signal.
         std::thread::sleep(LOG_SETTLE);
         reader.since_last();
+    }
+    if !matches!(step, Step::Request(_)) {
+        // Callouts made meanwhile (by ticks, queues) get the scenario's own answers.
+        real.answer_calls(&standing_calls(scenario));
     }
     let started = Instant::now();
     let mut compared = compare_step(real, scenario, step, in_harness);
@@ -353,6 +358,20 @@ fn compare_step(
         },
     }
     compared
+}
+
+/// The scenario's own canned callout answers (top-level `http_calls` / `grpc_calls`), which
+/// serve every step and the time before the first.
+fn standing_calls(scenario: &Scenario) -> crate::runner::real_envoy::Canned {
+    crate::runner::real_envoy::Canned {
+        http: scenario.http_calls.iter().map(|c| c.to_canned()).collect(),
+        // An entry the harness refused is reported by the harness's run.
+        grpc: scenario
+            .grpc_calls
+            .iter()
+            .filter_map(|c| c.to_canned().ok())
+            .collect(),
+    }
 }
 
 /// A request through Envoy, with the callout clusters' upstreams answering as the scenario's

@@ -165,6 +165,27 @@ impl RealEnvoy {
         log_level: crate::engine::abi::LogLevel,
         metadata_keys: Vec<(String, String)>,
     ) -> Result<Self, EnvoyError> {
+        Self::start_answering(
+            envoy,
+            bootstrap,
+            workers,
+            log_level,
+            metadata_keys,
+            &Canned::default(),
+        )
+    }
+
+    /// [`RealEnvoy::start_seeding`] with the upstreams answering callouts as `standing` says
+    /// from the start (a scenario's own `http_calls`): a tick's callout made before the first
+    /// step gets its canned answer, as in the harness.
+    pub fn start_answering(
+        envoy: &Path,
+        bootstrap: &Path,
+        workers: usize,
+        log_level: crate::engine::abi::LogLevel,
+        metadata_keys: Vec<(String, String)>,
+        standing: &Canned,
+    ) -> Result<Self, EnvoyError> {
         let text =
             crate::engine::input::read_text(bootstrap, crate::engine::input::MAX_CONFIG_BYTES)
                 .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
@@ -178,6 +199,7 @@ impl RealEnvoy {
         );
         let (listeners, first_listener) = loopback_listeners(&mut doc);
         let upstreams = loopback_upstreams(&mut doc)?;
+        answer_calls(&upstreams, standing);
         if !doc.get("admin").is_some_and(Value::is_object) {
             doc["admin"] = serde_json::json!({});
         }
@@ -426,6 +448,22 @@ impl Drop for RealEnvoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl RealEnvoy {
+    /// From now on the upstreams answer callouts as `canned` says (a step that sends no
+    /// request: the scenario's own answers).
+    pub fn answer_calls(&mut self, canned: &Canned) {
+        answer_calls(&self.upstreams, canned);
+    }
+}
+
+fn answer_calls(upstreams: &HashMap<String, Arc<Mutex<UpstreamState>>>, canned: &Canned) {
+    for state in upstreams.values() {
+        let mut s = lock(state);
+        s.calls = canned.http.clone();
+        s.grpc_calls = canned.grpc.clone();
     }
 }
 
