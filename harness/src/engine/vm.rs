@@ -115,6 +115,10 @@ pub enum PluginStartError {
     ConfigureFailed { plugin: String },
     #[error("plugin {plugin:?}: the VM trapped while starting: {message}")]
     Trapped { plugin: String, message: String },
+    /// A start function (`_initialize`, `_start`, `main`) trapped: the module's code never
+    /// became ready (Envoy: "Failed to initialize Wasm code").
+    #[error("plugin {plugin:?}: the module failed to initialize: {message}")]
+    Uninitialized { plugin: String, message: String },
 }
 
 /// One VM instance: a store, its instance's exports, and whether it has failed.
@@ -141,9 +145,19 @@ impl Vm {
         plugin: &WasmPlugin,
         clusters: Arc<Vec<String>>,
     ) -> Result<Self, VmError> {
-        let start_err = |name: &'static str| {
-            let deadline = runtime.callback_deadline;
-            move |e: wasmtime::Error| VmError::Start {
+        let deadline = runtime.callback_deadline;
+        // Envoy logs a start function's trap as it logs a callback's (after the lines the
+        // guest wrote meanwhile); the canary's refusal follows it.
+        let start_err = |name: &'static str, e: wasmtime::Error, store: &Store<HostState>| {
+            let line = match e.downcast_ref::<wasmtime::Trap>() {
+                Some(wasmtime::Trap::Interrupt) => format!(
+                    "Function: {name} failed: {}",
+                    describe_start_trap(name, &e, deadline)
+                ),
+                _ => failure::describe(name, &e, module.names_functions),
+            };
+            logging::vm_failure(store.data(), line);
+            VmError::Start {
                 path: module.path.clone(),
                 message: describe_start_trap(name, &e, deadline),
             }
@@ -158,7 +172,10 @@ impl Vm {
         let instance = module
             .pre
             .instantiate(&mut store)
-            .map_err(start_err("instantiation"))?;
+            .map_err(|e| VmError::Start {
+                path: module.path.clone(),
+                message: describe_start_trap("instantiation", &e, deadline),
+            })?;
         let memory = instance.get_memory(&mut store, "memory");
         let allocator = instance
             .get_typed_func::<i32, i32>(&mut store, "malloc")
@@ -171,16 +188,18 @@ impl Vm {
         store.data_mut().memory = memory;
         store.data_mut().allocator = Some(allocator);
         if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "_initialize") {
-            init.call(&mut store, ())
-                .map_err(start_err("_initialize"))?;
+            let r = init.call(&mut store, ());
+            r.map_err(|e| start_err("_initialize", e, &store))?;
             if let Ok(main) = instance.get_typed_func::<(i32, i32), i32>(&mut store, "main") {
-                main.call(&mut store, (0, 0)).map_err(start_err("main"))?;
+                let r = main.call(&mut store, (0, 0));
+                r.map_err(|e| start_err("main", e, &store))?;
             } else if let Ok(main) = instance.get_typed_func::<(), i32>(&mut store, "__main_void") {
-                main.call(&mut store, ())
-                    .map_err(start_err("__main_void"))?;
+                let r = main.call(&mut store, ());
+                r.map_err(|e| start_err("__main_void", e, &store))?;
             }
         } else if let Ok(start) = instance.get_typed_func::<(), ()>(&mut store, "_start") {
-            start.call(&mut store, ()).map_err(start_err("_start"))?;
+            let r = start.call(&mut store, ());
+            r.map_err(|e| start_err("_start", e, &store))?;
         }
         let exports = Exports::lookup(&instance, &mut store);
         Ok(Self {

@@ -212,7 +212,8 @@ impl Proxy {
         let plugin = match error {
             PluginStartError::VmStartFailed { plugin }
             | PluginStartError::ConfigureFailed { plugin }
-            | PluginStartError::Trapped { plugin, .. } => plugin,
+            | PluginStartError::Trapped { plugin, .. }
+            | PluginStartError::Uninitialized { plugin, .. } => plugin,
         };
         let policy = self
             .bootstrap

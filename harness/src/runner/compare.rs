@@ -95,44 +95,55 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
             return report;
         }
     };
-    let (harness, startup) = HarnessRun::start(&scenario, opts);
+    let Some((mut harness, mut real, mut reader)) =
+        start_both(envoy_bin, &scenario, opts, &mut report)
+    else {
+        return report;
+    };
+    if expects_refusal(&scenario) {
+        return report;
+    }
+    for step in &scenario.requests {
+        let compared =
+            run_compared_step(&mut harness, &mut real, &mut reader, &scenario, step, opts);
+        if !compared.passed() {
+            report.verdict = Verdict::Failed;
+        }
+        report.cases.push(compared);
+    }
+    report
+}
+
+/// Starts the scenario's proxy in the harness and real Envoy, and compares how each started
+/// (into `report`); `None` when the steps cannot run on both.
+fn start_both(
+    envoy_bin: &Path,
+    scenario: &Scenario,
+    opts: &RunOptions,
+    report: &mut ComparisonReport,
+) -> Option<(HarnessRun, RealEnvoy, EnvoyLogReader)> {
+    let (harness, startup) = HarnessRun::start(scenario, opts);
     report.harness = startup;
     let harness_verdict = startup_verdict(&report.harness);
-    let bootstrap = opts.bootstrap_for(&scenario);
-    let started = RealEnvoy::start_seeding(
+    let bootstrap = opts.bootstrap_for(scenario);
+    let started = RealEnvoy::start_answering(
         envoy_bin,
         &bootstrap,
-        opts.workers_for(&scenario),
-        opts.log_level_for(&scenario),
+        opts.workers_for(scenario),
+        opts.log_level_for(scenario),
         crate::runner::real_envoy::metadata::seeded_keys(scenario.requests.iter().filter_map(
             |s| match s {
                 Step::Request(case) => Some(&case.request.dynamic_metadata),
                 _ => None,
             },
         )),
+        &standing_calls(scenario),
     );
-    let mut real = match started {
+    let real = match started {
         Ok(r) => r,
         Err(e) => {
-            if let (EnvoyError::Exited { log, .. }, Some(want)) = (&e, &scenario.expect_start) {
-                let lines: Vec<&EnvoyRecord> = log.iter().filter(|r| r.is_startup()).collect();
-                let written = crate::runner::scenario::expect::WrittenLog::envoy(
-                    lines.iter().map(|r| r.line()).collect(),
-                );
-                report.envoy_startup_failures = expect::check_start(want, false, &written);
-            }
-            // Both refusing the configuration is agreement; anything else is not.
-            report.verdict = match harness_verdict {
-                Verdict::CannotStart => Verdict::CannotStart,
-                Verdict::Passed
-                    if expects_refusal(&scenario) && report.envoy_startup_failures.is_empty() =>
-                {
-                    Verdict::Passed
-                }
-                _ => Verdict::Failed,
-            };
-            report.envoy_error = Some(e.to_string());
-            return report;
+            envoy_refused(e, scenario, harness_verdict, report);
+            return None;
         }
     };
     let mut reader = EnvoyLogReader::new(&real.log_path).with_stderr(&real.stderr_path);
@@ -147,10 +158,10 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
         let written = logs::envoy_written(&lines, &reader);
         report.envoy_startup_failures = expect::check_start(want, true, &written);
     }
-    let Some(mut harness) = harness else {
+    let Some(harness) = harness else {
         report.envoy_error = Some("envoy accepted a configuration the harness refused".into());
         report.verdict = Verdict::Failed;
-        return report;
+        return None;
     };
     report.startup_logs = Some(logs::compare_startup(
         &harness.log_records(),
@@ -166,69 +177,93 @@ pub fn run_comparison(envoy_bin: &Path, path: &Path, opts: &RunOptions) -> Compa
     {
         report.verdict = Verdict::Failed;
     }
-    if expects_refusal(&scenario) {
-        return report;
-    }
-    for step in &scenario.requests {
-        let workers = opts.workers_for(&scenario);
-        let ticking = harness.ticking();
-        let in_harness = harness.step(step);
-        let conditions = step_conditions(step, ticking, workers);
-        if matches!(step, Step::Shutdown(_)) {
-            // Lines still waiting for Envoy's log flush belong before the signal.
-            std::thread::sleep(LOG_SETTLE);
-            reader.since_last();
-        }
-        let started = Instant::now();
-        let mut compared = compare_step(&mut real, &scenario, step, in_harness);
-        let mut envoy_lines = Vec::new();
-        // What kept Envoy from running the step as the harness did, if anything.
-        let mut unexplained = Vec::new();
-        if matches!(compared.envoy, StepOutcome::Swap { .. }) {
-            let deadline = started + crate::runner::real_envoy::SWAP_DEADLINE;
-            match swap::lines_after_swap(&compared.harness.log_records, &mut reader, deadline) {
-                Ok(lines) => envoy_lines = lines,
-                Err((lines, why)) => {
-                    envoy_lines = lines;
-                    unexplained.push(why);
-                }
-            }
-        }
-        if !matches!(step, Step::Shutdown(_)) {
-            std::thread::sleep(LOG_SETTLE);
-        }
-        envoy_lines.extend(reader.since_last());
-        unexplained.extend(real.take_unpaced());
-        let logs = match step {
-            Step::Request(case) if generated::envoy_generates_request_id(&case.to_request()) => {
-                let (h, e) =
-                    generated::mask_request_ids(&compared.harness.log_records, &envoy_lines);
-                logs::compare(&h, &e, &reader, conditions)
-            }
-            _ => logs::compare(
-                &compared.harness.log_records,
-                &envoy_lines,
-                &reader,
-                conditions,
-            ),
-        };
-        compared.logs = logs.unless(&unexplained);
-        // Envoy's lines for the step hold its expectations too, unless something the harness
-        // does not reproduce can add or change lines (with several workers only the counts
-        // tied to a worker are left out).
-        let checkable = matches!(
-            conditions,
-            logs::Conditions::Quiet | logs::Conditions::Workers
+    Some((harness, real, reader))
+}
+
+/// Envoy did not start: both refusing the configuration is agreement; anything else is not.
+fn envoy_refused(
+    e: EnvoyError,
+    scenario: &Scenario,
+    harness_verdict: Verdict,
+    report: &mut ComparisonReport,
+) {
+    if let (EnvoyError::Exited { log, .. }, Some(want)) = (&e, &scenario.expect_start) {
+        let lines: Vec<&EnvoyRecord> = log.iter().filter(|r| r.is_startup()).collect();
+        let written = crate::runner::scenario::expect::WrittenLog::envoy(
+            lines.iter().map(|r| r.line()).collect(),
         );
-        if checkable || matches!(step, Step::Shutdown(_)) {
-            check_envoy_logs(step, &envoy_lines, &reader, &mut compared.envoy_failures);
-        }
-        if !compared.passed() {
-            report.verdict = Verdict::Failed;
-        }
-        report.cases.push(compared);
+        report.envoy_startup_failures = expect::check_start(want, false, &written);
     }
-    report
+    report.verdict = match harness_verdict {
+        Verdict::CannotStart => Verdict::CannotStart,
+        Verdict::Passed
+            if expects_refusal(scenario) && report.envoy_startup_failures.is_empty() =>
+        {
+            Verdict::Passed
+        }
+        _ => Verdict::Failed,
+    };
+    report.envoy_error = Some(e.to_string());
+}
+
+/// One step on both sides: its outcomes, then the lines each wrote meanwhile, compared, and
+/// Envoy's lines checked against the step's expectations where they can be.
+fn run_compared_step(
+    harness: &mut HarnessRun,
+    real: &mut RealEnvoy,
+    reader: &mut EnvoyLogReader,
+    scenario: &Scenario,
+    step: &Step,
+    opts: &RunOptions,
+) -> ComparedStep {
+    let workers = opts.workers_for(scenario);
+    let ticking = harness.ticking();
+    let in_harness = harness.step(step);
+    let conditions = step_conditions(step, ticking, workers);
+    if matches!(step, Step::Shutdown(_)) {
+        // Lines still waiting for Envoy's log flush belong before the signal.
+        std::thread::sleep(LOG_SETTLE);
+        reader.since_last();
+    }
+    if !matches!(step, Step::Request(_)) {
+        // Callouts made meanwhile (by ticks, queues) get the scenario's own answers.
+        real.answer_calls(&standing_calls(scenario));
+    }
+    let started = Instant::now();
+    let mut compared = compare_step(real, scenario, step, in_harness);
+    let mut envoy_lines = Vec::new();
+    // What kept Envoy from running the step as the harness did, if anything.
+    let mut unexplained = Vec::new();
+    if matches!(compared.envoy, StepOutcome::Swap { .. }) {
+        let deadline = started + crate::runner::real_envoy::SWAP_DEADLINE;
+        match swap::lines_after_swap(&compared.harness.log_records, reader, deadline) {
+            Ok(lines) => envoy_lines = lines,
+            Err((lines, why)) => {
+                envoy_lines = lines;
+                unexplained.push(why);
+            }
+        }
+    }
+    if !matches!(step, Step::Shutdown(_)) {
+        std::thread::sleep(LOG_SETTLE);
+    }
+    envoy_lines.extend(reader.since_last());
+    unexplained.extend(real.take_unpaced());
+    let request_ids = matches!(step, Step::Request(case) if generated::envoy_generates_request_id(&case.to_request()));
+    let (h, e) = generated::mask_lines(&compared.harness.log_records, &envoy_lines, request_ids);
+    let logs = logs::compare(&h, &e, reader, conditions);
+    compared.logs = logs.unless(&unexplained);
+    // Envoy's lines for the step hold its expectations too, unless something the harness
+    // does not reproduce can add or change lines (with several workers only the counts
+    // tied to a worker are left out).
+    let checkable = matches!(
+        conditions,
+        logs::Conditions::Quiet | logs::Conditions::Workers
+    );
+    if checkable || matches!(step, Step::Shutdown(_)) {
+        check_envoy_logs(step, &envoy_lines, reader, &mut compared.envoy_failures);
+    }
+    compared
 }
 
 /// What, in Envoy, can add lines to a step or change them, which the harness does not
@@ -323,6 +358,20 @@ fn compare_step(
         },
     }
     compared
+}
+
+/// The scenario's own canned callout answers (top-level `http_calls` / `grpc_calls`), which
+/// serve every step and the time before the first.
+fn standing_calls(scenario: &Scenario) -> crate::runner::real_envoy::Canned {
+    crate::runner::real_envoy::Canned {
+        http: scenario.http_calls.iter().map(|c| c.to_canned()).collect(),
+        // An entry the harness refused is reported by the harness's run.
+        grpc: scenario
+            .grpc_calls
+            .iter()
+            .filter_map(|c| c.to_canned().ok())
+            .collect(),
+    }
 }
 
 /// A request through Envoy, with the callout clusters' upstreams answering as the scenario's

@@ -38,7 +38,7 @@ use crate::envoy::http1;
 use crate::envoy::traffic::TrafficError;
 
 use client::{admin_get, bound_listeners};
-use upstream::{from_async_client, is_grpc, Upstream, UpstreamState};
+use upstream::{from_async_client, is_grpc, unmarked, Upstream, UpstreamState};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyError {
@@ -165,6 +165,27 @@ impl RealEnvoy {
         log_level: crate::engine::abi::LogLevel,
         metadata_keys: Vec<(String, String)>,
     ) -> Result<Self, EnvoyError> {
+        Self::start_answering(
+            envoy,
+            bootstrap,
+            workers,
+            log_level,
+            metadata_keys,
+            &Canned::default(),
+        )
+    }
+
+    /// [`RealEnvoy::start_seeding`] with the upstreams answering callouts as `standing` says
+    /// from the start (a scenario's own `http_calls`): a tick's callout made before the first
+    /// step gets its canned answer, as in the harness.
+    pub fn start_answering(
+        envoy: &Path,
+        bootstrap: &Path,
+        workers: usize,
+        log_level: crate::engine::abi::LogLevel,
+        metadata_keys: Vec<(String, String)>,
+        standing: &Canned,
+    ) -> Result<Self, EnvoyError> {
         let text =
             crate::engine::input::read_text(bootstrap, crate::engine::input::MAX_CONFIG_BYTES)
                 .map_err(|e| io(&format!("cannot read {}", bootstrap.display()), e))?;
@@ -176,53 +197,16 @@ impl RealEnvoy {
             &mut doc,
             crate::envoy::bootstrap::TypedStructs::Keep,
         );
-        let mut listeners = HashMap::new();
-        let mut first_listener = String::new();
-        let mut upstreams = HashMap::new();
-        if let Some(ls) = doc
-            .pointer_mut("/static_resources/listeners")
-            .and_then(Value::as_array_mut)
-        {
-            for (i, l) in ls.iter_mut().enumerate() {
-                let mut name = l["name"].as_str().unwrap_or_default().to_string();
-                if name.is_empty() {
-                    // Envoy names it with a UUID; a name of ours finds it in the admin API.
-                    name = format!("unnamed-listener-{i}");
-                    l["name"] = name.clone().into();
-                }
-                l["address"]["socket_address"] =
-                    serde_json::json!({"address": "127.0.0.1", "port_value": 0});
-                if first_listener.is_empty() {
-                    first_listener = name.clone();
-                }
-                listeners.insert(name, 0);
-            }
-        }
-        if let Some(cs) = doc
-            .pointer_mut("/static_resources/clusters")
-            .and_then(Value::as_array_mut)
-        {
-            for c in cs {
-                let name = c["name"].as_str().unwrap_or_default().to_string();
-                let state = Arc::new(Mutex::new(UpstreamState::default()));
-                let up = Upstream::start(name.clone(), state.clone())?;
-                upstreams.insert(name.clone(), state);
-                // A cluster without endpoints keeps none: Envoy fails calls to it.
-                if !has_endpoints(c) {
-                    continue;
-                }
-                c["load_assignment"] = serde_json::json!({
-                    "cluster_name": name,
-                    "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": up.port}}}}]}]
-                });
-            }
-        }
+        let (listeners, first_listener) = loopback_listeners(&mut doc);
+        let upstreams = loopback_upstreams(&mut doc)?;
+        answer_calls(&upstreams, standing);
         if !doc.get("admin").is_some_and(Value::is_object) {
             doc["admin"] = serde_json::json!({});
         }
         doc["admin"]["address"] =
             serde_json::json!({"socket_address": {"address": "127.0.0.1", "port_value": 0}});
         absolutize_wasm_paths(&mut doc);
+        upstream::mark_routes(&mut doc);
         metadata::insert_filter(&mut doc, &metadata_keys);
         let dir = tempfile::tempdir().map_err(|e| io("tempdir", e))?;
         let ecds_dir = dir.path().join("ecds");
@@ -240,21 +224,15 @@ impl RealEnvoy {
             lock(state).admin = Some(admin_path.clone());
         }
         let log = std::fs::File::create(&stderr_path).map_err(|e| io("stderr file", e))?;
-        let child = Command::new(envoy)
-            .arg("-c")
-            .arg(&config)
-            .args(["--disable-hot-restart", "--concurrency"])
-            .arg(workers.max(1).to_string())
-            .args(["--file-flush-interval-msec", "50", "-l", log_level.as_str()])
-            .arg("--log-path")
-            .arg(&log_path)
-            .arg("--admin-address-path")
-            .arg(&admin_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| io(&format!("cannot start {}", envoy.display()), e))?;
+        let child = spawn(
+            envoy,
+            &config,
+            workers,
+            log_level,
+            &log_path,
+            &admin_path,
+            log,
+        )?;
         let mut running = Self {
             child,
             listeners,
@@ -345,8 +323,8 @@ impl RealEnvoy {
             .map(|(ex, _)| ex)
     }
 
-    /// Sends one request; callouts (requests from Envoy's async client, told apart by its
-    /// marks, see [`upstream::from_async_client`]) get the first matching canned answer and
+    /// Sends one request; callouts (requests from Envoy's async client, told apart by the
+    /// route mark, see [`upstream::from_async_client`]) get the first matching canned answer and
     /// every other request `reply`. Returns the exchange and the callouts the upstreams
     /// received, in the order they arrived, as call records.
     pub fn send_with_calls(
@@ -429,7 +407,7 @@ impl RealEnvoy {
             if from_async_client(&seen.headers) {
                 records.push(call_record(seen));
             } else if upstream.is_none() {
-                upstream = Some(seen);
+                upstream = Some(unmarked(seen));
             }
         }
         Ok((
@@ -470,6 +448,22 @@ impl Drop for RealEnvoy {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+impl RealEnvoy {
+    /// From now on the upstreams answer callouts as `canned` says (a step that sends no
+    /// request: the scenario's own answers).
+    pub fn answer_calls(&mut self, canned: &Canned) {
+        answer_calls(&self.upstreams, canned);
+    }
+}
+
+fn answer_calls(upstreams: &HashMap<String, Arc<Mutex<UpstreamState>>>, canned: &Canned) {
+    for state in upstreams.values() {
+        let mut s = lock(state);
+        s.calls = canned.http.clone();
+        s.grpc_calls = canned.grpc.clone();
     }
 }
 
@@ -559,4 +553,88 @@ fn absolutize_wasm_paths(v: &mut Value) {
         Value::Array(a) => a.iter_mut().for_each(absolutize_wasm_paths),
         _ => {}
     }
+}
+
+/// Every listener of `doc` moved to a loopback port the kernel picks, and named (Envoy names
+/// an unnamed one with a UUID; a name of ours finds it in the admin API): their names, and
+/// the first one's.
+fn loopback_listeners(doc: &mut Value) -> (HashMap<String, u16>, String) {
+    let mut listeners = HashMap::new();
+    let mut first_listener = String::new();
+    let Some(ls) = doc
+        .pointer_mut("/static_resources/listeners")
+        .and_then(Value::as_array_mut)
+    else {
+        return (listeners, first_listener);
+    };
+    for (i, l) in ls.iter_mut().enumerate() {
+        let mut name = l["name"].as_str().unwrap_or_default().to_string();
+        if name.is_empty() {
+            name = format!("unnamed-listener-{i}");
+            l["name"] = name.clone().into();
+        }
+        l["address"]["socket_address"] =
+            serde_json::json!({"address": "127.0.0.1", "port_value": 0});
+        if first_listener.is_empty() {
+            first_listener = name.clone();
+        }
+        listeners.insert(name, 0);
+    }
+    (listeners, first_listener)
+}
+
+/// An upstream of the driver's for every cluster of `doc`, which is pointed at it (a
+/// cluster without endpoints keeps none: Envoy fails calls to it).
+fn loopback_upstreams(
+    doc: &mut Value,
+) -> Result<HashMap<String, Arc<Mutex<UpstreamState>>>, EnvoyError> {
+    let mut upstreams = HashMap::new();
+    let Some(cs) = doc
+        .pointer_mut("/static_resources/clusters")
+        .and_then(Value::as_array_mut)
+    else {
+        return Ok(upstreams);
+    };
+    for c in cs {
+        let name = c["name"].as_str().unwrap_or_default().to_string();
+        let state = Arc::new(Mutex::new(UpstreamState::default()));
+        let up = Upstream::start(name.clone(), state.clone())?;
+        upstreams.insert(name.clone(), state);
+        if !has_endpoints(c) {
+            continue;
+        }
+        c["load_assignment"] = serde_json::json!({
+            "cluster_name": name,
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": {"socket_address": {"address": "127.0.0.1", "port_value": up.port}}}}]}]
+        });
+    }
+    Ok(upstreams)
+}
+
+/// Envoy on `config`, logging to `log_path` (its stderr to `stderr`), writing its admin
+/// address to `admin_path`.
+fn spawn(
+    envoy: &Path,
+    config: &Path,
+    workers: usize,
+    log_level: crate::engine::abi::LogLevel,
+    log_path: &Path,
+    admin_path: &Path,
+    stderr: std::fs::File,
+) -> Result<std::process::Child, EnvoyError> {
+    Command::new(envoy)
+        .arg("-c")
+        .arg(config)
+        .args(["--disable-hot-restart", "--concurrency"])
+        .arg(workers.max(1).to_string())
+        .args(["--file-flush-interval-msec", "50", "-l", log_level.as_str()])
+        .arg("--log-path")
+        .arg(log_path)
+        .arg("--admin-address-path")
+        .arg(admin_path)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(stderr)
+        .spawn()
+        .map_err(|e| io(&format!("cannot start {}", envoy.display()), e))
 }

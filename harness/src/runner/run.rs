@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::engine::abi::LogLevel;
-use crate::envoy::http::{CannedGrpcCall, CannedHttpCall};
+use crate::envoy::http::{CallRecord, CannedGrpcCall, CannedHttpCall};
 use crate::envoy::proxy::{Proxy, ProxyOptions, StartError};
 use crate::runner::report::{
     report_line, ClockAdvance, ScenarioReport, Startup, StepOutcome, StepReport, Verdict,
@@ -248,13 +248,9 @@ fn canned_grpc(scenario: &Scenario) -> Result<Vec<CannedGrpcCall>, String> {
 /// How a run applies a `swap_ecds` step to its proxy: the filters that changed, or why not.
 type Swapper<'a> = dyn FnMut(&mut Proxy, &SwapStep) -> Result<Vec<String>, String> + 'a;
 
-/// Runs one step on `proxy` with the canned replies it has, and checks the step.
-fn run_step(proxy: &mut Proxy, step: &Step, swap: &mut Swapper) -> StepReport {
-    let log_start = proxy.log_len();
-    let dropped_before = proxy.log_dropped();
-    let calls_start = proxy.call_records().len();
-    let calls_dropped_before = proxy.call_records().dropped();
-    let (outcome, mut failures) = match step {
+/// What the step does to the proxy: its outcome, and why it was not sent if it was not.
+fn play(proxy: &mut Proxy, step: &Step, swap: &mut Swapper) -> (StepOutcome, Vec<String>) {
+    match step {
         Step::Request(req) => {
             let reply = req.upstream_reply();
             let sent = proxy.send(
@@ -288,31 +284,25 @@ fn run_step(proxy: &mut Proxy, step: &Step, swap: &mut Swapper) -> StepReport {
             Ok(changed) => (StepOutcome::Swap { changed }, Vec::new()),
             Err(e) => (StepOutcome::NotSent, vec![e]),
         },
-    };
-    let records = proxy.logs_since(log_start);
-    let mut logs: Vec<String> = records.iter().map(report_line).collect();
-    let dropped = proxy.log_dropped();
-    if dropped != dropped_before {
-        logs.push(format!(
-            "(this step's log was cut: {} record(s) and {} byte(s) not kept; {dropped})",
-            dropped.records - dropped_before.records,
-            dropped.bytes - dropped_before.bytes
-        ));
     }
-    let calls = proxy.call_records()[calls_start..].to_vec();
-    let calls_dropped = proxy.call_records().dropped() - calls_dropped_before;
-    if calls_dropped > 0 {
-        logs.push(format!(
-            "(this step's callouts were not all recorded: {calls_dropped} call(s) answered but not kept; the harness keeps at most {} MiB of call records for a run)",
-            crate::envoy::proxy::MAX_CALL_RECORD_BYTES >> 20
-        ));
-    }
-    let written = WrittenLog::harness(&records);
-    match (step, &outcome) {
+}
+
+/// The step's expectations against its outcome and the lines `written` meanwhile (`None`
+/// for a step not sent, whose failure is why); notes for the report go to `logs`.
+fn check_step(
+    proxy: &Proxy,
+    step: &Step,
+    outcome: &StepOutcome,
+    written: &WrittenLog,
+    calls: &[CallRecord],
+    logs: &mut Vec<String>,
+) -> Option<Vec<String>> {
+    let mut failures;
+    match (step, outcome) {
         (Step::Request(req), StepOutcome::Request(ex)) => {
             failures = expect::check_exchange(&req.expect, ex, &written);
             if let Some(want) = &req.expect.calls {
-                expect::check_calls(want, &calls, &mut failures);
+                expect::check_calls(want, calls, &mut failures);
             }
             let e = &req.expect;
             expect::check_state(proxy, &e.metrics, &e.shared_data, &mut failures);
@@ -340,7 +330,39 @@ fn run_step(proxy: &mut Proxy, step: &Step, swap: &mut Swapper) -> StepReport {
             }
         }
         // Not sent: the failure is why.
-        _ => {}
+        _ => return None,
+    }
+    Some(failures)
+}
+
+/// Runs one step on `proxy` with the canned replies it has, and checks the step.
+fn run_step(proxy: &mut Proxy, step: &Step, swap: &mut Swapper) -> StepReport {
+    let log_start = proxy.log_len();
+    let dropped_before = proxy.log_dropped();
+    let calls_start = proxy.call_records().len();
+    let calls_dropped_before = proxy.call_records().dropped();
+    let (outcome, mut failures) = play(proxy, step, swap);
+    let records = proxy.logs_since(log_start);
+    let mut logs: Vec<String> = records.iter().map(report_line).collect();
+    let dropped = proxy.log_dropped();
+    if dropped != dropped_before {
+        logs.push(format!(
+            "(this step's log was cut: {} record(s) and {} byte(s) not kept; {dropped})",
+            dropped.records - dropped_before.records,
+            dropped.bytes - dropped_before.bytes
+        ));
+    }
+    let calls = proxy.call_records()[calls_start..].to_vec();
+    let calls_dropped = proxy.call_records().dropped() - calls_dropped_before;
+    if calls_dropped > 0 {
+        logs.push(format!(
+            "(this step's callouts were not all recorded: {calls_dropped} call(s) answered but not kept; the harness keeps at most {} MiB of call records for a run)",
+            crate::envoy::proxy::MAX_CALL_RECORD_BYTES >> 20
+        ));
+    }
+    let written = WrittenLog::harness(&records);
+    if let Some(checked) = check_step(proxy, step, &outcome, &written, &calls, &mut logs) {
+        failures = checked;
     }
     failures.extend(proxy.take_errors().iter().map(ToString::to_string));
     StepReport {

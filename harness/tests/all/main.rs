@@ -16,6 +16,7 @@ mod cli;
 mod compared;
 mod ecds;
 mod envoy;
+mod go;
 mod guests;
 mod hostcalls;
 mod hostile;

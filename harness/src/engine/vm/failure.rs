@@ -82,6 +82,9 @@ pub fn refusal(error: &PluginStartError, policy: Option<FailurePolicy>) -> Vec<(
             (plugin, "Failed to configure base Wasm plugin")
         }
         PluginStartError::Trapped { plugin, .. } => (plugin, "Failed to start base Wasm"),
+        PluginStartError::Uninitialized { plugin, .. } => {
+            (plugin, "Failed to initialize Wasm code")
+        }
     };
     let mut lines = vec![
         (LogLevel::Error, format!("Wasm VM failed {stage}")),

@@ -170,34 +170,7 @@ impl Callouts {
         deadline: Instant,
     ) -> Answer {
         if let Some(c) = self.canned_http(cluster, headers) {
-            let (outcome, how) = match &c.answer {
-                HttpCallAnswer::Reply(r) => (
-                    CallOutcome::Http(from_upstream(r.clone())),
-                    format!("canned reply {}", r.status),
-                ),
-                HttpCallAnswer::Disconnect => (
-                    CallOutcome::Http(router_reply(503, DISCONNECTED)),
-                    "canned disconnect: 503".into(),
-                ),
-                HttpCallAnswer::Reset => (CallOutcome::HttpReset, "canned reset".into()),
-                HttpCallAnswer::Silent => match timeout {
-                    Some(t) => (
-                        CallOutcome::Http(router_reply(504, "upstream request timeout")),
-                        format!(
-                            "canned silence: no response within the call's timeout of {}: 504",
-                            super::format_duration(t)
-                        ),
-                    ),
-                    None => {
-                        return Answer {
-                            outcome: None,
-                            how: "canned silence and no timeout: never answered".into(),
-                            cut: false,
-                        }
-                    }
-                },
-            };
-            return Answer::new(outcome, how);
+            return canned_answer(&c.answer, timeout);
         }
         let Some((host, port)) = self.endpoint(cluster) else {
             return Answer::new(
@@ -213,6 +186,19 @@ impl Callouts {
                 ),
             );
         };
+        self.ask_loopback(addr, headers, body, timeout, deadline)
+    }
+
+    /// Sends the call to its loopback upstream and answers what it answers, within the
+    /// call's timeout and what is left of the round's budget.
+    fn ask_loopback(
+        &self,
+        addr: std::net::SocketAddr,
+        headers: &HeaderMap,
+        body: &[u8],
+        timeout: Option<Duration>,
+        deadline: Instant,
+    ) -> Answer {
         let own = timeout.unwrap_or(NO_TIMEOUT_LIMIT);
         let left = deadline.saturating_duration_since(Instant::now());
         let (limit, by_budget) = if left < own {
@@ -529,6 +515,38 @@ fn receiver_vm<'w>(
         .vms
         .iter_mut()
         .find(|vm| vm.state().instance == call.receiver.instance)
+}
+
+/// The answer a canned entry gives (a silent upstream answers only at the call's timeout).
+fn canned_answer(answer: &HttpCallAnswer, timeout: Option<Duration>) -> Answer {
+    let (outcome, how) = match answer {
+        HttpCallAnswer::Reply(r) => (
+            CallOutcome::Http(from_upstream(r.clone())),
+            format!("canned reply {}", r.status),
+        ),
+        HttpCallAnswer::Disconnect => (
+            CallOutcome::Http(router_reply(503, DISCONNECTED)),
+            "canned disconnect: 503".into(),
+        ),
+        HttpCallAnswer::Reset => (CallOutcome::HttpReset, "canned reset".into()),
+        HttpCallAnswer::Silent => match timeout {
+            Some(t) => (
+                CallOutcome::Http(router_reply(504, "upstream request timeout")),
+                format!(
+                    "canned silence: no response within the call's timeout of {}: 504",
+                    super::format_duration(t)
+                ),
+            ),
+            None => {
+                return Answer {
+                    outcome: None,
+                    how: "canned silence and no timeout: never answered".into(),
+                    cut: false,
+                }
+            }
+        },
+    };
+    Answer::new(outcome, how)
 }
 
 #[cfg(test)]

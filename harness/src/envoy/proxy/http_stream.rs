@@ -36,6 +36,9 @@ pub(super) struct HttpStream<'a> {
     /// Envoy's `remoteDecodeComplete`: the codec has handed the filters the request's end of
     /// stream. A response that starts before it closes an HTTP/1.1 connection.
     request_complete: bool,
+    /// A filter paused the request in its headers callback and what it posted (a callout's
+    /// answer) resumed it: Envoy's codec read the rest of the request meanwhile.
+    resumed_at_request_headers: bool,
 }
 
 /// How a callback's result (after the failure policy) tells the chain to go on.
@@ -144,6 +147,7 @@ impl<'a> HttpStream<'a> {
             contexts: Vec::new(),
             request: None,
             request_complete: false,
+            resumed_at_request_headers: false,
         }
     }
 
@@ -250,6 +254,12 @@ impl<'a> HttpStream<'a> {
         }
         let resumed =
             std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
+        if resumed
+            && !matches!(result, None | Some(0) | Some(2))
+            && phase == Dir::Request.phase(Part::Headers)
+        {
+            self.resumed_at_request_headers = true;
+        }
         match result {
             // 0 Continue; 2 ContinueAndEndStream, which Envoy's converter treats as Continue.
             None | Some(0) | Some(2) => ChainAfter::Continue,
@@ -325,6 +335,37 @@ impl<'a> HttpStream<'a> {
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
         trace: &mut Trace,
     ) -> Result<Response, Halt> {
+        let (response, encoders, grpc) = self.decode(request, number, upstream, trace)?;
+        let mut response = self.encode(response, encoders, grpc, trace)?;
+        // Towards an HTTP/2 client Envoy's HTTP/2 codec frames the body: no HTTP/1 framing.
+        if request.protocol.speaks_http1() {
+            let message = &mut response.message;
+            frame(
+                &mut message.headers,
+                &mut message.body,
+                "client",
+                &mut trace.notes,
+            )?;
+        }
+        // Envoy's connection manager also closes an HTTP/1.1 connection after a local reply of
+        // 400 (`ActiveStream::onLocalReply`): the rest of the request may not parse.
+        let bad_request = trace.local_reply.is_some() && response.status == 400;
+        if !self.request_complete || bad_request {
+            router::close_after(&mut response, request.protocol);
+        }
+        router::finalize_downstream(&mut response, request.protocol, self.hcm.http1_trailers);
+        Ok(response)
+    }
+
+    /// Decode, then route and forward: the response the filters encode (the upstream's or a
+    /// local reply), how many filters it runs back through, and whether the request is gRPC.
+    fn decode(
+        &mut self,
+        request: &Request,
+        number: usize,
+        upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
+        trace: &mut Trace,
+    ) -> Result<(Outgoing, usize, bool), Halt> {
         self.setup(&Arc::new(request.dynamic_metadata.clone()));
         let n = self.contexts.len();
         let router::Incoming {
@@ -340,6 +381,11 @@ impl<'a> HttpStream<'a> {
         let (headers, decoded) =
             self.headers_phase(Dir::Request, decode_order, headers, end_at_headers, 0);
         self.share_request(headers);
+        let chunks = if self.resumed_at_request_headers {
+            router::buffered_while_paused(request, chunks, trailers.is_some())
+        } else {
+            chunks
+        };
         // Envoy's RBAC filter answers in its headers callback: no filter decodes the body.
         let denied = self.hcm.deny_at.is_some() && decoded.is_ok();
         let decoded = match decoded {
@@ -365,6 +411,18 @@ impl<'a> HttpStream<'a> {
                 (response, n)
             }
         };
+        Ok((response, encoders, grpc))
+    }
+
+    /// Encode: the response through `encoders` filters, last to first; a local reply made on
+    /// the way replaces it.
+    fn encode(
+        &mut self,
+        response: Outgoing,
+        encoders: usize,
+        grpc: bool,
+        trace: &mut Trace,
+    ) -> Result<Response, Halt> {
         // Encode: the response runs back through the filters, last to first, starting at the
         // one that produced a local reply.
         let encode_order = Order::Backward(encoders);
@@ -390,39 +448,24 @@ impl<'a> HttpStream<'a> {
                 },
             })
         });
-        let mut response = match encoded {
-            Ok(r) => r,
-            Err((_, StopReason::Halt(halt))) => return Err(halt),
+        match encoded {
+            Ok(r) => Ok(r),
+            Err((_, StopReason::Halt(halt))) => Err(halt),
             // Envoy can still replace the response before its headers went out.
             Err((_, StopReason::LocalReply(source, reply))) => {
                 trace.local_reply = Some(source);
                 let r = router::local_reply_response(&reply, grpc);
                 // It does not pass through the filters again.
-                Response {
+                Ok(Response {
                     status: r.status,
                     message: Message {
                         headers: r.headers,
                         body: r.chunks.concat(),
                         ..Message::default()
                     },
-                }
+                })
             }
-        };
-        // Towards an HTTP/2 client Envoy's HTTP/2 codec frames the body: no HTTP/1 framing.
-        if request.protocol.speaks_http1() {
-            let message = &mut response.message;
-            frame(
-                &mut message.headers,
-                &mut message.body,
-                "client",
-                &mut trace.notes,
-            )?;
         }
-        if !self.request_complete {
-            router::close_after(&mut response, request.protocol);
-        }
-        router::finalize_downstream(&mut response, request.protocol, self.hcm.http1_trailers);
-        Ok(response)
     }
 
     /// The router's part: the decoded request goes to its route's upstream (whose response

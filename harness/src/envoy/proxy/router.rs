@@ -317,14 +317,15 @@ pub(super) fn forwarded_trailers(
 
 /// An upstream's response headers as Envoy's router hands them on, to the filter chain or to
 /// a callout's caller: `:status` first, the upstream's headers, a `content-length` when the
-/// upstream sent none, and the router's service-time stamp.
+/// upstream sent none (never on a 204 or a 304, which have no body: Envoy's codecs hand
+/// those on without one, checked against Envoy 1.40), and the router's service-time stamp.
 pub(crate) fn routed_headers(status: u16, upstream: HeaderMap, body_len: usize) -> HeaderMap {
     let mut headers = HeaderMap::with_capacity(upstream.len() + ROOM_FOR_FILTERS);
     headers.push((":status".into(), status.to_string().into_bytes()));
     for (k, v) in upstream {
         headers::add(&mut headers, k, v);
     }
-    if headers::get(&headers, "content-length").is_none() {
+    if !matches!(status, 204 | 304) && headers::get(&headers, "content-length").is_none() {
         headers.push(("content-length".into(), body_len.to_string().into_bytes()));
     }
     headers::replace(&mut headers, "x-envoy-upstream-service-time", b"0".to_vec());
@@ -391,6 +392,27 @@ pub(super) fn protocol_error() -> LocalReply {
         headers: Vec::new(),
         grpc_status: None,
     }
+}
+
+/// The request's chunks once a filter that paused in its headers callback is resumed by a
+/// callout's answer: over HTTP/1.1 a `body` the client sent with the headers was read whole,
+/// end of stream included, while the filter waited, and Envoy hands it on in one body
+/// callback (its `StopAndResumeViaAsyncCall` test filter shows it; checked against Envoy
+/// 1.40). Chunks the client sends one by one (`body_chunks`) still come one by one.
+pub(super) fn buffered_while_paused(
+    request: &Request,
+    mut chunks: Vec<Vec<u8>>,
+    trailers: bool,
+) -> Vec<Vec<u8>> {
+    let one_body = request.protocol == Downstream::Http1
+        && request.body_chunks.is_empty()
+        && !trailers
+        && chunks.len() == 2
+        && chunks.last().is_some_and(Vec::is_empty);
+    if one_body {
+        chunks.pop();
+    }
+    chunks
 }
 
 /// A response that starts before the request's end of stream was decoded (a local reply

@@ -155,12 +155,17 @@ impl<'a> TcpConnection<'a> {
         let cluster = steered.unwrap_or_else(|| self.cluster.clone());
         match self.clusters.iter().find(|c| c.name == cluster) {
             None => return self.close(format!("no cluster {cluster:?} (tcp_proxy)")),
-            Some(c) if c.endpoints.is_empty() => {
-                return self.close(format!(
-                    "cluster {cluster:?} has no endpoint: no healthy upstream (tcp_proxy)"
-                ))
-            }
-            Some(_) => {}
+            Some(c) => match c.endpoints.first() {
+                None => {
+                    return self.close(format!(
+                        "cluster {cluster:?} has no endpoint: no healthy upstream (tcp_proxy)"
+                    ))
+                }
+                // The first endpoint, as the harness's load balancing picks it.
+                Some(endpoint) => {
+                    let _ = connection.upstream.set(endpoint.clone());
+                }
+            },
         }
         self.outcome.cluster = cluster;
         self.connected = true;

@@ -14,7 +14,7 @@ use super::StartError;
 use crate::engine::host::Shared;
 use crate::engine::precompiled_section as precompiled;
 use crate::engine::runtime::{LoadedModule, Runtime, VmError};
-use crate::engine::vm::Vm;
+use crate::engine::vm::{PluginStartError, Vm};
 use crate::envoy::bootstrap::{Bootstrap, FailurePolicy, WasmPlugin};
 
 /// `FAIL_RELOAD`'s backoff (`reload_config.backoff.base_interval`, Envoy's default). The
@@ -310,7 +310,10 @@ pub(super) fn place_plugins(
     for (listener, l) in bootstrap.listeners.iter().enumerate() {
         let mut slots = Vec::new();
         for (filter, p) in l.plugins().iter().enumerate() {
-            let vm = dispatcher.find_or_start_vm(factory, shared, thread, p)?;
+            let vm = refused_if_uninitialized(
+                dispatcher.find_or_start_vm(factory, shared, thread, p),
+                p,
+            )?;
             dispatcher.hosts[vm].push(Hosted::Filter { listener, filter });
             match dispatcher.find_or_start_plugin(vm, p) {
                 Ok(root) => slots.push(root.map(|root| PluginSlot { vm, root })),
@@ -328,7 +331,8 @@ pub(super) fn place_plugins(
             continue;
         }
         let p = &service.plugin;
-        let vm = dispatcher.find_or_start_vm(factory, shared, thread, p)?;
+        let vm =
+            refused_if_uninitialized(dispatcher.find_or_start_vm(factory, shared, thread, p), p)?;
         dispatcher.hosts[vm].push(Hosted::Service(index));
         match dispatcher.find_or_start_plugin(vm, p) {
             Err(e) if canary => return Err(e.into()),
@@ -336,6 +340,21 @@ pub(super) fn place_plugins(
         }
     }
     Ok(dispatcher)
+}
+
+/// A module whose start function trapped is a plugin that failed to load, as Envoy reports
+/// it (the refusal's lines follow the trap's); other VM errors stay what they are.
+fn refused_if_uninitialized(
+    started: Result<usize, VmError>,
+    p: &WasmPlugin,
+) -> Result<usize, StartError> {
+    started.map_err(|e| match e {
+        VmError::Start { message, .. } => StartError::from(PluginStartError::Uninitialized {
+            plugin: p.name.clone(),
+            message,
+        }),
+        other => other.into(),
+    })
 }
 
 /// Whether two plugins start the same VM and root context (Envoy's VM and plugin keys), and

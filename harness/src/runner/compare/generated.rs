@@ -9,6 +9,11 @@
 //! keeps (the harness refuses the fields that would make it replace one:
 //! `use_remote_address`, `preserve_external_request_id`, `generate_request_id`), so it is
 //! compared as it is.
+//!
+//! Envoy's router measures how long the upstream took (`x-envoy-upstream-service-time`, in
+//! milliseconds); the harness's upstream takes no time. A line that writes the header's value
+//! (after its name, as a guest logging its response headers does) compares it as
+//! [`MEASURED`].
 
 use crate::engine::host::LogRecord;
 use crate::envoy::http::{headers, Request};
@@ -24,26 +29,66 @@ pub fn envoy_generates_request_id(request: &Request) -> bool {
     headers::get(&request.headers, "x-request-id").is_none()
 }
 
-/// The step's lines with every generated request id masked, both sides alike.
-pub fn mask_request_ids(
+/// What a measured service time reads as in a compared line.
+pub const MEASURED: &str = "<measured>";
+
+const SERVICE_TIME: &str = "x-envoy-upstream-service-time";
+
+/// The step's lines with every measured service time masked, and with `request_ids` every
+/// generated request id too, both sides alike.
+pub fn mask_lines(
     harness: &[LogRecord],
     envoy: &[EnvoyRecord],
+    request_ids: bool,
 ) -> (Vec<LogRecord>, Vec<EnvoyRecord>) {
+    let masked = |text: &str| {
+        let text = mask_service_time(text);
+        if request_ids {
+            mask(&text)
+        } else {
+            text
+        }
+    };
     let harness = harness
         .iter()
         .map(|r| LogRecord {
-            message: mask(&r.message),
+            message: masked(&r.message),
             ..r.clone()
         })
         .collect();
     let envoy = envoy
         .iter()
         .map(|r| EnvoyRecord {
-            text: mask(&r.text),
+            text: masked(&r.text),
             ..r.clone()
         })
         .collect();
     (harness, envoy)
+}
+
+/// `text` with the digits that follow each `x-envoy-upstream-service-time` (past what
+/// separates a name from its value: `: `, `=`, quotes) replaced by [`MEASURED`].
+fn mask_service_time(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(SERVICE_TIME) {
+        let after = at + SERVICE_TIME.len();
+        out.push_str(&rest[..after]);
+        rest = &rest[after..];
+        let gap = rest
+            .find(|c: char| !matches!(c, ':' | '=' | ' ' | '"' | '\'' | '\0' | '\t'))
+            .unwrap_or(rest.len());
+        let digits = rest[gap..]
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len() - gap);
+        out.push_str(&rest[..gap]);
+        if digits > 0 {
+            out.push_str(MEASURED);
+        }
+        rest = &rest[gap + digits..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `text` with each version-4 UUID (`xxxxxxxx-xxxx-4xxx-[89ab]xxx-xxxxxxxxxxxx`, lower-case
@@ -90,6 +135,24 @@ mod tests {
             envoy,
             format!("request header x-request-id: {GENERATED_REQUEST_ID}")
         );
+    }
+
+    #[test]
+    fn measured_service_times_read_alike() {
+        let harness = "#2 <- x-envoy-upstream-service-time: 0 and x-envoy-upstream-service-time=0";
+        let envoy = "#2 <- x-envoy-upstream-service-time: 13 and x-envoy-upstream-service-time=2";
+        assert_eq!(mask_service_time(harness), mask_service_time(envoy));
+        assert_eq!(
+            mask_service_time(envoy),
+            format!("#2 <- x-envoy-upstream-service-time: {MEASURED} and x-envoy-upstream-service-time={MEASURED}")
+        );
+        // No value after the name: nothing to mask.
+        for text in [
+            "x-envoy-upstream-service-time",
+            "x-envoy-upstream-service-time: none",
+        ] {
+            assert_eq!(mask_service_time(text), text);
+        }
     }
 
     #[test]

@@ -63,14 +63,52 @@ pub(super) enum UpstreamAnswer {
     Silent,
 }
 
+/// The header the driver has Envoy's router add to every request it routes (a route's
+/// `request_headers_to_add`): what tells a routed request from a callout, as Envoy knows
+/// them apart (a callout goes through the async client, on no route), whatever headers a
+/// guest copies into its callouts. The upstream takes it off before anything compares.
+pub(super) const ROUTED_MARK: &str = "x-wasm-harness-routed";
+
 /// Whether a request came from Envoy's async client (a Wasm `proxy_http_call` or
-/// `proxy_grpc_call`) rather than through the connection manager: the async client marks its
-/// requests `x-envoy-internal: true` (`AsyncStreamImpl::sendHeaders`), and only the
-/// connection manager adds `x-forwarded-proto`, to every request it routes (a routed request
-/// carries `x-envoy-internal` too when `use_remote_address` finds the client internal).
+/// `proxy_grpc_call`) rather than through a route: it has no [`ROUTED_MARK`].
 pub(super) fn from_async_client(headers: &HeaderMap) -> bool {
-    headers::get(headers, "x-envoy-internal") == Some(b"true")
-        && headers::get(headers, "x-forwarded-proto").is_none()
+    headers::get(headers, ROUTED_MARK).is_none()
+}
+
+/// A routed request as its upstream saw it, without the driver's mark.
+pub(super) fn unmarked(mut seen: SeenRequest) -> SeenRequest {
+    headers::remove(&mut seen.headers, ROUTED_MARK);
+    seen
+}
+
+/// Marks every route of `doc` that sends requests to a cluster with [`ROUTED_MARK`].
+pub(super) fn mark_routes(doc: &mut serde_json::Value) {
+    let Some(listeners) = doc
+        .pointer_mut("/static_resources/listeners")
+        .and_then(serde_json::Value::as_array_mut)
+    else {
+        return;
+    };
+    let routes = listeners
+        .iter_mut()
+        .flat_map(|l| l["filter_chains"].as_array_mut().into_iter().flatten())
+        .flat_map(|c| c["filters"].as_array_mut().into_iter().flatten())
+        .filter_map(|f| f.pointer_mut("/typed_config/route_config/virtual_hosts"))
+        .flat_map(|v| v.as_array_mut().into_iter().flatten())
+        .flat_map(|v| v["routes"].as_array_mut().into_iter().flatten());
+    for route in routes {
+        if !route.get("route").is_some_and(serde_json::Value::is_object) {
+            continue;
+        }
+        let mark = serde_json::json!({"header": {"key": ROUTED_MARK, "value": "1"}});
+        match route
+            .get_mut("request_headers_to_add")
+            .and_then(serde_json::Value::as_array_mut)
+        {
+            Some(list) => list.push(mark),
+            None => route["request_headers_to_add"] = serde_json::json!([mark]),
+        }
+    }
 }
 
 /// Whether a request is a gRPC call (`content-type: application/grpc...`).

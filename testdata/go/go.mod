@@ -1,0 +1,3 @@
+module proxywasm.test/guests
+
+go 1.24
