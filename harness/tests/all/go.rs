@@ -196,7 +196,7 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       cluster: backend
       upstream: {headers: {x-go-count: "1"}}
       response: {status: 200, headers: {x-go-requests: "1", x-go-metric: "1"}}
-      logs: ["go http: request /a number 1 root go", "go service: got /a"]
+      logs: ["go http: request /a number 1 root go", "go service: got /a", "go http: upstream host 127.0.0.1 status 0"]
   - name: the other worker's VM sees it in shared data
     worker: -1
     request: {path: /b}
@@ -240,6 +240,7 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       reached_upstream: false
       response: {status: 403, headers: {x-go-auth: "401"}, body: "denied by auth\n"}
       local_reply: plugin
+      logs: ["go http: upstream host  status 1"]
   - name: a 400 from the filter closes the HTTP/1.1 connection after it, as Envoy does
     worker: 0
     request: {path: /callout}

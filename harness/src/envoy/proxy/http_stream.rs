@@ -501,6 +501,14 @@ impl<'a> HttpStream<'a> {
                 let mut body = body;
                 frame(&mut headers, &mut body, "upstream", &mut trace.notes)?;
                 let protocol = router::upstream_protocol(self.bootstrap, &cluster);
+                // The host the router picks: the cluster's first endpoint (`upstream.address`).
+                if let Some(endpoint) = self
+                    .bootstrap
+                    .cluster(&cluster)
+                    .and_then(|c| c.endpoints.first())
+                {
+                    let _ = self.connection.upstream.set(endpoint.clone());
+                }
                 let mut seen = SeenRequest {
                     cluster,
                     message: Message {
