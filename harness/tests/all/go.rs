@@ -232,6 +232,13 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       calls: [{cluster: auth, headers: {":path": /check, x-forwarded-proto: http}}]
       upstream: {headers: {x-go-auth: bob}}
       response: {status: 200, body: "from the backend"}
+  - name: a request the filter holds until its tick resumes it
+    worker: 0
+    request: {path: /hold}
+    wait_for_ticks: 1s
+    expect:
+      upstream: {headers: {x-go-held: released}}
+      response: {status: 200}
   - name: a refusal answers from the filter
     worker: 0
     request: {path: /callout}
