@@ -80,6 +80,10 @@ pub struct Request {
     /// What the client speaks to the listener.
     #[serde(skip_serializing_if = "Downstream::is_http1")]
     pub protocol: Downstream,
+    /// How long ticks may run while a filter holds the request in its headers callback, one
+    /// of them resuming it (the clock moves no further than the tick that did).
+    #[serde(skip)]
+    pub tick_wait: Option<std::time::Duration>,
 }
 
 /// The protocol a client speaks to a listener: it decides how Envoy's codec hands the

@@ -31,7 +31,7 @@ pub const MAX_REAL_WAIT: Duration = Duration::from_secs(10);
 const LOG_SETTLE: Duration = Duration::from_millis(150);
 
 pub use differences::compare;
-use differences::{compare_calls, compare_connections};
+use differences::{compare_calls, compare_connections, without_timer_calls};
 pub use logs::LogComparison;
 
 /// One step, in the harness and in real Envoy.
@@ -167,6 +167,7 @@ fn start_both(
         &harness.log_records(),
         &envoy_startup,
         &reader,
+        harness.ticking(),
     ));
     report.verdict = harness_verdict;
     if !report.envoy_startup_failures.is_empty()
@@ -230,7 +231,7 @@ fn run_compared_step(
         real.answer_calls(&standing_calls(scenario));
     }
     let started = Instant::now();
-    let mut compared = compare_step(real, scenario, step, in_harness);
+    let mut compared = compare_step(real, scenario, step, in_harness, ticking);
     let mut envoy_lines = Vec::new();
     // What kept Envoy from running the step as the harness did, if anything.
     let mut unexplained = Vec::new();
@@ -332,6 +333,7 @@ fn compare_step(
     scenario: &Scenario,
     step: &Step,
     harness: StepReport,
+    ticking: bool,
 ) -> ComparedStep {
     let mut compared = ComparedStep {
         harness,
@@ -341,7 +343,7 @@ fn compare_step(
         logs: LogComparison::Same,
     };
     match step {
-        Step::Request(case) => envoy_request(real, scenario, case, &mut compared),
+        Step::Request(case) => envoy_request(real, scenario, case, &mut compared, ticking),
         Step::Connection(c) => envoy_connection(real, c, &mut compared),
         Step::Advance(adv) => compared.envoy = envoy_advance(adv),
         Step::Shutdown(_) => {
@@ -382,6 +384,7 @@ fn envoy_request(
     scenario: &Scenario,
     case: &RequestCase,
     compared: &mut ComparedStep,
+    ticking: bool,
 ) {
     let mut expect = case.expect.clone();
     expect.logs.clear();
@@ -420,6 +423,8 @@ fn envoy_request(
         real.send_with_calls(listener, request, reply, &canned)
     };
     let (ex, envoy_calls) = match sent {
+        // Calls Envoy's ticks made meanwhile are timing: the step's logs say why.
+        Ok((ex, calls)) if ticking => (ex, without_timer_calls(&compared.harness.calls, calls)),
         Ok(sent) => sent,
         Err(e) => {
             compared.envoy_failures.push(e.to_string());

@@ -300,7 +300,7 @@ fn check_step(
     let mut failures;
     match (step, outcome) {
         (Step::Request(req), StepOutcome::Request(ex)) => {
-            failures = expect::check_exchange(&req.expect, ex, &written);
+            failures = expect::check_exchange(&req.expect, ex, written);
             if let Some(want) = &req.expect.calls {
                 expect::check_calls(want, calls, &mut failures);
             }
@@ -308,16 +308,16 @@ fn check_step(
             expect::check_state(proxy, &e.metrics, &e.shared_data, &mut failures);
         }
         (Step::Connection(c), StepOutcome::Connection(out)) => {
-            failures = expect::check_connection(&c.expect, out, &written);
+            failures = expect::check_connection(&c.expect, out, written);
             let e = &c.expect;
             expect::check_state(proxy, &e.metrics, &e.shared_data, &mut failures);
         }
-        (Step::Advance(adv), _) => failures = expect::check_log_expect(&adv.expect, &written),
+        (Step::Advance(adv), _) => failures = expect::check_log_expect(&adv.expect, written),
         (Step::Swap(s), StepOutcome::Swap { .. }) => {
-            failures = expect::check_log_expect(&s.expect, &written)
+            failures = expect::check_log_expect(&s.expect, written)
         }
         (Step::Shutdown(sd), _) => {
-            failures = expect::check_log_expect(&sd.expect, &written);
+            failures = expect::check_log_expect(&sd.expect, written);
             // Not a failure by itself (a root may finish on a later tick), but worth seeing.
             for p in proxy.pending_done() {
                 let thread = p

@@ -344,6 +344,10 @@ pub struct RequestCase {
     /// Canned replies to unary gRPC callouts made during this step (before the scenario's).
     #[serde(default)]
     pub grpc_calls: Vec<GrpcCallSpec>,
+    /// A filter that pauses the request in its headers callback may be resumed by a tick
+    /// within this much virtual time (Envoy: within the tick's period of real time).
+    #[serde(default)]
+    pub wait_for_ticks: Option<DurationSpec>,
     #[serde(default)]
     pub expect: Expect,
 }
@@ -476,6 +480,7 @@ impl RequestCase {
             },
             dynamic_metadata: self.request.dynamic_metadata.clone(),
             protocol: self.request.protocol,
+            tick_wait: self.wait_for_ticks.as_ref().map(|d| d.0),
         }
     }
 

@@ -193,9 +193,10 @@ const FEATURES: &str = r#"  - name: the first request counts 1
     worker: 0
     request: {path: /a}
     expect:
+      cluster: backend
       upstream: {headers: {x-go-count: "1"}}
       response: {status: 200, headers: {x-go-requests: "1", x-go-metric: "1"}}
-      logs: ["go http: request /a number 1 root go", "go service: got /a"]
+      logs: ["go http: request /a number 1 root go", "go service: got /a", "go http: upstream host 127.0.0.1 status 0"]
   - name: the other worker's VM sees it in shared data
     worker: -1
     request: {path: /b}
@@ -222,13 +223,6 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       upstream: {body: "abc"}
       logs: ["go http: request body of 3 bytes, end true"]
       log_counts: [{contains: "go http: request body of", count: 1}]
-  - name: a body sent in chunks comes chunk by chunk
-    worker: 0
-    request: {method: POST, path: /callout, body_chunks: ["abc", "def"]}
-    http_calls: [{cluster: auth, path: /check, reply: {status: 200, body: alice}}]
-    expect:
-      upstream: {body: "abcdef"}
-      log_counts: [{contains: "go http: request body of", count: 3}]
   - name: a callout with the request's own headers is still told from the routed request
     worker: 0
     request: {path: /copy}
@@ -238,6 +232,13 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       calls: [{cluster: auth, headers: {":path": /check, x-forwarded-proto: http}}]
       upstream: {headers: {x-go-auth: bob}}
       response: {status: 200, body: "from the backend"}
+  - name: a request the filter holds until its tick resumes it
+    worker: 0
+    request: {path: /hold}
+    wait_for_ticks: 1s
+    expect:
+      upstream: {headers: {x-go-held: released}}
+      response: {status: 200}
   - name: a refusal answers from the filter
     worker: 0
     request: {path: /callout}
@@ -246,6 +247,7 @@ const FEATURES: &str = r#"  - name: the first request counts 1
       reached_upstream: false
       response: {status: 403, headers: {x-go-auth: "401"}, body: "denied by auth\n"}
       local_reply: plugin
+      logs: ["go http: upstream host  status 1"]
   - name: a 400 from the filter closes the HTTP/1.1 connection after it, as Envoy does
     worker: 0
     request: {path: /callout}
@@ -407,5 +409,26 @@ fn the_go_authors_page_shows_the_code_the_tests_build() {
     assert!(
         source.contains(excerpt),
         "docs/go-filters.md shows code that testdata/go/hello/main.go does not have:\n{excerpt}"
+    );
+}
+
+#[test]
+fn a_request_that_reaches_another_cluster_than_expected_fails_naming_both() {
+    let dir = tempfile::tempdir().unwrap();
+    let b = features_bootstrap(dir.path(), &go_guest("features"), false);
+    let s = go_scenario(
+        dir.path(),
+        &b,
+        "workers: 1\n",
+        "  - {name: routed, request: {path: /a}, expect: {cluster: auth}}\n",
+    );
+    let o = harness(&["run", s.to_str().unwrap()]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(
+        text(&o).contains(
+            "expected the request to reach cluster \"auth\", but cluster \"backend\" received it"
+        ),
+        "{}",
+        text(&o)
     );
 }

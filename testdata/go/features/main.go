@@ -221,6 +221,10 @@ func (h *httpContext) OnRequestBody(size int, end bool) proxy.Action {
 }
 
 func (h *httpContext) OnResponseHeaders(int, bool) proxy.Action {
+	// The host only: the port is the upstream's, which a test's upstream picks.
+	upstream, st := proxy.Property("upstream", "address")
+	host, _, _ := strings.Cut(string(upstream), ":")
+	proxy.Log(proxy.Info, "go http: upstream host "+host+" status "+strconv.Itoa(int(st)))
 	requests, _, _ := proxy.SharedData("requests")
 	total, _ := proxy.Metric(h.plugin.metric)
 	proxy.AddHeader(proxy.ResponseHeaders, "x-go-requests", string(requests))

@@ -7,7 +7,7 @@
 //! `set_envoy_filter_state` stored (see [`super::filter_state`]); `xds.*` the route, virtual
 //! host and cluster a request takes ([`xds`]); `metadata` the stream's dynamic metadata, as the
 //! request seeded it (a TCP connection's is empty); `upstream.address` / `.port` once the
-//! proxy connected upstream. Attributes Envoy has and the harness does not model are
+//! proxy connected upstream (`tcp_proxy`, or the router for an HTTP request). Attributes Envoy has and the harness does not model are
 //! answered NotFound with a note saying so ([`not_modelled`]).
 
 use wasmtime::{Caller, Linker};

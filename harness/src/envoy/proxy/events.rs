@@ -178,6 +178,16 @@ pub(super) fn deliver_queue_ready(threads: &mut Threads) -> Result<usize, Delive
 /// [`MAX_TICKS_PER_ADVANCE`] fire: then the clock stops at the next tick's time and a
 /// [`DeliveryError::TickStorm`] says so. Delivery problems are kept in `threads.errors`.
 pub(super) fn advance(threads: &mut Threads, by: Duration) -> usize {
+    advance_until(threads, by, &mut |_| false)
+}
+
+/// [`advance`], stopping right after the tick (and what it posted) that makes `done` true:
+/// the clock then reads that tick's time.
+pub(super) fn advance_until(
+    threads: &mut Threads,
+    by: Duration,
+    done: &mut dyn FnMut(&mut Threads) -> bool,
+) -> usize {
     let start = threads.shared.monotonic_nanos();
     let target = start.saturating_add(u64::try_from(by.as_nanos()).unwrap_or(u64::MAX));
     let mut ticks = 0;
@@ -205,6 +215,9 @@ pub(super) fn advance(threads: &mut Threads, by: Duration) -> usize {
             t.rearm_after_tick(due, has_on_tick);
         }
         threads.deliver_posted();
+        if done(threads) {
+            return ticks;
+        }
     }
     set_clock(threads, target);
     ticks

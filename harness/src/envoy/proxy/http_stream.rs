@@ -39,6 +39,8 @@ pub(super) struct HttpStream<'a> {
     /// A filter paused the request in its headers callback and what it posted (a callout's
     /// answer) resumed it: Envoy's codec read the rest of the request meanwhile.
     resumed_at_request_headers: bool,
+    /// The request's `tick_wait`: how long ticks may run to resume a pause in its headers.
+    tick_wait: Option<std::time::Duration>,
 }
 
 /// How a callback's result (after the failure policy) tells the chain to go on.
@@ -148,6 +150,7 @@ impl<'a> HttpStream<'a> {
             request: None,
             request_complete: false,
             resumed_at_request_headers: false,
+            tick_wait: None,
         }
     }
 
@@ -252,8 +255,14 @@ impl<'a> HttpStream<'a> {
                 Box::new(reply),
             ));
         }
-        let resumed =
+        let mut resumed =
             std::mem::take(&mut s.continue_request) | std::mem::take(&mut s.continue_response);
+        let paused = !matches!(result, None | Some(0) | Some(2));
+        if paused && !resumed && phase == Dir::Request.phase(Part::Headers) {
+            if let Some(limit) = self.tick_wait {
+                resumed = self.resumed_by_ticks(vm, ctx, limit);
+            }
+        }
         if resumed
             && !matches!(result, None | Some(0) | Some(2))
             && phase == Dir::Request.phase(Part::Headers)
@@ -268,6 +277,21 @@ impl<'a> HttpStream<'a> {
                 "plugin {name:?} paused the stream in {phase} (returned {code}) and nothing resumed it; Envoy would hold the request until a timeout"
             )),
         }
+    }
+
+    /// Runs the ticks due within `limit` until one resumes the request held by context `ctx`
+    /// of VM `vm` (a Go filter's pattern: pause, and let the plugin's timer continue it).
+    fn resumed_by_ticks(&mut self, vm: usize, ctx: u32, limit: std::time::Duration) -> bool {
+        let w = self.w;
+        let mut resumed = |threads: &mut Threads| {
+            threads.workers[w].vms[vm]
+                .http_state(ctx)
+                .is_some_and(|s| s.continue_request)
+        };
+        super::events::advance_until(self.threads, limit, &mut resumed);
+        self.worker().vms[vm]
+            .http_state(ctx)
+            .is_some_and(|s| std::mem::take(&mut s.continue_request))
     }
 
     /// The whole stream: the exchange, then the contexts' end. What went upstream gets its
@@ -335,6 +359,7 @@ impl<'a> HttpStream<'a> {
         upstream: &mut dyn FnMut(&SeenRequest) -> UpstreamReply,
         trace: &mut Trace,
     ) -> Result<Response, Halt> {
+        self.tick_wait = request.tick_wait;
         let (response, encoders, grpc) = self.decode(request, number, upstream, trace)?;
         let mut response = self.encode(response, encoders, grpc, trace)?;
         // Towards an HTTP/2 client Envoy's HTTP/2 codec frames the body: no HTTP/1 framing.
@@ -501,6 +526,14 @@ impl<'a> HttpStream<'a> {
                 let mut body = body;
                 frame(&mut headers, &mut body, "upstream", &mut trace.notes)?;
                 let protocol = router::upstream_protocol(self.bootstrap, &cluster);
+                // The host the router picks: the cluster's first endpoint (`upstream.address`).
+                if let Some(endpoint) = self
+                    .bootstrap
+                    .cluster(&cluster)
+                    .and_then(|c| c.endpoints.first())
+                {
+                    let _ = self.connection.upstream.set(endpoint.clone());
+                }
                 let mut seen = SeenRequest {
                     cluster,
                     message: Message {

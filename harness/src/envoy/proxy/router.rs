@@ -398,7 +398,9 @@ pub(super) fn protocol_error() -> LocalReply {
 /// callout's answer: over HTTP/1.1 a `body` the client sent with the headers was read whole,
 /// end of stream included, while the filter waited, and Envoy hands it on in one body
 /// callback (its `StopAndResumeViaAsyncCall` test filter shows it; checked against Envoy
-/// 1.40). Chunks the client sends one by one (`body_chunks`) still come one by one.
+/// 1.40). Chunks the client sends one by one (`body_chunks`) still come one by one in the
+/// harness; in Envoy how many of them its codec read before the answer came is a matter of
+/// timing.
 pub(super) fn buffered_while_paused(
     request: &Request,
     mut chunks: Vec<Vec<u8>>,

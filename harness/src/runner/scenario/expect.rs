@@ -49,6 +49,10 @@ pub struct Expect {
     /// What the upstream must have seen; implies the request reached it.
     #[serde(default)]
     pub upstream: Option<UpstreamExpect>,
+    /// The cluster the request must reach (its route's, or the one a filter chose); implies
+    /// it reached one.
+    #[serde(default)]
+    pub cluster: Option<String>,
     /// Whether the request must (true) or must not (false) reach an upstream.
     #[serde(default)]
     pub reached_upstream: Option<bool>,
@@ -205,7 +209,7 @@ pub fn check_exchange(expect: &Expect, ex: &Exchange, logs: &WrittenLog) -> Vec<
     }
     let must_reach = expect
         .reached_upstream
-        .or(expect.upstream.as_ref().map(|_| true));
+        .or((expect.upstream.is_some() || expect.cluster.is_some()).then_some(true));
     match (must_reach, &ex.upstream) {
         (Some(true), None) => failures.push(format!(
             "expected the request to reach the upstream, but it did not (local reply: {:?})",
@@ -216,6 +220,14 @@ pub fn check_exchange(expect: &Expect, ex: &Exchange, logs: &WrittenLog) -> Vec<
             seen.cluster
         )),
         _ => {}
+    }
+    if let (Some(want), Some(seen)) = (&expect.cluster, &ex.upstream) {
+        if &seen.cluster != want {
+            failures.push(format!(
+                "expected the request to reach cluster {want:?}, but cluster {:?} received it",
+                seen.cluster
+            ));
+        }
     }
     if let (Some(want), Some(seen)) = (&expect.upstream, &ex.upstream) {
         let seen = Message {
