@@ -30,6 +30,10 @@ pub enum LogComparison {
     /// Why this step's lines cannot be compared (something the harness does not emulate),
     /// in one short line, and where the two logs disagree (shown with `--verbose`).
     CannotCompare { why: String, lines: Vec<String> },
+    /// With a timer armed, each thread wrote the same lines but for some that only one side's
+    /// ticks wrote while the step ran (Envoy's in real time, the harness's on its virtual
+    /// clock): timing, not a difference. The extra lines are shown with `--verbose`.
+    Timing { lines: Vec<String> },
 }
 
 impl LogComparison {
@@ -45,6 +49,7 @@ impl LogComparison {
         }
         match self {
             Self::Same => Self::Same,
+            Self::Timing { lines } => Self::Timing { lines },
             Self::Differs(lines) => Self::CannotCompare {
                 why: why.join("; "),
                 lines,
@@ -62,6 +67,19 @@ impl fmt::Display for LogComparison {
         match self {
             Self::Same => f.write_str("logs: the same on every thread"),
             Self::Differs(d) => write!(f, "logs differ: {}", d.join("; ")),
+            Self::Timing { lines } => {
+                write!(
+                    f,
+                    "logs: timing: the same but for {} line(s) ticks wrote while the step ran",
+                    lines.len()
+                )?;
+                if f.alternate() {
+                    for line in lines {
+                        write!(f, "\n         {line}")?;
+                    }
+                }
+                Ok(())
+            }
             Self::CannotCompare { why, lines } => {
                 write!(f, "logs: cannot compare: {why}")?;
                 // `{:#}` (the CLI's `--verbose`): each difference on its own line.
@@ -172,6 +190,11 @@ pub fn compare(
     if differences.is_empty() {
         return LogComparison::Same;
     }
+    if conditions == Conditions::Ticking {
+        if let Some(extra) = ticks_only(&harness_lines(harness), &envoy_lines(envoy, reader)) {
+            return LogComparison::Timing { lines: extra };
+        }
+    }
     let why = match conditions {
         Conditions::Quiet => return LogComparison::Differs(differences),
         Conditions::Workers => {
@@ -237,23 +260,66 @@ pub fn compare_startup(
     }
 }
 
-/// The main thread's lines in order, and the workers' sequences as a set.
-fn differ(harness: &[Line], envoy: &[Line]) -> Vec<String> {
-    let split = |lines: &[Line]| {
-        let mut main = Vec::new();
-        let mut workers: BTreeMap<u64, Vec<String>> = BTreeMap::new();
-        for (thread, text) in lines {
-            match thread {
-                Thread::Main => main.push(text.clone()),
-                Thread::Worker(w) => workers.entry(*w).or_default().push(text.clone()),
-            }
-        }
-        let mut workers: Vec<Vec<String>> = workers.into_values().collect();
+/// When one side's lines are the other's with lines added (the main thread's in order, the
+/// workers' together), the lines added: what ticks wrote on one side only while a step ran.
+/// `None` when each side wrote a line the other did not.
+fn ticks_only(harness: &[Line], envoy: &[Line]) -> Option<Vec<String>> {
+    let flat = |(main, workers): (Vec<String>, Vec<Vec<String>>)| {
+        let mut workers: Vec<String> = workers.into_iter().flatten().collect();
         workers.sort();
         (main, workers)
     };
-    let (h_main, h_workers) = split(harness);
-    let (e_main, e_workers) = split(envoy);
+    let h = flat(by_thread(harness));
+    let e = flat(by_thread(envoy));
+    for (fewer, more, side) in [(&h, &e, "Envoy"), (&e, &h, "the harness")] {
+        let main = added(&fewer.0, &more.0);
+        let workers = added(&fewer.1, &more.1);
+        if let (Some(main), Some(workers)) = (main, workers) {
+            let main = main
+                .into_iter()
+                .map(|l| format!("main thread, {side} only: {l}"));
+            let workers = workers
+                .into_iter()
+                .map(|l| format!("workers, {side} only: {l}"));
+            return Some(main.chain(workers).collect());
+        }
+    }
+    None
+}
+
+/// The lines of `more` beyond `fewer` when `fewer` is `more` with lines left out (in order).
+fn added(fewer: &[String], more: &[String]) -> Option<Vec<String>> {
+    let mut rest = fewer.iter().peekable();
+    let mut extra = Vec::new();
+    for line in more {
+        if rest.peek() == Some(&line) {
+            rest.next();
+        } else {
+            extra.push(line.clone());
+        }
+    }
+    rest.peek().is_none().then_some(extra)
+}
+
+/// The main thread's lines in order, and each worker's, the workers sorted.
+fn by_thread(lines: &[Line]) -> (Vec<String>, Vec<Vec<String>>) {
+    let mut main = Vec::new();
+    let mut workers: BTreeMap<u64, Vec<String>> = BTreeMap::new();
+    for (thread, text) in lines {
+        match thread {
+            Thread::Main => main.push(text.clone()),
+            Thread::Worker(w) => workers.entry(*w).or_default().push(text.clone()),
+        }
+    }
+    let mut workers: Vec<Vec<String>> = workers.into_values().collect();
+    workers.sort();
+    (main, workers)
+}
+
+/// The main thread's lines in order, and the workers' sequences as a set.
+fn differ(harness: &[Line], envoy: &[Line]) -> Vec<String> {
+    let (h_main, h_workers) = by_thread(harness);
+    let (e_main, e_workers) = by_thread(envoy);
     let mut out = Vec::new();
     if h_main != e_main {
         out.push(format!(
@@ -293,6 +359,27 @@ mod tests {
             logger: "wasm".into(),
             text: text.into(),
         }
+    }
+
+    #[test]
+    fn lines_only_ticks_added_while_a_timer_runs_are_timing_and_others_are_not() {
+        let reader = EnvoyLogReader::new(std::path::Path::new("/nonexistent"));
+        let harness = [record(Some(0), LogSource::Guest, "request /a")];
+        let line = |m: &str| envoy(7, &format!("wasm log vm: {m}"));
+        let with_tick = [line("tick 1"), line("request /a"), line("tick 2")];
+        match compare(&harness, &with_tick, &reader, Conditions::Ticking) {
+            LogComparison::Timing { lines } => {
+                assert_eq!(lines.len(), 2, "{lines:?}");
+                assert!(lines[0].contains("Envoy only") && lines[0].contains("tick 1"));
+            }
+            other => panic!("not timing: {other:?}"),
+        }
+        let other = [line("tick 1"), line("request /b")];
+        assert!(matches!(
+            compare(&harness, &other, &reader, Conditions::Ticking),
+            LogComparison::CannotCompare { .. }
+        ));
+        assert!(compare(&harness, &with_tick, &reader, Conditions::Quiet).differs());
     }
 
     #[test]
