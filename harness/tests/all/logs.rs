@@ -342,6 +342,8 @@ fn a_step_whose_lines_cannot_be_compared_says_why() {
                     assert!(verbose.contains(line.as_str()), "{verbose}");
                 }
             }
+            // Lines only one side's ticks added while the step ran: explained, and listed.
+            LogComparison::Timing { lines } => assert!(!lines.is_empty(), "{report}"),
             LogComparison::Differs(d) => panic!("an unexplained difference: {d:?}\n{report}"),
         }
     }
