@@ -11,7 +11,7 @@ use super::metrics::{Counter, Metrics};
 use super::Outcome;
 use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
 use crate::body_ops::{BodyOperation, MAX_BUFFER_LIMIT};
-use crate::json::write::Quoted;
+use crate::quote::Quoted;
 
 /// What Envoy hands the role, one hook at a time.
 #[derive(Debug, Clone, Copy)]

@@ -5,25 +5,27 @@
 //! rewritten, passed unchanged, and over a limit (`rewritten_total`, `passed_total`,
 //! `over_limit_total`), and body bytes each way (`request_bytes_total`, `response_bytes_total`).
 
-use crate::json::write::Quoted;
+use crate::quote::Quoted;
 use std::rc::Rc;
 
+use proxy_wasm::types::{Action, BufferType, MapType, StreamType};
+
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, Action};
+use super::{host, log};
 use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
 use crate::body_ops::BodyOperation;
 
-fn headers_map(which: Side) -> u32 {
+fn headers_map(which: Side) -> MapType {
     match which {
-        Side::Request => raw::REQUEST_HEADERS,
-        Side::Response => raw::RESPONSE_HEADERS,
+        Side::Request => MapType::HttpRequestHeaders,
+        Side::Response => MapType::HttpResponseHeaders,
     }
 }
 
-fn body_buffer(which: Side) -> u32 {
+fn body_buffer(which: Side) -> BufferType {
     match which {
-        Side::Request => raw::REQUEST_BODY,
-        Side::Response => raw::RESPONSE_BODY,
+        Side::Request => BufferType::HttpRequestBody,
+        Side::Response => BufferType::HttpResponseBody,
     }
 }
 
@@ -78,9 +80,11 @@ impl BodyFilter {
         self.root.over_limit.add(1);
         let (status, details) = which.refusal();
         log!(Info, "{} refused with {status}: {why}", which.name());
-        let sent = raw::send_local_response(status, details, why.as_bytes(), &[]);
-        if sent != raw::OK {
-            log!(Warn, "local reply {status} failed with host status {sent}");
+        if let Err(sent) = host::send_local_response(status, details, why.as_bytes(), &[]) {
+            log!(
+                Warn,
+                "local reply {status} failed with host status {sent:?}"
+            );
         }
         self.flow.mark_answered(which);
         Action::Pause
@@ -94,18 +98,18 @@ impl BodyFilter {
         self.root.over_limit.add(1);
         log!(Info, "response refused with 502: {why}");
         for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
-            let status = raw::replace_header(raw::RESPONSE_HEADERS, name, value);
-            if status != raw::OK {
+            if let Err(status) = host::replace_header(MapType::HttpResponseHeaders, name, value) {
                 log!(
                     Warn,
-                    "setting response {name} failed with host status {status}"
+                    "setting response {name} failed with host status {status:?}"
                 );
             }
         }
         // The reason replaces the body: nothing that described the upstream's body may stay
         // (a `content-encoding: gzip` would make the client decode plain text).
         for name in ["content-length", "content-encoding"] {
-            raw::remove_header(raw::RESPONSE_HEADERS, name);
+            // Absent is fine; a failure leaves a header the 502 makes harmless.
+            let _ = host::remove_header(MapType::HttpResponseHeaders, name);
         }
         self.replacement = Some(why);
         Action::Continue
@@ -119,11 +123,10 @@ impl BodyFilter {
             Info,
             "response {why} after its headers were sent: stream reset"
         );
-        let status = raw::close_stream(raw::HTTP_RESPONSE_STREAM);
-        if status != raw::OK {
+        if let Err(status) = host::close_stream(StreamType::HttpResponse) {
             log!(
                 Warn,
-                "resetting the stream failed with host status {status}"
+                "resetting the stream failed with host status {status:?}"
             );
         }
         self.flow.mark_answered(Side::Response);
@@ -133,9 +136,10 @@ impl BodyFilter {
     fn on_headers(&mut self, which: Side, end_of_stream: bool) -> Action {
         let map = headers_map(which);
         let declared = || {
-            raw::header_text(map, "content-length").and_then(|v| v.trim_ascii().parse::<u64>().ok())
+            host::header_text(map, "content-length")
+                .and_then(|v| v.trim_ascii().parse::<u64>().ok())
         };
-        let encoding = || raw::header_text(map, "content-encoding");
+        let encoding = || host::header_text(map, "content-encoding");
         match self
             .flow
             .headers(&self.root.ops, which, end_of_stream, declared, encoding)
@@ -154,11 +158,10 @@ impl BodyFilter {
                 Action::Continue
             }
             HeadersStep::Hold => {
-                let status = raw::remove_header(map, "content-length");
-                if status != raw::OK {
+                if let Err(status) = host::remove_header(map, "content-length") {
                     log!(
                         Warn,
-                        "removing {} content-length failed with host status {status}",
+                        "removing {} content-length failed with host status {status:?}",
                         which.name()
                     );
                 }
@@ -196,12 +199,12 @@ impl BodyFilter {
 
     /// Rewrites the whole body in place; the action is what the body callback returns.
     fn rewrite(&mut self, which: Side, body_size: usize) -> Action {
-        let body = match raw::buffer(body_buffer(which), body_size) {
+        let body = match host::buffer(body_buffer(which), body_size) {
             Ok(b) => b.unwrap_or_default(),
             Err(status) => {
                 log!(
                     Warn,
-                    "reading the {} body failed with host status {status}; passed on unmodified",
+                    "reading the {} body failed with host status {status:?}; passed on unmodified",
                     which.name()
                 );
                 return Action::Continue;
@@ -216,15 +219,14 @@ impl BodyFilter {
             RewriteStep::Write(new, what) => {
                 drop(body);
                 self.root.rewritten.add(1);
-                let status = raw::set_buffer(body_buffer(which), body_size, &new);
-                if status == raw::OK {
-                    log!(Debug, "{} body rewritten: {what}", which.name());
-                } else {
+                if let Err(status) = host::set_buffer(body_buffer(which), body_size, &new) {
                     log!(
                         Warn,
-                        "writing the {} body failed with host status {status}; passed on unmodified",
+                        "writing the {} body failed with host status {status:?}; passed on unmodified",
                         which.name()
                     );
+                } else {
+                    log!(Debug, "{} body rewritten: {what}", which.name());
                 }
                 Action::Continue
             }
@@ -263,18 +265,18 @@ impl BodyFilter {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
-/// `contexts::with`).
+/// The callbacks [`super::stream`]'s contexts route here, each compiled on its own (see
+/// `plugin::PluginContext::configure`).
 impl BodyFilter {
     #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         if self.root.ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
-            let status = raw::remove_header(raw::REQUEST_HEADERS, "accept-encoding");
-            if status != raw::OK {
+            if let Err(status) = host::remove_header(MapType::HttpRequestHeaders, "accept-encoding")
+            {
                 log!(
                     Warn,
-                    "removing request accept-encoding failed with host status {status}"
+                    "removing request accept-encoding failed with host status {status:?}"
                 );
             }
         }
@@ -306,11 +308,10 @@ impl BodyFilter {
         }
         if let Some(why) = &self.replacement {
             let text = if end_of_stream { why.as_bytes() } else { b"" };
-            let status = raw::set_buffer(raw::RESPONSE_BODY, body_size, text);
-            if status != raw::OK {
+            if let Err(status) = host::set_buffer(BufferType::HttpResponseBody, body_size, text) {
                 log!(
                     Warn,
-                    "replacing the response body failed with host status {status}"
+                    "replacing the response body failed with host status {status:?}"
                 );
             }
             return Action::Continue;

@@ -6,11 +6,13 @@
 //! allowed and limited (`allowed_total`, `limited_total`), those the overflow bucket decided
 //! (`overflow_total`) and those let through because shared data failed (`failed_open_total`).
 
-use crate::json::write::Quoted;
+use crate::quote::Quoted;
 use std::rc::Rc;
 
+use proxy_wasm::types::{Action, MapType, Status};
+
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, shared, Action};
+use super::{host, log, shared};
 use crate::bucket_table::{classify, fingerprint, slot_key, slots, Entry, Slot};
 use crate::config::VmConfig;
 use crate::rate_limit::{strip_port, Bucket, Decision, KeySource, RateLimit};
@@ -60,10 +62,10 @@ impl Limiter {
         let mut failed = 0u32;
         for slot in (0..self.config.buckets).map(Some).chain([None]) {
             let key = slot_key(&self.prefix, &self.plugin, slot);
-            match raw::shared_data(&key) {
+            match host::shared_data(&key) {
                 Ok((Some(_), _)) => {}
                 Ok((None, _)) => {
-                    if raw::set_shared_data(&key, b"", 0) != raw::OK {
+                    if host::set_shared_data(&key, b"", 0).is_err() {
                         failed += 1;
                     }
                 }
@@ -81,9 +83,9 @@ impl Limiter {
 
     fn key(&self) -> Option<String> {
         match &self.config.key {
-            KeySource::Header(name) => raw::header_text(raw::REQUEST_HEADERS, name),
+            KeySource::Header(name) => host::header_text(MapType::HttpRequestHeaders, name),
             KeySource::ClientAddress => {
-                raw::property_text(&["source", "address"]).map(|a| strip_port(&a).to_string())
+                host::property_text(&["source", "address"]).map(|a| strip_port(&a).to_string())
             }
         }
     }
@@ -116,13 +118,13 @@ impl Limiter {
     /// or idle, else the overflow bucket.
     #[inline(never)]
     fn try_take(&self, fp: u64) -> Result<Outcome, String> {
-        let now = raw::now_ns();
+        let now = host::now_ns();
         let mut claim: Option<(String, u32)> = None;
         for slot in slots(fp, self.config.buckets) {
             let key = slot_key(&self.prefix, &self.plugin, Some(slot));
-            let (value, cas) = raw::shared_data(&key).map_err(|s| {
+            let (value, cas) = host::shared_data(&key).map_err(|s| {
                 format!(
-                    "reading shared data {} failed with host status {s}",
+                    "reading shared data {} failed with host status {s:?}",
                     Quoted(&key)
                 )
             })?;
@@ -132,10 +134,9 @@ impl Limiter {
                     // Not created at start-up (it failed then): create it, then claim it
                     // with a real token on the next walk.
                     if claim.is_none() {
-                        let status = raw::set_shared_data(&key, b"", 0);
-                        if status != raw::OK {
+                        if let Err(status) = host::set_shared_data(&key, b"", 0) {
                             return Err(format!(
-                                "creating shared data {} failed with host status {status}",
+                                "creating shared data {} failed with host status {status:?}",
                                 Quoted(&key)
                             ));
                         }
@@ -182,11 +183,11 @@ impl Limiter {
             fingerprint: fp,
             bucket,
         };
-        match raw::set_shared_data(key, entry.encode().as_bytes(), cas) {
-            raw::OK => Ok(Outcome::Decided(decision)),
-            raw::CAS_MISMATCH => Ok(Outcome::Raced),
-            status => Err(format!(
-                "writing shared data {} failed with host status {status}",
+        match host::set_shared_data(key, entry.encode().as_bytes(), cas) {
+            Ok(()) => Ok(Outcome::Decided(decision)),
+            Err(Status::CasMismatch) => Ok(Outcome::Raced),
+            Err(status) => Err(format!(
+                "writing shared data {} failed with host status {status:?}",
                 Quoted(key)
             )),
         }
@@ -203,8 +204,8 @@ impl LimitFilter {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
-/// `contexts::with`).
+/// The callbacks [`super::stream`]'s contexts route here, each compiled on its own (see
+/// `plugin::PluginContext::configure`).
 impl LimitFilter {
     #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
@@ -218,16 +219,15 @@ impl LimitFilter {
                 self.limiter.limited.add(1);
                 log!(Debug, "rate limited: {key}");
                 let retry = retry_after_secs.to_string();
-                let status = raw::send_local_response(
+                if let Err(status) = host::send_local_response(
                     429,
                     "rate_limited",
                     b"rate limited\n",
                     &[("retry-after", &retry)],
-                );
-                if status != raw::OK {
+                ) {
                     log!(
                         Warn,
-                        "429 reply failed with host status {status}; request continues"
+                        "429 reply failed with host status {status:?}; request continues"
                     );
                     return Action::Continue;
                 }

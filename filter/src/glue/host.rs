@@ -1,27 +1,20 @@
-//! The proxy-wasm imports the filter calls itself, each returning the host's status instead
-//! of panicking on it (a panic traps the VM, and every later request
-//! on that worker then gets the failure policy). Memory the host hands back was allocated
-//! by the module's `proxy_on_memory_allocate` (a `Vec<u8>` of exactly that length), so it is
-//! taken back the same way.
+//! The hostcalls the filter makes, each returning the host's status as the SDK's
+//! [`Status`] instead of panicking on it.
+//!
+//! The SDK's own wrappers (`proxy_wasm::hostcalls`) panic on any status they do not expect
+//! (`get_map_value` also on a header value that is not UTF-8), and a panic traps the VM:
+//! every later request on that worker then gets the failure policy (rust-sdk#82, #185, #310).
+//! Their imports also declare the result as the `Status` enum, so a code the SDK does not
+//! list would be an invalid value. Here the imports return the plain `u32`, which
+//! [`status`] reads into a `Status` (an unknown code is `InternalFailure`). The one hostcall
+//! taken from the SDK is `dispatch_http_call`: its dispatcher routes the answer by a token
+//! that only its wrapper registers, and the wrapper accepts every status Envoy's
+//! `httpCall` returns (`Ok`, `BadArgument`, `InternalFailure`).
+//!
+//! Memory the host hands back was allocated by the SDK's `proxy_on_memory_allocate` (a
+//! `Vec<u8>` of exactly that length), so it is taken back the same way.
 
-/// Proxy-wasm statuses the glue branches on.
-pub const OK: u32 = 0;
-pub const NOT_FOUND: u32 = 1;
-pub const EMPTY: u32 = 7;
-pub const CAS_MISMATCH: u32 = 8;
-
-pub const REQUEST_HEADERS: u32 = 0;
-pub const RESPONSE_HEADERS: u32 = 2;
-pub const HTTP_CALL_RESPONSE_HEADERS: u32 = 6;
-
-pub const REQUEST_BODY: u32 = 0;
-pub const RESPONSE_BODY: u32 = 1;
-pub const VM_CONFIGURATION: u32 = 6;
-pub const PLUGIN_CONFIGURATION: u32 = 7;
-
-pub const COUNTER: u32 = 0;
-
-pub const HTTP_RESPONSE_STREAM: u32 = 1;
+use proxy_wasm::types::{BufferType, MapType, MetricType, Status, StreamType};
 
 #[link(wasm_import_module = "env")]
 extern "C" {
@@ -85,18 +78,21 @@ extern "C" {
     fn proxy_define_metric(kind: u32, n: *const u8, nl: usize, id: *mut u32) -> u32;
     fn proxy_increment_metric(id: u32, offset: i64) -> u32;
     fn proxy_close_stream(stream: u32) -> u32;
-    fn proxy_http_call(
-        upstream: *const u8,
-        upstream_len: usize,
-        headers: *const u8,
-        headers_len: usize,
-        body: *const u8,
-        body_len: usize,
-        trailers: *const u8,
-        trailers_len: usize,
-        timeout_ms: u32,
-        token: *mut u32,
-    ) -> u32;
+}
+
+/// A host status as the SDK names it: `Ok(())` for `Ok`, the status otherwise. A code the
+/// SDK does not list is `InternalFailure`.
+pub fn status(code: u32) -> Result<(), Status> {
+    Err(match code {
+        0 => return Ok(()),
+        1 => Status::NotFound,
+        2 => Status::BadArgument,
+        3 => Status::SerializationFailure,
+        4 => Status::ParseFailure,
+        7 => Status::Empty,
+        8 => Status::CasMismatch,
+        _ => Status::InternalFailure,
+    })
 }
 
 /// Takes ownership of host-returned memory.
@@ -104,18 +100,18 @@ fn owned(ptr: *mut u8, len: usize) -> Vec<u8> {
     if ptr.is_null() || len == 0 {
         return Vec::new();
     }
-    // SAFETY: the host wrote `len` bytes into a buffer it got from proxy_on_memory_allocate,
-    // which allocates a Vec<u8> with capacity `len`.
+    // SAFETY: the host wrote `len` bytes into a buffer it got from the SDK's
+    // proxy_on_memory_allocate, which allocates a Vec<u8> with capacity `len`.
     unsafe { Vec::from_raw_parts(ptr, len, len) }
 }
 
 /// Calls a getter that returns `(ptr, len)`; `Ok(None)` for `NotFound` / `Empty`.
-fn get(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option<Vec<u8>>, u32> {
+fn get(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option<Vec<u8>>, Status> {
     let (mut p, mut l) = (std::ptr::null_mut(), 0);
-    match call(&mut p, &mut l) {
-        OK => Ok(Some(owned(p, l))),
-        NOT_FOUND | EMPTY => Ok(None),
-        status => Err(status),
+    match status(call(&mut p, &mut l)) {
+        Ok(()) => Ok(Some(owned(p, l))),
+        Err(Status::NotFound | Status::Empty) => Ok(None),
+        Err(s) => Err(s),
     }
 }
 
@@ -124,10 +120,8 @@ fn get(call: impl FnOnce(*mut *mut u8, *mut usize) -> u32) -> Result<Option<Vec<
 pub fn host_log_level() -> Option<u32> {
     let mut level = 0;
     // SAFETY: out-pointer to a local.
-    match unsafe { proxy_get_log_level(&mut level) } {
-        OK => Some(level),
-        _ => None,
-    }
+    status(unsafe { proxy_get_log_level(&mut level) }).ok()?;
+    Some(level)
 }
 
 pub fn log(level: u32, msg: &str) {
@@ -136,47 +130,59 @@ pub fn log(level: u32, msg: &str) {
     unsafe { proxy_log(level, msg.as_ptr(), msg.len()) };
 }
 
-pub fn buffer(kind: u32, max: usize) -> Result<Option<Vec<u8>>, u32> {
+pub fn buffer(kind: BufferType, max: usize) -> Result<Option<Vec<u8>>, Status> {
     // SAFETY: out-pointers to locals.
-    get(|p, l| unsafe { proxy_get_buffer_bytes(kind, 0, max, p, l) })
+    get(|p, l| unsafe { proxy_get_buffer_bytes(kind as u32, 0, max, p, l) })
 }
 
 /// Replaces the first `size` bytes of a buffer with `data`.
-pub fn set_buffer(kind: u32, size: usize, data: &[u8]) -> u32 {
+pub fn set_buffer(kind: BufferType, size: usize, data: &[u8]) -> Result<(), Status> {
     // SAFETY: pointer and length of a live slice.
-    unsafe { proxy_set_buffer_bytes(kind, 0, size, data.as_ptr(), data.len()) }
+    status(unsafe { proxy_set_buffer_bytes(kind as u32, 0, size, data.as_ptr(), data.len()) })
 }
 
-pub fn header(map: u32, name: &str) -> Result<Option<Vec<u8>>, u32> {
+pub fn header(map: MapType, name: &str) -> Result<Option<Vec<u8>>, Status> {
     // SAFETY: pointer and length of a live &str, out-pointers to locals.
-    get(|p, l| unsafe { proxy_get_header_map_value(map, name.as_ptr(), name.len(), p, l) })
+    get(|p, l| unsafe { proxy_get_header_map_value(map as u32, name.as_ptr(), name.len(), p, l) })
 }
 
 /// A header as text; absent, unreadable or not UTF-8 is `None`.
-pub fn header_text(map: u32, name: &str) -> Option<String> {
+pub fn header_text(map: MapType, name: &str) -> Option<String> {
     header(map, name)
         .ok()
         .flatten()
         .and_then(|v| String::from_utf8(v).ok())
 }
 
-pub fn replace_header(map: u32, name: &str, value: &str) -> u32 {
+pub fn replace_header(map: MapType, name: &str, value: &str) -> Result<(), Status> {
     // SAFETY: pointers and lengths of live &strs.
-    unsafe {
-        proxy_replace_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len())
-    }
+    status(unsafe {
+        proxy_replace_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
 }
 
-pub fn add_header(map: u32, name: &str, value: &str) -> u32 {
+pub fn add_header(map: MapType, name: &str, value: &str) -> Result<(), Status> {
     // SAFETY: pointers and lengths of live &strs.
-    unsafe {
-        proxy_add_header_map_value(map, name.as_ptr(), name.len(), value.as_ptr(), value.len())
-    }
+    status(unsafe {
+        proxy_add_header_map_value(
+            map as u32,
+            name.as_ptr(),
+            name.len(),
+            value.as_ptr(),
+            value.len(),
+        )
+    })
 }
 
-pub fn remove_header(map: u32, name: &str) -> u32 {
+pub fn remove_header(map: MapType, name: &str) -> Result<(), Status> {
     // SAFETY: pointer and length of a live &str.
-    unsafe { proxy_remove_header_map_value(map, name.as_ptr(), name.len()) }
+    status(unsafe { proxy_remove_header_map_value(map as u32, name.as_ptr(), name.len()) })
 }
 
 /// Proxy-wasm's map encoding: count, then (key length, value length) pairs, then each key
@@ -199,16 +205,16 @@ fn serialize_map(pairs: &[(&str, &str)]) -> Vec<u8> {
 
 /// Answers the stream locally; `details` becomes Envoy's response code details.
 pub fn send_local_response(
-    status: u32,
+    code: u32,
     details: &str,
     body: &[u8],
     headers: &[(&str, &str)],
-) -> u32 {
+) -> Result<(), Status> {
     let headers = serialize_map(headers);
     // SAFETY: pointers and lengths of live buffers.
-    unsafe {
+    status(unsafe {
         proxy_send_local_response(
-            status,
+            code,
             details.as_ptr(),
             details.len(),
             body.as_ptr(),
@@ -217,42 +223,11 @@ pub fn send_local_response(
             headers.len(),
             -1,
         )
-    }
-}
-
-/// Sends an HTTP request to a cluster; its answer comes to the root's
-/// `proxy_on_http_call_response` with the token returned here.
-pub fn http_call(
-    cluster: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-    timeout_ms: u32,
-) -> Result<u32, u32> {
-    let headers = serialize_map(headers);
-    let trailers = serialize_map(&[]);
-    let mut token = 0;
-    // SAFETY: pointers and lengths of live buffers, out-pointer to a local.
-    match unsafe {
-        proxy_http_call(
-            cluster.as_ptr(),
-            cluster.len(),
-            headers.as_ptr(),
-            headers.len(),
-            body.as_ptr(),
-            body.len(),
-            trailers.as_ptr(),
-            trailers.len(),
-            timeout_ms,
-            &mut token,
-        )
-    } {
-        OK => Ok(token),
-        status => Err(status),
-    }
+    })
 }
 
 /// A property by path (`["source", "address"]`), as bytes.
-pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, u32> {
+pub fn property(path: &[&str]) -> Result<Option<Vec<u8>>, Status> {
     let mut encoded = Vec::new();
     for (i, part) in path.iter().enumerate() {
         if i > 0 {
@@ -272,7 +247,7 @@ pub fn property_text(path: &[&str]) -> Option<String> {
 }
 
 /// The value (`None` when the key is absent) and its CAS token.
-pub fn shared_data(key: &str) -> Result<(Option<Vec<u8>>, u32), u32> {
+pub fn shared_data(key: &str) -> Result<(Option<Vec<u8>>, u32), Status> {
     let mut cas = 0;
     // SAFETY: pointer and length of a live &str, out-pointers to locals.
     let value =
@@ -281,25 +256,25 @@ pub fn shared_data(key: &str) -> Result<(Option<Vec<u8>>, u32), u32> {
 }
 
 /// Stores `value` if the key's CAS token is still `cas` (0: unconditionally).
-pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> u32 {
+pub fn set_shared_data(key: &str, value: &[u8], cas: u32) -> Result<(), Status> {
     // SAFETY: pointers and lengths of live buffers.
-    unsafe { proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas) }
+    status(unsafe {
+        proxy_set_shared_data(key.as_ptr(), key.len(), value.as_ptr(), value.len(), cas)
+    })
 }
 
-pub fn register_queue(name: &str) -> Result<u32, u32> {
+pub fn register_queue(name: &str) -> Result<u32, Status> {
     let mut id = 0;
     // SAFETY: pointer and length of a live &str, out-pointer to a local.
-    match unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) } {
-        OK => Ok(id),
-        status => Err(status),
-    }
+    status(unsafe { proxy_register_shared_queue(name.as_ptr(), name.len(), &mut id) })?;
+    Ok(id)
 }
 
 /// `Ok(None)` until some VM registered the queue.
-pub fn resolve_queue(vm_id: &str, name: &str) -> Result<Option<u32>, u32> {
+pub fn resolve_queue(vm_id: &str, name: &str) -> Result<Option<u32>, Status> {
     let mut id = 0;
     // SAFETY: pointers and lengths of live &strs, out-pointer to a local.
-    match unsafe {
+    let code = unsafe {
         proxy_resolve_shared_queue(
             vm_id.as_ptr(),
             vm_id.len(),
@@ -307,27 +282,28 @@ pub fn resolve_queue(vm_id: &str, name: &str) -> Result<Option<u32>, u32> {
             name.len(),
             &mut id,
         )
-    } {
-        OK => Ok(Some(id)),
-        NOT_FOUND => Ok(None),
-        status => Err(status),
+    };
+    match status(code) {
+        Ok(()) => Ok(Some(id)),
+        Err(Status::NotFound) => Ok(None),
+        Err(s) => Err(s),
     }
 }
 
-pub fn enqueue(id: u32, data: &[u8]) -> u32 {
+pub fn enqueue(id: u32, data: &[u8]) -> Result<(), Status> {
     // SAFETY: pointer and length of a live slice.
-    unsafe { proxy_enqueue_shared_queue(id, data.as_ptr(), data.len()) }
+    status(unsafe { proxy_enqueue_shared_queue(id, data.as_ptr(), data.len()) })
 }
 
 /// `Ok(None)` once the queue is empty.
-pub fn dequeue(id: u32) -> Result<Option<Vec<u8>>, u32> {
+pub fn dequeue(id: u32) -> Result<Option<Vec<u8>>, Status> {
     // SAFETY: out-pointers to locals.
     get(|p, l| unsafe { proxy_dequeue_shared_queue(id, p, l) })
 }
 
-pub fn set_tick_period_ms(ms: u32) -> u32 {
+pub fn set_tick_period_ms(ms: u32) -> Result<(), Status> {
     // SAFETY: no pointers.
-    unsafe { proxy_set_tick_period_milliseconds(ms) }
+    status(unsafe { proxy_set_tick_period_milliseconds(ms) })
 }
 
 /// The host's clock (Envoy's real time; the harness's virtual one); 0 if it cannot be read.
@@ -338,22 +314,44 @@ pub fn now_ns() -> u64 {
     t
 }
 
-pub fn define_counter(name: &str) -> Result<u32, u32> {
+pub fn define_counter(name: &str) -> Result<u32, Status> {
     let mut id = 0;
     // SAFETY: pointer and length of a live &str, out-pointer to a local.
-    match unsafe { proxy_define_metric(COUNTER, name.as_ptr(), name.len(), &mut id) } {
-        OK => Ok(id),
-        status => Err(status),
-    }
+    status(unsafe {
+        proxy_define_metric(
+            MetricType::Counter as u32,
+            name.as_ptr(),
+            name.len(),
+            &mut id,
+        )
+    })?;
+    Ok(id)
 }
 
-pub fn increment(id: u32, by: u64) -> u32 {
+pub fn increment(id: u32, by: u64) -> Result<(), Status> {
     // SAFETY: no pointers.
-    unsafe { proxy_increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX)) }
+    status(unsafe { proxy_increment_metric(id, i64::try_from(by).unwrap_or(i64::MAX)) })
 }
 
 /// Resets a stream (the client sees the connection close, no response).
-pub fn close_stream(stream: u32) -> u32 {
+pub fn close_stream(stream: StreamType) -> Result<(), Status> {
     // SAFETY: no pointers.
-    unsafe { proxy_close_stream(stream) }
+    status(unsafe { proxy_close_stream(stream as u32) })
+}
+
+/// Sends an HTTP request to a cluster through the SDK (see the module's doc); its answer
+/// comes to the root's `on_http_call_response` with the token returned here.
+pub fn http_call(
+    cluster: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    timeout_ms: u32,
+) -> Result<u32, Status> {
+    proxy_wasm::hostcalls::dispatch_http_call(
+        cluster,
+        headers.to_vec(),
+        Some(body),
+        Vec::new(),
+        std::time::Duration::from_millis(timeout_ms.into()),
+    )
 }
