@@ -23,6 +23,57 @@ pub struct BodyOperation {
     pub max_buffer_bytes: u64,
     #[serde(default)]
     pub on_overflow: Overflow,
+    /// The cases where a body redaction cannot fully inspect goes on unredacted instead of
+    /// being refused (by default every case is refused).
+    #[serde(default)]
+    pub fail_open: Vec<Uninspectable>,
+    /// The status a body redaction cannot inspect is refused with.
+    #[serde(default)]
+    pub refuse_status: RefuseStatus,
+}
+
+/// A body redaction cannot fully inspect, named as `fail_open` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Uninspectable {
+    /// serde_json cannot read it (not JSON, not UTF-8, a BOM, a lone surrogate, `NaN`,
+    /// nested past 127, ...).
+    NotJson,
+    /// A `content-encoding` other than none or exactly `identity` (one header).
+    ContentEncoding,
+    /// Trailers came: the body was never seen whole with its end.
+    Trailers,
+    /// Bigger than `max_buffer_bytes`, before or after the rewrite.
+    OverBuffer,
+}
+
+/// The status of a refusal, per side. The defaults: 415 for a request (RFC 9110's answer to
+/// a body in a form, or a content-coding, the server does not take: the client can send it
+/// plainly), 502 for a response (the upstream's answer cannot be delivered as it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefuseStatus {
+    #[serde(default = "default_request_refusal")]
+    pub request: u32,
+    #[serde(default = "default_response_refusal")]
+    pub response: u32,
+}
+
+fn default_request_refusal() -> u32 {
+    415
+}
+
+fn default_response_refusal() -> u32 {
+    502
+}
+
+impl Default for RefuseStatus {
+    fn default() -> Self {
+        Self {
+            request: default_request_refusal(),
+            response: default_response_refusal(),
+        }
+    }
 }
 
 /// Half of Envoy's default per-connection buffer limit (1 MiB), which answers 413 / 500 on
@@ -111,8 +162,29 @@ impl BodyOperation {
         if self.request.max_bytes == Some(0) {
             return Err("request.max_bytes: must be at least 1 (leave it out for no limit)".into());
         }
+        for (at, status) in [
+            ("request", self.refuse_status.request),
+            ("response", self.refuse_status.response),
+        ] {
+            if !(400..=599).contains(&status) {
+                return Err(format!(
+                    "refuse_status.{at} {status}: must be between 400 and 599"
+                ));
+            }
+        }
         self.request.validate("request")?;
         self.response.validate("response")
+    }
+
+    /// Whether a body of the side (`request`: true) that redaction cannot inspect for
+    /// `case` is refused: the side redacts and the configuration did not opt out.
+    pub fn refuses(&self, request: bool, case: Uninspectable) -> bool {
+        let side = if request {
+            &self.request
+        } else {
+            &self.response
+        };
+        side.redact_json.is_some() && !self.fail_open.contains(&case)
     }
 
     /// What `on_configure` logs.

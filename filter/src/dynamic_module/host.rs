@@ -47,6 +47,9 @@ fn received(side: Side) -> u32 {
 }
 
 /// Envoy's filter for one stream, valid for the hook being run.
+/// Values of one header read at most: past it, the header is described, not read.
+pub const MAX_HEADER_VALUES: usize = 16;
+
 #[derive(Clone, Copy)]
 pub struct Stream {
     ptr: *mut c_void,
@@ -83,6 +86,46 @@ impl Stream {
         // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
         let bytes = unsafe { out.bytes() };
         std::str::from_utf8(bytes).ok().map(str::to_string)
+    }
+
+    /// Every value of a header (one per header of that name, in order, at most
+    /// [`MAX_HEADER_VALUES`] read); a value that is not UTF-8 is read as `(not UTF-8)`.
+    pub fn header_values(&self, side: Side, name: &str) -> Vec<String> {
+        let mut values = Vec::new();
+        let mut count = 0usize;
+        let mut index = 0usize;
+        loop {
+            let mut out = EnvoyBuffer::NULL;
+            // SAFETY: `out` and `count` are writable; the key is alive for the call.
+            let found = unsafe {
+                (self.host.get_header)(
+                    self.ptr,
+                    headers(side),
+                    ModuleBuffer::of(name.as_bytes()),
+                    &mut out,
+                    index,
+                    &mut count,
+                )
+            };
+            if !found || out.ptr.is_null() {
+                break;
+            }
+            // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
+            let bytes = unsafe { out.bytes() };
+            values.push(
+                std::str::from_utf8(bytes)
+                    .map(str::to_string)
+                    .unwrap_or_else(|_| "(not UTF-8)".to_string()),
+            );
+            index += 1;
+            if index >= count.min(MAX_HEADER_VALUES) {
+                break;
+            }
+        }
+        if count > values.len() && values.len() == MAX_HEADER_VALUES {
+            values.push(format!("({} more)", count - values.len()));
+        }
+        values
     }
 
     pub fn set_header(&self, side: Side, name: &str, value: &str) -> bool {

@@ -5,14 +5,13 @@
 //! rewritten, passed unchanged, and over a limit (`rewritten_total`, `passed_total`,
 //! `over_limit_total`), and body bytes each way (`request_bytes_total`, `response_bytes_total`).
 
-use crate::quote::Quoted;
 use std::rc::Rc;
 
 use proxy_wasm::types::{Action, BufferType, MapType, StreamType};
 
 use super::metrics::{Counter, Metrics};
 use super::{host, log};
-use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
+use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, Refusal, RewriteStep, Side, TrailersStep};
 use crate::body_ops::BodyOperation;
 
 fn headers_map(which: Side) -> MapType {
@@ -63,8 +62,10 @@ impl BodyRoot {
 pub struct BodyFilter {
     root: Rc<BodyRoot>,
     flow: BodyFlow,
-    /// Set when the response became a 502: the text its body is replaced with.
+    /// Set when the response was replaced: the text its body is replaced with.
     replacement: Option<String>,
+    /// The size of the body being rewritten, as its callback gave it.
+    size: usize,
 }
 
 impl BodyFilter {
@@ -73,12 +74,17 @@ impl BodyFilter {
             root,
             flow: BodyFlow::default(),
             replacement: None,
+            size: 0,
         }
     }
 
-    fn refuse(&mut self, which: Side, why: &str) -> Action {
+    fn refuse(&mut self, which: Side, refusal: Refusal) -> Action {
         self.root.over_limit.add(1);
-        let (status, details) = which.refusal();
+        let Refusal {
+            status,
+            details,
+            why,
+        } = refusal;
         log!(Info, "{} refused with {status}: {why}", which.name());
         if let Err(sent) = host::send_local_response(status, details, why.as_bytes(), &[]) {
             log!(
@@ -94,10 +100,11 @@ impl BodyFilter {
     /// becomes 502 and its body is swapped, chunk by chunk, for the reason. (A local reply
     /// cannot do this: Envoy resets a stream whose response a Wasm filter replaces at this
     /// point.)
-    fn replace_response(&mut self, why: String) -> Action {
+    fn replace_response(&mut self, status: u32, why: String) -> Action {
         self.root.over_limit.add(1);
-        log!(Info, "response refused with 502: {why}");
-        for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
+        log!(Info, "response refused with {status}: {why}");
+        let status = status.to_string();
+        for (name, value) in [(":status", status.as_str()), ("content-type", "text/plain")] {
             if let Err(status) = host::replace_header(MapType::HttpResponseHeaders, name, value) {
                 log!(
                     Warn,
@@ -139,21 +146,24 @@ impl BodyFilter {
             host::header_text(map, "content-length")
                 .and_then(|v| v.trim_ascii().parse::<u64>().ok())
         };
-        let encoding = || host::header_text(map, "content-encoding");
+        // Every header of the name: a second one must not hide behind the first.
+        let encoding = || {
+            host::header_values(map, "content-encoding")
+                .unwrap_or_else(|_| vec!["(unreadable)".to_string()])
+        };
         match self
             .flow
             .headers(&self.root.ops, which, end_of_stream, declared, encoding)
         {
             HeadersStep::Continue => Action::Continue,
-            HeadersStep::Refuse(why) => self.refuse(which, &why),
-            HeadersStep::ReplaceResponse(why) => self.replace_response(why),
+            HeadersStep::Refuse(refusal) => self.refuse(which, refusal),
+            HeadersStep::ReplaceResponse(status, why) => self.replace_response(status, why),
             HeadersStep::PassEncoded(encoding) => {
                 self.root.passed.add(1);
                 log!(
                     Info,
-                    "{} body is in content-encoding {}: passed on unmodified",
-                    which.name(),
-                    Quoted(&encoding)
+                    "{} body is in content-encoding {encoding}: passed on unmodified",
+                    which.name()
                 );
                 Action::Continue
             }
@@ -176,7 +186,7 @@ impl BodyFilter {
             .body(&self.root.ops, which, body_size as u64, end_of_stream)
         {
             BodyStep::Stop => Action::Pause,
-            BodyStep::Refuse(why) => self.refuse(which, &why),
+            BodyStep::Refuse(refusal) => self.refuse(which, refusal),
             BodyStep::ResetResponse(why) => self.reset_response(&why),
             BodyStep::Pass => {
                 self.root.bytes(which, body_size);
@@ -199,9 +209,14 @@ impl BodyFilter {
 
     /// Rewrites the whole body in place; the action is what the body callback returns.
     fn rewrite(&mut self, which: Side, body_size: usize) -> Action {
+        self.size = body_size;
         let body = match host::buffer(body_buffer(which), body_size) {
             Ok(b) => b.unwrap_or_default(),
             Err(status) => {
+                let why = format!("reading the body failed with host status {status:?}");
+                if let Some(step) = self.flow.unhandled(&self.root.ops, which, why) {
+                    return self.take(which, step);
+                }
                 log!(
                     Warn,
                     "reading the {} body failed with host status {status:?}; passed on unmodified",
@@ -211,15 +226,25 @@ impl BodyFilter {
             }
         };
         self.root.bytes(which, body.len());
-        match self.flow.rewrite(&self.root.ops, which, &body) {
+        let step = self.flow.rewrite(&self.root.ops, which, &body);
+        drop(body);
+        self.take(which, step)
+    }
+
+    /// Does what a rewrite came to.
+    fn take(&mut self, which: Side, step: RewriteStep) -> Action {
+        match step {
             RewriteStep::Keep => {
                 self.root.passed.add(1);
                 Action::Continue
             }
             RewriteStep::Write(new, what) => {
-                drop(body);
                 self.root.rewritten.add(1);
-                if let Err(status) = host::set_buffer(body_buffer(which), body_size, &new) {
+                if let Err(status) = host::set_buffer(body_buffer(which), self.size, &new) {
+                    let why = format!("writing the body failed with host status {status:?}");
+                    if let Some(step) = self.flow.unhandled(&self.root.ops, which, why) {
+                        return self.take(which, step);
+                    }
                     log!(
                         Warn,
                         "writing the {} body failed with host status {status:?}; passed on unmodified",
@@ -244,15 +269,16 @@ impl BodyFilter {
                 log!(Warn, "{} {why}: passed on unmodified", which.name());
                 Action::Continue
             }
-            RewriteStep::Refuse(why) => self.refuse(which, &why),
+            RewriteStep::Refuse(refusal) => self.refuse(which, refusal),
             RewriteStep::ResetResponse(why) => self.reset_response(&why),
         }
     }
 
     fn on_trailers(&mut self, which: Side) -> Action {
         match self.flow.trailers(&self.root.ops, which) {
-            None => Action::Pause,
-            Some(true) => {
+            TrailersStep::Stop => Action::Pause,
+            TrailersStep::Continue => Action::Continue,
+            TrailersStep::PassUnmodified => {
                 log!(
                     Warn,
                     "{} with trailers: its body is passed on unmodified",
@@ -260,7 +286,8 @@ impl BodyFilter {
                 );
                 Action::Continue
             }
-            Some(false) => Action::Continue,
+            TrailersStep::Refuse(refusal) => self.refuse(which, refusal),
+            TrailersStep::ResetResponse(why) => self.reset_response(&why),
         }
     }
 }

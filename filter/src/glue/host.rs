@@ -35,6 +35,7 @@ extern "C" {
         p: *mut *mut u8,
         l: *mut usize,
     ) -> u32;
+    fn proxy_get_header_map_pairs(t: u32, p: *mut *mut u8, l: *mut usize) -> u32;
     fn proxy_replace_header_map_value(
         t: u32,
         k: *const u8,
@@ -152,6 +153,42 @@ pub fn header_text(map: MapType, name: &str) -> Option<String> {
         .ok()
         .flatten()
         .and_then(|v| String::from_utf8(v).ok())
+}
+
+/// Every value of a header (one per header of that name, in order); an unreadable map or a
+/// value that is not UTF-8 is `Err`.
+pub fn header_values(map: MapType, name: &str) -> Result<Vec<String>, Status> {
+    // SAFETY: out-pointers to locals.
+    let pairs = get(|p, l| unsafe { proxy_get_header_map_pairs(map as u32, p, l) })?;
+    let pairs = pairs.unwrap_or_default();
+    let word = |at: usize| -> Result<usize, Status> {
+        let bytes = pairs.get(at..at + 4).ok_or(Status::SerializationFailure)?;
+        let mut four = [0u8; 4];
+        four.copy_from_slice(bytes);
+        Ok(u32::from_le_bytes(four) as usize)
+    };
+    if pairs.is_empty() {
+        return Ok(Vec::new());
+    }
+    let count = word(0)?;
+    let mut values = Vec::new();
+    let mut data = 4usize.saturating_add(count.saturating_mul(8));
+    for i in 0..count {
+        let (k, v) = (word(4 + i * 8)?, word(8 + i * 8)?);
+        let key = pairs
+            .get(data..data + k)
+            .ok_or(Status::SerializationFailure)?;
+        let value_at = data + k + 1;
+        let value = pairs
+            .get(value_at..value_at + v)
+            .ok_or(Status::SerializationFailure)?;
+        data = value_at + v + 1;
+        if key.eq_ignore_ascii_case(name.as_bytes()) {
+            let text = std::str::from_utf8(value).map_err(|_| Status::SerializationFailure)?;
+            values.push(text.to_string());
+        }
+    }
+    Ok(values)
 }
 
 pub fn replace_header(map: MapType, name: &str, value: &str) -> Result<(), Status> {

@@ -15,6 +15,7 @@ mod envoy;
 mod headers;
 mod metrics;
 mod rate_limit;
+mod redaction;
 mod remote;
 mod scenarios;
 mod stats;
