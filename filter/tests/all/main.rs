@@ -13,6 +13,7 @@ mod docs;
 mod dynamic_module;
 mod envoy;
 mod headers;
+mod layers;
 mod metrics;
 mod rate_limit;
 mod redaction;
