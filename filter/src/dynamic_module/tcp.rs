@@ -11,15 +11,12 @@
 //! connection go on.
 
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::abi::{self, EnvoyBuffer};
 use super::host::log;
 use super::metrics::{Counter, Metrics};
-use super::{
-    config_pointer, drop_config, guard, plugin_config, share_config, FAULT_INJECTION, FAULT_MARKER,
-};
+use super::{config_pointer, drop_config, guard, plugin_config, share_config};
 use crate::config::PluginConfig;
 use crate::tcp_count::{TcpCounter, Totals};
 
@@ -64,9 +61,11 @@ fn parse(name: &[u8], config: &[u8]) -> Result<(String, TcpCounter), String> {
     }
 }
 
-/// Whether the data being read starts with [`FAULT_MARKER`] (only asked when the tests
-/// inject faults).
+/// Whether the data being read starts with [`super::FAULT_MARKER`] (only asked when the
+/// tests inject faults).
+#[cfg(feature = "fault")]
 fn fault_requested(envoy: *mut c_void) -> bool {
+    use super::FAULT_MARKER;
     let Some(host) = abi::host() else {
         return false;
     };
@@ -90,15 +89,19 @@ fn fault_requested(envoy: *mut c_void) -> bool {
     head == FAULT_MARKER
 }
 
-/// The fault the tests inject (see [`FAULT_INJECTION`]).
+/// The fault the tests inject (see [`super::FAULT_MARKER`]).
+#[cfg(feature = "fault")]
 #[allow(clippy::panic)]
 fn injected_fault(envoy: *mut c_void) {
-    if FAULT_INJECTION.load(Ordering::Relaxed) && fault_requested(envoy) {
+    if fault_requested(envoy) {
         panic!(
             "wasm-filter: injected fault (connection data starts with x-wasm-filter-fault: panic)"
         );
     }
 }
+
+#[cfg(not(feature = "fault"))]
+fn injected_fault(_: *mut c_void) {}
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(

@@ -16,6 +16,7 @@
 
 mod body;
 mod headers;
+#[allow(unsafe_code)]
 mod host;
 mod metrics;
 mod plugin;
@@ -28,15 +29,21 @@ mod vm;
 
 pub(crate) use vm::{emit, enabled};
 
-proxy_wasm::main! {{
-    // The build aborts on panic, which traps the VM (Envoy then applies the plugin's failure
-    // policy); the hook first logs the panic's message and place at `critical`, so the
-    // operator sees why.
-    std::panic::set_hook(Box::new(|info| {
-        host::log(crate::config::LogLevel::Critical as u32, &info.to_string());
-    }));
-    proxy_wasm::set_root_context(|_| Box::new(plugin::PluginContext::new()));
-}}
+/// The SDK's entry point (`_initialize`, which runs wasi-libc's constructors first).
+#[allow(unsafe_code)]
+mod start {
+    use super::{host, plugin};
+
+    proxy_wasm::main! {{
+        // The build aborts on panic, which traps the VM (Envoy then applies the plugin's failure
+        // policy); the hook first logs the panic's message and place at `critical`, so the
+        // operator sees why.
+        std::panic::set_hook(Box::new(|info| {
+            host::log(crate::config::LogLevel::Critical as u32, &info.to_string());
+        }));
+        proxy_wasm::set_root_context(|_| Box::new(plugin::PluginContext::new()));
+    }}
+}
 
 /// Logs `wasm-filter: <message>` at a level, formatting only when the level is enabled. The
 /// formatting is [`emit`]'s, one function for every line the module logs.

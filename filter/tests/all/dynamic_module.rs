@@ -17,14 +17,13 @@ use crate::support::{
 };
 
 /// Envoy finds the module through its environment, which every Envoy a test starts
-/// inherits: the search path, and the fault injection the panic test uses (inert without
-/// its request header).
+/// inherits: the search path of the tests' build (with the `fault` feature the panic test
+/// uses, inert without its request header).
 pub(crate) fn module_environment() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
         let dir = dynamic_module_dir();
         std::env::set_var("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", dir);
-        std::env::set_var("WASM_FILTER_FAULT", "panic");
     });
 }
 
