@@ -25,35 +25,95 @@ pub fn check_size(bytes: &[u8]) -> Result<(), String> {
 /// Reads a whole document of at most [`MAX_CONFIG_BYTES`] as `T`.
 pub fn from_slice<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     check_size(bytes)?;
-    let mut de = serde_json::Deserializer::from_slice(bytes);
-    let value = serde_path_to_error::deserialize(&mut de).map_err(message)?;
-    de.end().map_err(|e| e.to_string())?;
-    Ok(value)
+    serde_json::from_slice(bytes).map_err(|e| explain(bytes, e))
 }
 
-/// serde's message, with the path in place of the line and column for a value's error.
-fn message(e: serde_path_to_error::Error<serde_json::Error>) -> String {
-    use serde_path_to_error::Segment;
-    let mut segments: Vec<&Segment> = e.path().iter().collect();
-    let text = e.inner().to_string();
-    // An unknown key is the object's error: its path ends at the object.
-    if text.starts_with("unknown field `") {
-        segments.pop();
+/// serde_json's message; for a value's error, with the path of the value the error is in
+/// (found by reading the document again down to where serde_json stopped) in place of the
+/// line and column. One small walk rather than a path-tracking wrapper around every
+/// configuration type's deserializer keeps the module small: V8 compiles every byte of it in
+/// every worker.
+fn explain(doc: &[u8], e: serde_json::Error) -> String {
+    if !e.is_data() {
+        return e.to_string();
     }
+    let at = offset(doc, e.line(), e.column());
     let mut path = String::new();
-    for s in segments {
-        match s {
-            Segment::Seq { index } => path.push_str(&format!("[{index}]")),
-            Segment::Map { key } | Segment::Enum { variant: key } => {
+    if let Ok(text) = std::str::from_utf8(doc) {
+        descend(doc.as_ptr() as usize, text, at, &mut path, 0);
+    }
+    located(e, &path)
+}
+
+/// The byte offset of serde_json's line (from 1) and column (bytes into the line).
+fn offset(doc: &[u8], line: usize, column: usize) -> usize {
+    let mut start = 0;
+    for _ in 1..line {
+        match doc
+            .get(start..)
+            .and_then(|rest| rest.iter().position(|b| *b == b'\n'))
+        {
+            Some(i) => start += i + 1,
+            None => break,
+        }
+    }
+    start + column
+}
+
+/// Nesting the path search follows at most (serde_json reads no deeper).
+const MAX_PATH_DEPTH: usize = 128;
+
+/// Appends to `path` the key or index of the member of `text` (a value in the document at
+/// `base`) that holds offset `at`, and so on down; stops at the innermost value holding it.
+fn descend(base: usize, text: &str, at: usize, path: &mut String, depth: usize) {
+    if depth >= MAX_PATH_DEPTH {
+        return;
+    }
+    let span = |v: &RawValue| {
+        let start = (v.get().as_ptr() as usize).wrapping_sub(base);
+        (start, start + v.get().len())
+    };
+    let inside = |v: &RawValue| {
+        let (start, end) = span(v);
+        start <= at && at <= end
+    };
+    match text.trim_start().as_bytes().first() {
+        Some(b'{') => {
+            let Ok(Members(members)) = serde_json::from_str::<Members>(text) else {
+                return;
+            };
+            if let Some((key, v)) = members.into_iter().find(|(_, v)| inside(v)) {
                 if !path.is_empty() {
                     path.push('.');
                 }
-                path.push_str(key);
+                path.push_str(&key);
+                descend(base, v.get(), at, path, depth + 1);
             }
-            Segment::Unknown => path.push_str(if path.is_empty() { "?" } else { ".?" }),
         }
+        Some(b'[') => {
+            let Ok(items) = serde_json::from_str::<Vec<&RawValue>>(text) else {
+                return;
+            };
+            if let Some((i, v)) = items.into_iter().enumerate().find(|(_, v)| inside(v)) {
+                path.push_str(&format!("[{i}]"));
+                descend(base, v.get(), at, path, depth + 1);
+            }
+        }
+        _ => {}
     }
-    located(e.into_inner(), &path)
+}
+
+/// An object's members in order, each value as written.
+struct Members<'a>(Vec<(String, &'a RawValue)>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Members<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let visitor = EntriesVisitor {
+            expecting: "an object",
+            unique: &[],
+        };
+        d.deserialize_map(visitor).map(Members)
+    }
 }
 
 /// `inner`'s message; for a value's error, with `path` in place of the line and column.

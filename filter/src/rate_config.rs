@@ -67,7 +67,9 @@ impl<'de> Deserialize<'de> for KeySource {
     }
 }
 
-/// A number as the configuration wrote it (type-checked; its bounds are the reader's).
+/// `refill_per_second` as the configuration wrote it (type-checked; its bounds are the
+/// reader's). A type error names the field itself: raised after serde_json has read the
+/// value whole, it would otherwise carry the position of the end of the enclosing object.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct NumberText(pub String);
 
@@ -87,7 +89,10 @@ impl<'de> Deserialize<'de> for NumberText {
             serde_json::Value::Object(_) => Unexpected::Map,
             serde_json::Value::Number(_) => Unexpected::Other("number"),
         };
-        Err(de::Error::invalid_type(found, &"a number"))
+        Err(de::Error::invalid_type(
+            found,
+            &"a number at refill_per_second",
+        ))
     }
 }
 
