@@ -58,7 +58,11 @@ pub struct Stream {
 
 impl Stream {
     /// `None` before the callbacks are resolved (Envoy calls no hook before that).
-    pub fn new(ptr: *mut c_void) -> Option<Self> {
+    ///
+    /// # Safety
+    /// `ptr` is the filter pointer Envoy passed to the hook that is running; the `Stream`
+    /// is used only during that hook.
+    pub unsafe fn new(ptr: *mut c_void) -> Option<Self> {
         Some(Self {
             ptr,
             host: abi::host()?,
@@ -191,7 +195,8 @@ impl Stream {
     }
 
     pub fn count(&self, counter: Counter, by: u64) {
-        counter.add(self.ptr, by);
+        // SAFETY: the stream's filter pointer, valid during the hook (`Stream::new`).
+        unsafe { counter.add(self.ptr, by) };
     }
 
     /// The route is chosen again (after `:path` or another header it matches on changed).

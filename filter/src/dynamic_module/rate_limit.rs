@@ -161,9 +161,7 @@ mod tests {
             r#"{{"role":"rate-limit","key":{{"header":"k"}},"burst":2,"refill_per_second":1,"idle_seconds":10,"buckets":{buckets}}}"#
         );
         match PluginConfig::parse(json.as_bytes()).unwrap() {
-            PluginConfig::RateLimit(r) => {
-                Limiter::new(r, &Metrics::http(std::ptr::null_mut(), "p", "rate-limit"))
-            }
+            PluginConfig::RateLimit(r) => Limiter::new(r, &Metrics::none("p", "rate-limit")),
             other => panic!("{}", other.role()),
         }
     }
