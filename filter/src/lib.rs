@@ -23,6 +23,7 @@ pub mod conditions;
 pub mod config;
 pub mod de;
 pub mod header_ops;
+pub mod keyed_hash;
 pub mod metrics;
 pub mod quote;
 pub mod rate_config;

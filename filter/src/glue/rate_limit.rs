@@ -15,6 +15,7 @@ use super::metrics::{Counter, Metrics};
 use super::{host, log, shared};
 use crate::bucket_table::{classify, fingerprint, slot_key, slots, Entry, Slot};
 use crate::config::VmConfig;
+use crate::keyed_hash::Secret;
 use crate::rate_limit::{strip_port, Bucket, Decision, KeySource, RateLimit};
 
 pub struct Limiter {
@@ -51,8 +52,51 @@ impl Limiter {
             overflow: m.counter("overflow_total"),
             failed_open: m.counter("failed_open_total"),
         };
+        if let Err(e) = limiter.secret() {
+            log!(Warn, "rate-limit: {e}; it is created at first use");
+        }
         limiter.create_table();
         limiter
+    }
+
+    /// The process's fingerprint secret, from shared data (every worker's VM reads the same
+    /// one); the first VM to find none stores a random one. Read on every request, so a VM
+    /// that lost the race to create it adopts the one that stayed.
+    fn secret(&self) -> Result<Secret, String> {
+        let key = format!("{}rate-limit.secret", self.prefix);
+        for _ in 0..shared::MAX_CAS_ATTEMPTS {
+            let (value, cas) = host::shared_data(&key).map_err(|s| {
+                format!(
+                    "reading shared data {} failed with host status {s:?}",
+                    Quoted(&key)
+                )
+            })?;
+            let text = value.as_deref().map(String::from_utf8_lossy);
+            let written = match text.as_deref() {
+                Some(t) if !t.is_empty() => {
+                    return Secret::from_hex(t)
+                        .ok_or_else(|| format!("shared data {} is not a secret", Quoted(&key)))
+                }
+                // The ABI has no create-if-absent: create it empty, then fill it with a
+                // compare-and-swap, so two VMs never both think theirs is the one.
+                None => host::set_shared_data(&key, b"", 0),
+                Some(_) => host::set_shared_data(&key, Secret::random().to_hex().as_bytes(), cas),
+            };
+            match written {
+                Ok(()) | Err(Status::CasMismatch) => {}
+                Err(s) => {
+                    return Err(format!(
+                        "writing shared data {} failed with host status {s:?}",
+                        Quoted(&key)
+                    ))
+                }
+            }
+        }
+        Err(format!(
+            "shared data {}: gave up after {} compare-and-swap attempts",
+            Quoted(&key),
+            shared::MAX_CAS_ATTEMPTS
+        ))
     }
 
     /// Creates every slot not there yet, empty, before this worker serves a request: a write
@@ -93,7 +137,15 @@ impl Limiter {
     /// Takes a token for `key`; a failure of the shared data lets the request through (and
     /// says so).
     fn take(&self, key: &str) -> Decision {
-        let fp = fingerprint(key.as_bytes());
+        let secret = match self.secret() {
+            Ok(s) => s,
+            Err(e) => {
+                log!(Warn, "rate limit not applied: {e}");
+                self.failed_open.add(1);
+                return Decision::Allowed { remaining: 0 };
+            }
+        };
+        let fp = fingerprint(secret, key.as_bytes());
         for _ in 0..shared::MAX_CAS_ATTEMPTS {
             match self.try_take(fp) {
                 Ok(Outcome::Decided(d)) => return d,
