@@ -7,17 +7,73 @@
 //! counts bytes as they pass and answers 413 as soon as the count goes over (or at once when
 //! `content-length` already says so).
 
-use crate::json::write::Quoted;
-use crate::json::{Field, Obj};
+use crate::quote::Quoted;
 use crate::redact::{redact, Redacted};
+use serde::Deserialize;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BodyOperation {
+    #[serde(default)]
     pub request: BodySide,
+    #[serde(default)]
     pub response: BodySide,
     /// The most a body to rewrite may grow to while it is held.
+    #[serde(default = "default_max_buffer")]
     pub max_buffer_bytes: u64,
+    #[serde(default)]
     pub on_overflow: Overflow,
+    /// The cases where a body redaction cannot fully inspect goes on unredacted instead of
+    /// being refused (by default every case is refused).
+    #[serde(default)]
+    pub fail_open: Vec<Uninspectable>,
+    /// The status a body redaction cannot inspect is refused with.
+    #[serde(default)]
+    pub refuse_status: RefuseStatus,
+}
+
+/// A body redaction cannot fully inspect, named as `fail_open` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Uninspectable {
+    /// serde_json cannot read it (not JSON, not UTF-8, a BOM, a lone surrogate, `NaN`,
+    /// nested past 127, ...).
+    NotJson,
+    /// A `content-encoding` other than none or exactly `identity` (one header).
+    ContentEncoding,
+    /// Trailers came: the body was never seen whole with its end.
+    Trailers,
+    /// Bigger than `max_buffer_bytes`, before or after the rewrite.
+    OverBuffer,
+}
+
+/// The status of a refusal, per side. The defaults: 415 for a request (RFC 9110's answer to
+/// a body in a form, or a content-coding, the server does not take: the client can send it
+/// plainly), 502 for a response (the upstream's answer cannot be delivered as it is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RefuseStatus {
+    #[serde(default = "default_request_refusal")]
+    pub request: u32,
+    #[serde(default = "default_response_refusal")]
+    pub response: u32,
+}
+
+fn default_request_refusal() -> u32 {
+    415
+}
+
+fn default_response_refusal() -> u32 {
+    502
+}
+
+impl Default for RefuseStatus {
+    fn default() -> Self {
+        Self {
+            request: default_request_refusal(),
+            response: default_response_refusal(),
+        }
+    }
 }
 
 /// Half of Envoy's default per-connection buffer limit (1 MiB), which answers 413 / 500 on
@@ -38,7 +94,8 @@ pub const MAX_MASK_BYTES: usize = 1024;
 pub const MAX_REDACT_KEYS: usize = 1024;
 
 /// What to do with a body to rewrite that outgrows `max_buffer_bytes`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Overflow {
     /// Send it on unmodified and log it.
     #[default]
@@ -47,18 +104,23 @@ pub enum Overflow {
     Reject,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct BodySide {
     /// Requests only: bodies over this many bytes get 413.
     pub max_bytes: Option<u64>,
     pub redact_json: Option<Redact>,
+    #[serde(default)]
     pub replace: Vec<Replace>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Redact {
-    /// In byte order, without repeats: looked up by binary search for every key of a body.
+    /// In byte order, without repeats once validated: looked up by binary search for every
+    /// key of a body.
     pub keys: Vec<String>,
+    #[serde(default = "default_mask")]
     pub mask: String,
 }
 
@@ -66,63 +128,11 @@ fn default_mask() -> String {
     "***".into()
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Replace {
     pub from: String,
     pub to: String,
-}
-
-impl BodySide {
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o = f.object("struct BodySide")?;
-        o.fields(&["max_bytes", "redact_json", "replace"])?;
-        let replace = match o.get("replace") {
-            Some(list) => list.list(Replace::from_json)?,
-            None => Vec::new(),
-        };
-        Ok(Self {
-            max_bytes: o.opt("max_bytes").map(Field::u64).transpose()?,
-            redact_json: o.opt("redact_json").map(Redact::from_json).transpose()?,
-            replace,
-        })
-    }
-}
-
-impl Redact {
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o = f.object("struct Redact")?;
-        o.fields(&["keys", "mask"])?;
-        let listed = o.need("keys")?;
-        let at = listed.at.clone();
-        let listed = listed.strings()?;
-        if listed.len() > MAX_REDACT_KEYS {
-            return Err(format!(
-                "{at}: {} keys, over the {MAX_REDACT_KEYS}-key limit",
-                listed.len()
-            ));
-        }
-        let mut keys: Vec<String> = Vec::with_capacity(listed.len());
-        for k in listed {
-            if let Err(i) = keys.binary_search(&k) {
-                keys.insert(i, k);
-            }
-        }
-        Ok(Self {
-            keys,
-            mask: o.or("mask", Field::string, default_mask)?,
-        })
-    }
-}
-
-impl Replace {
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o = f.object("struct Replace")?;
-        o.fields(&["from", "to"])?;
-        Ok(Self {
-            from: o.need("from")?.string()?,
-            to: o.need("to")?.string()?,
-        })
-    }
 }
 
 /// A whole body, after the side's rewrites.
@@ -139,22 +149,6 @@ pub enum Rewrite {
 }
 
 impl BodyOperation {
-    /// The role's fields (the `role` tag left to the caller).
-    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
-        o.fields(&["request", "response", "max_buffer_bytes", "on_overflow"])?;
-        let overflow = o.get("on_overflow").map(|f| f.variant(&["pass", "reject"]));
-        let on_overflow = match overflow.transpose()? {
-            Some(1) => Overflow::Reject,
-            _ => Overflow::Pass,
-        };
-        Ok(Self {
-            request: o.or("request", BodySide::from_json, BodySide::default)?,
-            response: o.or("response", BodySide::from_json, BodySide::default)?,
-            max_buffer_bytes: o.or("max_buffer_bytes", Field::u64, default_max_buffer)?,
-            on_overflow,
-        })
-    }
-
     pub fn validate(&mut self) -> Result<(), String> {
         if self.max_buffer_bytes == 0 || self.max_buffer_bytes > MAX_BUFFER_LIMIT {
             return Err(format!(
@@ -168,8 +162,29 @@ impl BodyOperation {
         if self.request.max_bytes == Some(0) {
             return Err("request.max_bytes: must be at least 1 (leave it out for no limit)".into());
         }
+        for (at, status) in [
+            ("request", self.refuse_status.request),
+            ("response", self.refuse_status.response),
+        ] {
+            if !(400..=599).contains(&status) {
+                return Err(format!(
+                    "refuse_status.{at} {status}: must be between 400 and 599"
+                ));
+            }
+        }
         self.request.validate("request")?;
         self.response.validate("response")
+    }
+
+    /// Whether a body of the side (`request`: true) that redaction cannot inspect for
+    /// `case` is refused: the side redacts and the configuration did not opt out.
+    pub fn refuses(&self, request: bool, case: Uninspectable) -> bool {
+        let side = if request {
+            &self.request
+        } else {
+            &self.response
+        };
+        side.redact_json.is_some() && !self.fail_open.contains(&case)
     }
 
     /// What `on_configure` logs.
@@ -199,8 +214,16 @@ impl BodyOperation {
 }
 
 impl BodySide {
-    fn validate(&self, at: &str) -> Result<(), String> {
-        if let Some(r) = &self.redact_json {
+    fn validate(&mut self, at: &str) -> Result<(), String> {
+        if let Some(r) = &mut self.redact_json {
+            if r.keys.len() > MAX_REDACT_KEYS {
+                return Err(format!(
+                    "{at}.redact_json.keys: {} keys, over the {MAX_REDACT_KEYS}-key limit",
+                    r.keys.len()
+                ));
+            }
+            r.keys.sort_unstable();
+            r.keys.dedup();
             if r.keys.is_empty() {
                 return Err(format!("{at}.redact_json.keys: list at least one key"));
             }

@@ -2,7 +2,8 @@
 //! data, so no client can grow Envoy's memory by sending new keys (the ABI cannot delete a
 //! shared-data key, so one key per client value would grow forever).
 //!
-//! A client key hashes to a 64-bit fingerprint and a home slot; it may live in any of the
+//! A client key hashes (keyed by a secret of the process) to a 64-bit fingerprint and a
+//! home slot; it may live in any of the
 //! [`WAYS`] slots from its home on (wrapping). An entry is `<fingerprint> <milli-tokens>
 //! <updated-ns>`; an empty value is a free slot. A lookup walks the ways in order and uses the
 //! first entry carrying its fingerprint; a key with no entry claims the first slot that is
@@ -14,6 +15,7 @@
 //! The glue reads slots and writes them back; this module decides what a slot's value means
 //! for a key ([`classify`]) and what to store.
 
+use crate::keyed_hash::{siphash, Secret};
 use crate::rate_limit::{Bucket, RateLimit};
 use crate::stored;
 
@@ -77,22 +79,12 @@ impl Entry {
     }
 }
 
-/// FNV-1a over the key, finished with SplitMix64's mixer so nearby keys spread over the
-/// table. The same in every VM (every worker must find the same slots). Collisions are not
-/// an attack surface: two keys with one fingerprint share a bucket (each gets fewer tokens),
-/// and keys crowding one home only push later keys onto the overflow bucket, as a full table
-/// does.
-pub fn fingerprint(key: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in key {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    h ^= h >> 30;
-    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    h ^= h >> 27;
-    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
-    h ^ (h >> 31)
+/// The key's fingerprint: SipHash-2-4 keyed by the process's secret, the same in every VM
+/// of the process (every worker must find the same slots) and unknown outside it, so no
+/// client can choose keys that crowd a victim's slots and push it onto the overflow bucket.
+/// Two keys with one fingerprint share a bucket (each gets fewer tokens), never more.
+pub fn fingerprint(secret: Secret, key: &[u8]) -> u64 {
+    siphash(secret, key)
 }
 
 /// The slots a key may live in, in lookup order.
@@ -139,6 +131,45 @@ pub fn slot_key(prefix: &str, plugin: &str, slot: Option<u32>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A secret for the tests (the module's is random).
+    const KEY: Secret = Secret([0x0123_4567_89ab_cdef, 0xfedc_ba98_7654_3210]);
+
+    /// The fingerprint before it was keyed: FNV-1a with SplitMix64's mixer, the same for
+    /// everyone, so anyone could compute where a key lands.
+    pub fn unkeyed(key: &[u8]) -> u64 {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for &b in key {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        h ^= h >> 30;
+        h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        h ^= h >> 27;
+        h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+        h ^ (h >> 31)
+    }
+
+    /// Keys crafted against the unkeyed fingerprint to fill every slot a victim may use
+    /// (and one more for the overflow bucket) land all over the table under the keyed one.
+    #[test]
+    fn keys_crafted_for_a_victims_slots_miss_them_under_the_secret() {
+        let buckets = 1024;
+        let home = |fp| slots(fp, buckets).next().unwrap();
+        let victim = home(unkeyed(b"victim"));
+        let crafted: Vec<String> = (0..)
+            .map(|i| format!("k{i}"))
+            .filter(|k| home(unkeyed(k.as_bytes())) == victim)
+            .take(WAYS as usize + 1)
+            .collect();
+        assert_eq!(crafted.len(), 9);
+        let ways: Vec<u32> = slots(fingerprint(KEY, b"victim"), buckets).collect();
+        let landed = crafted
+            .iter()
+            .filter(|k| ways.contains(&home(fingerprint(KEY, k.as_bytes()))))
+            .count();
+        assert!(landed < 2, "{landed} crafted keys on the victim's ways");
+    }
     use crate::config::PluginConfig;
 
     const S: u64 = 1_000_000_000;
@@ -174,40 +205,38 @@ mod tests {
 
     #[test]
     fn a_key_has_at_most_ways_slots_inside_the_table() {
-        let fp = fingerprint(b"alice");
-        assert_eq!(fp, fingerprint(b"alice"));
-        assert_ne!(fp, fingerprint(b"alicf"));
+        let fp = fingerprint(KEY, b"alice");
+        assert_eq!(fp, fingerprint(KEY, b"alice"));
+        assert_ne!(fp, fingerprint(KEY, b"alicf"));
         let s: Vec<u32> = slots(fp, 64).collect();
         assert_eq!(s.len(), WAYS as usize);
         assert!(s.iter().all(|&i| i < 64));
         assert_eq!(s[1], (s[0] + 1) % 64);
         assert_eq!(slots(fp, 3).collect::<Vec<_>>().len(), 3);
         assert_eq!(slots(fp, 1).collect::<Vec<_>>(), [0]);
-        // The slot docs/rust-api.md and the scenarios name for 127.0.0.1.
-        let local = fingerprint(b"127.0.0.1");
-        assert_eq!(local, 0x360f_a4ad_e68d_5ada);
-        assert_eq!(slots(local, DEFAULT_BUCKETS).next(), Some(6874));
+        // Another secret, another fingerprint.
+        assert_ne!(fp, fingerprint(Secret([3, 4]), b"alice"));
     }
 
     #[test]
     fn fingerprints_spread_over_the_table() {
         let mut homes = [0u32; 64];
         for i in 0..64_000 {
-            let home = slots(fingerprint(format!("client-{i}").as_bytes()), 64)
+            let home = slots(fingerprint(KEY, format!("client-{i}").as_bytes()), 64)
                 .next()
                 .unwrap();
             homes[home as usize] += 1;
         }
-        // 1 000 each on average; FNV alone (no mixer) puts these in a handful of slots.
+        // 1 000 each on average.
         assert!(homes.iter().all(|&n| (800..1200).contains(&n)), "{homes:?}");
     }
 
     #[test]
     fn a_slot_is_mine_free_idle_or_busy() {
         let l = limit();
-        let mine = fingerprint(b"a");
+        let mine = fingerprint(KEY, b"a");
         let other = Entry {
-            fingerprint: fingerprint(b"b"),
+            fingerprint: fingerprint(KEY, b"b"),
             bucket: Bucket {
                 milli_tokens: 2000,
                 updated_ns: 0,
@@ -215,7 +244,7 @@ mod tests {
         }
         .encode();
         let drained = Entry {
-            fingerprint: fingerprint(b"b"),
+            fingerprint: fingerprint(KEY, b"b"),
             bucket: Bucket {
                 milli_tokens: 0,
                 updated_ns: 0,

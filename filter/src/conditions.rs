@@ -1,48 +1,30 @@
 //! `when`: which requests an operation applies to. Every part given must hold (a method in
 //! the set, a path prefix, each header present or equal); an absent `when` matches all.
 
-use crate::json::write::Quoted;
-use crate::json::{Field, Obj};
+use crate::quote::Quoted;
+use serde::Deserialize;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Condition {
     /// Any of these methods (case-sensitive, as HTTP methods are).
+    #[serde(default)]
     pub methods: Vec<String>,
     /// The path (its query left out) starts with this.
     pub path_prefix: Option<String>,
+    #[serde(default)]
     pub headers: Vec<HeaderCondition>,
 }
 
 /// `{"name": "x-a"}`: present; `{"name": "x-a", "value": "1"}`: present with this value.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HeaderCondition {
     pub name: String,
     pub value: Option<String>,
 }
 
-impl HeaderCondition {
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o: Obj<'_> = f.object("struct HeaderCondition")?;
-        o.fields(&["name", "value"])?;
-        Ok(Self {
-            name: o.need("name")?.string()?,
-            value: o.opt("value").map(Field::string).transpose()?,
-        })
-    }
-}
-
 impl Condition {
-    pub fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o = f.object("struct Condition")?;
-        o.fields(&["methods", "path_prefix", "headers"])?;
-        let headers = o.or("headers", |h| h.list(HeaderCondition::from_json), Vec::new)?;
-        Ok(Self {
-            methods: o.or("methods", Field::strings, Vec::new)?,
-            path_prefix: o.opt("path_prefix").map(Field::string).transpose()?,
-            headers,
-        })
-    }
-
     pub fn validate(&mut self, at: &str) -> Result<(), String> {
         for (i, m) in self.methods.iter().enumerate() {
             if !crate::header_ops::is_token(m) {
@@ -106,8 +88,7 @@ mod tests {
     use super::*;
 
     fn cond(json: &str) -> Result<Condition, String> {
-        let v = crate::json::parse(json.as_bytes(), 1 << 20).map_err(|e| e.to_string())?;
-        let mut c = Condition::from_json(Field::root(&v))?;
+        let mut c: Condition = crate::de::from_slice(json.as_bytes())?;
         c.validate("when")?;
         Ok(c)
     }

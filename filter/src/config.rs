@@ -3,15 +3,16 @@
 //! Unknown roles and unknown fields are errors, so a typo is caught when Envoy loads the
 //! configuration (its canary rejects it) instead of silently doing nothing.
 
+use serde::Deserialize;
+
 use crate::body_ops::BodyOperation;
+use crate::de::{self, Entries};
 use crate::header_ops::HeaderOperation;
-use crate::json::{self, Field};
 use crate::rate_limit::RateLimit;
 use crate::stats::StatsConfig;
 use crate::tcp_count::TcpCounter;
 
-/// A configuration is a few hundred bytes; this bounds what parsing one may build.
-pub const MAX_CONFIG_BYTES: usize = 1024 * 1024;
+pub use crate::de::MAX_CONFIG_BYTES;
 
 /// The roles, in [`PluginConfig`]'s order.
 const ROLES: [&str; 5] = [
@@ -48,16 +49,27 @@ impl PluginConfig {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Err("the plugin configuration is empty: expected JSON such as {\"role\": \"http-header-operation\", ...}".into());
         }
-        let doc = json::parse(bytes, MAX_CONFIG_BYTES).map_err(|e| e.to_string())?;
-        let o = Field::root(&doc).object("internally tagged enum PluginConfig")?;
-        let role = o.need("role")?.variant(&ROLES)?;
-        let o = o.tagged("role");
-        let mut config = match role {
-            0 => Self::HttpHeaderOperation(HeaderOperation::from_json(&o)?),
-            1 => Self::HttpBodyOperation(BodyOperation::from_json(&o)?),
-            2 => Self::TcpTotalDataSizeCounter(TcpCounter::from_json(&o)?),
-            3 => Self::RateLimit(RateLimit::from_json(&o)?),
-            _ => Self::StatsAggregator(StatsConfig::from_json(&o)?),
+        de::check_size(bytes)?;
+        // serde's internally tagged enums read the whole object into a buffer of their own
+        // first, which loses each value's path: the tag is read here, then the rest as the
+        // role's struct.
+        let top = Entries::read(bytes, "internally tagged enum PluginConfig", &["role"])?;
+        let role: String = match top.get("role") {
+            Some(v) => de::field(v, "role")?,
+            None => return Err("missing field `role`".into()),
+        };
+        let Some(i) = ROLES.iter().position(|r| *r == role) else {
+            let e: serde_json::Error = serde::de::Error::unknown_variant(&role, &ROLES);
+            return Err(format!("{e} at role"));
+        };
+        let rest = top.without("role")?;
+        let rest = rest.as_bytes();
+        let mut config = match i {
+            0 => Self::HttpHeaderOperation(de::from_slice(rest)?),
+            1 => Self::HttpBodyOperation(de::from_slice(rest)?),
+            2 => Self::TcpTotalDataSizeCounter(de::from_slice(rest)?),
+            3 => Self::RateLimit(de::from_slice(rest)?),
+            _ => Self::StatsAggregator(de::from_slice(rest)?),
         };
         match &mut config {
             Self::HttpHeaderOperation(c) => c.validate()?,
@@ -71,7 +83,8 @@ impl PluginConfig {
 }
 
 /// Log levels as proxy-wasm numbers them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LogLevel {
     Trace = 0,
     Debug = 1,
@@ -83,13 +96,17 @@ pub enum LogLevel {
 
 /// VM-wide settings, shared by every plugin of the VM (every plugin naming the same `vm_id`
 /// and code must give the same `vm_config`, or Envoy starts a separate VM for it).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct VmConfig {
     /// Lines below this level are not even formatted.
+    #[serde(default = "default_log_level")]
     pub log_level: LogLevel,
     /// The shared queue HTTP streams put stats records on and the aggregator drains.
+    #[serde(default = "default_queue_name")]
     pub queue_name: String,
     /// Prepended to every shared-data key, so two modules sharing a `vm_id` cannot collide.
+    #[serde(default = "default_prefix")]
     pub shared_data_prefix: String,
 }
 
@@ -119,28 +136,7 @@ impl VmConfig {
         if bytes.iter().all(u8::is_ascii_whitespace) {
             return Ok(Self::default());
         }
-        let doc = json::parse(bytes, MAX_CONFIG_BYTES).map_err(|e| e.to_string())?;
-        let o = Field::root(&doc).object("struct VmConfig")?;
-        o.fields(&["log_level", "queue_name", "shared_data_prefix"])?;
-        const LEVELS: [LogLevel; 6] = [
-            LogLevel::Trace,
-            LogLevel::Debug,
-            LogLevel::Info,
-            LogLevel::Warn,
-            LogLevel::Error,
-            LogLevel::Critical,
-        ];
-        let level = o
-            .get("log_level")
-            .map(|f| f.variant(&["trace", "debug", "info", "warn", "error", "critical"]));
-        let config = Self {
-            log_level: match level.transpose()? {
-                Some(i) => LEVELS.get(i).copied().unwrap_or(LogLevel::Info),
-                None => default_log_level(),
-            },
-            queue_name: o.or("queue_name", Field::string, default_queue_name)?,
-            shared_data_prefix: o.or("shared_data_prefix", Field::string, default_prefix)?,
-        };
+        let config: Self = de::from_slice(bytes)?;
         if config.queue_name.is_empty() {
             return Err("queue_name: must not be empty".into());
         }

@@ -5,40 +5,37 @@
 //! add ours" without depending on how JSON orders keys.
 
 use crate::conditions::Condition;
-use crate::json::write::Quoted;
-use crate::json::{Field, Obj};
+use crate::quote::Quoted;
+use serde::Deserialize;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct HeaderOperation {
     /// Both lists apply only to requests that match (the response list: to responses to
     /// requests that matched).
     pub when: Option<Condition>,
+    #[serde(default)]
     pub request: Ops,
+    #[serde(default)]
     pub response: Ops,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Ops {
+    #[serde(default)]
     pub remove: Vec<String>,
+    #[serde(default)]
     pub set: Vec<Header>,
+    #[serde(default)]
     pub add: Vec<Header>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Header {
     pub name: String,
     pub value: String,
-}
-
-impl Header {
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o = f.object("struct Header")?;
-        o.fields(&["name", "value"])?;
-        Ok(Self {
-            name: o.need("name")?.string()?,
-            value: o.need("value")?.string()?,
-        })
-    }
 }
 
 /// One edit, as the glue applies it with a hostcall.
@@ -68,16 +65,6 @@ pub fn is_token(s: &str) -> bool {
 }
 
 impl HeaderOperation {
-    /// The role's fields (the `role` tag left to the caller).
-    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
-        o.fields(&["when", "request", "response"])?;
-        Ok(Self {
-            when: o.opt("when").map(Condition::from_json).transpose()?,
-            request: o.or("request", Ops::from_json, Ops::default)?,
-            response: o.or("response", Ops::from_json, Ops::default)?,
-        })
-    }
-
     pub fn validate(&mut self) -> Result<(), String> {
         if let Some(when) = &mut self.when {
             when.validate("when")?;
@@ -92,17 +79,6 @@ impl HeaderOperation {
 }
 
 impl Ops {
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o = f.object("struct Ops")?;
-        o.fields(&["remove", "set", "add"])?;
-        let headers = |name| o.or(name, |list| list.list(Header::from_json), Vec::new);
-        Ok(Self {
-            remove: o.or("remove", Field::strings, Vec::new)?,
-            set: headers("set")?,
-            add: headers("add")?,
-        })
-    }
-
     pub fn len(&self) -> usize {
         self.remove.len() + self.set.len() + self.add.len()
     }

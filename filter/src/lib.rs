@@ -9,15 +9,24 @@
 //! same decisions run behind a second glue, `dynamic_module`: the cdylib is then an Envoy
 //! dynamic module (`libwasm_filter.so`) for the HTTP roles.
 
+// `unsafe` is for the runtimes' foreign edges only: the Wasm module's hostcall imports
+// (`glue::host`, and the SDK's entry point in `glue`), the dynamic module's ABI (`abi`,
+// `host`) and the hooks Envoy calls (`dynamic_module` and its `tcp`); every block says why it
+// is sound.
+#![deny(unsafe_code)]
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 pub mod body_flow;
 pub mod body_ops;
 pub mod bucket_table;
 pub mod conditions;
 pub mod config;
-pub mod context_table;
+pub mod de;
 pub mod header_ops;
-pub mod json;
+pub mod keyed_hash;
 pub mod metrics;
+pub mod quote;
+pub mod rate_config;
 pub mod rate_limit;
 pub mod redact;
 pub mod stats;
@@ -25,6 +34,7 @@ pub mod stored;
 pub mod tcp_count;
 
 #[cfg(not(target_family = "wasm"))]
+#[allow(unsafe_code)]
 mod dynamic_module;
 #[cfg(target_family = "wasm")]
 mod glue;

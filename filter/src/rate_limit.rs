@@ -9,24 +9,33 @@
 //! `<milli-tokens> <last-update-ns>`, inside a table entry of [`crate::bucket_table`], whose
 //! size the configuration fixes.
 
-use crate::json::write::Quoted;
-use std::fmt;
+use crate::quote::Quoted;
+
+use serde::Deserialize;
 
 use crate::stored;
 
-use crate::json::{Field, Obj};
+pub use crate::rate_config::{KeySource, NumberText, Rate};
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct RateLimit {
     pub key: KeySource,
     /// The bucket's size: how many requests may come at once.
     pub burst: u32,
+    /// `refill_per_second` as written; [`RateLimit::validate`] reads it into
+    /// [`RateLimit::refill_per_second`].
+    #[serde(rename = "refill_per_second")]
+    pub refill_text: NumberText,
     /// Tokens added back per second (fractions allowed, e.g. 0.5).
+    #[serde(skip)]
     pub refill_per_second: Rate,
     /// A bucket unused this long (and refilled) may be taken over by another key.
+    #[serde(default = "default_idle")]
     pub idle_seconds: u32,
     /// Table entries in shared data: keys active within `idle_seconds` beyond this share
     /// an overflow bucket. It bounds Envoy's memory, whatever keys clients send.
+    #[serde(default = "default_buckets")]
     pub buckets: u32,
 }
 
@@ -36,89 +45,6 @@ fn default_buckets() -> u32 {
 
 fn default_idle() -> u32 {
     300
-}
-
-/// Where the bucket's key comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum KeySource {
-    /// `{"header": "x-api-key"}`: that request header's value; requests without it share
-    /// one bucket.
-    Header(String),
-    /// `"client-address"`: the client's IP address (`source.address`, port left out).
-    ClientAddress,
-}
-
-/// Tokens added back per second, in thousandths.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Rate {
-    pub milli: u64,
-}
-
-/// The bounds of `refill_per_second`, in thousandths: 0.001 to 1 000 000 per second.
-const RATE_MILLI: (u64, u64) = (1, 1_000_000_000);
-
-impl Rate {
-    /// From the configuration's number, exactly: more than three decimals round to the
-    /// nearest thousandth, a value out of bounds is refused as written.
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let n = f.scaled(3, "a number")?;
-        let (min, max) = RATE_MILLI;
-        if n.negative || n.units < min || n.units > max || (n.units == max && n.rest) {
-            return Err(format!(
-                "refill_per_second {}: must be between 0.001 and 1000000",
-                n.text
-            ));
-        }
-        Ok(Self { milli: n.rounded() })
-    }
-}
-
-/// As a decimal: `2`, `0.5`, `0.001`.
-impl fmt::Display for Rate {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let (whole, frac) = (self.milli / 1000, self.milli % 1000);
-        if frac == 0 {
-            return write!(f, "{whole}");
-        }
-        let digits = format!("{frac:03}");
-        write!(f, "{whole}.{}", digits.trim_end_matches('0'))
-    }
-}
-
-impl KeySource {
-    /// `"client-address"` or `{"header": "<name>"}`, with serde's messages for the rest.
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        const VARIANTS: [&str; 2] = ["header", "client-address"];
-        let unknown = |name: &str| {
-            f.error(format!(
-                "unknown variant `{name}`, expected `header` or `client-address`"
-            ))
-        };
-        let expected = "`\"client-address\"` or `{\"header\": ...}`";
-        match f.value {
-            crate::json::Value::String(s) => match f.variant(&VARIANTS)? {
-                1 => Ok(Self::ClientAddress),
-                _ => Err(f.error(format!(
-                    "{} needs a header name: {{\"header\": \"<name>\"}}",
-                    Quoted(s)
-                ))),
-            },
-            crate::json::Value::Object(entries) => match entries.as_slice() {
-                [(name, value)] if name == "header" => Field {
-                    at: format!("{}.header", f.at),
-                    value,
-                }
-                .string()
-                .map(Self::Header),
-                [(name, _)] if name == "client-address" => {
-                    Err(f.error("`client-address` takes no value: write \"client-address\"".into()))
-                }
-                [(name, _)] => Err(unknown(name)),
-                _ => Err(f.invalid_type(expected)),
-            },
-            _ => Err(f.invalid_type(expected)),
-        }
-    }
 }
 
 const NS_PER_SEC: u64 = 1_000_000_000;
@@ -136,24 +62,6 @@ pub enum Decision {
 }
 
 impl RateLimit {
-    /// The role's fields (the `role` tag left to the caller).
-    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
-        o.fields(&[
-            "key",
-            "burst",
-            "refill_per_second",
-            "idle_seconds",
-            "buckets",
-        ])?;
-        Ok(Self {
-            key: KeySource::from_json(o.need("key")?)?,
-            burst: o.need("burst")?.u32()?,
-            refill_per_second: Rate::from_json(o.need("refill_per_second")?)?,
-            idle_seconds: o.or("idle_seconds", Field::u32, default_idle)?,
-            buckets: o.or("buckets", Field::u32, default_buckets)?,
-        })
-    }
-
     pub fn validate(&mut self) -> Result<(), String> {
         if let KeySource::Header(h) = &mut self.key {
             if !crate::header_ops::is_token(h.strip_prefix(':').unwrap_or(h)) {
@@ -167,6 +75,7 @@ impl RateLimit {
         if self.burst == 0 {
             return Err("burst: must be at least 1".into());
         }
+        self.refill_per_second = Rate::from_text(&self.refill_text)?;
         if self.idle_seconds == 0 {
             return Err("idle_seconds: must be at least 1".into());
         }
@@ -360,6 +269,7 @@ mod tests {
             let r = RateLimit {
                 key: KeySource::ClientAddress,
                 burst,
+                refill_text: NumberText::default(),
                 refill_per_second: Rate { milli },
                 idle_seconds: 300,
                 buckets: 1,

@@ -4,13 +4,15 @@
 //! on every tick, logs a summary and (with a `collector`) posts it. A post that fails keeps
 //! its counts, which go out with the next tick's: nothing is dropped silently.
 
-use crate::json::write::Quoted;
-use crate::json::{write, Field, Obj};
+use crate::quote::Quoted;
+use serde::Deserialize;
 
 use crate::stored;
 
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StatsConfig {
+    #[serde(default)]
     pub mode: Mode,
     /// Aggregate only: seconds between summaries (default 10).
     pub tick_seconds: Option<u32>,
@@ -18,33 +20,25 @@ pub struct StatsConfig {
     pub collector: Option<Collector>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Mode {
     #[default]
     Record,
     Aggregate,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Collector {
     /// A cluster of the bootstrap.
     pub cluster: String,
+    #[serde(default = "default_path")]
     pub path: String,
+    #[serde(default = "default_authority")]
     pub authority: String,
+    #[serde(default = "default_timeout")]
     pub timeout_ms: u32,
-}
-
-impl Collector {
-    fn from_json(f: Field<'_>) -> Result<Self, String> {
-        let o = f.object("struct Collector")?;
-        o.fields(&["cluster", "path", "authority", "timeout_ms"])?;
-        Ok(Self {
-            cluster: o.need("cluster")?.string()?,
-            path: o.or("path", Field::string, default_path)?,
-            authority: o.or("authority", Field::string, default_authority)?,
-            timeout_ms: o.or("timeout_ms", Field::u32, default_timeout)?,
-        })
-    }
 }
 
 fn default_path() -> String {
@@ -58,20 +52,6 @@ fn default_timeout() -> u32 {
 }
 
 impl StatsConfig {
-    /// The role's fields (the `role` tag left to the caller).
-    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
-        o.fields(&["mode", "tick_seconds", "collector"])?;
-        let mode = o.get("mode").map(|f| f.variant(&["record", "aggregate"]));
-        Ok(Self {
-            mode: match mode.transpose()? {
-                Some(1) => Mode::Aggregate,
-                _ => Mode::Record,
-            },
-            tick_seconds: o.opt("tick_seconds").map(Field::u32).transpose()?,
-            collector: o.opt("collector").map(Collector::from_json).transpose()?,
-        })
-    }
-
     pub fn validate(&mut self) -> Result<(), String> {
         if self.mode == Mode::Record {
             if self.tick_seconds.is_some() {
@@ -300,13 +280,12 @@ impl Aggregate {
         self.requests == 0
     }
 
-    /// One line of JSON: `{"requests":3,"routes":{"/api":{"2xx":2,"5xx":1}},"latency_ms":{"<1":3}}`
-    /// (only non-zero counts).
+    /// One line of JSON: `{"latency_ms":{"<1":3},"requests":3,"routes":{"/api":{"2xx":2,"5xx":1}}}`
+    /// (only non-zero counts; keys in byte order at every level, as serde_json's map keeps
+    /// them).
     pub fn summary(&self) -> String {
-        let mut out = String::new();
-        // Keys in byte order at every level, as readers have always seen them.
-        let mut summary = write::Object::new(&mut out);
-        let mut latency: Vec<(String, u64)> = Vec::new();
+        use serde_json::{Map, Value};
+        let mut latency = Map::new();
         for (i, n) in self.latency.iter().enumerate() {
             if *n == 0 {
                 continue;
@@ -315,33 +294,23 @@ impl Aggregate {
                 Some(b) => format!("<{b}"),
                 None => format!(">={}", LATENCY_BOUNDS_MS[LATENCY_BOUNDS_MS.len() - 1]),
             };
-            // At most `LATENCY_BOUNDS_MS.len() + 1` names, put in byte order as they come.
-            if let Err(at) = latency.binary_search_by(|(k, _)| k.as_str().cmp(&name)) {
-                latency.insert(at, (name, *n));
-            }
+            latency.insert(name, Value::from(*n));
         }
-        let mut by_bucket = write::Object::new(summary.key("latency_ms"));
-        for (name, n) in &latency {
-            by_bucket.number(name, *n);
-        }
-        by_bucket.end();
-        summary.number("requests", self.requests);
-        let mut routes = write::Object::new(summary.key("routes"));
+        let mut routes = Map::new();
         for (route, counts) in &self.by_route {
-            let mut by_class = write::Object::new(routes.key(route));
-            // `1xx` to `5xx`, then `none`.
-            for i in (1..CLASSES.len()).chain([0]) {
-                if let (Some(name), Some(n)) = (CLASSES.get(i), counts.get(i)) {
-                    if *n > 0 {
-                        by_class.number(name, *n);
-                    }
+            let mut by_class = Map::new();
+            for (name, n) in CLASSES.iter().zip(counts) {
+                if *n > 0 {
+                    by_class.insert((*name).to_string(), Value::from(*n));
                 }
             }
-            by_class.end();
+            routes.insert(route.clone(), Value::Object(by_class));
         }
-        routes.end();
-        summary.end();
-        out
+        let mut summary = Map::new();
+        summary.insert("latency_ms".into(), Value::Object(latency));
+        summary.insert("requests".into(), Value::from(self.requests));
+        summary.insert("routes".into(), Value::Object(routes));
+        Value::Object(summary).to_string()
     }
 }
 

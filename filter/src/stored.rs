@@ -3,7 +3,7 @@
 //! these rather than its own inlined `str::parse` and `format!` per field: in the guest each
 //! copy is code V8's optimizing compiler compiles in every worker.
 
-use crate::json::write::Quoted;
+use crate::quote::Quoted;
 use std::fmt::Arguments;
 
 /// A decimal `u64`, as `str::parse` reads one.

@@ -5,25 +5,21 @@
 //! The totals are stored as text, `in=<bytes> out=<bytes> connections=<n>`, so an operator
 //! (or a scenario's `shared_data` check) can read them as they are.
 
-use crate::json::write::Quoted;
-use crate::json::{Field, Obj};
+use crate::quote::Quoted;
+use serde::Deserialize;
 
 use crate::stored;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct TcpCounter {
     /// Log each connection's bytes when it closes (the totals are kept either way).
+    #[serde(default = "yes")]
     pub log_connections: bool,
 }
 
-impl TcpCounter {
-    /// The role's fields (the `role` tag left to the caller).
-    pub fn from_json(o: &Obj<'_>) -> Result<Self, String> {
-        o.fields(&["log_connections"])?;
-        Ok(Self {
-            log_connections: o.or("log_connections", Field::bool, || true)?,
-        })
-    }
+fn yes() -> bool {
+    true
 }
 
 /// The shared-data key under the VM's prefix.

@@ -130,7 +130,9 @@ const RTLD_DEFAULT: *mut c_void = std::ptr::null_mut();
 /// which looks each one up by its name.
 macro_rules! callbacks {
     ($($field:ident: $ty:ty = $symbol:literal,)*) => {
-        /// The callbacks, resolved once when Envoy loads the module.
+        /// The callbacks, resolved once when Envoy loads the module. (Reading a
+        /// connection's data is for the tests' fault injection only.)
+        #[cfg_attr(not(feature = "fault"), allow(dead_code))]
         pub struct Host {
             $(pub $field: $ty,)*
         }

@@ -9,9 +9,8 @@
 use super::host::{log, Stream};
 use super::metrics::{Counter, Metrics};
 use super::Outcome;
-use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
+use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, Refusal, RewriteStep, Side, TrailersStep};
 use crate::body_ops::{BodyOperation, MAX_BUFFER_LIMIT};
-use crate::json::write::Quoted;
 
 /// What Envoy hands the role, one hook at a time.
 #[derive(Debug, Clone, Copy)]
@@ -73,13 +72,23 @@ impl BodyStream {
         match event {
             Event::Headers { end_of_stream } => self.on_headers(role, stream, which, end_of_stream),
             Event::Body { end_of_stream } => self.on_body(role, stream, which, end_of_stream),
-            Event::Trailers => self.on_trailers(role.ops, which),
+            Event::Trailers => self.on_trailers(role, stream, which),
         }
     }
 
-    fn refuse(&mut self, role: &BodyRole, stream: &Stream, which: Side, why: &str) -> Outcome {
+    fn refuse(
+        &mut self,
+        role: &BodyRole,
+        stream: &Stream,
+        which: Side,
+        refusal: Refusal,
+    ) -> Outcome {
         stream.count(role.counters.over_limit, 1);
-        let (status, details) = which.refusal();
+        let Refusal {
+            status,
+            details,
+            why,
+        } = refusal;
         log!(Info, "{} refused with {status}: {why}", which.name());
         stream.send_response(status, details, why.as_bytes(), &[]);
         self.flow.mark_answered(which);
@@ -88,10 +97,17 @@ impl BodyStream {
 
     /// A response whose headers are in hand but whose body cannot be rewritten: its status
     /// becomes 502 and its body is swapped for the reason (see the Wasm glue).
-    fn replace_response(&mut self, role: &BodyRole, stream: &Stream, why: String) -> Outcome {
+    fn replace_response(
+        &mut self,
+        role: &BodyRole,
+        stream: &Stream,
+        status: u32,
+        why: String,
+    ) -> Outcome {
         stream.count(role.counters.over_limit, 1);
-        log!(Info, "response refused with 502: {why}");
-        for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
+        log!(Info, "response refused with {status}: {why}");
+        let status = status.to_string();
+        for (name, value) in [(":status", status.as_str()), ("content-type", "text/plain")] {
             if !stream.set_header(Side::Response, name, value) {
                 log!(Warn, "setting response {name} was refused by Envoy");
             }
@@ -131,21 +147,23 @@ impl BodyStream {
                 .header(which, "content-length")
                 .and_then(|v| v.trim().parse::<u64>().ok())
         };
-        let encoding = || stream.header(which, "content-encoding");
+        // Every header of the name: a second one must not hide behind the first.
+        let encoding = || stream.header_values(which, "content-encoding");
         match self
             .flow
             .headers(ops, which, end_of_stream, declared, encoding)
         {
             HeadersStep::Continue => Outcome::Continue,
-            HeadersStep::Refuse(why) => self.refuse(role, stream, which, &why),
-            HeadersStep::ReplaceResponse(why) => self.replace_response(role, stream, why),
+            HeadersStep::Refuse(refusal) => self.refuse(role, stream, which, refusal),
+            HeadersStep::ReplaceResponse(status, why) => {
+                self.replace_response(role, stream, status, why)
+            }
             HeadersStep::PassEncoded(encoding) => {
                 stream.count(role.counters.passed, 1);
                 log!(
                     Info,
-                    "{} body is in content-encoding {}: passed on unmodified",
-                    which.name(),
-                    Quoted(&encoding)
+                    "{} body is in content-encoding {encoding}: passed on unmodified",
+                    which.name()
                 );
                 Outcome::Continue
             }
@@ -175,7 +193,7 @@ impl BodyStream {
         let size = stream.body_size(which) as u64;
         match self.flow.body(role.ops, which, size, end_of_stream) {
             BodyStep::Stop => Outcome::StopNoBuffer,
-            BodyStep::Refuse(why) => self.refuse(role, stream, which, &why),
+            BodyStep::Refuse(refusal) => self.refuse(role, stream, which, refusal),
             BodyStep::ResetResponse(why) => self.reset_response(role, stream, &why),
             BodyStep::Pass => {
                 role.counters.bytes(stream, which, size);
@@ -200,6 +218,10 @@ impl BodyStream {
         let counters = role.counters;
         let limit = usize::try_from(MAX_BUFFER_LIMIT).unwrap_or(usize::MAX);
         let Some(body) = stream.body(which, limit) else {
+            let why = "the body could not be read whole".to_string();
+            if let Some(step) = self.flow.unhandled(role.ops, which, why) {
+                return self.take(role, stream, which, step);
+            }
             log!(
                 Warn,
                 "the {} body could not be read whole; passed on unmodified",
@@ -208,7 +230,21 @@ impl BodyStream {
             return Outcome::Continue;
         };
         counters.bytes(stream, which, body.len() as u64);
-        match self.flow.rewrite(role.ops, which, &body) {
+        let step = self.flow.rewrite(role.ops, which, &body);
+        drop(body);
+        self.take(role, stream, which, step)
+    }
+
+    /// Does what a rewrite came to.
+    fn take(
+        &mut self,
+        role: &BodyRole,
+        stream: &Stream,
+        which: Side,
+        step: RewriteStep,
+    ) -> Outcome {
+        let counters = role.counters;
+        match step {
             RewriteStep::Keep => {
                 stream.count(counters.passed, 1);
                 Outcome::Continue
@@ -217,6 +253,12 @@ impl BodyStream {
                 stream.count(counters.rewritten, 1);
                 if stream.replace_body(which, &new) {
                     log!(Debug, "{} body rewritten: {what}", which.name());
+                } else if let Some(step) = self.flow.unhandled(
+                    role.ops,
+                    which,
+                    "writing the body was refused by Envoy".into(),
+                ) {
+                    return self.take(role, stream, which, step);
                 } else {
                     log!(
                         Warn,
@@ -240,15 +282,16 @@ impl BodyStream {
                 log!(Warn, "{} {why}: passed on unmodified", which.name());
                 Outcome::Continue
             }
-            RewriteStep::Refuse(why) => self.refuse(role, stream, which, &why),
+            RewriteStep::Refuse(refusal) => self.refuse(role, stream, which, refusal),
             RewriteStep::ResetResponse(why) => self.reset_response(role, stream, &why),
         }
     }
 
-    fn on_trailers(&mut self, ops: &BodyOperation, which: Side) -> Outcome {
-        match self.flow.trailers(ops, which) {
-            None => Outcome::Stop,
-            Some(true) => {
+    fn on_trailers(&mut self, role: &BodyRole, stream: &Stream, which: Side) -> Outcome {
+        match self.flow.trailers(role.ops, which) {
+            TrailersStep::Stop => Outcome::Stop,
+            TrailersStep::Continue => Outcome::Continue,
+            TrailersStep::PassUnmodified => {
                 log!(
                     Warn,
                     "{} with trailers: its body is passed on unmodified",
@@ -256,7 +299,8 @@ impl BodyStream {
                 );
                 Outcome::Continue
             }
-            Some(false) => Outcome::Continue,
+            TrailersStep::Refuse(refusal) => self.refuse(role, stream, which, refusal),
+            TrailersStep::ResetResponse(why) => self.reset_response(role, stream, &why),
         }
     }
 }

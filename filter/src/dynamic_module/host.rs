@@ -47,6 +47,9 @@ fn received(side: Side) -> u32 {
 }
 
 /// Envoy's filter for one stream, valid for the hook being run.
+/// Values of one header read at most: past it, the header is described, not read.
+pub const MAX_HEADER_VALUES: usize = 16;
+
 #[derive(Clone, Copy)]
 pub struct Stream {
     ptr: *mut c_void,
@@ -55,7 +58,11 @@ pub struct Stream {
 
 impl Stream {
     /// `None` before the callbacks are resolved (Envoy calls no hook before that).
-    pub fn new(ptr: *mut c_void) -> Option<Self> {
+    ///
+    /// # Safety
+    /// `ptr` is the filter pointer Envoy passed to the hook that is running; the `Stream`
+    /// is used only during that hook.
+    pub unsafe fn new(ptr: *mut c_void) -> Option<Self> {
         Some(Self {
             ptr,
             host: abi::host()?,
@@ -83,6 +90,46 @@ impl Stream {
         // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
         let bytes = unsafe { out.bytes() };
         std::str::from_utf8(bytes).ok().map(str::to_string)
+    }
+
+    /// Every value of a header (one per header of that name, in order, at most
+    /// [`MAX_HEADER_VALUES`] read); a value that is not UTF-8 is read as `(not UTF-8)`.
+    pub fn header_values(&self, side: Side, name: &str) -> Vec<String> {
+        let mut values = Vec::new();
+        let mut count = 0usize;
+        let mut index = 0usize;
+        loop {
+            let mut out = EnvoyBuffer::NULL;
+            // SAFETY: `out` and `count` are writable; the key is alive for the call.
+            let found = unsafe {
+                (self.host.get_header)(
+                    self.ptr,
+                    headers(side),
+                    ModuleBuffer::of(name.as_bytes()),
+                    &mut out,
+                    index,
+                    &mut count,
+                )
+            };
+            if !found || out.ptr.is_null() {
+                break;
+            }
+            // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
+            let bytes = unsafe { out.bytes() };
+            values.push(
+                std::str::from_utf8(bytes)
+                    .map(str::to_string)
+                    .unwrap_or_else(|_| "(not UTF-8)".to_string()),
+            );
+            index += 1;
+            if index >= count.min(MAX_HEADER_VALUES) {
+                break;
+            }
+        }
+        if count > values.len() && values.len() == MAX_HEADER_VALUES {
+            values.push(format!("({} more)", count - values.len()));
+        }
+        values
     }
 
     pub fn set_header(&self, side: Side, name: &str, value: &str) -> bool {
@@ -148,7 +195,8 @@ impl Stream {
     }
 
     pub fn count(&self, counter: Counter, by: u64) {
-        counter.add(self.ptr, by);
+        // SAFETY: the stream's filter pointer, valid during the hook (`Stream::new`).
+        unsafe { counter.add(self.ptr, by) };
     }
 
     /// The route is chosen again (after `:path` or another header it matches on changed).

@@ -24,9 +24,11 @@ pub struct Counter {
 }
 
 impl Counter {
-    /// Adds `by` through the filter Envoy runs the hook for (`envoy`: the stream's or the
-    /// connection's pointer, valid during the hook).
-    pub fn add(self, envoy: *mut c_void, by: u64) {
+    /// Adds `by` through the filter Envoy runs the hook for.
+    ///
+    /// # Safety
+    /// `envoy` is the stream's or the connection's pointer Envoy passed to the running hook.
+    pub unsafe fn add(self, envoy: *mut c_void, by: u64) {
         let (Some(id), Some(host), true) = (self.id, abi::host(), by > 0) else {
             return;
         };
@@ -50,8 +52,12 @@ pub struct Metrics<'a> {
 }
 
 impl<'a> Metrics<'a> {
-    /// For an HTTP filter configuration (`config`: Envoy's pointer, valid during config_new).
-    pub fn http(config: *mut c_void, plugin: &'a str, role: &'static str) -> Self {
+    /// For an HTTP filter configuration.
+    ///
+    /// # Safety
+    /// `config` is the configuration pointer Envoy passed to the running config_new hook,
+    /// and the `Metrics` is used only during it.
+    pub unsafe fn http(config: *mut c_void, plugin: &'a str, role: &'static str) -> Self {
         Self {
             config,
             kind: Kind::Http,
@@ -61,10 +67,24 @@ impl<'a> Metrics<'a> {
     }
 
     /// For a network filter configuration.
-    pub fn network(config: *mut c_void, plugin: &'a str, role: &'static str) -> Self {
+    ///
+    /// # Safety
+    /// As [`Metrics::http`].
+    pub unsafe fn network(config: *mut c_void, plugin: &'a str, role: &'static str) -> Self {
         Self {
             config,
             kind: Kind::Network,
+            plugin,
+            role,
+        }
+    }
+
+    /// Metrics that define nothing, for unit tests (no Envoy).
+    #[cfg(test)]
+    pub fn none(plugin: &'a str, role: &'static str) -> Self {
+        Self {
+            config: std::ptr::null_mut(),
+            kind: Kind::Http,
             plugin,
             role,
         }

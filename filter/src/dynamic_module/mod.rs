@@ -16,17 +16,22 @@
 //! returning null after logging the reason, which names the field; Envoy then rejects the
 //! filter.
 
+// The foreign edge (`unsafe` allowed, each block with its `SAFETY:`): the ABI, the calls
+// into Envoy, the counters' calls, and the hooks Envoy calls (here and in `tcp`). The roles'
+// glue is safe Rust.
 mod abi;
+#[deny(unsafe_code)]
 mod body;
+#[deny(unsafe_code)]
 mod headers;
 mod host;
 mod metrics;
+#[deny(unsafe_code)]
 mod rate_limit;
 mod tcp;
 
 use std::ffi::{c_char, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use abi::{EnvoyBuffer, Status as Outcome};
@@ -48,13 +53,11 @@ const MAX_PLUGIN_NAME: usize = 256;
 /// Configurations are read whole, but never more than this (as in the Wasm module).
 const MAX_CONFIG_BYTES: usize = 1024 * 1024;
 
-/// Fault injection for the fail-closed tests: when Envoy's environment has
-/// `WASM_FILTER_FAULT=panic`, a request carrying `x-wasm-filter-fault: panic` panics inside
-/// the request headers hook, and a connection whose data starts with [`FAULT_MARKER`] panics
-/// inside the network read hook. Read once, at load.
-static FAULT_INJECTION: AtomicBool = AtomicBool::new(false);
-
-/// What a connection's data starts with to inject the fault (the request header's text).
+/// Fault injection for the fail-closed tests, compiled in only with the `fault` cargo
+/// feature (the tests' build; never the `.so` `make build` ships): a request carrying
+/// `x-wasm-filter-fault: panic` panics inside the request headers hook, and a connection
+/// whose data starts with [`FAULT_MARKER`] panics inside the network read hook.
+#[cfg(feature = "fault")]
 const FAULT_MARKER: &[u8] = b"x-wasm-filter-fault: panic";
 
 enum Role {
@@ -124,9 +127,12 @@ fn plugin_config(name: &[u8], config: &[u8]) -> Result<(String, PluginConfig), S
 
 /// The filter configuration, its counters defined on `envoy` (Envoy's configuration
 /// pointer, valid during config_new; never called through before Envoy loads the module).
-fn parse(name: &[u8], config: &[u8], envoy: *mut c_void) -> Result<FilterConfig, String> {
+/// # Safety
+/// `envoy` is the configuration pointer Envoy passed to the running config_new hook.
+unsafe fn parse(name: &[u8], config: &[u8], envoy: *mut c_void) -> Result<FilterConfig, String> {
     let (plugin, config) = plugin_config(name, config)?;
-    let m = Metrics::http(envoy, &plugin, config.role());
+    // SAFETY: the caller's configuration pointer, during its hook.
+    let m = unsafe { Metrics::http(envoy, &plugin, config.role()) };
     let role = match config {
         PluginConfig::HttpHeaderOperation(ops) => Role::Headers(ops, headers::Counters::new(&m)),
         PluginConfig::HttpBodyOperation(ops) => Role::Body(ops, body::Counters::new(&m)),
@@ -163,11 +169,7 @@ fn summary(role: &Role) -> String {
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
-    let init = guard(|| {
-        let fault = std::env::var_os("WASM_FILTER_FAULT").is_some_and(|v| v == "panic");
-        FAULT_INJECTION.store(fault, Ordering::Relaxed);
-        abi::init()
-    });
+    let init = guard(abi::init);
     match init {
         Some(Ok(())) => abi::ABI_VERSION.as_ptr().cast(),
         Some(Err(missing)) => {
@@ -188,7 +190,8 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     let made = guard(|| {
         // SAFETY: Envoy's buffers, valid for this hook; parsed into owned values here.
         let (name, config) = unsafe { (name.bytes(), config.bytes()) };
-        parse(name, config, config_envoy_ptr)
+        // SAFETY: Envoy's configuration pointer for this hook.
+        unsafe { parse(name, config, config_envoy_ptr) }
     });
     config_pointer(made, |config| {
         format!("configured role {}", summary(&config.role))
@@ -293,13 +296,17 @@ fn guard<T>(f: impl FnOnce() -> T) -> Option<T> {
 /// Runs one hook of a stream under [`guard`]. A panic fails the request closed: a 500
 /// local reply (Envoy resets the stream instead when the response has started), and the
 /// stream's later hooks only continue.
-fn run(
+///
+/// # Safety
+/// `envoy` and `filter` are the pointers Envoy passed to the running hook.
+unsafe fn run(
     envoy: *mut c_void,
     filter: *const c_void,
     hook: &str,
     f: impl FnOnce(&mut StreamFilter, &Stream) -> Outcome,
 ) -> u32 {
-    let (Some(stream), false) = (Stream::new(envoy), filter.is_null()) else {
+    // SAFETY: the hook's stream pointer (the caller's contract).
+    let (Some(stream), false) = (unsafe { Stream::new(envoy) }, filter.is_null()) else {
         return Outcome::Continue as u32;
     };
     // SAFETY: the Box filter_new made; Envoy runs one stream's hooks on one thread, one at a
@@ -322,18 +329,21 @@ fn run(
     }
 }
 
-/// The fault the tests inject (see [`FAULT_INJECTION`]).
+/// The fault the tests inject (see [`FAULT_MARKER`]).
+#[cfg(feature = "fault")]
 #[allow(clippy::panic)]
 fn injected_fault(stream: &Stream) {
-    if FAULT_INJECTION.load(Ordering::Relaxed)
-        && stream
-            .header(Side::Request, "x-wasm-filter-fault")
-            .as_deref()
-            == Some("panic")
+    if stream
+        .header(Side::Request, "x-wasm-filter-fault")
+        .as_deref()
+        == Some("panic")
     {
         panic!("wasm-filter: injected fault (x-wasm-filter-fault: panic)");
     }
 }
+
+#[cfg(not(feature = "fault"))]
+fn injected_fault(_: &Stream) {}
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
@@ -341,23 +351,26 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_headers(
     filter: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    run(envoy, filter, "request headers", |f, stream| {
-        injected_fault(stream);
-        match (&f.config.role, &mut f.state) {
-            (Role::Headers(ops, counters), State::Headers { matched }) => {
-                *matched = headers::on_request_headers(ops, counters, stream);
-                Outcome::Continue
+    // SAFETY: the pointers Envoy passed to this hook.
+    unsafe {
+        run(envoy, filter, "request headers", |f, stream| {
+            injected_fault(stream);
+            match (&f.config.role, &mut f.state) {
+                (Role::Headers(ops, counters), State::Headers { matched }) => {
+                    *matched = headers::on_request_headers(ops, counters, stream);
+                    Outcome::Continue
+                }
+                (Role::Body(ops, counters), State::Body(b)) => b.on(
+                    &BodyRole { ops, counters },
+                    stream,
+                    Side::Request,
+                    Event::Headers { end_of_stream },
+                ),
+                (Role::RateLimit(l), _) => l.on_request_headers(stream),
+                _ => Outcome::Continue,
             }
-            (Role::Body(ops, counters), State::Body(b)) => b.on(
-                &BodyRole { ops, counters },
-                stream,
-                Side::Request,
-                Event::Headers { end_of_stream },
-            ),
-            (Role::RateLimit(l), _) => l.on_request_headers(stream),
-            _ => Outcome::Continue,
-        }
-    })
+        })
+    }
 }
 
 #[no_mangle]
@@ -366,17 +379,20 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_body(
     filter: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    run(envoy, filter, "request body", |f, stream| {
-        match (&f.config.role, &mut f.state) {
-            (Role::Body(ops, counters), State::Body(b)) => b.on(
-                &BodyRole { ops, counters },
-                stream,
-                Side::Request,
-                Event::Body { end_of_stream },
-            ),
-            _ => Outcome::Continue,
-        }
-    })
+    // SAFETY: the pointers Envoy passed to this hook.
+    unsafe {
+        run(envoy, filter, "request body", |f, stream| {
+            match (&f.config.role, &mut f.state) {
+                (Role::Body(ops, counters), State::Body(b)) => b.on(
+                    &BodyRole { ops, counters },
+                    stream,
+                    Side::Request,
+                    Event::Body { end_of_stream },
+                ),
+                _ => Outcome::Continue,
+            }
+        })
+    }
 }
 
 #[no_mangle]
@@ -384,17 +400,20 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
     envoy: *mut c_void,
     filter: *const c_void,
 ) -> u32 {
-    run(envoy, filter, "request trailers", |f, stream| {
-        match (&f.config.role, &mut f.state) {
-            (Role::Body(ops, counters), State::Body(b)) => b.on(
-                &BodyRole { ops, counters },
-                stream,
-                Side::Request,
-                Event::Trailers,
-            ),
-            _ => Outcome::Continue,
-        }
-    })
+    // SAFETY: the pointers Envoy passed to this hook.
+    unsafe {
+        run(envoy, filter, "request trailers", |f, stream| {
+            match (&f.config.role, &mut f.state) {
+                (Role::Body(ops, counters), State::Body(b)) => b.on(
+                    &BodyRole { ops, counters },
+                    stream,
+                    Side::Request,
+                    Event::Trailers,
+                ),
+                _ => Outcome::Continue,
+            }
+        })
+    }
 }
 
 #[no_mangle]
@@ -403,21 +422,24 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_headers(
     filter: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    run(envoy, filter, "response headers", |f, stream| {
-        match (&f.config.role, &mut f.state) {
-            (Role::Headers(ops, _), State::Headers { matched: true }) => {
-                headers::on_response_headers(ops, stream);
-                Outcome::Continue
+    // SAFETY: the pointers Envoy passed to this hook.
+    unsafe {
+        run(envoy, filter, "response headers", |f, stream| {
+            match (&f.config.role, &mut f.state) {
+                (Role::Headers(ops, _), State::Headers { matched: true }) => {
+                    headers::on_response_headers(ops, stream);
+                    Outcome::Continue
+                }
+                (Role::Body(ops, counters), State::Body(b)) => b.on(
+                    &BodyRole { ops, counters },
+                    stream,
+                    Side::Response,
+                    Event::Headers { end_of_stream },
+                ),
+                _ => Outcome::Continue,
             }
-            (Role::Body(ops, counters), State::Body(b)) => b.on(
-                &BodyRole { ops, counters },
-                stream,
-                Side::Response,
-                Event::Headers { end_of_stream },
-            ),
-            _ => Outcome::Continue,
-        }
-    })
+        })
+    }
 }
 
 #[no_mangle]
@@ -426,17 +448,20 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_body(
     filter: *const c_void,
     end_of_stream: bool,
 ) -> u32 {
-    run(envoy, filter, "response body", |f, stream| {
-        match (&f.config.role, &mut f.state) {
-            (Role::Body(ops, counters), State::Body(b)) => b.on(
-                &BodyRole { ops, counters },
-                stream,
-                Side::Response,
-                Event::Body { end_of_stream },
-            ),
-            _ => Outcome::Continue,
-        }
-    })
+    // SAFETY: the pointers Envoy passed to this hook.
+    unsafe {
+        run(envoy, filter, "response body", |f, stream| {
+            match (&f.config.role, &mut f.state) {
+                (Role::Body(ops, counters), State::Body(b)) => b.on(
+                    &BodyRole { ops, counters },
+                    stream,
+                    Side::Response,
+                    Event::Body { end_of_stream },
+                ),
+                _ => Outcome::Continue,
+            }
+        })
+    }
 }
 
 #[no_mangle]
@@ -444,17 +469,20 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_response_trailers(
     envoy: *mut c_void,
     filter: *const c_void,
 ) -> u32 {
-    run(envoy, filter, "response trailers", |f, stream| {
-        match (&f.config.role, &mut f.state) {
-            (Role::Body(ops, counters), State::Body(b)) => b.on(
-                &BodyRole { ops, counters },
-                stream,
-                Side::Response,
-                Event::Trailers,
-            ),
-            _ => Outcome::Continue,
-        }
-    })
+    // SAFETY: the pointers Envoy passed to this hook.
+    unsafe {
+        run(envoy, filter, "response trailers", |f, stream| {
+            match (&f.config.role, &mut f.state) {
+                (Role::Body(ops, counters), State::Body(b)) => b.on(
+                    &BodyRole { ops, counters },
+                    stream,
+                    Side::Response,
+                    Event::Trailers,
+                ),
+                _ => Outcome::Continue,
+            }
+        })
+    }
 }
 
 // Hooks Envoy requires every HTTP filter module to export; the roles use none of them
@@ -557,7 +585,10 @@ mod tests {
 
     #[test]
     fn the_configuration_is_the_wasm_modules_and_refusals_name_the_field() {
-        let parse = |name: &[u8], config: &[u8]| parse(name, config, std::ptr::null_mut());
+        // SAFETY: no Envoy in a unit test (no callbacks resolved): the null configuration
+        // pointer is never passed on.
+        let parse =
+            |name: &[u8], config: &[u8]| unsafe { parse(name, config, std::ptr::null_mut()) };
         let ok = parse(
             b"wasm-filter",
             br#"{"role":"http-header-operation","request":{"remove":["x-a"]}}"#,

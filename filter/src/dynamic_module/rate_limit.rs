@@ -15,6 +15,7 @@ use super::metrics::{Counter, Metrics};
 use super::Outcome;
 use crate::body_flow::Side;
 use crate::bucket_table::{classify_entry, fingerprint, slots, Entry, Slot};
+use crate::keyed_hash::Secret;
 use crate::rate_limit::{strip_port, Decision, KeySource, RateLimit};
 
 struct Table {
@@ -24,6 +25,9 @@ struct Table {
 
 pub struct Limiter {
     config: RateLimit,
+    /// The fingerprints' key: random, chosen when Envoy creates the configuration (one
+    /// table in process memory serves every worker, so one secret does).
+    secret: Secret,
     table: Mutex<Table>,
     allowed: Counter,
     limited: Counter,
@@ -47,6 +51,7 @@ impl Limiter {
         let slots = vec![None; config.buckets as usize];
         Self {
             config,
+            secret: Secret::random(),
             table: Mutex::new(Table {
                 slots,
                 overflow: None,
@@ -69,7 +74,7 @@ impl Limiter {
     /// Takes a token for `key` at `now`: its own entry if it has one, else the first slot
     /// free or idle, else the overflow bucket (then the answer's `true`).
     fn take(&self, key: &str, now: u64) -> (Decision, bool) {
-        let fp = fingerprint(key.as_bytes());
+        let fp = fingerprint(self.secret, key.as_bytes());
         // A panic while the lock was held cannot leave an entry half-written (each is one
         // assignment), so a poisoned table is still a good one.
         let mut table = self.table.lock().unwrap_or_else(PoisonError::into_inner);
@@ -161,9 +166,7 @@ mod tests {
             r#"{{"role":"rate-limit","key":{{"header":"k"}},"burst":2,"refill_per_second":1,"idle_seconds":10,"buckets":{buckets}}}"#
         );
         match PluginConfig::parse(json.as_bytes()).unwrap() {
-            PluginConfig::RateLimit(r) => {
-                Limiter::new(r, &Metrics::http(std::ptr::null_mut(), "p", "rate-limit"))
-            }
+            PluginConfig::RateLimit(r) => Limiter::new(r, &Metrics::none("p", "rate-limit")),
             other => panic!("{}", other.role()),
         }
     }
@@ -210,6 +213,9 @@ mod tests {
         assert!(!allowed(l.take("e", later)), "e has its own burst of 2");
         let table = l.table.lock().unwrap();
         assert_eq!(table.slots.len(), 1);
-        assert_eq!(table.slots[0].unwrap().fingerprint, fingerprint(b"e"));
+        assert_eq!(
+            table.slots[0].unwrap().fingerprint,
+            fingerprint(l.secret, b"e")
+        );
     }
 }

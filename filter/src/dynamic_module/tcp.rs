@@ -11,15 +11,12 @@
 //! connection go on.
 
 use std::ffi::c_void;
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use super::abi::{self, EnvoyBuffer};
 use super::host::log;
 use super::metrics::{Counter, Metrics};
-use super::{
-    config_pointer, drop_config, guard, plugin_config, share_config, FAULT_INJECTION, FAULT_MARKER,
-};
+use super::{config_pointer, drop_config, guard, plugin_config, share_config};
 use crate::config::PluginConfig;
 use crate::tcp_count::{TcpCounter, Totals};
 
@@ -64,9 +61,14 @@ fn parse(name: &[u8], config: &[u8]) -> Result<(String, TcpCounter), String> {
     }
 }
 
-/// Whether the data being read starts with [`FAULT_MARKER`] (only asked when the tests
-/// inject faults).
-fn fault_requested(envoy: *mut c_void) -> bool {
+/// Whether the data being read starts with [`super::FAULT_MARKER`] (only asked when the
+/// tests inject faults).
+///
+/// # Safety
+/// `envoy` is the connection pointer Envoy passed to the running read hook.
+#[cfg(feature = "fault")]
+unsafe fn fault_requested(envoy: *mut c_void) -> bool {
+    use super::FAULT_MARKER;
     let Some(host) = abi::host() else {
         return false;
     };
@@ -90,15 +92,25 @@ fn fault_requested(envoy: *mut c_void) -> bool {
     head == FAULT_MARKER
 }
 
-/// The fault the tests inject (see [`FAULT_INJECTION`]).
+/// The fault the tests inject (see [`super::FAULT_MARKER`]).
+///
+/// # Safety
+/// As [`fault_requested`].
+#[cfg(feature = "fault")]
 #[allow(clippy::panic)]
-fn injected_fault(envoy: *mut c_void) {
-    if FAULT_INJECTION.load(Ordering::Relaxed) && fault_requested(envoy) {
+unsafe fn injected_fault(envoy: *mut c_void) {
+    // SAFETY: the caller's contract.
+    if unsafe { fault_requested(envoy) } {
         panic!(
             "wasm-filter: injected fault (connection data starts with x-wasm-filter-fault: panic)"
         );
     }
 }
+
+/// # Safety
+/// Nothing: it does nothing (the contract is the fault build's).
+#[cfg(not(feature = "fault"))]
+unsafe fn injected_fault(_: *mut c_void) {}
 
 #[no_mangle]
 pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
@@ -110,7 +122,8 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_config_new(
         // SAFETY: Envoy's buffers, valid for this hook; parsed into owned values here.
         let (name, config) = unsafe { (name.bytes(), config.bytes()) };
         let (plugin, counter) = parse(name, config)?;
-        let m = Metrics::network(config_envoy_ptr, &plugin, ROLE);
+        // SAFETY: Envoy's configuration pointer for this hook.
+        let m = unsafe { Metrics::network(config_envoy_ptr, &plugin, ROLE) };
         let counters = Counters {
             bytes_in: m.counter("bytes_in_total"),
             bytes_out: m.counter("bytes_out_total"),
@@ -162,7 +175,10 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_destroy(filter: *const 
 /// Runs one hook of a connection under [`guard`]; `false` when it panicked. A panic closes
 /// the connection (what a counter that cannot count does to the Wasm module's connection: it
 /// fails closed), and the connection's later hooks only continue.
-fn run(
+///
+/// # Safety
+/// `envoy` and `filter` are the pointers Envoy passed to the running hook.
+unsafe fn run(
     envoy: *mut c_void,
     filter: *const c_void,
     hook: &str,
@@ -216,12 +232,16 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_read(
     data_length: usize,
     _end_stream: bool,
 ) -> u32 {
-    data_status(run(envoy, filter, "read", |c| {
-        injected_fault(envoy);
-        let n = data_length as u64;
-        c.bytes_in = c.bytes_in.saturating_add(n);
-        c.config.counters.bytes_in.add(envoy, n);
-    }))
+    // SAFETY: the pointers Envoy passed to this hook, used during it.
+    let ran = unsafe {
+        run(envoy, filter, "read", |c| {
+            injected_fault(envoy);
+            let n = data_length as u64;
+            c.bytes_in = c.bytes_in.saturating_add(n);
+            c.config.counters.bytes_in.add(envoy, n);
+        })
+    };
+    data_status(ran)
 }
 
 #[no_mangle]
@@ -231,11 +251,15 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_write(
     data_length: usize,
     _end_stream: bool,
 ) -> u32 {
-    data_status(run(envoy, filter, "write", |c| {
-        let n = data_length as u64;
-        c.bytes_out = c.bytes_out.saturating_add(n);
-        c.config.counters.bytes_out.add(envoy, n);
-    }))
+    // SAFETY: the pointers Envoy passed to this hook, used during it.
+    let ran = unsafe {
+        run(envoy, filter, "write", |c| {
+            let n = data_length as u64;
+            c.bytes_out = c.bytes_out.saturating_add(n);
+            c.config.counters.bytes_out.add(envoy, n);
+        })
+    };
+    data_status(ran)
 }
 
 #[no_mangle]
@@ -247,21 +271,24 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_event(
     if !matches!(event, abi::EVENT_REMOTE_CLOSE | abi::EVENT_LOCAL_CLOSE) {
         return;
     }
-    run(envoy, filter, "close event", |c| {
-        c.done = true;
-        let (bytes_in, bytes_out) = (c.bytes_in, c.bytes_out);
-        if c.config.counter.log_connections {
-            log!(Info, "tcp connection closed: in={bytes_in} out={bytes_out}");
-        }
-        c.config.counters.connections.add(envoy, 1);
-        let totals = {
-            // A panic elsewhere while holding the lock leaves plain numbers: still usable.
-            let mut t = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
-            *t = t.add_connection(bytes_in, bytes_out);
-            *t
-        };
-        log!(Debug, "tcp totals: {}", totals.encode());
-    });
+    // SAFETY: the pointers Envoy passed to this hook, used during it.
+    unsafe {
+        run(envoy, filter, "close event", |c| {
+            c.done = true;
+            let (bytes_in, bytes_out) = (c.bytes_in, c.bytes_out);
+            if c.config.counter.log_connections {
+                log!(Info, "tcp connection closed: in={bytes_in} out={bytes_out}");
+            }
+            c.config.counters.connections.add(envoy, 1);
+            let totals = {
+                // A panic elsewhere while holding the lock leaves plain numbers: still usable.
+                let mut t = TOTALS.lock().unwrap_or_else(|p| p.into_inner());
+                *t = t.add_connection(bytes_in, bytes_out);
+                *t
+            };
+            log!(Debug, "tcp totals: {}", totals.encode());
+        })
+    };
 }
 
 #[cfg(test)]

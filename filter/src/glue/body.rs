@@ -5,25 +5,26 @@
 //! rewritten, passed unchanged, and over a limit (`rewritten_total`, `passed_total`,
 //! `over_limit_total`), and body bytes each way (`request_bytes_total`, `response_bytes_total`).
 
-use crate::json::write::Quoted;
 use std::rc::Rc;
 
+use proxy_wasm::types::{Action, BufferType, MapType, StreamType};
+
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, Action};
-use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, RewriteStep, Side};
+use super::{host, log};
+use crate::body_flow::{BodyFlow, BodyStep, HeadersStep, Refusal, RewriteStep, Side, TrailersStep};
 use crate::body_ops::BodyOperation;
 
-fn headers_map(which: Side) -> u32 {
+fn headers_map(which: Side) -> MapType {
     match which {
-        Side::Request => raw::REQUEST_HEADERS,
-        Side::Response => raw::RESPONSE_HEADERS,
+        Side::Request => MapType::HttpRequestHeaders,
+        Side::Response => MapType::HttpResponseHeaders,
     }
 }
 
-fn body_buffer(which: Side) -> u32 {
+fn body_buffer(which: Side) -> BufferType {
     match which {
-        Side::Request => raw::REQUEST_BODY,
-        Side::Response => raw::RESPONSE_BODY,
+        Side::Request => BufferType::HttpRequestBody,
+        Side::Response => BufferType::HttpResponseBody,
     }
 }
 
@@ -61,8 +62,10 @@ impl BodyRoot {
 pub struct BodyFilter {
     root: Rc<BodyRoot>,
     flow: BodyFlow,
-    /// Set when the response became a 502: the text its body is replaced with.
+    /// Set when the response was replaced: the text its body is replaced with.
     replacement: Option<String>,
+    /// The size of the body being rewritten, as its callback gave it.
+    size: usize,
 }
 
 impl BodyFilter {
@@ -71,16 +74,23 @@ impl BodyFilter {
             root,
             flow: BodyFlow::default(),
             replacement: None,
+            size: 0,
         }
     }
 
-    fn refuse(&mut self, which: Side, why: &str) -> Action {
+    fn refuse(&mut self, which: Side, refusal: Refusal) -> Action {
         self.root.over_limit.add(1);
-        let (status, details) = which.refusal();
+        let Refusal {
+            status,
+            details,
+            why,
+        } = refusal;
         log!(Info, "{} refused with {status}: {why}", which.name());
-        let sent = raw::send_local_response(status, details, why.as_bytes(), &[]);
-        if sent != raw::OK {
-            log!(Warn, "local reply {status} failed with host status {sent}");
+        if let Err(sent) = host::send_local_response(status, details, why.as_bytes(), &[]) {
+            log!(
+                Warn,
+                "local reply {status} failed with host status {sent:?}"
+            );
         }
         self.flow.mark_answered(which);
         Action::Pause
@@ -90,22 +100,23 @@ impl BodyFilter {
     /// becomes 502 and its body is swapped, chunk by chunk, for the reason. (A local reply
     /// cannot do this: Envoy resets a stream whose response a Wasm filter replaces at this
     /// point.)
-    fn replace_response(&mut self, why: String) -> Action {
+    fn replace_response(&mut self, status: u32, why: String) -> Action {
         self.root.over_limit.add(1);
-        log!(Info, "response refused with 502: {why}");
-        for (name, value) in [(":status", "502"), ("content-type", "text/plain")] {
-            let status = raw::replace_header(raw::RESPONSE_HEADERS, name, value);
-            if status != raw::OK {
+        log!(Info, "response refused with {status}: {why}");
+        let status = status.to_string();
+        for (name, value) in [(":status", status.as_str()), ("content-type", "text/plain")] {
+            if let Err(status) = host::replace_header(MapType::HttpResponseHeaders, name, value) {
                 log!(
                     Warn,
-                    "setting response {name} failed with host status {status}"
+                    "setting response {name} failed with host status {status:?}"
                 );
             }
         }
         // The reason replaces the body: nothing that described the upstream's body may stay
         // (a `content-encoding: gzip` would make the client decode plain text).
         for name in ["content-length", "content-encoding"] {
-            raw::remove_header(raw::RESPONSE_HEADERS, name);
+            // Absent is fine; a failure leaves a header the 502 makes harmless.
+            let _ = host::remove_header(MapType::HttpResponseHeaders, name);
         }
         self.replacement = Some(why);
         Action::Continue
@@ -119,11 +130,10 @@ impl BodyFilter {
             Info,
             "response {why} after its headers were sent: stream reset"
         );
-        let status = raw::close_stream(raw::HTTP_RESPONSE_STREAM);
-        if status != raw::OK {
+        if let Err(status) = host::close_stream(StreamType::HttpResponse) {
             log!(
                 Warn,
-                "resetting the stream failed with host status {status}"
+                "resetting the stream failed with host status {status:?}"
             );
         }
         self.flow.mark_answered(Side::Response);
@@ -133,32 +143,35 @@ impl BodyFilter {
     fn on_headers(&mut self, which: Side, end_of_stream: bool) -> Action {
         let map = headers_map(which);
         let declared = || {
-            raw::header_text(map, "content-length").and_then(|v| v.trim_ascii().parse::<u64>().ok())
+            host::header_text(map, "content-length")
+                .and_then(|v| v.trim_ascii().parse::<u64>().ok())
         };
-        let encoding = || raw::header_text(map, "content-encoding");
+        // Every header of the name: a second one must not hide behind the first.
+        let encoding = || {
+            host::header_values(map, "content-encoding")
+                .unwrap_or_else(|_| vec!["(unreadable)".to_string()])
+        };
         match self
             .flow
             .headers(&self.root.ops, which, end_of_stream, declared, encoding)
         {
             HeadersStep::Continue => Action::Continue,
-            HeadersStep::Refuse(why) => self.refuse(which, &why),
-            HeadersStep::ReplaceResponse(why) => self.replace_response(why),
+            HeadersStep::Refuse(refusal) => self.refuse(which, refusal),
+            HeadersStep::ReplaceResponse(status, why) => self.replace_response(status, why),
             HeadersStep::PassEncoded(encoding) => {
                 self.root.passed.add(1);
                 log!(
                     Info,
-                    "{} body is in content-encoding {}: passed on unmodified",
-                    which.name(),
-                    Quoted(&encoding)
+                    "{} body is in content-encoding {encoding}: passed on unmodified",
+                    which.name()
                 );
                 Action::Continue
             }
             HeadersStep::Hold => {
-                let status = raw::remove_header(map, "content-length");
-                if status != raw::OK {
+                if let Err(status) = host::remove_header(map, "content-length") {
                     log!(
                         Warn,
-                        "removing {} content-length failed with host status {status}",
+                        "removing {} content-length failed with host status {status:?}",
                         which.name()
                     );
                 }
@@ -173,7 +186,7 @@ impl BodyFilter {
             .body(&self.root.ops, which, body_size as u64, end_of_stream)
         {
             BodyStep::Stop => Action::Pause,
-            BodyStep::Refuse(why) => self.refuse(which, &why),
+            BodyStep::Refuse(refusal) => self.refuse(which, refusal),
             BodyStep::ResetResponse(why) => self.reset_response(&why),
             BodyStep::Pass => {
                 self.root.bytes(which, body_size);
@@ -196,35 +209,49 @@ impl BodyFilter {
 
     /// Rewrites the whole body in place; the action is what the body callback returns.
     fn rewrite(&mut self, which: Side, body_size: usize) -> Action {
-        let body = match raw::buffer(body_buffer(which), body_size) {
+        self.size = body_size;
+        let body = match host::buffer(body_buffer(which), body_size) {
             Ok(b) => b.unwrap_or_default(),
             Err(status) => {
+                let why = format!("reading the body failed with host status {status:?}");
+                if let Some(step) = self.flow.unhandled(&self.root.ops, which, why) {
+                    return self.take(which, step);
+                }
                 log!(
                     Warn,
-                    "reading the {} body failed with host status {status}; passed on unmodified",
+                    "reading the {} body failed with host status {status:?}; passed on unmodified",
                     which.name()
                 );
                 return Action::Continue;
             }
         };
         self.root.bytes(which, body.len());
-        match self.flow.rewrite(&self.root.ops, which, &body) {
+        let step = self.flow.rewrite(&self.root.ops, which, &body);
+        drop(body);
+        self.take(which, step)
+    }
+
+    /// Does what a rewrite came to.
+    fn take(&mut self, which: Side, step: RewriteStep) -> Action {
+        match step {
             RewriteStep::Keep => {
                 self.root.passed.add(1);
                 Action::Continue
             }
             RewriteStep::Write(new, what) => {
-                drop(body);
                 self.root.rewritten.add(1);
-                let status = raw::set_buffer(body_buffer(which), body_size, &new);
-                if status == raw::OK {
-                    log!(Debug, "{} body rewritten: {what}", which.name());
-                } else {
+                if let Err(status) = host::set_buffer(body_buffer(which), self.size, &new) {
+                    let why = format!("writing the body failed with host status {status:?}");
+                    if let Some(step) = self.flow.unhandled(&self.root.ops, which, why) {
+                        return self.take(which, step);
+                    }
                     log!(
                         Warn,
-                        "writing the {} body failed with host status {status}; passed on unmodified",
+                        "writing the {} body failed with host status {status:?}; passed on unmodified",
                         which.name()
                     );
+                } else {
+                    log!(Debug, "{} body rewritten: {what}", which.name());
                 }
                 Action::Continue
             }
@@ -242,15 +269,16 @@ impl BodyFilter {
                 log!(Warn, "{} {why}: passed on unmodified", which.name());
                 Action::Continue
             }
-            RewriteStep::Refuse(why) => self.refuse(which, &why),
+            RewriteStep::Refuse(refusal) => self.refuse(which, refusal),
             RewriteStep::ResetResponse(why) => self.reset_response(&why),
         }
     }
 
     fn on_trailers(&mut self, which: Side) -> Action {
         match self.flow.trailers(&self.root.ops, which) {
-            None => Action::Pause,
-            Some(true) => {
+            TrailersStep::Stop => Action::Pause,
+            TrailersStep::Continue => Action::Continue,
+            TrailersStep::PassUnmodified => {
                 log!(
                     Warn,
                     "{} with trailers: its body is passed on unmodified",
@@ -258,23 +286,24 @@ impl BodyFilter {
                 );
                 Action::Continue
             }
-            Some(false) => Action::Continue,
+            TrailersStep::Refuse(refusal) => self.refuse(which, refusal),
+            TrailersStep::ResetResponse(why) => self.reset_response(&why),
         }
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
-/// `contexts::with`).
+/// The callbacks [`super::stream`]'s contexts route here, each compiled on its own (see
+/// `plugin::PluginContext::configure`).
 impl BodyFilter {
     #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, end_of_stream: bool) -> Action {
         if self.root.ops.response.rewrites() {
             // Ask for the response as it is: a compressed one could not be rewritten.
-            let status = raw::remove_header(raw::REQUEST_HEADERS, "accept-encoding");
-            if status != raw::OK {
+            if let Err(status) = host::remove_header(MapType::HttpRequestHeaders, "accept-encoding")
+            {
                 log!(
                     Warn,
-                    "removing request accept-encoding failed with host status {status}"
+                    "removing request accept-encoding failed with host status {status:?}"
                 );
             }
         }
@@ -306,11 +335,10 @@ impl BodyFilter {
         }
         if let Some(why) = &self.replacement {
             let text = if end_of_stream { why.as_bytes() } else { b"" };
-            let status = raw::set_buffer(raw::RESPONSE_BODY, body_size, text);
-            if status != raw::OK {
+            if let Err(status) = host::set_buffer(BufferType::HttpResponseBody, body_size, text) {
                 log!(
                     Warn,
-                    "replacing the response body failed with host status {status}"
+                    "replacing the response body failed with host status {status:?}"
                 );
             }
             return Action::Continue;

@@ -4,8 +4,10 @@
 
 use std::rc::Rc;
 
+use proxy_wasm::types::{Action, MapType};
+
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, Action};
+use super::{host, log};
 use crate::header_ops::{Edit, HeaderOperation, Ops};
 
 pub struct HeaderRoot {
@@ -38,32 +40,32 @@ impl HeaderFilter {
     }
 }
 
-fn apply(map: u32, ops: &Ops) {
+fn apply(map: MapType, ops: &Ops) {
     for e in ops.edits() {
-        let status = match e {
-            Edit::Remove(k) => raw::remove_header(map, k),
-            Edit::Set(k, v) => raw::replace_header(map, k, v),
-            Edit::Add(k, v) => raw::add_header(map, k, v),
-        };
-        if status != raw::OK {
+        if let Err(status) = match e {
+            Edit::Remove(k) => host::remove_header(map, k),
+            Edit::Set(k, v) => host::replace_header(map, k, v),
+            Edit::Add(k, v) => host::add_header(map, k, v),
+        } {
             log!(
                 Warn,
-                "{e} failed with host status {status}; request continues"
+                "{e} failed with host status {status:?}; request continues"
             );
         }
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
-/// `contexts::with`).
+/// The callbacks [`super::stream`]'s contexts route here, each compiled on its own (see
+/// `plugin::PluginContext::configure`).
 impl HeaderFilter {
     #[inline(never)]
     pub fn on_http_request_headers(&mut self, _num_headers: usize, _end_of_stream: bool) -> Action {
         if let Some(when) = &self.root.ops.when {
-            self.matched = when.matches(&mut |name| raw::header_text(raw::REQUEST_HEADERS, name));
+            self.matched =
+                when.matches(&mut |name| host::header_text(MapType::HttpRequestHeaders, name));
         }
         if self.matched {
-            apply(raw::REQUEST_HEADERS, &self.root.ops.request);
+            apply(MapType::HttpRequestHeaders, &self.root.ops.request);
             self.root.edited.add(1);
         } else {
             self.root.skipped.add(1);
@@ -78,7 +80,7 @@ impl HeaderFilter {
         _end_of_stream: bool,
     ) -> Action {
         if self.matched {
-            apply(raw::RESPONSE_HEADERS, &self.root.ops.response);
+            apply(MapType::HttpResponseHeaders, &self.root.ops.response);
         }
         Action::Continue
     }

@@ -2,7 +2,7 @@
 //! role come out as tags. A metric that cannot be defined is logged once and not counted;
 //! the stream goes on.
 
-use super::{log, raw};
+use super::{host, log};
 
 /// A counter; `None` when Envoy refused to define it.
 pub struct Counter(Option<u32>);
@@ -10,7 +10,8 @@ pub struct Counter(Option<u32>);
 impl Counter {
     pub fn add(&self, by: u64) {
         if let (Some(id), true) = (self.0, by > 0) {
-            raw::increment(id, by);
+            // A counter Envoy dropped is not worth a log line per request.
+            let _ = host::increment(id, by);
         }
     }
 }
@@ -24,7 +25,7 @@ pub struct Metrics {
 impl Metrics {
     /// The plugin's name comes from Envoy (`plugin_name`).
     pub fn new(role: &'static str) -> Self {
-        let plugin = raw::property_text(&["plugin_name"]).unwrap_or_default();
+        let plugin = host::property_text(&["plugin_name"]).unwrap_or_default();
         Self { plugin, role }
     }
 
@@ -34,12 +35,12 @@ impl Metrics {
 
     pub fn counter(&self, metric: &str) -> Counter {
         let name = crate::metrics::metric_name(&self.plugin, self.role, metric);
-        match raw::define_counter(&name) {
+        match host::define_counter(&name) {
             Ok(id) => Counter(Some(id)),
             Err(status) => {
                 log!(
                     Warn,
-                    "defining metric {name} failed with host status {status}; not counted there"
+                    "defining metric {name} failed with host status {status:?}; not counted there"
                 );
                 Counter(None)
             }

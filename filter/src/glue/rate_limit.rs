@@ -6,13 +6,16 @@
 //! allowed and limited (`allowed_total`, `limited_total`), those the overflow bucket decided
 //! (`overflow_total`) and those let through because shared data failed (`failed_open_total`).
 
-use crate::json::write::Quoted;
+use crate::quote::Quoted;
 use std::rc::Rc;
 
+use proxy_wasm::types::{Action, MapType, Status};
+
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, shared, Action};
+use super::{host, log, shared};
 use crate::bucket_table::{classify, fingerprint, slot_key, slots, Entry, Slot};
 use crate::config::VmConfig;
+use crate::keyed_hash::Secret;
 use crate::rate_limit::{strip_port, Bucket, Decision, KeySource, RateLimit};
 
 pub struct Limiter {
@@ -49,8 +52,51 @@ impl Limiter {
             overflow: m.counter("overflow_total"),
             failed_open: m.counter("failed_open_total"),
         };
+        if let Err(e) = limiter.secret() {
+            log!(Warn, "rate-limit: {e}; it is created at first use");
+        }
         limiter.create_table();
         limiter
+    }
+
+    /// The process's fingerprint secret, from shared data (every worker's VM reads the same
+    /// one); the first VM to find none stores a random one. Read on every request, so a VM
+    /// that lost the race to create it adopts the one that stayed.
+    fn secret(&self) -> Result<Secret, String> {
+        let key = format!("{}rate-limit.secret", self.prefix);
+        for _ in 0..shared::MAX_CAS_ATTEMPTS {
+            let (value, cas) = host::shared_data(&key).map_err(|s| {
+                format!(
+                    "reading shared data {} failed with host status {s:?}",
+                    Quoted(&key)
+                )
+            })?;
+            let text = value.as_deref().map(String::from_utf8_lossy);
+            let written = match text.as_deref() {
+                Some(t) if !t.is_empty() => {
+                    return Secret::from_hex(t)
+                        .ok_or_else(|| format!("shared data {} is not a secret", Quoted(&key)))
+                }
+                // The ABI has no create-if-absent: create it empty, then fill it with a
+                // compare-and-swap, so two VMs never both think theirs is the one.
+                None => host::set_shared_data(&key, b"", 0),
+                Some(_) => host::set_shared_data(&key, Secret::random().to_hex().as_bytes(), cas),
+            };
+            match written {
+                Ok(()) | Err(Status::CasMismatch) => {}
+                Err(s) => {
+                    return Err(format!(
+                        "writing shared data {} failed with host status {s:?}",
+                        Quoted(&key)
+                    ))
+                }
+            }
+        }
+        Err(format!(
+            "shared data {}: gave up after {} compare-and-swap attempts",
+            Quoted(&key),
+            shared::MAX_CAS_ATTEMPTS
+        ))
     }
 
     /// Creates every slot not there yet, empty, before this worker serves a request: a write
@@ -60,10 +106,10 @@ impl Limiter {
         let mut failed = 0u32;
         for slot in (0..self.config.buckets).map(Some).chain([None]) {
             let key = slot_key(&self.prefix, &self.plugin, slot);
-            match raw::shared_data(&key) {
+            match host::shared_data(&key) {
                 Ok((Some(_), _)) => {}
                 Ok((None, _)) => {
-                    if raw::set_shared_data(&key, b"", 0) != raw::OK {
+                    if host::set_shared_data(&key, b"", 0).is_err() {
                         failed += 1;
                     }
                 }
@@ -81,9 +127,9 @@ impl Limiter {
 
     fn key(&self) -> Option<String> {
         match &self.config.key {
-            KeySource::Header(name) => raw::header_text(raw::REQUEST_HEADERS, name),
+            KeySource::Header(name) => host::header_text(MapType::HttpRequestHeaders, name),
             KeySource::ClientAddress => {
-                raw::property_text(&["source", "address"]).map(|a| strip_port(&a).to_string())
+                host::property_text(&["source", "address"]).map(|a| strip_port(&a).to_string())
             }
         }
     }
@@ -91,7 +137,15 @@ impl Limiter {
     /// Takes a token for `key`; a failure of the shared data lets the request through (and
     /// says so).
     fn take(&self, key: &str) -> Decision {
-        let fp = fingerprint(key.as_bytes());
+        let secret = match self.secret() {
+            Ok(s) => s,
+            Err(e) => {
+                log!(Warn, "rate limit not applied: {e}");
+                self.failed_open.add(1);
+                return Decision::Allowed { remaining: 0 };
+            }
+        };
+        let fp = fingerprint(secret, key.as_bytes());
         for _ in 0..shared::MAX_CAS_ATTEMPTS {
             match self.try_take(fp) {
                 Ok(Outcome::Decided(d)) => return d,
@@ -116,13 +170,13 @@ impl Limiter {
     /// or idle, else the overflow bucket.
     #[inline(never)]
     fn try_take(&self, fp: u64) -> Result<Outcome, String> {
-        let now = raw::now_ns();
+        let now = host::now_ns();
         let mut claim: Option<(String, u32)> = None;
         for slot in slots(fp, self.config.buckets) {
             let key = slot_key(&self.prefix, &self.plugin, Some(slot));
-            let (value, cas) = raw::shared_data(&key).map_err(|s| {
+            let (value, cas) = host::shared_data(&key).map_err(|s| {
                 format!(
-                    "reading shared data {} failed with host status {s}",
+                    "reading shared data {} failed with host status {s:?}",
                     Quoted(&key)
                 )
             })?;
@@ -132,10 +186,9 @@ impl Limiter {
                     // Not created at start-up (it failed then): create it, then claim it
                     // with a real token on the next walk.
                     if claim.is_none() {
-                        let status = raw::set_shared_data(&key, b"", 0);
-                        if status != raw::OK {
+                        if let Err(status) = host::set_shared_data(&key, b"", 0) {
                             return Err(format!(
-                                "creating shared data {} failed with host status {status}",
+                                "creating shared data {} failed with host status {status:?}",
                                 Quoted(&key)
                             ));
                         }
@@ -182,11 +235,11 @@ impl Limiter {
             fingerprint: fp,
             bucket,
         };
-        match raw::set_shared_data(key, entry.encode().as_bytes(), cas) {
-            raw::OK => Ok(Outcome::Decided(decision)),
-            raw::CAS_MISMATCH => Ok(Outcome::Raced),
-            status => Err(format!(
-                "writing shared data {} failed with host status {status}",
+        match host::set_shared_data(key, entry.encode().as_bytes(), cas) {
+            Ok(()) => Ok(Outcome::Decided(decision)),
+            Err(Status::CasMismatch) => Ok(Outcome::Raced),
+            Err(status) => Err(format!(
+                "writing shared data {} failed with host status {status:?}",
                 Quoted(key)
             )),
         }
@@ -203,8 +256,8 @@ impl LimitFilter {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
-/// `contexts::with`).
+/// The callbacks [`super::stream`]'s contexts route here, each compiled on its own (see
+/// `plugin::PluginContext::configure`).
 impl LimitFilter {
     #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
@@ -218,16 +271,15 @@ impl LimitFilter {
                 self.limiter.limited.add(1);
                 log!(Debug, "rate limited: {key}");
                 let retry = retry_after_secs.to_string();
-                let status = raw::send_local_response(
+                if let Err(status) = host::send_local_response(
                     429,
                     "rate_limited",
                     b"rate limited\n",
                     &[("retry-after", &retry)],
-                );
-                if status != raw::OK {
+                ) {
                     log!(
                         Warn,
-                        "429 reply failed with host status {status}; request continues"
+                        "429 reply failed with host status {status:?}; request continues"
                     );
                     return Action::Continue;
                 }

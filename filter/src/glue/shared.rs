@@ -6,8 +6,10 @@
 //! is first created empty (every role reads empty as its zero state) and the update then
 //! runs on that, with a real token.
 
-use super::raw;
-use crate::json::write::Quoted;
+use proxy_wasm::types::Status;
+
+use super::host;
+use crate::quote::Quoted;
 
 /// Retries before giving up; only heavy contention on one key gets there.
 pub const MAX_CAS_ATTEMPTS: u32 = 16;
@@ -19,29 +21,28 @@ pub fn update<T>(
     mut f: impl FnMut(Option<&[u8]>) -> Result<(String, T), String>,
 ) -> Result<T, String> {
     for _ in 0..MAX_CAS_ATTEMPTS {
-        let (value, cas) = raw::shared_data(key).map_err(|s| {
+        let (value, cas) = host::shared_data(key).map_err(|s| {
             format!(
-                "reading shared data {} failed with host status {s}",
+                "reading shared data {} failed with host status {s:?}",
                 Quoted(key)
             )
         })?;
         if value.is_none() {
-            let status = raw::set_shared_data(key, b"", 0);
-            if status != raw::OK {
+            if let Err(status) = host::set_shared_data(key, b"", 0) {
                 return Err(format!(
-                    "creating shared data {} failed with host status {status}",
+                    "creating shared data {} failed with host status {status:?}",
                     Quoted(key)
                 ));
             }
             continue;
         }
         let (new, out) = f(value.as_deref())?;
-        match raw::set_shared_data(key, new.as_bytes(), cas) {
-            raw::OK => return Ok(out),
-            raw::CAS_MISMATCH => continue,
-            status => {
+        match host::set_shared_data(key, new.as_bytes(), cas) {
+            Ok(()) => return Ok(out),
+            Err(Status::CasMismatch) => continue,
+            Err(status) => {
                 return Err(format!(
-                    "writing shared data {} failed with host status {status}",
+                    "writing shared data {} failed with host status {status:?}",
                     Quoted(key)
                 ))
             }

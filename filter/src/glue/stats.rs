@@ -12,12 +12,14 @@
 //! Each tick the service also stores its summary in shared data
 //! ([`crate::stats::summary_key`]), where every worker VM can read the aggregate.
 
-use crate::json::write::Quoted;
+use crate::quote::Quoted;
 use std::cell::Cell;
 use std::rc::Rc;
 
+use proxy_wasm::types::{Action, MapType};
+
 use super::metrics::{Counter, Metrics};
-use super::{log, raw, shared, Action};
+use super::{host, log, shared};
 use crate::config::VmConfig;
 use crate::stats::{
     admit, backlog_key, decode_count, summary_key, Admit, Aggregate, Record, StatsConfig,
@@ -43,7 +45,7 @@ impl Recorder {
     pub fn new(vm: &VmConfig) -> Self {
         let metrics = Metrics::new("stats-aggregator");
         Self {
-            vm_id: raw::property_text(&["plugin_vm_id"]).unwrap_or_default(),
+            vm_id: host::property_text(&["plugin_vm_id"]).unwrap_or_default(),
             queue_name: vm.queue_name.clone(),
             backlog: backlog_key(&vm.shared_data_prefix, &vm.queue_name),
             queue: Cell::new(None),
@@ -91,7 +93,7 @@ impl Recorder {
         if let Some(q) = self.queue.get() {
             return Some(q);
         }
-        match raw::resolve_queue(&self.vm_id, &self.queue_name) {
+        match host::resolve_queue(&self.vm_id, &self.queue_name) {
             Ok(Some(q)) => {
                 self.queue.set(Some(q));
                 Some(q)
@@ -119,8 +121,7 @@ impl Recorder {
             self.drop_record();
             return;
         }
-        let status = raw::enqueue(q, record.encode().as_bytes());
-        if status != raw::OK {
+        if let Err(status) = host::enqueue(q, record.encode().as_bytes()) {
             self.drop_record();
             // The reserved place is given back.
             let _ = take_off(&self.backlog, 1);
@@ -128,7 +129,7 @@ impl Recorder {
             self.queue.set(None);
             log!(
                 Debug,
-                "enqueueing a stats record failed with host status {status}"
+                "enqueueing a stats record failed with host status {status:?}"
             );
             return;
         }
@@ -156,20 +157,20 @@ impl RecordFilter {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
-/// `contexts::with`).
+/// The callbacks [`super::stream`]'s contexts route here, each compiled on its own (see
+/// `plugin::PluginContext::configure`).
 impl RecordFilter {
     #[inline(never)]
     pub fn on_http_request_headers(&mut self, _: usize, _: bool) -> Action {
-        self.start_ns = Some(raw::now_ns());
-        self.path = raw::header_text(raw::REQUEST_HEADERS, ":path").unwrap_or_default();
+        self.start_ns = Some(host::now_ns());
+        self.path = host::header_text(MapType::HttpRequestHeaders, ":path").unwrap_or_default();
         Action::Continue
     }
 
     #[inline(never)]
     pub fn on_http_response_headers(&mut self, _: usize, _: bool) -> Action {
         self.status =
-            raw::header_text(raw::RESPONSE_HEADERS, ":status").and_then(|s| s.parse().ok());
+            host::header_text(MapType::HttpResponseHeaders, ":status").and_then(|s| s.parse().ok());
         Action::Continue
     }
 
@@ -178,7 +179,7 @@ impl RecordFilter {
         let Some(start_ns) = self.start_ns else {
             return;
         };
-        let latency = raw::now_ns().saturating_sub(start_ns);
+        let latency = host::now_ns().saturating_sub(start_ns);
         self.recorder
             .send(&Record::new(&self.path, self.status, latency));
     }
@@ -207,16 +208,15 @@ pub struct Service {
 impl Service {
     #[inline(never)]
     pub fn new(config: StatsConfig, vm: &VmConfig) -> Result<Self, String> {
-        let queue = raw::register_queue(&vm.queue_name).map_err(|s| {
+        let queue = host::register_queue(&vm.queue_name).map_err(|s| {
             format!(
-                "registering the stats queue {} failed with host status {s}",
+                "registering the stats queue {} failed with host status {s:?}",
                 Quoted(&vm.queue_name)
             )
         })?;
-        let status = raw::set_tick_period_ms(config.tick_ms());
-        if status != raw::OK {
+        if let Err(status) = host::set_tick_period_ms(config.tick_ms()) {
             return Err(format!(
-                "setting the tick period failed with host status {status}"
+                "setting the tick period failed with host status {status:?}"
             ));
         }
         log!(
@@ -244,7 +244,7 @@ impl Service {
         }
         let (mut bad, mut taken) = (0, 0u64);
         for _ in 0..MAX_DRAIN {
-            match raw::dequeue(queue) {
+            match host::dequeue(queue) {
                 Ok(Some(bytes)) => {
                     taken += 1;
                     match Record::decode(&bytes) {
@@ -254,7 +254,7 @@ impl Service {
                 }
                 Ok(None) => break,
                 Err(status) => {
-                    log!(Warn, "dequeueing stats failed with host status {status}");
+                    log!(Warn, "dequeueing stats failed with host status {status:?}");
                     break;
                 }
             }
@@ -278,11 +278,10 @@ impl Service {
         let summary = self.counts.summary();
         log!(Info, "stats summary: {summary}");
         // One writer (the singleton): an unconditional write, never a race.
-        let status = raw::set_shared_data(&self.summary, summary.as_bytes(), 0);
-        if status != raw::OK {
+        if let Err(status) = host::set_shared_data(&self.summary, summary.as_bytes(), 0) {
             log!(
                 Warn,
-                "stats-aggregator: storing the summary failed with host status {status}"
+                "stats-aggregator: storing the summary failed with host status {status:?}"
             );
         }
         let Some(collector) = &self.config.collector else {
@@ -306,7 +305,7 @@ impl Service {
             (":authority", collector.authority.as_str()),
             ("content-type", "application/json"),
         ];
-        match raw::http_call(
+        match host::http_call(
             &collector.cluster,
             &headers,
             body.as_bytes(),
@@ -319,7 +318,7 @@ impl Service {
                 self.post_failures.add(1);
                 log!(
                     Warn,
-                    "stats-aggregator: posting to cluster {} failed with host status {status}; the counts carry over to the next tick",
+                    "stats-aggregator: posting to cluster {} failed with host status {status:?}; the counts carry over to the next tick",
                     Quoted(&collector.cluster)
                 );
             }
@@ -345,7 +344,7 @@ impl Service {
         let status = if num_headers == 0 {
             None
         } else {
-            raw::header_text(raw::HTTP_CALL_RESPONSE_HEADERS, ":status")
+            host::header_text(MapType::HttpCallResponseHeaders, ":status")
         };
         match status.as_deref() {
             Some(s) if s.starts_with('2') => {

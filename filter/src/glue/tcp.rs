@@ -3,8 +3,10 @@
 
 use std::rc::Rc;
 
+use proxy_wasm::types::Action;
+
 use super::metrics::{Counter, Metrics};
-use super::{log, shared, Action};
+use super::{log, shared};
 use crate::config::VmConfig;
 use crate::tcp_count::{TcpCounter, Totals, TOTALS_KEY};
 
@@ -46,8 +48,8 @@ impl Connection {
     }
 }
 
-/// The callbacks [`super::stream::Stream`] routes here, each compiled on its own (see
-/// `contexts::with`).
+/// The callbacks [`super::stream`]'s contexts route here, each compiled on its own (see
+/// `plugin::PluginContext::configure`).
 impl Connection {
     #[inline(never)]
     pub fn on_downstream_data(&mut self, data_size: usize, _end_of_stream: bool) -> Action {

@@ -67,8 +67,22 @@ fn json_fields_are_redacted_across_chunks_and_content_length_dropped() {
 }
 
 #[test]
-fn a_body_that_is_not_json_passes_through_and_is_logged() {
+fn a_body_that_is_not_json_is_refused_unless_the_configuration_opts_out() {
     let mut proxy = body_ops(serde_json::json!({"response": {"redact_json": {"keys": ["a"]}}}));
+    let ex = proxy
+        .round_trip(
+            &Request::get("/"),
+            UpstreamReply::new(200).body("<html>a</html>"),
+        )
+        .unwrap();
+    // The headers were on their way: the stream is reset, the body never leaves.
+    assert!(ex.response().is_none(), "{ex:?}");
+    assert_eq!(lines(&proxy, "is not JSON serde_json reads").len(), 1);
+    assert!(proxy.take_errors().is_empty());
+
+    let mut proxy = body_ops(serde_json::json!({
+        "response": {"redact_json": {"keys": ["a"]}}, "fail_open": ["not-json"]
+    }));
     let ex = proxy
         .round_trip(
             &Request::get("/"),
@@ -77,7 +91,6 @@ fn a_body_that_is_not_json_passes_through_and_is_logged() {
         .unwrap();
     assert_eq!(ex.response().unwrap().body, b"<html>a</html>");
     assert_eq!(lines(&proxy, "response body is not JSON").len(), 1);
-    assert!(proxy.take_errors().is_empty());
 }
 
 #[test]
@@ -231,7 +244,7 @@ fn a_request_whose_masks_would_total_4_gib_gets_413_not_a_trapped_vm() {
 /// Redaction recurses once per level in the guest's stack: the deepest body it accepts is
 /// redacted, one level more passes unmodified as not JSON, and neither traps the VM.
 #[test]
-fn a_request_nested_to_the_depth_limit_is_redacted_and_one_deeper_passes_as_not_json() {
+fn a_request_nested_to_the_depth_limit_is_redacted_and_one_deeper_is_refused() {
     let mut proxy = body_ops(serde_json::json!({
         "request": {"redact_json": {"keys": ["k"], "mask": "-"}}
     }));
@@ -242,7 +255,8 @@ fn a_request_nested_to_the_depth_limit_is_redacted_and_one_deeper_passes_as_not_
             open.replace(":1}", ":\"-\"}") + &"}".repeat(levels - 1),
         )
     };
-    let (body, want) = nested(128);
+    // serde_json reads 127 levels of nesting, not 128.
+    let (body, want) = nested(127);
     let ex = proxy
         .round_trip(&Request::post("/", body), UpstreamReply::new(200))
         .unwrap();
@@ -250,10 +264,11 @@ fn a_request_nested_to_the_depth_limit_is_redacted_and_one_deeper_passes_as_not_
         String::from_utf8_lossy(&ex.upstream.as_ref().unwrap().body),
         want
     );
-    let (body, _) = nested(129);
+    let (body, _) = nested(128);
     let ex = proxy
         .round_trip(&Request::post("/", body.clone()), UpstreamReply::new(200))
         .unwrap();
-    assert_eq!(ex.upstream.as_ref().unwrap().body, body.as_bytes());
-    assert_eq!(lines(&proxy, "request body is not JSON").len(), 1);
+    assert!(ex.upstream.is_none(), "{ex:?}");
+    assert_eq!(ex.response_status(), Some(415));
+    assert_eq!(lines(&proxy, "recursion limit exceeded").len(), 1);
 }

@@ -30,7 +30,7 @@ fn a_body_a_mask_would_multiply_leaves_the_vm_and_every_role_working() {
         &[
             (
                 r#""max_buffer_bytes": 262144,"#,
-                r#""max_buffer_bytes": 33554432,"#,
+                r#""max_buffer_bytes": 33554432, "fail_open": ["over-buffer"],"#,
             ),
             (r#""mask": "[redacted]""#, &format!(r#""mask": "{mask}""#)),
             (

@@ -178,3 +178,59 @@ fn an_idle_entry_still_refilling_is_not_taken_over() {
     assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(200));
     assert_eq!(send(&mut proxy, 0, &k).response_status(), Some(429));
 }
+
+/// The fingerprint before it was keyed (FNV-1a with SplitMix64's mixer): anyone could
+/// compute where a key lands, and craft keys that land on a victim's slots.
+fn unkeyed(key: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in key {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h ^= h >> 30;
+    h = h.wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    h ^= h >> 27;
+    h = h.wrapping_mul(0x94d0_49bb_1331_11eb);
+    h ^ (h >> 31)
+}
+
+/// Eight keys crafted to fill the eight slots a victim's key may use under the unkeyed
+/// fingerprint, and a ninth to drain the overflow bucket the victim would fall back on:
+/// replayed against the module, whose fingerprint is keyed by a secret of the process, the
+/// victim still gets its own bucket, on either worker.
+#[test]
+fn keys_crafted_against_a_known_fingerprint_do_not_touch_the_victim() {
+    let buckets = 64u64;
+    let victim_home = unkeyed(b"victim") % buckets;
+    let crafted: Vec<String> = (0..)
+        .map(|i| format!("k{i}"))
+        .filter(|k| unkeyed(k.as_bytes()) % buckets == victim_home)
+        .take(9)
+        .collect();
+    let mut proxy = limiter(
+        serde_json::json!({"key": {"header": "x-api-key"}, "burst": 1,
+            "refill_per_second": 0.001, "buckets": buckets}),
+        2,
+    );
+    for (i, k) in crafted.iter().enumerate() {
+        let ex = send(
+            &mut proxy,
+            i % 2,
+            &Request::get("/").header("x-api-key", k.as_str()),
+        );
+        assert_eq!(ex.response_status(), Some(200), "{k}");
+    }
+    for worker in [0, 1] {
+        let victim = Request::get("/").header("x-api-key", "victim");
+        let ex = send(&mut proxy, worker, &victim);
+        assert_eq!(
+            ex.response_status(),
+            if worker == 0 { Some(200) } else { Some(429) },
+            "the victim's first request has its own token, its second finds it taken"
+        );
+    }
+    assert_eq!(
+        proxy.metric("wasm_filter.plugin.limit.role.rate-limit.overflow_total"),
+        Some(0)
+    );
+}

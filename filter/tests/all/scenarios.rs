@@ -8,12 +8,21 @@ use crate::support::{bootstrap_copy, envoy, root};
 
 fn passes_in_harness_and_envoy(scenario: &str, bootstrap: &str, steps: usize) {
     let dir = tempfile::tempdir().unwrap();
+    let bootstrap = bootstrap_copy(dir.path(), bootstrap);
+    // body-ops.yaml's "not JSON passes unmodified" step is the opt-out's: redaction refuses
+    // such a body unless `fail_open` names the case.
+    let text = std::fs::read_to_string(&bootstrap).unwrap();
+    let text = text.replace(
+        r#""on_overflow": "reject""#,
+        r#""on_overflow": "reject", "fail_open": ["not-json"]"#,
+    );
+    std::fs::write(&bootstrap, text).unwrap();
     let report = run_comparison(
         &envoy(),
         &root().join("testdata/scenarios").join(scenario),
         &RunOptions {
             workers: None,
-            bootstrap: Some(bootstrap_copy(dir.path(), bootstrap)),
+            bootstrap: Some(bootstrap),
             ..Default::default()
         },
     );

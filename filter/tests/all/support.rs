@@ -136,8 +136,19 @@ pub fn dynamic_module_dir() -> PathBuf {
     let manifest = root().join("filter/Cargo.toml");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--release", "--lib", "--manifest-path"])
+        .args([
+            "build",
+            "--release",
+            "--lib",
+            "--features",
+            "fault",
+            "--manifest-path",
+        ])
         .arg(&manifest)
+        // Its own target directory: the `.so` in target/release (what `make build` ships)
+        // stays without the fault switch.
+        .arg("--target-dir")
+        .arg(root().join("target/fault"))
         .args(["--message-format", "json-render-diagnostics"])
         .output()
         .unwrap();
