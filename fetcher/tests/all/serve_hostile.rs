@@ -409,3 +409,49 @@ fn ecds_files_get_the_mode_asked() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
 }
+
+/// A URL that does not parse, with a token in its query: `/readyz` and the log say why it was
+/// refused without quoting the token.
+#[test]
+fn readyz_quotes_no_query_of_a_url_that_does_not_parse() {
+    let d = dirs();
+    for (name, url) in [
+        ("q", "oci://h/a?token=s3cr3t"),
+        ("t", "oci://h/a:v1?token=s3cr3t"),
+        ("u", "http://user:hunter2@h:99999/m.wasm?token=s3cr3t"),
+    ] {
+        write_plugin(
+            &d.plugins.join(format!("{name}.yaml")),
+            &wasm_plugin(name, url, ""),
+        );
+    }
+    let serve = d.serve(&[], &[]);
+    wait_for("every file refused", Duration::from_secs(10), || {
+        get(&serve.addr, "/readyz").is_ok_and(|(_, b)| b.matches("invalid URL").count() == 3)
+    });
+    let (status, readyz) = get(&serve.addr, "/readyz").unwrap();
+    assert_eq!(status, 503, "{readyz}");
+    for (what, text) in [("log", serve.log()), ("readyz", readyz)] {
+        for secret in ["s3cr3t", "hunter2"] {
+            assert!(!text.contains(secret), "{what} quotes {secret}: {text}");
+        }
+    }
+}
+
+/// With no `--ecds-mode`, an ECDS file carrying `env` and `pluginConfig` values is readable by
+/// its owner and group alone, never by every user of the node.
+#[test]
+fn ecds_files_with_inline_secrets_are_not_world_readable_by_default() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    let m = d.tmp.path().join("m.wasm");
+    std::fs::write(&m, module("m")).unwrap();
+    let url = format!("file://{}", m.display());
+    let spec = "  pluginConfig: {password: hunter2}\n  vmConfig:\n    env:\n    - {name: TOKEN, value: s3cr3t}\n";
+    write_plugin(&d.plugins.join("p.yaml"), &wasm_plugin("p", &url, spec));
+    let _serve = d.serve_ready(&[], &[]);
+    let path = d.ecds.join("test.p.yaml");
+    assert!(std::fs::read_to_string(&path).unwrap().contains("s3cr3t"));
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o640, "{mode:o}");
+}
