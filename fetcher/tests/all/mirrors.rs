@@ -313,3 +313,54 @@ fn stdout_json_path(o: &std::process::Output) -> std::path::PathBuf {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v["path"].as_str().unwrap().into()
 }
+
+/// A hosts.toml that is a link to a secret file (a password hash): the parse error says where,
+/// never what the line holds.
+#[test]
+fn a_hosts_toml_parse_error_quotes_none_of_its_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("certs.d");
+    let registry = "127.0.0.1:9";
+    let secret = tmp.path().join("shadow");
+    std::fs::write(&secret, "root:$6$s3cr3thash$xyz:19000:0:99999:7:::\n").unwrap();
+    std::fs::create_dir_all(config.join(registry)).unwrap();
+    std::os::unix::fs::symlink(&secret, config.join(registry).join("hosts.toml")).unwrap();
+    let url = format!("oci://{registry}/mods/m:v1");
+    let o = pull(
+        &tmp.path().join("c"),
+        &["--registry-config-dir", config.to_str().unwrap(), &url],
+    );
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("not valid TOML at line 1"), "{err}");
+    assert!(
+        !err.contains("s3cr3thash") && !err.contains("root:"),
+        "{err}"
+    );
+}
+
+/// A registry named `..` (or anything that is not a host[:port]) names no directory of the
+/// hosts directory: refused, and the hosts.toml of the directory above is never read.
+#[test]
+fn a_registry_that_is_not_a_host_reads_no_hosts_toml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("certs.d");
+    std::fs::create_dir_all(&config).unwrap();
+    // What `certs.d/../hosts.toml` would be: a mirror the test can count.
+    let mirror = Server::start(vec![]);
+    std::fs::write(
+        tmp.path().join("hosts.toml"),
+        format!("[host.\"{}\"]\n", mirror.base),
+    )
+    .unwrap();
+    for url in ["oci://../mods/m:v1"] {
+        let o = pull(
+            &tmp.path().join("c"),
+            &["--registry-config-dir", config.to_str().unwrap(), url],
+        );
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{url}");
+        assert!(err.contains("is not a host[:port]"), "{url}: {err}");
+        assert_eq!(mirror.connections(), 0, "{url}: the file above was read");
+    }
+}
