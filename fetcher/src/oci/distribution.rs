@@ -103,7 +103,7 @@ impl Distribution {
             Access::Push => Some(net::upload_client(settings, insecure, deadline)?),
         };
         Ok(Self {
-            http: net::client(settings, insecure, deadline)?,
+            http: net::registry_client(settings, insecure, deadline)?,
             uploads,
             settings: settings.clone(),
             registry: registry.to_string(),
@@ -555,20 +555,7 @@ pub fn check_realm(
 /// `WASM_INSECURE_REGISTRIES` (or `*` is). A name that merely resolves to loopback is not
 /// enough: what it resolves to can change between the check and the request.
 pub fn realm_may_be_plain_http(url: &url::Url, settings: &Settings) -> bool {
-    let loopback = match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
-    let listed = url.host_str().is_some_and(|host| {
-        let authority = match url.port() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_string(),
-        };
-        settings.is_insecure_registry(&authority)
-    });
-    loopback || listed
+    crate::guard::plain_http_allowed(url, &settings.insecure_registries)
 }
 
 fn header(value: &str) -> Option<HeaderValue> {
