@@ -455,3 +455,33 @@ fn ecds_files_with_inline_secrets_are_not_world_readable_by_default() {
     let mode = std::fs::metadata(&path).unwrap().permissions().mode();
     assert_eq!(mode & 0o777, 0o640, "{mode:o}");
 }
+
+/// A plugin file that is a link to YAML outside the plugins directory (a secret elsewhere on
+/// the node) is not read: `/readyz` and the log name the link and quote none of its keys or
+/// values. A ConfigMap's links inside the directory still work.
+#[test]
+fn a_plugin_file_linked_out_of_the_directory_is_not_read() {
+    use std::os::unix::fs::symlink;
+    let d = dirs();
+    let secret = d.tmp.path().join("secret.yaml");
+    std::fs::write(&secret, "s3cr3tkey: s3cr3tvalue\nkind: [s3cr3tlist\n").unwrap();
+    symlink(&secret, d.plugins.join("x.yaml")).unwrap();
+    let m = d.tmp.path().join("m.wasm");
+    std::fs::write(&m, module("m")).unwrap();
+    let ts = d.plugins.join("..2026_1");
+    std::fs::create_dir(&ts).unwrap();
+    let url = format!("file://{}", m.display());
+    std::fs::write(ts.join("p.yaml"), wasm_plugin("p", &url, "")).unwrap();
+    symlink("..2026_1", d.plugins.join("..data")).unwrap();
+    symlink("..data/p.yaml", d.plugins.join("p.yaml")).unwrap();
+    let serve = d.serve(&[], &[]);
+    wait_for("the linked plugin served", Duration::from_secs(10), || {
+        d.ecds.join("test.p.yaml").is_file()
+    });
+    let (status, readyz) = get(&serve.addr, "/readyz").unwrap();
+    assert_eq!(status, 503, "{readyz}");
+    assert!(readyz.contains("outside the plugins directory"), "{readyz}");
+    for (what, text) in [("log", serve.log()), ("readyz", readyz)] {
+        assert!(!text.contains("s3cr3t"), "{what} quotes the file: {text}");
+    }
+}
