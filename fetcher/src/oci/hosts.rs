@@ -271,6 +271,23 @@ pub fn falls_through(e: &FetchError) -> bool {
     )
 }
 
+/// A `host[:port]` as a query value: `[`, `]` of an IPv6 literal percent-encoded, the rest as
+/// it is (letters, digits, `.`, `-`, `_`, `:`).
+pub fn ns_value(ns: &str) -> String {
+    ns.chars()
+        .map(|c| match c {
+            c if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':') => c.to_string(),
+            c => {
+                let mut buf = [0u8; 4];
+                c.encode_utf8(&mut buf)
+                    .bytes()
+                    .map(|b| format!("%{b:02X}"))
+                    .collect()
+            }
+        })
+        .collect()
+}
+
 /// The settings to reach `e` with: its own `ca` files trusted beside the others.
 pub fn settings_for(e: &Endpoint, settings: &Settings) -> Result<Settings, FetchError> {
     let mut s = settings.clone();

@@ -364,3 +364,44 @@ fn a_registry_that_is_not_a_host_reads_no_hosts_toml() {
         assert_eq!(mirror.connections(), 0, "{url}: the file above was read");
     }
 }
+
+/// As containerd does, every request to a mirror names the upstream registry it is made for
+/// (`?ns=<registry host>`); a request to the registry itself carries none.
+#[test]
+fn mirror_requests_carry_the_upstream_as_ns_and_upstream_requests_do_not() {
+    let Mirrored {
+        upstream,
+        mut mirror,
+        tmp,
+        config,
+        url,
+        module,
+    } = mirrored(false);
+    let dir = config.to_str().unwrap();
+    let o = pull(
+        &tmp.path().join("c1"),
+        &["--registry-config-dir", dir, "--json", &url],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(stdout_json_path(&o)).unwrap(), module);
+    let ns = format!("?ns={}", upstream.host);
+    assert_eq!(
+        mirror.requests("GET", &format!("/v2/mods/m/manifests/v1{ns}")),
+        1
+    );
+    assert_eq!(mirror.requests("GET", "/v2/mods/m/blobs/"), 1);
+    assert_eq!(
+        mirror.requests("GET", "/v2/mods/m/blobs/"),
+        mirror.requests_with("GET", "/v2/mods/m/blobs/", &ns),
+        "a blob request to the mirror without ns"
+    );
+    // The mirror down: the pull falls back to the upstream, which is asked without ns.
+    mirror.stop();
+    let o = pull(
+        &tmp.path().join("c2"),
+        &["--registry-config-dir", dir, "--json", &url],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(upstream.requests("GET", "/v2/mods/m/manifests/v1") >= 1);
+    assert_eq!(upstream.requests_with("GET", "/v2/", "ns="), 0);
+}
