@@ -156,9 +156,9 @@ fn shell_commands(block: &str) -> Vec<String> {
             let word = start
                 .split_whitespace()
                 .find(|w| {
-                    *w != "!"
-                        && !(w.ends_with(')') && !w.contains('('))
-                        && (!w.contains('=') || w.contains("=$(") || w.contains("=`"))
+                    let case_pattern = w.ends_with(')') && !w.contains('(');
+                    let assignment = w.contains('=') && !w.contains("=$(") && !w.contains("=`");
+                    *w != "!" && !case_pattern && !assignment
                 })
                 .filter(|w| !w.contains('='))
                 .unwrap_or_default();
