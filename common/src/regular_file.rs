@@ -13,6 +13,8 @@ pub enum ReadError {
     Missing,
     #[error("not a regular file ({0}); give the path of a file")]
     NotRegular(&'static str),
+    #[error("a symbolic link, which is not followed here")]
+    Link,
     #[error("larger than the limit of {limit} bytes")]
     TooLarge { limit: u64 },
     #[error("not UTF-8 text (invalid byte at offset {offset})")]
@@ -61,16 +63,33 @@ pub fn kind_of(meta: &std::fs::Metadata) -> &'static str {
 /// writer would never open) and the type is checked on the opened file, so a path swapped
 /// after a check cannot slip through.
 pub fn open(path: &Path) -> Result<std::fs::File, ReadError> {
+    open_with(path, false)
+}
+
+/// [`open`], refusing a path whose last component is a symbolic link (`O_NOFOLLOW`): what is
+/// opened is the file named, not one a link swapped in between a check and the open.
+pub fn open_no_follow(path: &Path) -> Result<std::fs::File, ReadError> {
+    open_with(path, true)
+}
+
+fn open_with(path: &Path, no_follow: bool) -> Result<std::fs::File, ReadError> {
     let mut options = std::fs::File::options();
     options.read(true);
     #[cfg(unix)]
     {
         use std::os::unix::fs::OpenOptionsExt;
-        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY);
+        let follow = if no_follow { libc::O_NOFOLLOW } else { 0 };
+        options.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | follow);
     }
     let file = options.open(path).map_err(|e| {
+        let meta = if no_follow {
+            std::fs::symlink_metadata(path)
+        } else {
+            std::fs::metadata(path)
+        };
         // A socket cannot be opened at all: name it rather than the errno.
-        match std::fs::metadata(path) {
+        match meta {
+            Ok(meta) if meta.file_type().is_symlink() => ReadError::Link,
             Ok(meta) if !meta.is_file() => ReadError::NotRegular(kind_of(&meta)),
             _ => ReadError::from(e),
         }
@@ -84,7 +103,15 @@ pub fn open(path: &Path) -> Result<std::fs::File, ReadError> {
 
 /// The whole content of the regular file at `path`, if it has at most `limit` bytes.
 pub fn read(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
-    let file = open(path)?;
+    read_open(open(path)?, limit)
+}
+
+/// [`read`] through [`open_no_follow`].
+pub fn read_no_follow(path: &Path, limit: u64) -> Result<Vec<u8>, ReadError> {
+    read_open(open_no_follow(path)?, limit)
+}
+
+fn read_open(file: std::fs::File, limit: u64) -> Result<Vec<u8>, ReadError> {
     let size = file.metadata()?.len();
     if size > limit {
         return Err(ReadError::TooLarge { limit });
@@ -131,6 +158,18 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("a character device"), "{e}");
+    }
+
+    #[test]
+    fn no_follow_refuses_a_link_and_reads_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("f");
+        std::fs::write(&p, b"12345").unwrap();
+        let link = dir.path().join("l");
+        std::os::unix::fs::symlink(&p, &link).unwrap();
+        assert_eq!(read_no_follow(&p, 5).unwrap(), b"12345");
+        assert!(matches!(read_no_follow(&link, 5), Err(ReadError::Link)));
+        assert_eq!(read(&link, 5).unwrap(), b"12345");
     }
 
     #[test]

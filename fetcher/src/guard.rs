@@ -52,6 +52,8 @@ pub enum Refusal {
     },
     #[error("insecure redirect from {from} to {to}: an https source may not redirect to http")]
     InsecureRedirect { from: String, to: String },
+    #[error("insecure redirect from {from} to {to}: a registry may redirect to another host over plain http only if that host is loopback or listed in WASM_INSECURE_REGISTRIES")]
+    PlainRedirect { from: String, to: String },
     #[error("refused redirect to {to}: only http and https are followed")]
     RedirectScheme { to: String },
     #[error("refused redirect to {to}: more than {MAX_REDIRECTS} redirects")]
@@ -191,14 +193,55 @@ impl reqwest::dns::Resolve for GuardedResolver {
     }
 }
 
+/// Who may be spoken to in plain HTTP after a redirect.
+#[derive(Debug, Clone)]
+pub enum PlainHttp {
+    /// Any host (an `http://` module source: the user chose plain HTTP for it).
+    Anywhere,
+    /// A registry's hosts: the host already spoken to, loopback hosts, and these
+    /// `WASM_INSECURE_REGISTRIES` entries (`host[:port]`, or `*` for all).
+    Registries(Arc<[String]>),
+}
+
+/// Whether `url` may be reached over plain HTTP as a registry is: its host is a loopback
+/// literal or `localhost` (the bytes stay on the machine), or its `host[:port]` is listed in
+/// `insecure` (or `*` is). A name that merely resolves to loopback is not enough: what it
+/// resolves to can change between the check and the request.
+pub fn plain_http_allowed(url: &url::Url, insecure: &[String]) -> bool {
+    let loopback = match url.host() {
+        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    let listed = url.host_str().is_some_and(|host| {
+        let authority = match url.port() {
+            Some(port) => format!("{host}:{port}"),
+            None => host.to_string(),
+        };
+        insecure.iter().any(|r| r == "*" || *r == authority)
+    });
+    loopback || listed
+}
+
 /// Redirects: at most [`MAX_REDIRECTS`] hops, `http`/`https` only, never from `https` down to
-/// `http`, and every literal address checked. reqwest drops `Authorization` on a hop to another
-/// host, port or scheme, so credentials stay with the host they were meant for.
-pub fn redirect_policy(listed: &[IpNet]) -> reqwest::redirect::Policy {
+/// `http`, for a registry never on to another host over `http` unless that host may be spoken
+/// to in plain HTTP itself ([`PlainHttp`]), and every literal address checked. reqwest drops
+/// `Authorization` on a hop to another host, port or scheme, so credentials stay with the host
+/// they were meant for.
+pub fn redirect_policy(listed: &[IpNet], plain: PlainHttp) -> reqwest::redirect::Policy {
     let listed: Arc<[IpNet]> = listed.into();
     reqwest::redirect::Policy::custom(move |attempt| {
         let to = crate::shown::shown(attempt.url().as_str());
         let from = attempt.previous().last().cloned();
+        let shown_from = || {
+            from.as_ref()
+                .map(|f| crate::shown::shown(f.as_str()))
+                .unwrap_or_default()
+        };
+        let same_origin = from
+            .as_ref()
+            .is_some_and(|f| f.origin() == attempt.url().origin());
         let refusal = if attempt.previous().len() > MAX_REDIRECTS {
             Some(Refusal::TooManyRedirects { to })
         } else {
@@ -206,13 +249,21 @@ pub fn redirect_policy(listed: &[IpNet]) -> reqwest::redirect::Policy {
                 "https" => None,
                 "http" if from.as_ref().is_some_and(|f| f.scheme() == "https") => {
                     Some(Refusal::InsecureRedirect {
-                        from: from
-                            .map(|f| crate::shown::shown(f.as_str()))
-                            .unwrap_or_default(),
+                        from: shown_from(),
                         to,
                     })
                 }
-                "http" => None,
+                "http" => match &plain {
+                    PlainHttp::Registries(insecure)
+                        if !same_origin && !plain_http_allowed(attempt.url(), insecure) =>
+                    {
+                        Some(Refusal::PlainRedirect {
+                            from: shown_from(),
+                            to,
+                        })
+                    }
+                    _ => None,
+                },
                 _ => Some(Refusal::RedirectScheme { to }),
             }
             .or_else(|| check_url(attempt.url(), &listed).err())

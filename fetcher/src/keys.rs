@@ -42,9 +42,13 @@ impl VerifyKey {
                     .into(),
             );
         }
-        let key = VerifyingKey::from_public_key_pem(text.trim()).map_err(|e| {
-            format!("not an ECDSA P-256 public key ({e}); only P-256 keys are verified")
-        })?;
+        let key =
+            VerifyingKey::from_public_key_pem(text.trim()).map_err(|e| {
+                match public_key_kind(text.trim()) {
+                    Some(kind) => format!("{kind}: {ONLY_P256}"),
+                    None => format!("not a PEM public key ({e}): {ONLY_P256}"),
+                }
+            })?;
         let der = key
             .to_public_key_der()
             .map_err(|e| format!("cannot encode the key: {e}"))?;
@@ -108,7 +112,10 @@ impl SignKey {
         }
         SigningKey::from_pkcs8_pem(text.trim())
             .map(Self)
-            .map_err(|e| format!("not an ECDSA P-256 private key ({e})"))
+            .map_err(|e| match private_key_kind(text.trim()) {
+                Some(kind) => format!("{kind}: only ECDSA P-256 keys sign"),
+                None => format!("not a PEM PKCS#8 private key ({e}): only ECDSA P-256 keys sign"),
+            })
     }
 
     /// `--sign-key`: a regular file of at most 64 KiB.
@@ -136,6 +143,50 @@ impl SignKey {
         let signature: Signature = self.0.sign(payload);
         base64::engine::general_purpose::STANDARD.encode(signature.to_der().as_bytes())
     }
+}
+
+/// Which keys verify, as messages say it.
+const ONLY_P256: &str =
+    "only ECDSA P-256 keys (as cosign.pub) are verified; Ed25519, RSA and other curves are not";
+
+/// What key a PEM `PUBLIC KEY` holds, in words with its algorithm OID, when it is a
+/// well-formed SubjectPublicKeyInfo: what a refusal reports (the key given, not the one wanted).
+fn public_key_kind(pem: &str) -> Option<String> {
+    use p256::pkcs8::der::{Decode, Document};
+    let (_, doc) = Document::from_pem(pem).ok()?;
+    let spki = p256::pkcs8::spki::SubjectPublicKeyInfoRef::from_der(doc.as_bytes()).ok()?;
+    Some(kind_in_words(&spki.algorithm))
+}
+
+/// [`public_key_kind`] for a PEM PKCS#8 `PRIVATE KEY`.
+fn private_key_kind(pem: &str) -> Option<String> {
+    use p256::pkcs8::der::{Decode, Document};
+    let (_, doc) = Document::from_pem(pem).ok()?;
+    let info = p256::pkcs8::PrivateKeyInfo::from_der(doc.as_bytes()).ok()?;
+    Some(kind_in_words(&info.algorithm))
+}
+
+fn kind_in_words(alg: &p256::pkcs8::spki::AlgorithmIdentifierRef<'_>) -> String {
+    let oid = alg.oid.to_string();
+    let name = match oid.as_str() {
+        "1.2.840.10045.2.1" => {
+            let curve = alg.parameters_oid().map(|c| c.to_string()).ok();
+            return match curve.as_deref() {
+                Some("1.2.840.10045.3.1.7") => "an ECDSA P-256 key that does not decode".into(),
+                Some("1.3.132.0.34") => "an ECDSA P-384 key (curve OID 1.3.132.0.34)".into(),
+                Some("1.3.132.0.35") => "an ECDSA P-521 key (curve OID 1.3.132.0.35)".into(),
+                Some("1.3.132.0.10") => "an ECDSA secp256k1 key (curve OID 1.3.132.0.10)".into(),
+                Some(c) => format!("an EC key on curve OID {c}"),
+                None => "an EC key without a named curve".into(),
+            };
+        }
+        "1.3.101.112" => "an Ed25519 key",
+        "1.3.101.113" => "an Ed448 key",
+        "1.2.840.113549.1.1.1" => "an RSA key",
+        "1.2.840.113549.1.1.10" => "an RSA-PSS key",
+        _ => "a key of another kind",
+    };
+    format!("{name} (algorithm OID {oid})")
 }
 
 fn read_pem(path: &Path, what: &'static str) -> Result<String, FetchError> {
@@ -176,5 +227,30 @@ mod tests {
         assert!(e.contains("cosign-encrypted"), "{e}");
         let garbage = "-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n";
         assert!(VerifyKey::from_pem(garbage).is_err());
+    }
+
+    /// A key of the wrong type is named as given (its algorithm OID, not P-256's), and the
+    /// message says which keys are verified.
+    #[test]
+    fn a_wrong_key_type_is_reported_as_the_key_given() {
+        let ed25519 = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEANKhKhGlyqBXN8vY2GSs3UL5WAMEz+Q9WIhFoNikwUco=\n-----END PUBLIC KEY-----\n";
+        let rsa = "-----BEGIN PUBLIC KEY-----\nMIGfMA0GCSqGSIb3DQEBAQUAA4GNADCBiQKBgQC/6tQlrMXvGHZMa0rcr0hyA4iw\nywizlUSXG1SEDcNcFusnQvhfywKAnqHdtrKrKFDKMYIq1ZU2rYIbmMzWqf1BoVhM\nzu7OA10jDhO5EDe+rG5Ko1F3j21FSb1k7jCkVEJFxRYyE8agKhmo2z0fWhcM3GrZ\nfnUyiuMc3ABg89LZDwIDAQAB\n-----END PUBLIC KEY-----\n";
+        let p384 = "-----BEGIN PUBLIC KEY-----\nMHYwEAYHKoZIzj0CAQYFK4EEACIDYgAE4/WZEqWVQA8+Tko1VUNFFdcXGt8/IRUR\nMprGQyMR/kv0FuGUbJTwcoNGqdwstUwR+N+mK81HYuZc8JZX1J52qw18iuumPANh\nmoeilOPqIhvP/tzSs9WK3Jo4MmKuPvv/\n-----END PUBLIC KEY-----\n";
+        for (pem, words, oid) in [
+            (ed25519, "an Ed25519 key", "1.3.101.112"),
+            (rsa, "an RSA key", "1.2.840.113549.1.1.1"),
+            (p384, "an ECDSA P-384 key", "1.3.132.0.34"),
+        ] {
+            let e = VerifyKey::from_pem(pem).unwrap_err();
+            assert!(e.contains(words) && e.contains(oid), "{e}");
+            assert!(!e.contains("1.2.840.10045.3.1.7"), "the wanted OID: {e}");
+            assert!(e.contains("only ECDSA P-256 keys"), "{e}");
+        }
+        let ed_private = "-----BEGIN PRIVATE KEY-----\nMC4CAQAwBQYDK2VwBCIEIL1uqouT0EyJXJmdHpzUeo7Z77XVe93Z4qGdVC5V9Xkq\n-----END PRIVATE KEY-----\n";
+        let e = SignKey::from_pem(ed_private).unwrap_err();
+        assert!(
+            e.contains("an Ed25519 key (algorithm OID 1.3.101.112)"),
+            "{e}"
+        );
     }
 }

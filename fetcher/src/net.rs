@@ -61,7 +61,24 @@ pub fn client(
         settings,
         insecure,
         deadline,
-        guard::redirect_policy(&settings.blocked_cidrs),
+        guard::redirect_policy(&settings.blocked_cidrs, guard::PlainHttp::Anywhere),
+    )
+}
+
+/// [`client`] for a registry (its API, token realm and foreign layers): a redirect goes on in
+/// plain HTTP only to the host already spoken to, or to one a registry may be reached at in
+/// plain HTTP (loopback, `WASM_INSECURE_REGISTRIES`).
+pub fn registry_client(
+    settings: &Settings,
+    insecure: bool,
+    deadline: Deadline,
+) -> Result<reqwest::Client, FetchError> {
+    let plain = guard::PlainHttp::Registries(settings.insecure_registries.clone().into());
+    build(
+        settings,
+        insecure,
+        deadline,
+        guard::redirect_policy(&settings.blocked_cidrs, plain),
     )
 }
 

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-pub use wasm_common::regular_file::{read, ReadError};
+pub use wasm_common::regular_file::{read, read_no_follow, ReadError};
 
 use crate::error::FetchError;
 

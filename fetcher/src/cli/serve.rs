@@ -56,10 +56,11 @@ pub struct ServeArgs {
     /// Bound on pulls running at once; the others wait their turn.
     #[arg(long, env = "WASM_MAX_CONCURRENT_PULLS", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_pulls: u32,
-    /// Who may read the ECDS files, which hold pluginConfig and vmConfig.env values: 0644 when
-    /// Envoy runs as another user without a shared group, 0640 with a shared group (fsGroup),
-    /// 0600 when Envoy runs as this user.
-    #[arg(long, value_enum, default_value = "0644")]
+    /// Who may read the ECDS files, which hold pluginConfig and vmConfig.env values verbatim:
+    /// 0640 (the default) when Envoy shares this process's group (a pod's fsGroup), 0600 when
+    /// Envoy runs as this user, 0644 only when Envoy runs as another user without a shared
+    /// group (every user of the node may then read the values).
+    #[arg(long, value_enum, default_value = "0640")]
     pub ecds_mode: EcdsMode,
     /// A PEM public key (ECDSA P-256, as cosign.pub): every plugin's module must be an oci:// image
     /// carrying a cosign signature by it, checked before anything is cached

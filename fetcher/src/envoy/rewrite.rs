@@ -47,12 +47,23 @@ pub enum RewriteError {
 /// aarch64). Returns how many were rewritten.
 pub fn point_at(doc: &mut Value, module: &Path) -> Result<usize, RewriteError> {
     let mut head = Vec::with_capacity(crate::dynamic_module::elf::HEADER_LEN);
-    let readable = std::fs::File::open(module)
-        .and_then(|f| {
-            let limit = crate::dynamic_module::elf::HEADER_LEN as u64;
-            std::io::Read::read_to_end(&mut std::io::Read::take(f, limit), &mut head)
-        })
-        .is_ok();
+    // Opened without blocking and checked on the opened file: a FIFO, a device or a directory
+    // is refused at once (a FIFO with no writer would never open). A module not there yet is
+    // named as it is.
+    let file = match wasm_common::regular_file::open(module) {
+        Ok(file) => Some(file),
+        Err(wasm_common::regular_file::ReadError::Missing) => None,
+        Err(e) => {
+            return Err(RewriteError::NotAModule {
+                path: module.to_path_buf(),
+                reason: e.to_string(),
+            })
+        }
+    };
+    let readable = file.is_some_and(|f| {
+        let limit = crate::dynamic_module::elf::HEADER_LEN as u64;
+        std::io::Read::read_to_end(&mut std::io::Read::take(f, limit), &mut head).is_ok()
+    });
     let named_so = module.extension().is_some_and(|e| e == "so");
     if !named_so && !head.starts_with(b"\x7fELF") {
         return point_wasm_code_at(doc, module);

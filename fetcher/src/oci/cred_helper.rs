@@ -2,8 +2,10 @@
 //! `docker-credential-<name>` on `PATH`, run as Docker runs it (`get`, the registry's host on
 //! stdin, `{"Username": …, "Secret": …}` on stdout), for the short-lived tokens of cloud
 //! registries (ECR, GCR, ACR). A helper is someone else's program: it gets [`DEADLINE`] to
-//! answer and [`OUTPUT_LIMIT`] bytes to answer in, then it is killed; its answer is used for
-//! the one registry it was asked about and no other.
+//! answer and [`OUTPUT_LIMIT`] bytes to answer in, then it is killed with every process it
+//! started (it runs in a process group of its own); its answer is used for the one registry it
+//! was asked about and no other, and nothing it printed is quoted in an error (a helper's
+//! output is a secret, or an error about one).
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -75,6 +77,7 @@ pub async fn get_within(
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
+        .process_group(0)
         .kill_on_drop(true)
         .spawn()
         .map_err(|e| {
@@ -88,7 +91,9 @@ pub async fn get_within(
                 },
             )
         })?;
+    let group = child.id();
     let (Some(mut stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+        kill_group(group);
         return Err(failed(&program, "no pipes to it".into()));
     };
     let exchange = async {
@@ -105,15 +110,20 @@ pub async fn get_within(
     };
     let (status, out) = match tokio::time::timeout(deadline, exchange).await {
         Err(_) => {
+            kill_group(group);
             return Err(failed(
                 &program,
                 format!("no answer within {deadline:?}; it was stopped"),
-            ))
+            ));
         }
-        Ok(Err(e)) => return Err(failed(&program, e.to_string())),
+        Ok(Err(e)) => {
+            kill_group(group);
+            return Err(failed(&program, e.to_string()));
+        }
         Ok(Ok(answer)) => answer,
     };
     let Some(status) = status else {
+        kill_group(group);
         return Err(failed(
             &program,
             format!("it printed more than {limit} bytes; it was stopped"),
@@ -127,15 +137,19 @@ pub async fn get_within(
         return Err(failed(
             &program,
             format!(
-                "get for {registry} failed ({status}): {}",
-                crate::shown::shown(text.trim())
+                "get for {registry} failed ({status}); what it printed is not repeated here (it may hold a secret)"
             ),
         ));
     }
+    // serde_json's words can quote a value: only where the answer went wrong is said.
     let answer: Answer = serde_json::from_slice(&out).map_err(|e| {
         failed(
             &program,
-            format!("its answer is not {{\"Username\": …, \"Secret\": …}} JSON ({e})"),
+            format!(
+                "its answer is not {{\"Username\": …, \"Secret\": …}} JSON (line {}, column {})",
+                e.line(),
+                e.column()
+            ),
         )
     })?;
     match (answer.username.as_str(), answer.secret) {
@@ -145,6 +159,21 @@ pub async fn get_within(
             "it answered with an identity token (Username \"<token>\"), which needs an OAuth2 exchange this fetcher does not do".into(),
         )),
         (user, secret) => Ok(RegistryAuth::Basic(user.to_string(), secret)),
+    }
+}
+
+/// Kills the process group `group` leads (the helper and whatever it started), if any.
+fn kill_group(group: Option<u32>) {
+    let Some(pgid) = group.and_then(|g| libc::pid_t::try_from(g).ok()) else {
+        return;
+    };
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) takes no pointers; a negative pid names the process group the helper
+    // was started in (`process_group(0)`), which holds only the helper and its children.
+    unsafe {
+        libc::kill(-pgid, libc::SIGKILL);
     }
 }
 

@@ -53,6 +53,9 @@ pub struct Distribution {
     scheme: Scheme,
     /// The API root on the host: `/v2`, or a mirror's path (`super::hosts`).
     root: String,
+    /// For a mirror: the upstream registry it is asked on behalf of, sent as `?ns=` on every
+    /// request as containerd sends it (one mirror endpoint can serve many registries).
+    namespace: Option<String>,
     /// Unverified TLS or plain HTTP is allowed (`WASM_INSECURE_REGISTRIES`).
     insecure: bool,
     credentials: RegistryAuth,
@@ -103,13 +106,14 @@ impl Distribution {
             Access::Push => Some(net::upload_client(settings, insecure, deadline)?),
         };
         Ok(Self {
-            http: net::client(settings, insecure, deadline)?,
+            http: net::registry_client(settings, insecure, deadline)?,
             uploads,
             settings: settings.clone(),
             registry: registry.to_string(),
             repository: repository.to_string(),
             scheme,
             root: "/v2".into(),
+            namespace: None,
             insecure,
             credentials,
             authorization: None,
@@ -120,6 +124,13 @@ impl Distribution {
     /// Requests go below `root` (a mirror's API root) instead of `/v2`.
     pub(crate) fn at_root(mut self, root: &str) -> Self {
         self.root = root.to_string();
+        self
+    }
+
+    /// Every request carries `?ns=<upstream>`: this host is a mirror of `upstream` (given as
+    /// a query value already, as the mirrors' module writes it).
+    pub(crate) fn for_upstream(mut self, upstream: &str) -> Self {
+        self.namespace = Some(upstream.to_string());
         self
     }
 
@@ -180,12 +191,16 @@ impl Distribution {
     }
 
     fn url(&self, rest: &str) -> String {
-        format!(
+        let url = format!(
             "{}://{}{}/{rest}",
             self.scheme.as_str(),
             self.registry,
             self.root
-        )
+        );
+        match &self.namespace {
+            Some(ns) => format!("{url}?ns={ns}"),
+            None => url,
+        }
     }
 
     /// `GET /v2/`: any answer proves the protocol; a 401 names the authentication to use.
@@ -555,20 +570,7 @@ pub fn check_realm(
 /// `WASM_INSECURE_REGISTRIES` (or `*` is). A name that merely resolves to loopback is not
 /// enough: what it resolves to can change between the check and the request.
 pub fn realm_may_be_plain_http(url: &url::Url, settings: &Settings) -> bool {
-    let loopback = match url.host() {
-        Some(url::Host::Domain(d)) => d.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
-    let listed = url.host_str().is_some_and(|host| {
-        let authority = match url.port() {
-            Some(port) => format!("{host}:{port}"),
-            None => host.to_string(),
-        };
-        settings.is_insecure_registry(&authority)
-    });
-    loopback || listed
+    crate::guard::plain_http_allowed(url, &settings.insecure_registries)
 }
 
 fn header(value: &str) -> Option<HeaderValue> {

@@ -78,6 +78,14 @@ pub fn load(
     by_digest: bool,
     settings: &Settings,
 ) -> Result<Hosts, FetchError> {
+    if !is_host_port(registry) {
+        return Err(FetchError::BadUrl {
+            reason: format!(
+                "registry {:?} is not a host[:port], so it names no directory of the hosts directory",
+                crate::shown::shown(registry)
+            ),
+        });
+    }
     let own = dir.join(registry).join("hosts.toml");
     let path = if own.exists() {
         own
@@ -92,12 +100,54 @@ pub fn load(
     parse(&bytes, &path, registry, by_digest, settings)
 }
 
+/// Whether `registry` is a `host[:port]` that names one directory below the hosts directory:
+/// DNS labels of letters, digits, `-` and `_` (never empty, so never `.` or `..`), or an IP
+/// address (IPv6 in brackets), then an optional numeric port.
+fn is_host_port(registry: &str) -> bool {
+    let (host, port) = match registry.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(':') && !p.contains(']') => (h, Some(p)),
+        _ => (registry, None),
+    };
+    let port_ok =
+        port.is_none_or(|p| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit()));
+    let host_ok = match host.strip_prefix('[').and_then(|h| h.strip_suffix(']')) {
+        Some(v6) => v6.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => {
+            !host.is_empty()
+                && host.len() <= 253
+                && host.split('.').all(|label| {
+                    !label.is_empty()
+                        && label.len() <= 63
+                        && label
+                            .bytes()
+                            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+                })
+        }
+    };
+    port_ok && host_ok
+}
+
 fn bad(path: &Path, reason: String) -> FetchError {
     FetchError::Read {
         what: "hosts.toml",
         path: path.to_path_buf(),
         reason,
     }
+}
+
+/// A parse error in words that quote none of the file's lines (the file may be a link to
+/// something secret): where it is, and the parser's message alone, on one line.
+fn not_valid(text: &str, e: &toml::de::Error) -> String {
+    let at = match e.span() {
+        Some(span) => {
+            let before = &text.as_bytes()[..span.start.min(text.len())];
+            let line = before.iter().filter(|&&b| b == b'\n').count() + 1;
+            format!(" at line {line}")
+        }
+        None => String::new(),
+    };
+    let message = e.message().lines().next().unwrap_or_default();
+    format!("not valid TOML{at}: {}", crate::shown::shown(message))
 }
 
 /// Parses a hosts.toml read from `path`.
@@ -109,7 +159,7 @@ pub fn parse(
     settings: &Settings,
 ) -> Result<Hosts, FetchError> {
     let text = std::str::from_utf8(bytes).map_err(|_| bad(path, "not UTF-8 text".into()))?;
-    let file: File = toml::from_str(text).map_err(|e| bad(path, format!("not valid: {e}")))?;
+    let file: File = toml::from_str(text).map_err(|e| bad(path, not_valid(text, &e)))?;
     let base = path.parent().unwrap_or(Path::new("."));
     let mut mirrors = Vec::new();
     for (url, value) in file.host {
@@ -221,6 +271,23 @@ pub fn falls_through(e: &FetchError) -> bool {
     )
 }
 
+/// A `host[:port]` as a query value: `[`, `]` of an IPv6 literal percent-encoded, the rest as
+/// it is (letters, digits, `.`, `-`, `_`, `:`).
+pub fn ns_value(ns: &str) -> String {
+    ns.chars()
+        .map(|c| match c {
+            c if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':') => c.to_string(),
+            c => {
+                let mut buf = [0u8; 4];
+                c.encode_utf8(&mut buf)
+                    .bytes()
+                    .map(|b| format!("%{b:02X}"))
+                    .collect()
+            }
+        })
+        .collect()
+}
+
 /// The settings to reach `e` with: its own `ca` files trusted beside the others.
 pub fn settings_for(e: &Endpoint, settings: &Settings) -> Result<Settings, FetchError> {
     let mut s = settings.clone();
@@ -238,6 +305,42 @@ pub fn settings_for(e: &Endpoint, settings: &Settings) -> Result<Settings, Fetch
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_a_host_port_names_a_directory() {
+        for ok in [
+            "reg.example",
+            "reg.example:5000",
+            "127.0.0.1:5000",
+            "[::1]:5000",
+            "my_reg",
+        ] {
+            assert!(is_host_port(ok), "{ok}");
+        }
+        for bad in [
+            "..",
+            ".",
+            "",
+            "a/b",
+            "a..b",
+            "reg:",
+            "reg:x",
+            "[::1",
+            "a\\b",
+            "reg:123456",
+        ] {
+            assert!(!is_host_port(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_parse_error_says_where_without_quoting_the_line() {
+        let e = parsed("# mirrors\nroot:$6$s3cr3t:19000\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("not valid TOML at line 2"), "{e}");
+        assert!(!e.contains("s3cr3t") && !e.contains("root"), "{e}");
+    }
 
     fn parsed(text: &str) -> Result<Hosts, FetchError> {
         parse(

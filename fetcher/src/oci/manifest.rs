@@ -118,12 +118,12 @@ pub fn pick_child(
     Err(FetchError::NotFound {
         what: format!(
             "no image for platform {} in the index (it has: {})",
-            platform.unwrap_or("wasip1/wasm, wasi/wasm or linux/amd64"),
-            children
-                .iter()
-                .map(|(_, p)| p.clone().unwrap_or_else(|| "none".into()))
-                .collect::<Vec<_>>()
-                .join(", ")
+            crate::shown::shown(platform.unwrap_or("wasip1/wasm, wasi/wasm or linux/amd64")),
+            crate::shown::listed(
+                children
+                    .iter()
+                    .map(|(_, p)| p.clone().unwrap_or_else(|| "none".into()))
+            )
         ),
     })
 }
@@ -138,6 +138,19 @@ mod tests {
             {"digest": "sha256:bb", "platform": {"os": "linux", "architecture": "amd64"}},
             {"digest": "sha256:cc", "platform": {"os": "wasip1", "architecture": "wasm"}},
         ]})
+    }
+
+    #[test]
+    fn an_index_of_thousands_of_hostile_platforms_gives_one_short_line() {
+        let children: Vec<Value> = (0..5000)
+            .map(|i| serde_json::json!({"digest": "sha256:aa", "platform": {"os": "linux", "architecture": format!("\u{1b}[31m{i}\n{}", "z".repeat(50))}}))
+            .collect();
+        let index = serde_json::json!({"manifests": children});
+        let e = pick_child(&index, Some("windows/\u{1b}[2J"), None)
+            .unwrap_err()
+            .to_string();
+        assert!(e.len() < 1000, "{}", e.len());
+        assert!(!e.contains('\n') && !e.contains('\u{1b}'), "{e}");
     }
 
     #[test]

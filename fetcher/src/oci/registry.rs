@@ -206,6 +206,11 @@ impl Registry {
             self.access,
         )?
         .at_root(&e.root);
+        // A mirror is told which registry is meant, as containerd tells it (`?ns=`); the
+        // registry itself is not.
+        if !e.upstream && e.host != self.registry {
+            d = d.for_upstream(&hosts::ns_value(&self.registry));
+        }
         match d.ping().await {
             Ok(()) => Ok(d),
             Err(PingFailure::Send(err)) => Err(d.send_error(err)),

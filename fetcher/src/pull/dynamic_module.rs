@@ -149,7 +149,7 @@ async fn choose(
         message: format!("index is not JSON: {e}"),
     })?;
     let child = pick(&index, platform, envoy_version)?;
-    let (bytes, manifest_digest) = d.manifest(&child, &accept).await?;
+    let (bytes, manifest_digest) = d.manifest(&child.to_string(), &accept).await?;
     let manifest = parse_manifest(&bytes)?;
     let layer = match manifest.layers.as_slice() {
         [only] if only.media_type == LAYER => only.clone(),
@@ -255,8 +255,10 @@ fn not_module(platform: &str, reason: String) -> FetchError {
     }
 }
 
-/// The child for `platform` whose annotation lists `envoy_version`.
-fn pick(index: &Value, platform: &str, envoy_version: &str) -> Result<String, FetchError> {
+/// The child for `platform` whose annotation lists `envoy_version`: its digest, checked as
+/// every digest from a registry is before it reaches a URL; a child named by anything else
+/// (a tag, a path) is refused.
+fn pick(index: &Value, platform: &str, envoy_version: &str) -> Result<Digest, FetchError> {
     let children = index["manifests"].as_array().ok_or_else(|| FetchError::NotFound {
         what: "an image index (the reference names a single manifest; push with --layout dynamic-module)".into(),
     })?;
@@ -280,26 +282,39 @@ fn pick(index: &Value, platform: &str, envoy_version: &str) -> Result<String, Fe
     if on_platform.is_empty() {
         return Err(FetchError::NotFound {
             what: format!(
-                "no dynamic module for platform {platform} in the index (it has: {})",
-                children
-                    .iter()
-                    .map(platform_of)
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                "no dynamic module for platform {} in the index (it has: {})",
+                crate::shown::shown(platform),
+                crate::shown::listed(children.iter().map(platform_of))
             ),
         });
     }
-    on_platform
+    let child = on_platform
         .iter()
         .find(|c| versions_of(c).split(',').any(|v| v.trim() == envoy_version))
-        .and_then(|c| c["digest"].as_str())
-        .map(str::to_string)
         .ok_or_else(|| FetchError::NotFound {
             what: format!(
-                "no dynamic module for Envoy {envoy_version} on {platform} (the index has Envoy versions: {})",
-                on_platform.iter().map(|c| versions_of(c)).collect::<Vec<_>>().join("; ")
+                "no dynamic module for Envoy {} on {} (the index has Envoy versions: {})",
+                crate::shown::shown(envoy_version),
+                crate::shown::shown(platform),
+                crate::shown::listed(on_platform.iter().flat_map(|c| {
+                    versions_of(c)
+                        .split(',')
+                        .map(|v| v.trim().to_string())
+                        .collect::<Vec<_>>()
+                }))
             ),
-        })
+        })?;
+    let named = child["digest"].as_str().unwrap_or_default();
+    parse_digest(named).map_err(|_| FetchError::Registry {
+        message: format!(
+            "the index names its child for {} by {:?}, not by a sha256 digest: refused",
+            crate::shown::shown(platform),
+            crate::shown::shown(named)
+                .chars()
+                .take(100)
+                .collect::<String>()
+        ),
+    })
 }
 
 fn read_bounded(path: &std::path::Path, limit: u64) -> std::io::Result<Vec<u8>> {
@@ -331,16 +346,67 @@ mod tests {
     #[test]
     fn a_child_is_picked_by_platform_then_envoy_version_or_refused_by_name() {
         let index = serde_json::json!({"manifests": [
-            {"digest": "sha256:aa", "platform": {"os": "linux", "architecture": "arm64"},
+            {"digest": format!("sha256:{}", "a".repeat(64)), "platform": {"os": "linux", "architecture": "arm64"},
              "annotations": {ENVOY_VERSIONS: "1.40,1.41"}},
-            {"digest": "sha256:bb", "platform": {"os": "linux", "architecture": "amd64"},
+            {"digest": format!("sha256:{}", "b".repeat(64)), "platform": {"os": "linux", "architecture": "amd64"},
              "annotations": {ENVOY_VERSIONS: "1.40"}},
         ]});
-        assert_eq!(pick(&index, "linux/arm64", "1.41").unwrap(), "sha256:aa");
-        assert_eq!(pick(&index, "linux/amd64", "1.40").unwrap(), "sha256:bb");
+        assert_eq!(
+            pick(&index, "linux/arm64", "1.41").unwrap().to_string(),
+            format!("sha256:{}", "a".repeat(64))
+        );
+        assert_eq!(
+            pick(&index, "linux/amd64", "1.40").unwrap().to_string(),
+            format!("sha256:{}", "b".repeat(64))
+        );
         let e = pick(&index, "linux/amd64", "1.41").unwrap_err().to_string();
         assert!(e.contains("Envoy 1.41 on linux/amd64"), "{e}");
         let e = pick(&index, "linux/s390x", "1.40").unwrap_err().to_string();
         assert!(e.contains("platform linux/s390x"), "{e}");
+    }
+
+    /// A child named by a path or a tag never reaches a URL.
+    #[test]
+    fn a_child_not_named_by_a_digest_is_refused() {
+        for named in [
+            "../../../v2/other/repo/manifests/x",
+            "v1",
+            "sha256:aa",
+            "sha512:ab",
+        ] {
+            let index = serde_json::json!({"manifests": [
+                {"digest": named, "platform": {"os": "linux", "architecture": "amd64"},
+                 "annotations": {ENVOY_VERSIONS: "1.40"}},
+            ]});
+            let e = pick(&index, "linux/amd64", "1.40").unwrap_err().to_string();
+            assert!(e.contains("not by a sha256 digest"), "{named}: {e}");
+        }
+    }
+
+    /// Thousands of platforms and versions, with newlines and terminal escapes in them: one
+    /// short line.
+    #[test]
+    fn a_huge_hostile_index_gives_one_short_line() {
+        let children: Vec<Value> = (0..5000)
+            .map(|i| serde_json::json!({
+                "digest": format!("sha256:{}", "c".repeat(64)),
+                "platform": {"os": "linux", "architecture": format!("\u{1b}[31mx{i}\n{}", "y".repeat(50))},
+                "annotations": {ENVOY_VERSIONS: (0..20).map(|v| format!("1.{i}{v}\u{1b}]0;t\u{7}")).collect::<Vec<_>>().join(",")},
+            }))
+            .chain((0..5000).map(|i| serde_json::json!({
+                "digest": format!("sha256:{}", "d".repeat(64)),
+                "platform": {"os": "linux", "architecture": "amd64"},
+                "annotations": {ENVOY_VERSIONS: format!("2.{i}\n\u{1b}[2J")},
+            })))
+            .collect();
+        let index = serde_json::json!({"manifests": children});
+        for (platform, version) in [("linux/s390x", "1.40"), ("linux/amd64", "1.40")] {
+            let e = pick(&index, platform, version).unwrap_err().to_string();
+            assert!(e.len() < 1000, "{}", e.len());
+            assert!(
+                !e.contains('\n') && !e.contains('\u{1b}') && !e.contains('\u{7}'),
+                "{e}"
+            );
+        }
     }
 }

@@ -129,6 +129,20 @@ mod tests {
     }
 
     #[test]
+    fn an_oci_url_that_does_not_parse_is_quoted_without_its_query() {
+        for bad in [
+            "oci://h/a?token=s3cr3t",
+            "oci://h/a:t?token=s3cr3t",
+            "oci://h/A#token=s3cr3t",
+            "oci://h/a?x=@token=s3cr3t",
+        ] {
+            let e = Source::parse(bad).unwrap_err().to_string();
+            assert!(!e.contains("s3cr3t"), "{bad}: {e}");
+            assert!(e.contains("oci://h/"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
     fn display_hides_userinfo_and_query_strings() {
         assert_eq!(
             redact_for_display("GET (http://u:p@h/m.wasm?token=t&x=1#f) then https://k/a?sig=s b"),

@@ -63,7 +63,12 @@ pub fn is_loopback_host(host_port: &str) -> bool {
 
 /// The reference after `oci://`: `host[:port]/repo[:tag][@sha256:hex]`.
 pub(crate) fn parse(rest: &str) -> Result<OciRef, FetchError> {
-    let shown = crate::shown::shown(rest);
+    // A query or fragment is no part of a reference, and a token often rides there: never
+    // quoted (nor is userinfo, refused below without repeating it).
+    let shown = match rest.find(['?', '#']) {
+        Some(at) => format!("{}?***", crate::shown::shown(&rest[..at])),
+        None => crate::shown::shown(rest),
+    };
     let bad = |reason: &str| FetchError::BadUrl {
         reason: format!("oci://{shown}: {reason}"),
     };

@@ -57,7 +57,8 @@ pub struct Options {
     pub max_plugin_bytes: u64,
     /// Bound on pulls running at once: 1500 slow sources do not hold 1500 connections.
     pub max_concurrent_pulls: usize,
-    /// Who may read the ECDS files (see docs/security.md).
+    /// Who may read the ECDS files (see docs/security.md): the owner's group by default, as
+    /// they hold `pluginConfig` and `vmConfig.env` values verbatim.
     pub ecds_mode: wasm_common::fs::Mode,
 }
 
@@ -75,7 +76,7 @@ impl Options {
             metrics_prefix: String::new(),
             max_plugin_bytes: 64 << 20,
             max_concurrent_pulls: 8,
-            ecds_mode: wasm_common::fs::Mode::WorldReadable,
+            ecds_mode: wasm_common::fs::Mode::GroupReadable,
         }
     }
 }

@@ -93,6 +93,8 @@ impl Watcher {
     /// The changes since the last poll. A directory that cannot be read reports nothing
     /// (rather than every file removed): a transient error must not take configs away.
     pub fn poll(&mut self) -> std::io::Result<Vec<Change>> {
+        // Links are followed only to files inside the directory (a ConfigMap's `..data`).
+        let root = std::fs::canonicalize(&self.dir)?;
         let mut present = BTreeMap::new();
         for e in std::fs::read_dir(&self.dir)? {
             let e = e?;
@@ -121,7 +123,7 @@ impl Watcher {
                     self.max_total
                 ))
             } else {
-                read(path)
+                read_within(&root, path)
             };
             let unchanged = self
                 .seen
@@ -147,9 +149,29 @@ impl Watcher {
     }
 }
 
-/// The file's content, read with a limit checked before allocating.
-pub fn read(path: &Path) -> Content {
-    match crate::regular_file::read(path, crate::envoy::wasmplugin::MAX_FILE_BYTES) {
+/// The content of the plugin file `path` in the directory whose canonical path is `root`,
+/// read with a limit checked before allocating. A symbolic link is followed only to a file
+/// inside `root` (a ConfigMap volume's `p.yaml -> ..data/p.yaml`): a file elsewhere is not
+/// read, so nothing of it can be quoted in a log or `/readyz`.
+fn read_within(root: &Path, path: &Path) -> Content {
+    let target = match std::fs::canonicalize(path) {
+        Ok(target) => target,
+        Err(e) => return Content::Unreadable(format!("{}: {e}", path.display())),
+    };
+    if !target.starts_with(root) {
+        return Content::Unreadable(format!(
+            "{}: a symbolic link to a file outside the plugins directory, not followed (links are followed only within it)",
+            path.display()
+        ));
+    }
+    // The resolved path itself, never through a link swapped in since.
+    let read =
+        crate::regular_file::read_no_follow(&target, crate::envoy::wasmplugin::MAX_FILE_BYTES);
+    content(path, read)
+}
+
+fn content(path: &Path, read: Result<Vec<u8>, crate::regular_file::ReadError>) -> Content {
+    match read {
         Ok(bytes) => {
             let version = hex::encode(Sha256::digest(&bytes));
             match String::from_utf8(bytes) {
@@ -224,5 +246,31 @@ mod tests {
             "{second:?}"
         );
         assert_eq!(w.poll().unwrap(), vec![]);
+    }
+
+    /// A link to a file outside the plugins directory is not read: its content appears in no
+    /// change, and the reason names the link alone.
+    #[test]
+    fn a_link_out_of_the_directory_is_not_followed() {
+        use std::os::unix::fs::symlink;
+        let outside = tempfile::tempdir().unwrap();
+        let secret = outside.path().join("secret.yaml");
+        std::fs::write(&secret, "password: hunter2\n").unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        symlink(&secret, dir.path().join("p.yaml")).unwrap();
+        symlink(outside.path(), dir.path().join("..data")).unwrap();
+        symlink("..data/secret.yaml", dir.path().join("q.yaml")).unwrap();
+        let mut w = Watcher::new(dir.path(), u64::MAX);
+        let changes = w.poll().unwrap();
+        assert_eq!(changes.len(), 2, "{changes:?}");
+        for c in &changes {
+            match c {
+                Change::Updated(_, Content::Unreadable(why)) => {
+                    assert!(why.contains("outside the plugins directory"), "{why}");
+                    assert!(!why.contains("hunter2") && !why.contains("secret"), "{why}");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
     }
 }

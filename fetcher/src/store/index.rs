@@ -268,6 +268,7 @@ impl IndexFile {
             Err(ReadError::Missing) => return Ok(self.rebuild(false)),
             Err(
                 e @ (ReadError::NotRegular(_)
+                | ReadError::Link
                 | ReadError::TooLarge { .. }
                 | ReadError::NotText { .. }),
             ) => e.to_string(),

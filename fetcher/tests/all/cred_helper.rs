@@ -66,7 +66,17 @@ fn helpers_answer_for_their_registry_within_their_bounds() {
             asked.display()
         ),
     );
-    helper(&bin, "hang", "exec sleep 60");
+    // A helper that hangs after starting a child of its own: both are stopped.
+    let child_pid = home.path().join("child.pid");
+    helper(
+        &bin,
+        "hang",
+        &format!(
+            "sleep 1000 &\necho $! > '{}'\nexec sleep 60",
+            child_pid.display()
+        ),
+    );
+    helper(&bin, "talks", "echo 'token s3cr3t was refused'; exit 3");
     helper(&bin, "loud", "head -c 100000 /dev/zero | tr '\\0' a");
     helper(
         &bin,
@@ -107,6 +117,7 @@ fn helpers_answer_for_their_registry_within_their_bounds() {
             "docker-credential-missing is not on PATH",
             Duration::ZERO,
         ),
+        ("talks", "failed (exit status: 3)", Duration::ZERO),
     ] {
         let config = format!(r#"{{"credHelpers":{{"{}":"{name}"}}}}"#, reg.host);
         let (o, took) = pull_with(
@@ -126,7 +137,19 @@ fn helpers_answer_for_their_registry_within_their_bounds() {
             took >= at_least && took < Duration::from_secs(20),
             "{name}: {took:?}"
         );
+        assert!(!err.contains("s3cr3t"), "{name} quoted its output: {err}");
     }
+    // The hung helper's own child was stopped with it.
+    let pid = std::fs::read_to_string(&child_pid).unwrap();
+    let alive = || {
+        std::fs::read_to_string(format!("/proc/{}/stat", pid.trim()))
+            .is_ok_and(|stat| !stat.contains(") Z "))
+    };
+    let start = std::time::Instant::now();
+    while alive() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(!alive(), "the helper's child {} outlived it", pid.trim());
 
     // "credentials not found": no credentials, as Docker goes on; this registry then refuses.
     let config = format!(r#"{{"credHelpers":{{"{}":"empty"}}}}"#, reg.host);

@@ -313,3 +313,94 @@ fn stdout_json_path(o: &std::process::Output) -> std::path::PathBuf {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v["path"].as_str().unwrap().into()
 }
+
+/// A hosts.toml that is a link to a secret file (a password hash): the parse error says where,
+/// never what the line holds.
+#[test]
+fn a_hosts_toml_parse_error_quotes_none_of_its_lines() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("certs.d");
+    let registry = "127.0.0.1:9";
+    let secret = tmp.path().join("shadow");
+    std::fs::write(&secret, "root:$6$s3cr3thash$xyz:19000:0:99999:7:::\n").unwrap();
+    std::fs::create_dir_all(config.join(registry)).unwrap();
+    std::os::unix::fs::symlink(&secret, config.join(registry).join("hosts.toml")).unwrap();
+    let url = format!("oci://{registry}/mods/m:v1");
+    let o = pull(
+        &tmp.path().join("c"),
+        &["--registry-config-dir", config.to_str().unwrap(), &url],
+    );
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(err.contains("not valid TOML at line 1"), "{err}");
+    assert!(
+        !err.contains("s3cr3thash") && !err.contains("root:"),
+        "{err}"
+    );
+}
+
+/// A registry named `..` (or anything that is not a host[:port]) names no directory of the
+/// hosts directory: refused, and the hosts.toml of the directory above is never read.
+#[test]
+fn a_registry_that_is_not_a_host_reads_no_hosts_toml() {
+    let tmp = tempfile::tempdir().unwrap();
+    let config = tmp.path().join("certs.d");
+    std::fs::create_dir_all(&config).unwrap();
+    // What `certs.d/../hosts.toml` would be: a mirror the test can count.
+    let mirror = Server::start(vec![]);
+    std::fs::write(
+        tmp.path().join("hosts.toml"),
+        format!("[host.\"{}\"]\n", mirror.base),
+    )
+    .unwrap();
+    let url = "oci://../mods/m:v1";
+    let o = pull(
+        &tmp.path().join("c"),
+        &["--registry-config-dir", config.to_str().unwrap(), url],
+    );
+    let err = stderr(&o);
+    assert!(!o.status.success(), "{url}");
+    assert!(err.contains("is not a host[:port]"), "{url}: {err}");
+    assert_eq!(mirror.connections(), 0, "{url}: the file above was read");
+}
+
+/// As containerd does, every request to a mirror names the upstream registry it is made for
+/// (`?ns=<registry host>`); a request to the registry itself carries none.
+#[test]
+fn mirror_requests_carry_the_upstream_as_ns_and_upstream_requests_do_not() {
+    let Mirrored {
+        upstream,
+        mut mirror,
+        tmp,
+        config,
+        url,
+        module,
+    } = mirrored(false);
+    let dir = config.to_str().unwrap();
+    let o = pull(
+        &tmp.path().join("c1"),
+        &["--registry-config-dir", dir, "--json", &url],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(stdout_json_path(&o)).unwrap(), module);
+    let ns = format!("?ns={}", upstream.host);
+    assert_eq!(
+        mirror.requests("GET", &format!("/v2/mods/m/manifests/v1{ns}")),
+        1
+    );
+    assert_eq!(mirror.requests("GET", "/v2/mods/m/blobs/"), 1);
+    assert_eq!(
+        mirror.requests("GET", "/v2/mods/m/blobs/"),
+        mirror.requests_with("GET", "/v2/mods/m/blobs/", &ns),
+        "a blob request to the mirror without ns"
+    );
+    // The mirror down: the pull falls back to the upstream, which is asked without ns.
+    mirror.stop();
+    let o = pull(
+        &tmp.path().join("c2"),
+        &["--registry-config-dir", dir, "--json", &url],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(upstream.requests("GET", "/v2/mods/m/manifests/v1") >= 1);
+    assert_eq!(upstream.requests_with("GET", "/v2/", "ns="), 0);
+}

@@ -388,3 +388,65 @@ fn a_realm_named_by_a_host_the_ping_was_redirected_to_gets_no_credentials() {
         "the registry's credentials went to a realm it did not name"
     );
 }
+
+/// `wasm-fetcher pull ARGS` with `env`, in a private mount namespace whose /etc/hosts names
+/// `plain.test` as 127.0.0.1: a host that is not loopback by name, reached on loopback.
+fn pull_with_plain_test(
+    cache: &std::path::Path,
+    env: &[(&str, &str)],
+    args: &[&str],
+) -> std::process::Output {
+    let hosts = cache.with_extension("hosts");
+    std::fs::write(&hosts, "127.0.0.1 plain.test\n127.0.0.1 localhost\n").unwrap();
+    std::process::Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c"])
+        .arg("mount --bind \"$0\" /etc/hosts && shift && exec \"$@\"")
+        .arg(&hosts)
+        .arg("--")
+        .arg(env!("CARGO_BIN_EXE_wasm-fetcher"))
+        .args(["pull", "--cache-dir"])
+        .arg(cache)
+        .args(args)
+        .envs(env.iter().copied())
+        .env_remove("WASM_CACHE_DIR")
+        .output()
+        .expect("unshare (util-linux) is needed")
+}
+
+/// A plain-HTTP loopback registry redirecting to another host over plain HTTP: refused before
+/// that host is asked, unless that host may itself be spoken to in plain HTTP (listed in
+/// WASM_INSECURE_REGISTRIES); a redirect on the same host still goes.
+#[test]
+fn a_plain_http_registry_may_not_redirect_to_another_plain_http_host() {
+    let elsewhere = Server::start(vec![]);
+    let port = elsewhere.host().rsplit(':').next().unwrap().to_string();
+    let target = format!("http://plain.test:{port}/v2/a/m/manifests/1");
+    let reg = Server::start(vec![
+        ("/v2/", Behaviour::Ok(b"{}".to_vec())),
+        (
+            "/v2/a/m/manifests/1",
+            Behaviour::Respond(302, vec![("location".into(), target.clone())], vec![]),
+        ),
+    ]);
+    let url = format!("oci://{}/a/m:1", reg.host());
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("c");
+    let o = pull_with_plain_test(&cache, &[], &[&url]);
+    assert_failed(&o, &cache, &url, "insecure redirect");
+    assert!(
+        stderr(&o).contains("WASM_INSECURE_REGISTRIES"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(reg.hits("/v2/a/m/manifests/1"), 1);
+    assert_eq!(
+        elsewhere.connections(),
+        0,
+        "the other plain-HTTP host was asked"
+    );
+    // Listed as insecure, that host may be asked (it has no such manifest: 404).
+    let listed = format!("plain.test:{port}");
+    let o = pull_with_plain_test(&cache, &[("WASM_INSECURE_REGISTRIES", &listed)], &[&url]);
+    assert!(!o.status.success());
+    assert_eq!(elsewhere.hits("/v2/a/m/manifests/1"), 1, "{}", stderr(&o));
+}

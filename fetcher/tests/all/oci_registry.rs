@@ -225,6 +225,21 @@ impl Registry {
         log.lines().filter(|l| l.contains(&needle)).count()
     }
 
+    /// [`Self::requests`] whose request line also holds `text` (a query parameter).
+    pub fn requests_with(&self, method: &str, prefix: &str, text: &str) -> usize {
+        std::thread::sleep(Duration::from_millis(100));
+        let log = std::fs::read_to_string(self.dir.path().join("access.log")).unwrap_or_default();
+        let needle = format!("\"{method} {prefix}");
+        log.lines()
+            .filter_map(|l| l.split_once(&needle).map(|(_, rest)| rest))
+            .filter(|rest| {
+                rest.split(' ')
+                    .next()
+                    .is_some_and(|target| target.contains(text))
+            })
+            .count()
+    }
+
     /// Pushes `module` as a one-layer CNCF Wasm artifact; returns the manifest digest.
     pub fn push_module(&self, repo_tag: &str, module: &[u8], auth: &RegistryAuth) -> String {
         self.push(repo_tag, vec![(WASM, module.to_vec())], CNCF_CONFIG, auth)

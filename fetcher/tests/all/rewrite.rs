@@ -47,3 +47,31 @@ fn a_config_without_wasm_is_an_error() {
     assert_eq!(o.status.code(), Some(1));
     assert!(stderr(&o).contains("no Wasm plugin"), "{}", stderr(&o));
 }
+
+/// `--module` naming a FIFO (or a directory): refused at once, never a hang waiting for a
+/// writer.
+#[test]
+fn a_module_that_is_not_a_regular_file_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("libfilter.so");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    for (module, words) in [
+        (&fifo, "a FIFO"),
+        (&dir.path().to_path_buf(), "a directory"),
+    ] {
+        let (o, _) = run_within(
+            fetcher()
+                .arg("rewrite")
+                .arg(workspace().join("envoy-config/bootstrap.yaml"))
+                .arg("--module")
+                .arg(module),
+            std::time::Duration::from_secs(10),
+        );
+        assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+        assert!(stderr(&o).contains(words), "{}", stderr(&o));
+    }
+}

@@ -409,3 +409,79 @@ fn ecds_files_get_the_mode_asked() {
         .mode();
     assert_eq!(mode & 0o777, 0o600);
 }
+
+/// A URL that does not parse, with a token in its query: `/readyz` and the log say why it was
+/// refused without quoting the token.
+#[test]
+fn readyz_quotes_no_query_of_a_url_that_does_not_parse() {
+    let d = dirs();
+    for (name, url) in [
+        ("q", "oci://h/a?token=s3cr3t"),
+        ("t", "oci://h/a:v1?token=s3cr3t"),
+        ("u", "http://user:hunter2@h:99999/m.wasm?token=s3cr3t"),
+    ] {
+        write_plugin(
+            &d.plugins.join(format!("{name}.yaml")),
+            &wasm_plugin(name, url, ""),
+        );
+    }
+    let serve = d.serve(&[], &[]);
+    wait_for("every file refused", Duration::from_secs(10), || {
+        get(&serve.addr, "/readyz").is_ok_and(|(_, b)| b.matches("invalid URL").count() == 3)
+    });
+    let (status, readyz) = get(&serve.addr, "/readyz").unwrap();
+    assert_eq!(status, 503, "{readyz}");
+    for (what, text) in [("log", serve.log()), ("readyz", readyz)] {
+        for secret in ["s3cr3t", "hunter2"] {
+            assert!(!text.contains(secret), "{what} quotes {secret}: {text}");
+        }
+    }
+}
+
+/// With no `--ecds-mode`, an ECDS file carrying `env` and `pluginConfig` values is readable by
+/// its owner and group alone, never by every user of the node.
+#[test]
+fn ecds_files_with_inline_secrets_are_not_world_readable_by_default() {
+    use std::os::unix::fs::PermissionsExt;
+    let d = dirs();
+    let m = d.tmp.path().join("m.wasm");
+    std::fs::write(&m, module("m")).unwrap();
+    let url = format!("file://{}", m.display());
+    let spec = "  pluginConfig: {password: hunter2}\n  vmConfig:\n    env:\n    - {name: TOKEN, value: s3cr3t}\n";
+    write_plugin(&d.plugins.join("p.yaml"), &wasm_plugin("p", &url, spec));
+    let _serve = d.serve_ready(&[], &[]);
+    let path = d.ecds.join("test.p.yaml");
+    assert!(std::fs::read_to_string(&path).unwrap().contains("s3cr3t"));
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o640, "{mode:o}");
+}
+
+/// A plugin file that is a link to YAML outside the plugins directory (a secret elsewhere on
+/// the node) is not read: `/readyz` and the log name the link and quote none of its keys or
+/// values. A ConfigMap's links inside the directory still work.
+#[test]
+fn a_plugin_file_linked_out_of_the_directory_is_not_read() {
+    use std::os::unix::fs::symlink;
+    let d = dirs();
+    let secret = d.tmp.path().join("secret.yaml");
+    std::fs::write(&secret, "s3cr3tkey: s3cr3tvalue\nkind: [s3cr3tlist\n").unwrap();
+    symlink(&secret, d.plugins.join("x.yaml")).unwrap();
+    let m = d.tmp.path().join("m.wasm");
+    std::fs::write(&m, module("m")).unwrap();
+    let ts = d.plugins.join("..2026_1");
+    std::fs::create_dir(&ts).unwrap();
+    let url = format!("file://{}", m.display());
+    std::fs::write(ts.join("p.yaml"), wasm_plugin("p", &url, "")).unwrap();
+    symlink("..2026_1", d.plugins.join("..data")).unwrap();
+    symlink("..data/p.yaml", d.plugins.join("p.yaml")).unwrap();
+    let serve = d.serve(&[], &[]);
+    wait_for("the linked plugin served", Duration::from_secs(10), || {
+        d.ecds.join("test.p.yaml").is_file()
+    });
+    let (status, readyz) = get(&serve.addr, "/readyz").unwrap();
+    assert_eq!(status, 503, "{readyz}");
+    assert!(readyz.contains("outside the plugins directory"), "{readyz}");
+    for (what, text) in [("log", serve.log()), ("readyz", readyz)] {
+        assert!(!text.contains("s3cr3t"), "{what} quotes the file: {text}");
+    }
+}

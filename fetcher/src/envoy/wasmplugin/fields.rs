@@ -219,7 +219,7 @@ pub(super) fn spec_url(spec: &Map<String, Value>) -> Result<String, Invalid> {
     crate::reference::Source::parse(&url).map_err(|e| {
         invalid(
             "spec.url",
-            crate::reference::redact_userinfo(&e.to_string()),
+            crate::reference::redact_for_display(&e.to_string()),
         )
     })?;
     Ok(url)

@@ -104,6 +104,18 @@ fn scan(
         path: path.to_path_buf(),
         reason,
     };
+    // The mount directory the kubelet made is a directory, never a link (one would lead out of
+    // the root, to whatever this container can read).
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let dir_before =
+        match std::fs::symlink_metadata(dir) {
+            Ok(meta) if meta.file_type().is_symlink() => return Err(unreadable(
+                "its mount directory is a symbolic link, not an image volume the kubelet mounted"
+                    .into(),
+            )),
+            Ok(meta) => Some(meta),
+            Err(_) => None,
+        };
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_symlink() => {
             return Err(unreadable(
@@ -120,11 +132,17 @@ fn scan(
         }
         Err(e) => return Err(unreadable(e.to_string())),
     }
-    let file = wasm_common::regular_file::open(path).map_err(|e| unreadable(e.to_string()))?;
-    let size = file
-        .metadata()
-        .map_err(|e| unreadable(e.to_string()))?
-        .len();
+    // Opened without following a link, and checked on the opened file: a module swapped in
+    // after the checks above is refused, not read.
+    let file =
+        wasm_common::regular_file::open_no_follow(path).map_err(|e| unreadable(e.to_string()))?;
+    let opened = file.metadata().map_err(|e| unreadable(e.to_string()))?;
+    if !same_dir_and_file(dir_before.as_ref(), dir, path, &opened) {
+        return Err(unreadable(
+            "it changed while it was opened (the mount directory or the file was replaced); try again".into(),
+        ));
+    }
+    let size = opened.len();
     if size > max_size {
         return Err(FetchError::TooLarge { limit: max_size });
     }
@@ -153,6 +171,27 @@ fn scan(
     }
     crate::digest::check_wasm_header(&head)?;
     Ok(Sha256(hasher.finalize().into()))
+}
+
+/// Whether the mount directory is still the directory checked (not a link since) and the
+/// opened file is still the one its path names: the same device and inode both.
+fn same_dir_and_file(
+    dir_before: Option<&std::fs::Metadata>,
+    dir: &Path,
+    path: &Path,
+    opened: &std::fs::Metadata,
+) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let same =
+        |a: &std::fs::Metadata, b: &std::fs::Metadata| a.dev() == b.dev() && a.ino() == b.ino();
+    let dir_now = std::fs::symlink_metadata(dir);
+    let file_now = std::fs::symlink_metadata(path);
+    match (dir_before, dir_now, file_now) {
+        (Some(before), Ok(now), Ok(file)) => {
+            now.is_dir() && same(before, &now) && same(&file, opened)
+        }
+        _ => false,
+    }
 }
 
 #[cfg(test)]
@@ -212,5 +251,65 @@ mod tests {
         std::os::unix::fs::symlink("/etc/hostname", m.module()).unwrap();
         let link = read(&m, None, 1 << 20).await.unwrap_err().to_string();
         assert!(link.contains("symbolic link"), "{link}");
+    }
+
+    /// A mount directory that is a link out of the root (to a directory holding a module) is
+    /// refused, though the module behind it would pass every other check.
+    #[tokio::test]
+    async fn a_mount_directory_linked_out_of_the_root_is_refused() {
+        let root = tempfile::tempdir().unwrap();
+        let elsewhere = tempfile::tempdir().unwrap();
+        std::fs::write(elsewhere.path().join(MODULE_FILE), b"\0asm\x01\0\0\0").unwrap();
+        let m = Mount {
+            name: "wasm-0".into(),
+            dir: root.path().join("wasm-0"),
+        };
+        std::os::unix::fs::symlink(elsewhere.path(), &m.dir).unwrap();
+        let e = read(&m, None, 1 << 20).await.unwrap_err().to_string();
+        assert!(e.contains("mount directory is a symbolic link"), "{e}");
+    }
+
+    /// The module swapped for a link to another module, and back, all the while: no read takes
+    /// the module behind the link (the check and the open are of one file).
+    #[test]
+    fn a_module_swapped_for_a_link_between_check_and_open_is_never_read() {
+        let root = tempfile::tempdir().unwrap();
+        let dir = root.path().join("wasm-0");
+        std::fs::create_dir(&dir).unwrap();
+        let own = b"\0asm\x01\0\0\0\0\x02\x01a".to_vec();
+        let other = b"\0asm\x01\0\0\0\0\x02\x01b".to_vec();
+        let outside = root.path().join("other.wasm");
+        std::fs::write(&outside, &other).unwrap();
+        let module = dir.join(MODULE_FILE);
+        std::fs::write(&module, &own).unwrap();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let (dir, module, outside, own, stop) = (
+                dir.clone(),
+                module.clone(),
+                outside.clone(),
+                own.clone(),
+                stop.clone(),
+            );
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let link = dir.join(".link");
+                    let _ = std::fs::remove_file(&link);
+                    std::os::unix::fs::symlink(&outside, &link).unwrap();
+                    std::fs::rename(&link, &module).unwrap();
+                    let file = dir.join(".file");
+                    std::fs::write(&file, &own).unwrap();
+                    std::fs::rename(&file, &module).unwrap();
+                }
+            })
+        };
+        let theirs = Sha256::of(&other);
+        for _ in 0..300 {
+            if let Ok(sha) = scan(&module, 1 << 20, |_| Ok(())) {
+                assert_ne!(sha, theirs, "the module behind the link was read");
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().unwrap();
     }
 }
