@@ -85,6 +85,8 @@ pub struct ServeArgs {
     pub registry_config_dir: Option<PathBuf>,
 }
 
+/// Who may read the ECDS files `serve` and `render` write (they hold `pluginConfig` and
+/// `vmConfig.env` values verbatim).
 #[derive(Debug, Clone, Copy, clap::ValueEnum)]
 pub enum EcdsMode {
     #[value(name = "0644")]
@@ -93,6 +95,16 @@ pub enum EcdsMode {
     GroupReadable,
     #[value(name = "0600")]
     Private,
+}
+
+impl EcdsMode {
+    pub fn file_mode(self) -> wasm_common::fs::Mode {
+        match self {
+            Self::WorldReadable => wasm_common::fs::Mode::WorldReadable,
+            Self::GroupReadable => wasm_common::fs::Mode::GroupReadable,
+            Self::Private => wasm_common::fs::Mode::Private,
+        }
+    }
 }
 
 /// Runs `serve` until SIGTERM or SIGINT.
@@ -127,11 +139,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     options.metrics_prefix = args.metrics_prefix.clone();
     options.max_plugin_bytes = args.max_plugin_bytes;
     options.max_concurrent_pulls = args.max_concurrent_pulls as usize;
-    options.ecds_mode = match args.ecds_mode {
-        EcdsMode::WorldReadable => wasm_common::fs::Mode::WorldReadable,
-        EcdsMode::GroupReadable => wasm_common::fs::Mode::GroupReadable,
-        EcdsMode::Private => wasm_common::fs::Mode::Private,
-    };
+    options.ecds_mode = args.ecds_mode.file_mode();
     // One thread: the work is waiting on files and sockets. Hashing and index writes go to a
     // few blocking threads (each would keep its own malloc arena: 50 plugins pulled at once
     // must not leave 50 of them resident).

@@ -71,6 +71,10 @@ pub struct RenderArgs {
     /// atomically, and print the filter-chain entries [default: print the ECDS resources].
     #[arg(long, short, value_name = "DIR")]
     output: Option<PathBuf>,
+    /// Who may read the ECDS files written into --output, as `serve --ecds-mode` says: 0640
+    /// (the default), 0600, or 0644 (every user of the node may read the values).
+    #[arg(long, value_enum, default_value = "0640", requires = "output")]
+    ecds_mode: super::serve::EcdsMode,
     /// The ECDS directory as Envoy sees it, named by the filter-chain entries [default: the
     /// absolute path of --output].
     #[arg(long, value_name = "DIR")]
@@ -223,7 +227,7 @@ pub fn render(args: RenderArgs) -> anyhow::Result<()> {
         warn_fallback(&p.qualified_name(), &resource.outcome);
         match &args.output {
             Some(dir) => {
-                resource.write_atomically(dir)?;
+                resource.write_with_mode(dir, args.ecds_mode.file_mode())?;
             }
             None => printed.push(format!("# {}\n{}", resource.file_name, resource.to_yaml())),
         }

@@ -120,6 +120,12 @@ fn rendered_plugins_run_in_real_envoy_with_fallbacks_and_reload_on_change() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     files.sort();
+    // They hold pluginConfig and env values: owner and group only, as `serve` writes them.
+    for f in &files {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(out.join(f)).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o640, "{f}: {mode:o}");
+    }
     assert_eq!(
         files,
         [
