@@ -71,25 +71,9 @@ impl Stream {
 
     /// A header's first value, when it is there and is UTF-8.
     pub fn header(&self, side: Side, name: &str) -> Option<String> {
-        let mut out = EnvoyBuffer::NULL;
-        // SAFETY: `out` is writable; the key is alive for the call; a null size pointer is
-        // allowed.
-        let found = unsafe {
-            (self.host.get_header)(
-                self.ptr,
-                headers(side),
-                ModuleBuffer::of(name.as_bytes()),
-                &mut out,
-                0,
-                std::ptr::null_mut(),
-            )
-        };
-        if !found || out.ptr.is_null() {
-            return None;
-        }
-        // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
-        let bytes = unsafe { out.bytes() };
-        std::str::from_utf8(bytes).ok().map(str::to_string)
+        let mut count = 0usize;
+        let bytes = self.header_at(side, name, 0, &mut count)?;
+        std::str::from_utf8(&bytes).ok().map(str::to_string)
     }
 
     /// Every value of a header (one per header of that name, in order, at most
@@ -98,29 +82,8 @@ impl Stream {
         let mut values = Vec::new();
         let mut count = 0usize;
         let mut index = 0usize;
-        loop {
-            let mut out = EnvoyBuffer::NULL;
-            // SAFETY: `out` and `count` are writable; the key is alive for the call.
-            let found = unsafe {
-                (self.host.get_header)(
-                    self.ptr,
-                    headers(side),
-                    ModuleBuffer::of(name.as_bytes()),
-                    &mut out,
-                    index,
-                    &mut count,
-                )
-            };
-            if !found || out.ptr.is_null() {
-                break;
-            }
-            // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
-            let bytes = unsafe { out.bytes() };
-            values.push(
-                std::str::from_utf8(bytes)
-                    .map(str::to_string)
-                    .unwrap_or_else(|_| "(not UTF-8)".to_string()),
-            );
+        while let Some(bytes) = self.header_at(side, name, index, &mut count) {
+            values.push(String::from_utf8(bytes).unwrap_or_else(|_| "(not UTF-8)".to_string()));
             index += 1;
             if index >= count.min(MAX_HEADER_VALUES) {
                 break;
@@ -130,6 +93,34 @@ impl Stream {
             values.push(format!("({} more)", count - values.len()));
         }
         values
+    }
+
+    /// The `index`th value of a header, copied out of Envoy's buffer; `count` gets how many
+    /// values the header has.
+    fn header_at(
+        &self,
+        side: Side,
+        name: &str,
+        index: usize,
+        count: &mut usize,
+    ) -> Option<Vec<u8>> {
+        let mut out = EnvoyBuffer::NULL;
+        // SAFETY: `out` and `count` are writable; the key is alive for the call.
+        let found = unsafe {
+            (self.host.get_header)(
+                self.ptr,
+                headers(side),
+                ModuleBuffer::of(name.as_bytes()),
+                &mut out,
+                index,
+                count,
+            )
+        };
+        if !found || out.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: Envoy's buffer, valid until the hook returns; copied out here.
+        Some(unsafe { out.bytes() }.to_vec())
     }
 
     pub fn set_header(&self, side: Side, name: &str, value: &str) -> bool {
