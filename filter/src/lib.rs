@@ -9,10 +9,10 @@
 //! same decisions run behind a second glue, `dynamic_module`: the cdylib is then an Envoy
 //! dynamic module (`libwasm_filter.so`) for the HTTP roles.
 
-// `unsafe` is for the runtimes' foreign edges only: the Wasm module's hostcall imports
-// (`glue::host`, and the SDK's entry point in `glue`), the dynamic module's ABI (`abi`,
-// `host`) and the hooks Envoy calls (`dynamic_module` and its `tcp`); every block says why it
-// is sound.
+// `unsafe` is for the runtimes' foreign edges only, each in one room: the Wasm module's
+// hostcalls and the SDK's entry point (`glue::host`), and the dynamic module's ABI with the
+// hooks Envoy calls (`dynamic_module::abi`) and the handles' calls into Envoy
+// (`dynamic_module::host`); every block says why it is sound.
 #![deny(unsafe_code)]
 #![deny(clippy::undocumented_unsafe_blocks)]
 
@@ -34,7 +34,6 @@ pub mod stored;
 pub mod tcp_count;
 
 #[cfg(not(target_family = "wasm"))]
-#[allow(unsafe_code)]
 mod dynamic_module;
 #[cfg(target_family = "wasm")]
 mod glue;

@@ -1,6 +1,9 @@
-//! Safe calls on one stream's Envoy filter, over [`super::abi`]'s callbacks. Each returns what
-//! Envoy answered (a bool, an `Option`) so the roles decide what a failure means; nothing
-//! here panics.
+//! Safe calls into Envoy over [`super::abi`]'s callbacks: on the filter configuration Envoy
+//! is creating ([`ConfigScope`]), on one HTTP stream ([`Stream`]) and on one connection
+//! ([`Connection`]). Each handle wraps the pointer Envoy passed to the running hook; only
+//! `abi`'s hooks make one (the constructors are `unsafe`), so no safe code ever holds a raw
+//! Envoy pointer. Each call returns what Envoy answered (a bool, an `Option`) so the roles
+//! decide what a failure means; nothing here panics.
 
 use std::ffi::c_void;
 
@@ -46,10 +49,82 @@ fn received(side: Side) -> u32 {
     }
 }
 
-/// Envoy's filter for one stream, valid for the hook being run.
 /// Values of one header read at most: past it, the header is described, not read.
 pub const MAX_HEADER_VALUES: usize = 16;
 
+/// Which of Envoy's filter kinds a configuration is for.
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Http,
+    Network,
+}
+
+/// The filter configuration Envoy is creating, valid during its config_new hook: where the
+/// roles' counters are defined.
+pub struct ConfigScope {
+    ptr: Option<*mut c_void>,
+    kind: Kind,
+}
+
+impl ConfigScope {
+    /// An HTTP filter configuration.
+    ///
+    /// # Safety
+    /// `ptr` is the configuration pointer Envoy passed to the running config_new hook, and
+    /// the scope is used only during it.
+    pub unsafe fn http(ptr: *mut c_void) -> Self {
+        Self {
+            ptr: Some(ptr),
+            kind: Kind::Http,
+        }
+    }
+
+    /// A network filter configuration.
+    ///
+    /// # Safety
+    /// As [`ConfigScope::http`].
+    pub unsafe fn network(ptr: *mut c_void) -> Self {
+        Self {
+            ptr: Some(ptr),
+            kind: Kind::Network,
+        }
+    }
+
+    /// A scope that defines nothing (the unit tests': no Envoy).
+    #[cfg(test)]
+    pub fn none() -> Self {
+        Self {
+            ptr: None,
+            kind: Kind::Http,
+        }
+    }
+
+    /// Defines a counter with no labels: its id, or what Envoy answered instead of
+    /// success (`None`: no Envoy to ask).
+    pub fn define_counter(&self, name: &str) -> Result<usize, Option<u32>> {
+        let (Some(ptr), Some(host)) = (self.ptr, abi::host()) else {
+            return Err(None);
+        };
+        let buffer = ModuleBuffer::of(name.as_bytes());
+        let mut id = 0usize;
+        // SAFETY: Envoy's configuration pointer during config_new (`ConfigScope::http`,
+        // `ConfigScope::network`); the name is alive for the call, `id` is writable, no
+        // labels (a null array of length 0).
+        let result = unsafe {
+            match self.kind {
+                Kind::Http => (host.http_define_counter)(ptr, buffer, std::ptr::null(), 0, &mut id),
+                Kind::Network => (host.network_define_counter)(ptr, buffer, &mut id),
+            }
+        };
+        if result == abi::METRICS_SUCCESS {
+            Ok(id)
+        } else {
+            Err(Some(result))
+        }
+    }
+}
+
+/// Envoy's filter for one stream, valid for the hook being run.
 #[derive(Clone, Copy)]
 pub struct Stream {
     ptr: *mut c_void,
@@ -186,8 +261,12 @@ impl Stream {
     }
 
     pub fn count(&self, counter: Counter, by: u64) {
-        // SAFETY: the stream's filter pointer, valid during the hook (`Stream::new`).
-        unsafe { counter.add(self.ptr, by) };
+        let (Some(id), true) = (counter.id(), by > 0) else {
+            return;
+        };
+        // SAFETY: the stream's filter pointer, valid during the hook (`Stream::new`); an id
+        // the stream's configuration defined; no labels (a null array of length 0).
+        unsafe { (self.host.http_increment_counter)(self.ptr, id, std::ptr::null(), 0, by) };
     }
 
     /// The route is chosen again (after `:path` or another header it matches on changed).
@@ -299,5 +378,65 @@ impl Stream {
         }
         // SAFETY: `new` is alive for the call.
         unsafe { (self.host.append_body)(self.ptr, received(side), ModuleBuffer::of(new)) }
+    }
+}
+
+/// Envoy's network filter for one connection, valid for the hook being run.
+#[derive(Clone, Copy)]
+pub struct Connection {
+    ptr: *mut c_void,
+    host: &'static abi::Host,
+}
+
+impl Connection {
+    /// `None` before the callbacks are resolved (Envoy calls no hook before that).
+    ///
+    /// # Safety
+    /// `ptr` is the filter pointer Envoy passed to the network hook that is running; the
+    /// `Connection` is used only during that hook.
+    pub unsafe fn new(ptr: *mut c_void) -> Option<Self> {
+        Some(Self {
+            ptr,
+            host: abi::host()?,
+        })
+    }
+
+    pub fn count(&self, counter: Counter, by: u64) {
+        let (Some(id), true) = (counter.id(), by > 0) else {
+            return;
+        };
+        // SAFETY: the connection's filter pointer, valid during the hook
+        // (`Connection::new`); an id its configuration defined.
+        unsafe { (self.host.network_increment_counter)(self.ptr, id, by) };
+    }
+
+    /// Closes the connection once what was written is flushed.
+    pub fn close(&self) {
+        // SAFETY: the connection's filter pointer, valid during the hook.
+        unsafe { (self.host.network_close)(self.ptr, abi::CLOSE_FLUSH_WRITE) };
+    }
+
+    /// The first bytes (at most `max`) of the data the read hook is handling, copied out;
+    /// empty when Envoy holds more than 1024 chunks of it.
+    #[cfg(feature = "fault")]
+    pub fn read_head(&self, max: usize) -> Vec<u8> {
+        // SAFETY: the connection's filter pointer, valid during the read hook.
+        let n = unsafe { (self.host.network_read_chunks_size)(self.ptr) };
+        if n == 0 || n > 1024 {
+            return Vec::new();
+        }
+        let mut chunks = vec![EnvoyBuffer::NULL; n];
+        // SAFETY: `chunks` has room for the `n` buffers Envoy reported.
+        if !unsafe { (self.host.network_read_chunks)(self.ptr, chunks.as_mut_ptr()) } {
+            return Vec::new();
+        }
+        let mut head = Vec::with_capacity(max);
+        for c in chunks {
+            // SAFETY: Envoy's buffers, valid during the hook; copied out here.
+            let bytes = unsafe { c.bytes() };
+            let room = max - head.len();
+            head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        }
+        head
     }
 }

@@ -156,6 +156,7 @@ impl Limiter {
 
 #[cfg(test)]
 mod tests {
+    use super::super::host::ConfigScope;
     use super::*;
     use crate::config::PluginConfig;
 
@@ -166,7 +167,9 @@ mod tests {
             r#"{{"role":"rate-limit","key":{{"header":"k"}},"burst":2,"refill_per_second":1,"idle_seconds":10,"buckets":{buckets}}}"#
         );
         match PluginConfig::parse(json.as_bytes()).unwrap() {
-            PluginConfig::RateLimit(r) => Limiter::new(r, &Metrics::none("p", "rate-limit")),
+            PluginConfig::RateLimit(r) => {
+                Limiter::new(r, &Metrics::new(&ConfigScope::none(), "p", "rate-limit"))
+            }
             other => panic!("{}", other.role()),
         }
     }

@@ -392,3 +392,18 @@ pub fn http_call(
         std::time::Duration::from_millis(timeout_ms.into()),
     )
 }
+
+/// The SDK's entry point (`_initialize`, which runs wasi-libc's constructors first).
+mod start {
+    use super::super::plugin;
+
+    proxy_wasm::main! {{
+        // The build aborts on panic, which traps the VM (Envoy then applies the plugin's failure
+        // policy); the hook first logs the panic's message and place at `critical`, so the
+        // operator sees why.
+        std::panic::set_hook(Box::new(|info| {
+            super::log(crate::config::LogLevel::Critical as u32, &info.to_string());
+        }));
+        proxy_wasm::set_root_context(|_| Box::new(plugin::PluginContext::new()));
+    }}
+}

@@ -9,7 +9,8 @@
 //! - `stream`: the stream contexts, [`stream::HttpStream`] (the SDK's `HttpContext`) and
 //!   [`stream::TcpStream`] (its `StreamContext`), each routing callbacks to its role.
 //! - one module per role's glue (`headers`, `body`, `tcp`, `rate_limit`, `stats`), and
-//!   `host`, the hostcalls they use, which return the SDK's `Status` instead of panicking.
+//!   `host`, the hostcalls they use, which return the SDK's `Status` instead of panicking,
+//!   and the SDK's entry point: the Wasm module's one room for `unsafe`.
 //!
 //! What a role decides is in the pure modules (`crate::header_ops`, `crate::body_flow`, ...);
 //! the glue reads, calls and logs.
@@ -28,22 +29,6 @@ mod tcp;
 mod vm;
 
 pub(crate) use vm::{emit, enabled};
-
-/// The SDK's entry point (`_initialize`, which runs wasi-libc's constructors first).
-#[allow(unsafe_code)]
-mod start {
-    use super::{host, plugin};
-
-    proxy_wasm::main! {{
-        // The build aborts on panic, which traps the VM (Envoy then applies the plugin's failure
-        // policy); the hook first logs the panic's message and place at `critical`, so the
-        // operator sees why.
-        std::panic::set_hook(Box::new(|info| {
-            host::log(crate::config::LogLevel::Critical as u32, &info.to_string());
-        }));
-        proxy_wasm::set_root_context(|_| Box::new(plugin::PluginContext::new()));
-    }}
-}
 
 /// Logs `wasm-filter: <message>` at a level, formatting only when the level is enabled. The
 /// formatting is [`emit`]'s, one function for every line the module logs.

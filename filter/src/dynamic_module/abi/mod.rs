@@ -1,6 +1,9 @@
 //! The part of Envoy's dynamic-module ABI (`source/extensions/dynamic_modules/abi/abi.h`,
 //! Envoy 1.40) this module uses, written from the header's definitions: the types that
-//! cross the boundary and the callbacks Envoy exports.
+//! cross the boundary and the callbacks Envoy exports (here), the hooks Envoy calls
+//! ([`http_hooks`], [`network_hooks`]) and what the module hands Envoy to keep ([`owned`]).
+//! The hooks are the only code that receives Envoy's pointers: each turns them into a safe
+//! handle ([`super::host`]) and the module's own state, and calls safe code with those.
 //!
 //! The callbacks are looked up in the running process (`dlsym(RTLD_DEFAULT, ...)`) when the
 //! module is loaded instead of being linked as undefined symbols: the crate's rlib is also
@@ -209,3 +212,7 @@ pub fn init() -> Result<(), &'static str> {
 pub fn host() -> Option<&'static Host> {
     HOST.get()
 }
+
+mod http_hooks;
+mod network_hooks;
+mod owned;
