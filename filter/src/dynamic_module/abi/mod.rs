@@ -115,10 +115,14 @@ pub const EVENT_LOCAL_CLOSE: u32 = 1;
 /// `envoy_dynamic_module_type_network_connection_close_type_FlushWrite`.
 pub const CLOSE_FLUSH_WRITE: u32 = 0;
 
-/// `envoy_dynamic_module_type_on_network_filter_data_status`: `Continue`, and
-/// `StopIteration` (the data goes no further down the filter chain).
-pub const NETWORK_CONTINUE: u32 = 0;
-pub const NETWORK_STOP: u32 = 1;
+/// `envoy_dynamic_module_type_on_network_filter_data_status`: what the network hooks return.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum NetworkStatus {
+    Continue = 0,
+    /// `StopIteration`: the data goes no further down the filter chain.
+    Stop = 1,
+}
 
 type Filter = *mut c_void;
 

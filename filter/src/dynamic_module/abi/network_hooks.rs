@@ -7,7 +7,7 @@ use std::ffi::c_void;
 use super::owned::{
     config_into_raw, drop_config, drop_state, share_config, state_into_raw, state_mut,
 };
-use super::{EnvoyBuffer, EVENT_LOCAL_CLOSE, EVENT_REMOTE_CLOSE, NETWORK_CONTINUE, NETWORK_STOP};
+use super::{EnvoyBuffer, NetworkStatus, EVENT_LOCAL_CLOSE, EVENT_REMOTE_CLOSE};
 use crate::dynamic_module::host::{ConfigScope, Connection};
 use crate::dynamic_module::tcp::{Tally, TcpConfig};
 use crate::dynamic_module::{configured, guard};
@@ -74,11 +74,12 @@ unsafe fn on_connection(
 
 /// What a data hook answers: the data goes on, unless the hook panicked.
 fn data_status(ran: bool) -> u32 {
-    if ran {
-        NETWORK_CONTINUE
+    let status = if ran {
+        NetworkStatus::Continue
     } else {
-        NETWORK_STOP
-    }
+        NetworkStatus::Stop
+    };
+    status as u32
 }
 
 #[no_mangle]
@@ -86,7 +87,7 @@ pub extern "C" fn envoy_dynamic_module_on_network_filter_new_connection(
     _envoy: *mut c_void,
     _filter: *const c_void,
 ) -> u32 {
-    NETWORK_CONTINUE
+    NetworkStatus::Continue as u32
 }
 
 #[no_mangle]
