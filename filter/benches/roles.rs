@@ -264,9 +264,20 @@ fn main() {
     // The same module through binaryen's `wasm-opt -Oz` (names stripped), when it is
     // installed: whether a smaller module costs Envoy less memory.
     let optimized = dir.path().join("wasm-opt-oz.wasm");
+    // The features rustc's wasm32-wasip1 target enables; the module carries no
+    // `target_features` section for wasm-opt to read them from (the profile strips it).
     let wasm_opt = std::process::Command::new("wasm-opt")
         .arg("-Oz")
         .arg("--strip-debug")
+        .args([
+            "--enable-bulk-memory",
+            "--enable-extended-const",
+            "--enable-multivalue",
+            "--enable-mutable-globals",
+            "--enable-nontrapping-float-to-int",
+            "--enable-reference-types",
+            "--enable-sign-ext",
+        ])
         .arg(&module)
         .arg("-o")
         .arg(&optimized)
