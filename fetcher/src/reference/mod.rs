@@ -253,6 +253,11 @@ mod tests {
             "oci://::1:5000/a:1",
             "oci://host?x/a:1",
             "oci://user:pass@host/a:1",
+            "oci://../repo:1",
+            "oci://./repo:1",
+            "oci://a..b/repo:1",
+            "oci://-host.example/repo:1",
+            "oci://host_1.example/repo:1",
         ] {
             assert!(
                 matches!(Source::parse(bad), Err(FetchError::BadUrl { .. })),

@@ -153,5 +153,22 @@ fn check_registry(registry: &str) -> Result<(), String> {
             "invalid registry {registry:?}: expected host[:port]"
         ));
     }
+    // A name is dot-separated labels of letters, digits and inner hyphens (the distribution
+    // reference grammar's domain components): `..` or `a..b` would name a directory, not a
+    // host, wherever the registry becomes a path (hosts.toml, the cache, the credentials).
+    if let Some(url::Host::Domain(name)) = parsed.host() {
+        let label = |l: &str| {
+            !l.is_empty()
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        };
+        if !name.split('.').all(label) {
+            return Err(format!(
+                "invalid registry {registry:?}: a host name is dot-separated labels of letters, \
+                 digits and inner hyphens"
+            ));
+        }
+    }
     Ok(())
 }
