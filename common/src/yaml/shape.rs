@@ -111,11 +111,11 @@ pub(super) fn check(text: &str) -> Result<(), YamlError> {
                     maybe_continued = false;
                     continues = None;
                 }
-                b'[' | b'{' if !(scalar && !flow) => {
+                b'[' | b'{' if !scalar || flow => {
                     s.open()?;
                     scalar = false;
                 }
-                b']' | b'}' if !(scalar && !flow) => {
+                b']' | b'}' if !scalar || flow => {
                     s.depth = s.depth.saturating_sub(1);
                     scalar = false;
                 }
@@ -144,8 +144,8 @@ pub(super) fn check(text: &str) -> Result<(), YamlError> {
                 b'!' | b'&' | b'*' => state = In::Property,
                 b'|' | b'>' if !flow && !maybe_continued && header_only(&bytes[i + 1..]) => {
                     let end = block_end(bytes, i, parent_indent(bytes, i));
-                    for at in i..end {
-                        if bytes[at] == b'\n' {
+                    for (at, &c) in bytes.iter().enumerate().take(end).skip(i) {
+                        if c == b'\n' {
                             s.newline(at + 1)?;
                         }
                     }
