@@ -150,10 +150,12 @@ pub fn untrusted_certificate(
 /// Why a module's signature was refused. Each starts with `signature` and says what to do.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SignatureError {
-    #[error("signature missing: {repository} has no cosign signature for {digest} (no manifest tagged {tag}); sign it with `wasm-fetcher push --sign-key` or `cosign sign --key`, or pull without a verify key")]
+    #[error("signature missing: {repository} has no cosign signature for {digest} (no Sigstore bundle among its referrers in {searched}, no manifest tagged {tag}); sign it with `wasm-fetcher push --sign-key` or `cosign sign --key`, or pull without a verify key")]
     Missing {
         repository: String,
         digest: String,
+        /// Where referrers were looked for: the referrers API, or its fallback tag.
+        searched: String,
         tag: String,
     },
     #[error("signature malformed: {tag}: {reason}; sign the module again (`wasm-fetcher push --sign-key` or `cosign sign --key`)")]

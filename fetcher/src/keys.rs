@@ -78,6 +78,13 @@ impl VerifyKey {
         &self.key
     }
 
+    /// SHA-256 of the key's SPKI DER: a bundle's `publicKey.hint`, a log's key id.
+    pub fn spki_sha256(&self) -> [u8; 32] {
+        let der = self.key.to_public_key_der();
+        der.map(|d| crate::digest::Sha256::of(d.as_bytes()).0)
+            .unwrap_or_default()
+    }
+
     /// The key as PEM (SPKI).
     pub fn to_pem(&self) -> String {
         self.key

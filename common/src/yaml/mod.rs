@@ -15,10 +15,10 @@ use std::fmt;
 
 use serde::de::{self, DeserializeOwned, DeserializeSeed, IgnoredAny, VariantAccess, Visitor};
 
-/// Most `[`/`{` open at once, as the scan before parsing counts them: every opening bracket,
-/// also inside quoted strings, and only the closing brackets it is sure of, so a file may hold
-/// this many brackets in strings beside its real nesting. serde_norway itself refuses nesting
-/// past 128; this bound keeps libyaml's work per token at most this many steps.
+/// Most flow collections (`[`, `{`) open at once, as the scan before parsing finds them;
+/// brackets inside strings, block scalars and comments are text, not nesting. serde_norway
+/// itself refuses nesting past 128; this bound keeps libyaml's work per token at most this
+/// many steps.
 pub const MAX_DEPTH: usize = 512;
 /// Most documents in one `---`-separated stream.
 pub const MAX_DOCUMENTS: usize = 1000;
@@ -28,7 +28,7 @@ pub const MAX_DOCUMENTS: usize = 1000;
 pub enum YamlError {
     #[error("its aliases expand to more than {limit} bytes (twice the file's size is allowed): write the repeated parts out, or repeat them less")]
     Expansion { limit: usize },
-    #[error("by line {line} it opens more than {MAX_DEPTH} `[` or `{{` not yet closed (those in quoted strings count too): flatten it, or write those strings as block scalars (`|`)")]
+    #[error("by line {line} it nests more than {MAX_DEPTH} flow collections (`[`, `{{`) inside each other: write the inner levels in block style (one `key: value` or `- item` a line), or nest less")]
     TooDeep { line: usize },
     #[error("it holds more than {MAX_DOCUMENTS} documents (`---`): split it into several files")]
     TooManyDocuments,
@@ -318,6 +318,36 @@ mod tests {
         let v: serde_json::Value = from_str(&ok).unwrap();
         assert_eq!(v["list"].as_array().map(Vec::len), Some(200));
         assert_eq!(v["text"], "[[[[[[\n'x\n");
+        // Brackets in strings, block scalars and comments are text, however many.
+        let many = "[".repeat(4 * MAX_DEPTH);
+        let ok = format!(
+            "a: \"{many}\"\nb: '{many}'\nc: |\n  {many}\n  x\nd: [\"{many}\", '{many}']\n# {many}\ne: x {many}\n"
+        );
+        let v: serde_json::Value = from_str(&ok).unwrap();
+        assert_eq!(v["d"][1].as_str().map(str::len), Some(4 * MAX_DEPTH));
+        let list = format!("- '{{ {many}'\n").repeat(3);
+        assert!(from_str::<serde_json::Value>(&list).is_ok());
+        // A quote that may be text in a plain scalar continued from the line before (where
+        // libyaml reads it as text) does not hide the nesting after it.
+        let deep = format!(
+            "{}1{}",
+            "[".repeat(MAX_DEPTH + 1),
+            "]".repeat(MAX_DEPTH + 1)
+        );
+        for hiding in [
+            format!("a: x\n  'y\nb: {deep}\nc: '\n"),
+            format!("- x\n  \"y\n- {deep}\n- \"\n"),
+            format!("[a\n 'b, {deep}, 'c]\n"),
+            format!("a: !t'x {deep}\n"),
+        ] {
+            assert!(
+                matches!(
+                    from_str::<serde_json::Value>(&hiding),
+                    Err(YamlError::TooDeep { .. })
+                ),
+                "{hiding:.40}"
+            );
+        }
         // A quote in a block scalar does not hide the closing brackets after it.
         let mut ok = String::from("- a: |\n   x \"\n  b: x\n");
         ok.push_str(&"- [1, [2], {c: [3]}]\n".repeat(MAX_DEPTH));

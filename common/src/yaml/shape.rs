@@ -1,112 +1,202 @@
 //! Flow nesting and documents bounded by one linear scan, before libyaml sees the text.
 //!
-//! The nesting found is never less than libyaml's flow level: every `[` and `{` counts, and a
-//! closing bracket counts only where libyaml cannot be inside a quoted scalar, a comment or a
-//! block scalar. A quote is taken as opening a scalar wherever libyaml could start a token
-//! (after whitespace, a flow indicator, `:` or another quote), so text this scan misreads can
-//! only make it stricter. Block scalars (`|`, `>`) are skipped by libyaml's own rule: every
-//! following line that is blank or indented past the node that holds the scalar.
+//! The scan follows libyaml's tokens far enough to know where a `[` or `{` opens a flow
+//! collection: at a token's start, or where a plain scalar inside a flow collection ends. Text
+//! inside quoted scalars, block scalars, comments and block-context plain scalars is not
+//! nesting and is skipped. The nesting found must never be less than libyaml's flow level, so
+//! where the scan cannot be sure how libyaml reads a quote (a line that may continue a plain
+//! scalar from the line before, a tag, an anchor) it counts every opening bracket up to the
+//! closing quote and no closing bracket: a misreading can only make it stricter.
 
 use super::{YamlError, MAX_DEPTH, MAX_DOCUMENTS};
 
-#[derive(PartialEq)]
+#[derive(PartialEq, Clone, Copy)]
 enum In {
-    Plain,
-    Single,
-    Double,
+    /// Between tokens, or in a plain scalar (`scalar`).
+    Structure,
+    /// A quoted scalar; `sure` when it opened where libyaml certainly starts a token.
+    Single {
+        sure: bool,
+    },
+    Double {
+        sure: bool,
+    },
     Comment,
+    /// A tag, anchor or alias up to the next blank: its text is not nesting, but a tag may
+    /// hold brackets and quotes, so openings count.
+    Property,
+}
+
+struct Scan<'a> {
+    bytes: &'a [u8],
+    depth: usize,
+    line: usize,
+    documents: usize,
+}
+
+impl Scan<'_> {
+    fn open(&mut self) -> Result<(), YamlError> {
+        self.depth += 1;
+        if self.depth > MAX_DEPTH {
+            return Err(YamlError::TooDeep { line: self.line });
+        }
+        Ok(())
+    }
+
+    fn newline(&mut self, next: usize) -> Result<(), YamlError> {
+        self.line += 1;
+        let rest = &self.bytes[next.min(self.bytes.len())..];
+        if rest.starts_with(b"---") || rest.starts_with(b"...") {
+            self.documents += 1;
+            if self.documents > MAX_DOCUMENTS {
+                return Err(YamlError::TooManyDocuments);
+            }
+        }
+        Ok(())
+    }
 }
 
 pub(super) fn check(text: &str) -> Result<(), YamlError> {
     let bytes = text.as_bytes();
-    let mut state = In::Plain;
-    let (mut depth, mut line, mut documents) = (0usize, 1usize, 1usize);
-    // What came before the current byte: a quote opens a scalar only at a token boundary.
+    let mut s = Scan {
+        bytes,
+        depth: 0,
+        line: 1,
+        documents: 1,
+    };
+    let mut state = In::Structure;
+    // In a plain scalar (between tokens when false).
+    let mut scalar = false;
+    // This line may continue a block plain scalar from the line before, where libyaml reads
+    // quotes and indicators as text: quotes opened on it are not sure. A line continues one
+    // only when indented past the block holding the scalar, which is at most `continues`.
+    let mut maybe_continued = false;
+    let mut continues: Option<isize> = None;
+    // Where the current line's first token is, and whether the line holds a key or an entry.
+    let (mut line_start, mut column, mut first) = (true, 0isize, 0isize);
+    let mut indicator = false;
     let mut prev = b'\n';
     let mut i = 0;
     while i < bytes.len() {
         let b = bytes[i];
-        if b == b'[' || b == b'{' {
-            depth += 1;
-            if depth > MAX_DEPTH {
-                return Err(YamlError::TooDeep { line });
+        let next = bytes.get(i + 1).copied().unwrap_or(b'\n');
+        let flow = s.depth > 0;
+        if state == In::Structure && line_start && !matches!(b, b' ' | b'\t' | b'\r' | b'\n') {
+            line_start = false;
+            first = column;
+            if !flow || !maybe_continued {
+                maybe_continued = continues.is_some_and(|c| column > c);
             }
         }
         match state {
-            In::Plain => match b {
-                b']' | b'}' => depth = depth.saturating_sub(1),
-                b'#' if prev.is_ascii_whitespace() => state = In::Comment,
-                b'\'' | b'"' if opens_token(prev) => {
-                    state = if b == b'"' { In::Double } else { In::Single };
-                }
-                b'|' | b'>' if opens_token(prev) && header_only(&bytes[i + 1..]) => {
-                    let parent = parent_indent(bytes, i);
-                    let end = block_end(bytes, i, parent);
-                    // Brackets in the scalar's text still count as openings.
-                    for &c in &bytes[i..end] {
-                        if c == b'[' || c == b'{' {
-                            depth += 1;
-                        } else if c == b'\n' {
-                            line += 1;
-                        }
+            In::Structure => match b {
+                b'\n' => {
+                    // A block plain scalar may go on in the next line (a flow one does): past
+                    // the key or entry that holds it, or past its own line without one.
+                    if !flow {
+                        continues = match (scalar, maybe_continued) {
+                            (_, true) => continues,
+                            (true, false) if indicator => Some(first),
+                            (true, false) => Some(first - 1),
+                            (false, false) => None,
+                        };
+                        scalar = false;
                     }
-                    if depth > MAX_DEPTH {
-                        return Err(YamlError::TooDeep { line });
+                    indicator = false;
+                }
+                b' ' | b'\t' | b'\r' => {}
+                b'#' if prev.is_ascii_whitespace() => {
+                    state = In::Comment;
+                    scalar = false;
+                    maybe_continued = false;
+                    continues = None;
+                }
+                b'[' | b'{' if !scalar || flow => {
+                    s.open()?;
+                    scalar = false;
+                }
+                b']' | b'}' if !scalar || flow => {
+                    s.depth = s.depth.saturating_sub(1);
+                    scalar = false;
+                }
+                b',' if flow => scalar = false,
+                b':' if next.is_ascii_whitespace()
+                    || flow && matches!(next, b',' | b'[' | b']' | b'{' | b'}') =>
+                {
+                    // A key's end: what follows starts a token (or libyaml refuses the line).
+                    scalar = false;
+                    maybe_continued = false;
+                    indicator = true;
+                }
+                _ if scalar => {}
+                b'\'' | b'"' => {
+                    let sure = !maybe_continued;
+                    if sure {
+                        continues = None;
+                    }
+                    state = if b == b'"' {
+                        In::Double { sure }
+                    } else {
+                        In::Single { sure }
+                    };
+                }
+                b'-' | b'?' if next.is_ascii_whitespace() => indicator = true,
+                b'!' | b'&' | b'*' => state = In::Property,
+                b'|' | b'>' if !flow && !maybe_continued && header_only(&bytes[i + 1..]) => {
+                    let end = block_end(bytes, i, parent_indent(bytes, i));
+                    for (at, &c) in bytes.iter().enumerate().take(end).skip(i) {
+                        if c == b'\n' {
+                            s.newline(at + 1)?;
+                        }
                     }
                     i = end;
                     prev = b'\n';
-                    if end < bytes.len() {
-                        count_document(bytes, end, &mut documents)?;
-                    }
+                    (line_start, column, indicator, continues) = (true, 0, false, None);
                     continue;
                 }
-                _ => {}
+                _ => scalar = true,
             },
-            In::Comment if b == b'\n' => state = In::Plain,
-            In::Double if b == b'\\' => {
+            In::Comment if b == b'\n' => state = In::Structure,
+            In::Property if b.is_ascii_whitespace() => {
+                state = In::Structure;
+                if b == b'\n' && !maybe_continued {
+                    continues = None;
+                }
+            }
+            In::Property if b == b'[' || b == b'{' => s.open()?,
+            In::Double { sure } if b == b'\\' => {
+                if !sure && matches!(next, b'[' | b'{') {
+                    s.open()?;
+                }
                 // The escaped byte neither closes the scalar nor opens anything.
-                prev = b;
+                if next == b'\n' {
+                    s.newline(i + 2)?;
+                }
+                prev = next;
                 i += 2;
                 continue;
             }
-            In::Double if b == b'"' => state = In::Plain,
-            In::Single if b == b'\'' => {
-                if bytes.get(i + 1) == Some(&b'\'') {
+            In::Double { .. } if b == b'"' => state = In::Structure,
+            In::Single { .. } if b == b'\'' => {
+                if next == b'\'' {
                     i += 1;
                 } else {
-                    state = In::Plain;
+                    state = In::Structure;
                 }
+            }
+            In::Single { sure: false } | In::Double { sure: false } if b == b'[' || b == b'{' => {
+                s.open()?
             }
             _ => {}
         }
         if b == b'\n' {
-            line += 1;
-            count_document(bytes, i + 1, &mut documents)?;
+            s.newline(i + 1)?;
+            (line_start, column) = (true, 0);
+        } else {
+            column += 1;
         }
         prev = b;
         i += 1;
-    }
-    Ok(())
-}
-
-/// Where libyaml can start a token: after whitespace, a flow indicator, `:` (a JSON-like
-/// value), a quote, or a byte-order mark's last byte.
-fn opens_token(prev: u8) -> bool {
-    prev.is_ascii_whitespace()
-        || matches!(
-            prev,
-            b'[' | b'{' | b',' | b':' | b']' | b'}' | b'\'' | b'"' | 0xBF
-        )
-}
-
-/// A line starting at `at` that marks a document (`---` or `...`) counts one more.
-fn count_document(bytes: &[u8], at: usize, documents: &mut usize) -> Result<(), YamlError> {
-    let rest = &bytes[at..];
-    if rest.starts_with(b"---") || rest.starts_with(b"...") {
-        *documents += 1;
-        if *documents > MAX_DOCUMENTS {
-            return Err(YamlError::TooManyDocuments);
-        }
     }
     Ok(())
 }
@@ -163,24 +253,37 @@ fn parent_indent(bytes: &[u8], at: usize) -> isize {
     col as isize
 }
 
-/// Where the block scalar whose header is at `at` ends: the first line after the header that
-/// is neither blank nor indented past `parent`.
+/// Where the block scalar whose header is at `at` ends, by libyaml's rule: its indentation
+/// is the header's digit past `parent`, else the first non-blank line's (at least one past
+/// `parent`), and it ends at the first non-blank line indented less, or at a document marker.
 fn block_end(bytes: &[u8], at: usize, parent: isize) -> usize {
-    let mut pos = match bytes[at..].iter().position(|&c| c == b'\n') {
-        Some(p) => at + p + 1,
-        None => return bytes.len(),
-    };
+    let header_end = bytes[at..]
+        .iter()
+        .position(|&c| c == b'\n')
+        .map_or(bytes.len(), |p| at + p);
+    let explicit = bytes[at + 1..header_end]
+        .iter()
+        .find(|c| c.is_ascii_digit())
+        .map(|d| (d - b'0') as isize);
+    let mut pos = header_end + 1;
+    let mut indent: Option<isize> = explicit.map(|n| parent.max(0) + n);
     while pos < bytes.len() {
         let line_end = bytes[pos..]
             .iter()
             .position(|&c| c == b'\n')
             .map_or(bytes.len(), |p| pos + p);
         let line = &bytes[pos..line_end];
-        let indent = line.iter().take_while(|&&c| c == b' ').count();
+        let spaces = line.iter().take_while(|&&c| c == b' ').count() as isize;
         let blank = line.iter().all(|c| c.is_ascii_whitespace());
-        let marker = parent < 0 && (line.starts_with(b"---") || line.starts_with(b"..."));
-        if !blank && (indent as isize <= parent || marker) {
+        let marker = line.starts_with(b"---") || line.starts_with(b"...");
+        if marker {
             return pos;
+        }
+        if !blank {
+            let need = *indent.get_or_insert(spaces.max(parent + 1));
+            if spaces < need {
+                return pos;
+            }
         }
         pos = line_end + 1;
     }

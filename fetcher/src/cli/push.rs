@@ -3,7 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use wasm_fetcher::push::{Layout, ModuleFile, Outcome, PushRequest};
+use wasm_fetcher::push::{Layout, ModuleFile, Outcome, PushRequest, SignFormat};
 use wasm_fetcher::{settings, Settings};
 
 use super::Failure;
@@ -60,12 +60,16 @@ pub struct PushArgs {
     /// an object (the filter's role configuration).
     #[arg(long, value_name = "FILE", requires = "wasmplugin")]
     plugin_config: Option<PathBuf>,
-    /// Also sign the pushed image as cosign does (its signature manifest, tagged
-    /// sha256-<digest>.sig) with this PEM PKCS#8 ECDSA P-256 private key, as `openssl genpkey
+    /// Also sign the pushed image as cosign does (see --sign-format) with this PEM PKCS#8 ECDSA P-256 private key, as `openssl genpkey
     /// -algorithm EC -pkeyopt ec_paramgen_curve:P-256` writes; cosign's encrypted keys are not
     /// read (sign with `cosign sign --key` instead).
     #[arg(long, value_name = "FILE")]
     sign_key: Option<PathBuf>,
+    /// With --sign-key: write a Sigstore bundle attached as an OCI 1.1 referrer (`bundle`, as
+    /// cosign 3 does by default), or the legacy simple-signing payload under the
+    /// sha256-<digest>.sig tag (`simple-signing`, as cosign 2 does).
+    #[arg(long, value_enum, default_value = "bundle", requires = "sign_key")]
+    sign_format: SignFormat,
 }
 
 fn parse_module(arg: &str) -> Result<ModuleFile, String> {
@@ -128,6 +132,7 @@ impl PushOptions {
                     .as_deref()
                     .map(wasm_fetcher::SignKey::read)
                     .transpose()?,
+                sign_format: args.sign_format,
                 progress,
             },
             settings,

@@ -355,6 +355,7 @@ mod tests {
             manifest_digest: None,
             pin: None,
             from_cache: false,
+            signature: None,
         }
     }
 

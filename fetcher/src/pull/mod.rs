@@ -59,6 +59,9 @@ pub struct Pulled {
     pub pin: Option<PinMatch>,
     /// No module bytes were downloaded (a tag may still have been checked).
     pub from_cache: bool,
+    /// The cosign signatures a verify key checked: where each was found, in which format.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub signature: Option<crate::oci::cosign::Verified>,
 }
 
 /// One pull, as every step sees it.
@@ -116,6 +119,7 @@ impl<'a> Pull<'a> {
                 manifest_digest: idx.modules.get(&sha).and_then(|m| m.manifest_digest),
                 pin,
                 from_cache: true,
+                signature: None,
             })
         };
         if self.pins.any() {
@@ -206,8 +210,12 @@ pub async fn pull(
         index: &index,
         settings,
     };
-    let Fetched { image, pin, body } =
-        source::fetch(&pull.source, req, &pull.pins, &target, staging).await?;
+    let Fetched {
+        image,
+        pin,
+        body,
+        signature,
+    } = source::fetch(&pull.source, req, &pull.pins, &target, staging).await?;
     let (path, sha, from_cache) = match body {
         Body::Cached(sha) => (cache.module_path(&sha), sha, true),
         Body::Staged(staging) => {
@@ -222,6 +230,7 @@ pub async fn pull(
         manifest_digest: image.map(|i| i.manifest),
         pin: pin.matched,
         from_cache,
+        signature,
     };
     record(&index, &pull, pulled, image.and_then(|i| i.index), false).await
 }
@@ -253,6 +262,7 @@ async fn mounted(
         manifest_digest: None,
         pin: pull.req.sha256.map(|_| PinMatch::ModuleSha256),
         from_cache: true,
+        signature: None,
     };
     if !settings.copy_image_volumes {
         return Ok(pulled);

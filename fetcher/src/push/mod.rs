@@ -8,6 +8,7 @@ mod dynamic_module;
 pub mod inspect;
 pub mod layout;
 mod sign;
+pub use sign::SignFormat;
 pub(crate) mod upload;
 
 use std::path::PathBuf;
@@ -81,6 +82,8 @@ pub struct PushRequest {
     pub progress: Progress,
     /// Also writes a cosign signature of the pushed manifest with this key.
     pub sign_key: Option<crate::keys::SignKey>,
+    /// In which format.
+    pub sign_format: SignFormat,
     /// With `Layout::DynamicModule`: the Envoy minor versions the module loads on.
     pub envoy_versions: Vec<String>,
 }
@@ -246,7 +249,17 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
         };
     if let Some(key) = &req.sign_key {
         let digest = crate::digest::parse_digest(&image.manifest_digest)?;
-        sign::sign(&d, &digest, key).await?;
+        match req.sign_format {
+            SignFormat::SimpleSigning => sign::sign(&d, &digest, key).await?,
+            SignFormat::Bundle => {
+                let subject = sign::Subject {
+                    digest: &digest,
+                    media_type: upload::media_type_of(&image.manifest),
+                    size: image.manifest.len(),
+                };
+                sign::sign_bundle(&d, &subject, key).await?
+            }
+        }
     }
     Ok(pushed(outcome))
 }

@@ -136,7 +136,7 @@ pub async fn put_manifest(
 }
 
 /// The document's own `mediaType` (an index says it is one), else an OCI image manifest.
-fn media_type_of(manifest: &[u8]) -> String {
+pub(super) fn media_type_of(manifest: &[u8]) -> String {
     serde_json::from_slice::<serde_json::Value>(manifest)
         .ok()
         .and_then(|v| v["mediaType"].as_str().map(str::to_string))

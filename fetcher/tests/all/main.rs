@@ -5,6 +5,7 @@
 // failed run, which is what it should be. The workspace denies them in library code only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod bundle;
 mod cache_integrity;
 mod cred_helper;
 mod deadline;
@@ -24,6 +25,7 @@ mod pull_http;
 mod push;
 mod push_refused;
 mod real_envoy;
+mod referrers_front;
 mod registry;
 mod rewrite;
 mod serve_hostile;

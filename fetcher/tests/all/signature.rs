@@ -17,14 +17,14 @@ use crate::support::*;
 const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
 const ANNOTATION: &str = "dev.cosignproject.cosign/signature";
 
-fn openssl(args: &[&str]) -> Vec<u8> {
+pub(crate) fn openssl(args: &[&str]) -> Vec<u8> {
     let o = Command::new("openssl").args(args).output().unwrap();
     assert!(o.status.success(), "openssl {args:?}: {}", stderr(&o));
     o.stdout
 }
 
 /// A P-256 key pair made by `openssl`: (private PKCS#8 PEM, public SPKI PEM).
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+pub(crate) fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let private = dir.join(format!("{name}.pem"));
     let public = dir.join(format!("{name}.pub"));
     let (p, q) = (private.to_str().unwrap(), public.to_str().unwrap());
@@ -42,7 +42,7 @@ fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
 }
 
 /// cosign's simple-signing payload naming `digest`.
-fn payload(repo: &str, digest: &str) -> Vec<u8> {
+pub(crate) fn payload(repo: &str, digest: &str) -> Vec<u8> {
     format!(
         r#"{{"critical":{{"identity":{{"docker-reference":"{repo}"}},"image":{{"docker-manifest-digest":"{digest}"}},"type":"cosign container image signature"}},"optional":null}}"#
     )

@@ -75,6 +75,7 @@ fn outcomes_replace_the_any_in_place() {
         manifest_digest: None,
         pin: None,
         from_cache: false,
+        signature: None,
     };
     apply(&mut d, &s[0], Ok(&pulled)).unwrap();
     let e = FetchError::HttpStatus {
@@ -140,6 +141,7 @@ fn proto_json_names_are_read_as_envoy_reads_them() {
         manifest_digest: None,
         pin: None,
         from_cache: false,
+        signature: None,
     };
     apply(&mut d, &s[0], Ok(&pulled)).unwrap();
     let config = &d["resources"][0]["typedConfig"]["config"];

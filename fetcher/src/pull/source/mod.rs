@@ -24,6 +24,8 @@ pub struct Fetched {
     /// The pins, checked against `image`.
     pub pin: Checked,
     pub body: Body,
+    /// What a verify key's signature check found, when one applied.
+    pub signature: Option<crate::oci::cosign::Verified>,
 }
 
 pub enum Body {
@@ -53,6 +55,7 @@ pub async fn fetch(
             image: None,
             pin: pins.check(None)?,
             body: Body::Staged(staging),
+            signature: None,
         })
     };
     match source {

@@ -32,7 +32,7 @@ pub async fn fetch(
         .chain(req.verify_key.iter())
         .cloned()
         .collect();
-    crate::oci::cosign::verify(&connection, &image, &keys).await?;
+    let signature = crate::oci::cosign::verify(&connection, &image, &keys).await?;
     let unchanged = target
         .index
         .load()?
@@ -50,5 +50,6 @@ pub async fn fetch(
         image: Some(image),
         pin,
         body,
+        signature,
     })
 }

@@ -1,16 +1,9 @@
-//! Cosign signatures, key-based and offline: what a module must carry before it is cached
-//! when a verify key is set, and what `push --sign-key` writes.
-//!
-//! The layout is cosign's, so either tool reads what the other wrote: the signature of the
-//! image whose manifest digest is `sha256:H` is the manifest tagged `sha256-H.sig` in the same
-//! repository; each of its layers is a simple-signing payload (JSON naming the signed digest
-//! under `critical.image.docker-manifest-digest`) whose ECDSA P-256 / SHA-256 signature, DER
-//! in base64, is the layer's `dev.cosignproject.cosign/signature` annotation. Signing again
-//! with another key adds a layer. Everything is read through the pull's own `Distribution`
-//! (the address guard, that registry's credentials, the per-read deadline), each part within
-//! a bound checked before it is read.
-
-pub use crate::error::SignatureError;
+//! Cosign's legacy storage: the signature of the image whose manifest digest is `sha256:H`
+//! is the manifest tagged `sha256-H.sig` in the same repository; each of its layers is a
+//! simple-signing payload (JSON naming the signed digest under
+//! `critical.image.docker-manifest-digest`) whose ECDSA P-256 / SHA-256 signature, DER in
+//! base64, is the layer's `dev.cosignproject.cosign/signature` annotation. Signing again with
+//! another key adds a layer.
 
 use base64::Engine;
 use oci_client::manifest::OciDescriptor;
@@ -18,6 +11,7 @@ use p256::ecdsa::signature::Verifier;
 use p256::ecdsa::Signature;
 use serde_json::Value;
 
+use super::SignatureError;
 use crate::digest::{parse_digest, Digest};
 use crate::error::FetchError;
 use crate::keys::VerifyKey;
@@ -58,48 +52,14 @@ pub fn payload(reference: &str, digest: &Digest) -> Vec<u8> {
 }
 
 /// One layer of a signature manifest, read and parsed as far as it could be.
-struct Entry {
+pub(super) struct Entry {
     payload: Vec<u8>,
     signature: Signature,
 }
 
-/// Checks that the image `image` resolved to is signed by every key in `keys`: the manifest's
-/// signature, or (for an image chosen from an index) the index's, which covers the manifest by
-/// its digest. Nothing is read when `keys` is empty.
-pub async fn verify(
-    d: &Distribution,
-    image: &crate::oci::manifest::ImageDigests,
-    keys: &[VerifyKey],
-) -> Result<(), FetchError> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    let first = verify_digest(d, &image.manifest, keys).await;
-    match (first, image.index) {
-        (Err(FetchError::Signature(SignatureError::Missing { .. })), Some(index)) => {
-            verify_digest(d, &index, keys).await
-        }
-        (outcome, _) => outcome,
-    }
-}
-
-async fn verify_digest(
-    d: &Distribution,
-    digest: &Digest,
-    keys: &[VerifyKey],
-) -> Result<(), FetchError> {
-    let tag = signature_tag(digest);
-    let entries = read_entries(d, digest, &tag).await?;
-    for key in keys {
-        check(key, digest, &tag, &entries)?;
-    }
-    tracing::debug!(%digest, keys = keys.len(), "cosign signature verified");
-    Ok(())
-}
-
 /// Whether one of `entries` is `key`'s signature of `digest`; if none is, the first entry's
 /// reason (a signature manifest usually holds one).
-fn check(
+pub(super) fn check(
     key: &VerifyKey,
     digest: &Digest,
     tag: &str,
@@ -176,13 +136,13 @@ pub fn signed_digest(payload: &[u8]) -> Result<String, String> {
         .ok_or_else(|| "the signed payload has no critical.image.docker-manifest-digest".into())
 }
 
-/// The signature manifest's layers, each read within its bounds or refused with its reason.
-/// Only a failure to reach the registry at all is a `FetchError` of its own.
-async fn read_entries(
+/// The signature manifest's layers, each read within its bounds or refused with its reason;
+/// `None` when there is no signature manifest. Only a failure to reach the registry at all is
+/// a `FetchError` of its own.
+pub(super) async fn read_entries(
     d: &Distribution,
-    digest: &Digest,
     tag: &str,
-) -> Result<Vec<Result<Entry, SignatureError>>, FetchError> {
+) -> Result<Option<Vec<Result<Entry, SignatureError>>>, FetchError> {
     let accept = crate::oci::manifest::accept_image_manifests();
     let malformed = |reason: String| SignatureError::Malformed {
         tag: tag.to_string(),
@@ -190,14 +150,7 @@ async fn read_entries(
     };
     let bytes = match d.manifest(tag, &accept).await {
         Ok((bytes, _)) => bytes,
-        Err(FetchError::NotFound { .. }) => {
-            return Err(SignatureError::Missing {
-                repository: format!("{}/{}", d.registry(), d.repository()),
-                digest: digest.to_string(),
-                tag: tag.to_string(),
-            }
-            .into())
-        }
+        Err(FetchError::NotFound { .. }) => return Ok(None),
         Err(FetchError::ResponseTooLarge { limit, .. }) => {
             return Err(SignatureError::Oversized {
                 tag: tag.to_string(),
@@ -224,7 +177,7 @@ async fn read_entries(
     for layer in &manifest.layers {
         entries.push(read_entry(d, tag, layer).await?);
     }
-    Ok(entries)
+    Ok(Some(entries))
 }
 
 /// One layer: its signature parsed, then its payload read (only if the signature parsed).

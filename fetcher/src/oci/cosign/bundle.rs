@@ -1,0 +1,263 @@
+//! A Sigstore bundle v0.3 checked against a pinned key: what `cosign sign --key` writes by
+//! default from cosign 3 (a DSSE envelope around an in-toto statement naming the image's
+//! digest), and the message-signature form (a signature over the image manifest's digest).
+//! The bundle's `publicKey.hint` is unauthenticated and ignored, as cosign ignores it; a
+//! bundle carrying a certificate was signed keyless and does not verify by key. The bundle's
+//! transparency-log entry is not checked by key, as `cosign verify --key
+//! --insecure-ignore-tlog` does not: the key alone vouches for the signature.
+
+use base64::Engine;
+use p256::ecdsa::signature::hazmat::PrehashVerifier;
+use p256::ecdsa::signature::Verifier;
+use p256::ecdsa::Signature;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{Format, SignatureError};
+use crate::digest::Digest;
+use crate::keys::VerifyKey;
+use crate::shown::shown;
+
+/// The DSSE payload type of an in-toto statement.
+pub const IN_TOTO: &str = "application/vnd.in-toto+json";
+/// The statement types read (cosign 3 writes v1).
+pub const STATEMENT_TYPES: &[&str] = &[
+    "https://in-toto.io/Statement/v1",
+    "https://in-toto.io/Statement/v0.1",
+];
+/// The predicate type of `cosign sign`: an attestation of another kind (an SBOM, provenance)
+/// on the same image is not a signature of it.
+pub const SIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Bundle {
+    media_type: String,
+    #[serde(default)]
+    verification_material: Value,
+    dsse_envelope: Option<Envelope>,
+    message_signature: Option<MessageSignature>,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Envelope {
+    pub payload: String,
+    pub payload_type: String,
+    pub signatures: Vec<EnvelopeSignature>,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+pub(crate) struct EnvelopeSignature {
+    pub sig: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct MessageSignature {
+    message_digest: Option<MessageDigest>,
+    signature: String,
+}
+
+#[derive(Deserialize)]
+struct MessageDigest {
+    algorithm: String,
+    digest: String,
+}
+
+/// DSSE's pre-authentication encoding: what the envelope's signature covers.
+pub fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "DSSEv1 {} {payload_type} {} ",
+        payload_type.len(),
+        payload.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The in-toto statement `cosign sign` signs for `digest`.
+pub fn statement(digest: &Digest) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "_type": STATEMENT_TYPES[0],
+        "subject": [{"digest": {"sha256": digest.0.hex()}, "annotations": {}}],
+        "predicateType": SIGN_PREDICATE,
+        "predicate": {},
+    }))
+    .unwrap_or_default()
+}
+
+/// Checks that `bytes`, a bundle from referrer `at`, is `key`'s signature of `digest`.
+pub(super) fn verify(
+    key: &VerifyKey,
+    digest: &Digest,
+    at: &str,
+    bytes: &[u8],
+) -> Result<Format, SignatureError> {
+    let malformed = |reason: String| SignatureError::Malformed {
+        tag: at.to_string(),
+        reason,
+    };
+    let bundle: Bundle = serde_json::from_slice(bytes)
+        .map_err(|e| malformed(format!("the bundle is not Sigstore bundle JSON ({e})")))?;
+    if !super::referrers::BUNDLE_TYPES.contains(&bundle.media_type.as_str()) {
+        return Err(malformed(format!(
+            "the bundle's mediaType is {:?}, not a Sigstore bundle v0.3",
+            shown(&bundle.media_type)
+        )));
+    }
+    let material = &bundle.verification_material;
+    if material.get("publicKey").is_none() {
+        let kind = ["certificate", "x509CertificateChain"]
+            .into_iter()
+            .find(|k| material.get(k).is_some());
+        return Err(malformed(match kind {
+            Some(k) => format!("the bundle carries a {k} (signed keyless), not a key's signature"),
+            None => "the bundle names no verification material".into(),
+        }));
+    }
+    match (&bundle.dsse_envelope, &bundle.message_signature) {
+        (Some(envelope), None) => {
+            let payload =
+                check_envelope(key, envelope).map_err(|e| e.into_error(at, key, digest))?;
+            check_statement(&payload, digest).map_err(|e| e.into_error(at, key, digest))?;
+            Ok(Format::DsseBundle)
+        }
+        (None, Some(message)) => {
+            check_message(key, message, digest).map_err(|e| e.into_error(at, key, digest))?;
+            Ok(Format::MessageBundle)
+        }
+        _ => Err(malformed(
+            "the bundle holds neither exactly one DSSE envelope nor one message signature".into(),
+        )),
+    }
+}
+
+/// Why one check failed, before it is worded for its referrer.
+enum Refusal {
+    Malformed(String),
+    WrongKey,
+    OtherDigest(String),
+}
+
+impl Refusal {
+    fn into_error(self, at: &str, key: &VerifyKey, digest: &Digest) -> SignatureError {
+        match self {
+            Refusal::Malformed(reason) => SignatureError::Malformed {
+                tag: at.to_string(),
+                reason,
+            },
+            Refusal::WrongKey => SignatureError::WrongKey {
+                tag: at.to_string(),
+                key: key.id().to_string(),
+            },
+            Refusal::OtherDigest(signed) => SignatureError::OtherDigest {
+                tag: at.to_string(),
+                signed,
+                digest: digest.to_string(),
+            },
+        }
+    }
+}
+
+/// Standard or URL-safe base64, padded or not, as DSSE asks verifiers to accept.
+fn decode(text: &str, what: &str) -> Result<Vec<u8>, Refusal> {
+    use base64::engine::general_purpose::{STANDARD, URL_SAFE, URL_SAFE_NO_PAD};
+    let t = text.trim();
+    STANDARD
+        .decode(t)
+        .or_else(|_| URL_SAFE.decode(t))
+        .or_else(|_| URL_SAFE_NO_PAD.decode(t.trim_end_matches('=')))
+        .map_err(|e| Refusal::Malformed(format!("the {what} is not base64 ({e})")))
+}
+
+fn signature(text: &str) -> Result<Signature, Refusal> {
+    let der = decode(text, "signature")?;
+    let s = Signature::from_der(&der).map_err(|_| {
+        Refusal::Malformed("the signature is not a DER ECDSA P-256 signature".into())
+    })?;
+    // Go's ecdsa (cosign) and OpenSSL accept either s; RustCrypto only the low one.
+    Ok(s.normalize_s().unwrap_or(s))
+}
+
+/// The envelope's one signature over its PAE, then its payload (only once it verified).
+fn check_envelope(key: &VerifyKey, e: &Envelope) -> Result<Vec<u8>, Refusal> {
+    if e.payload_type != IN_TOTO {
+        return Err(Refusal::Malformed(format!(
+            "the envelope's payloadType is {:?}, not {IN_TOTO}",
+            shown(&e.payload_type)
+        )));
+    }
+    let [one] = e.signatures.as_slice() else {
+        return Err(Refusal::Malformed(format!(
+            "the envelope has {} signatures, not one",
+            e.signatures.len()
+        )));
+    };
+    let sig = signature(&one.sig)?;
+    let payload = decode(&e.payload, "envelope's payload")?;
+    key.key()
+        .verify(&pae(&e.payload_type, &payload), &sig)
+        .map_err(|_| Refusal::WrongKey)?;
+    Ok(payload)
+}
+
+/// A verified statement must be `cosign sign`'s and name `digest` among its subjects.
+fn check_statement(payload: &[u8], digest: &Digest) -> Result<(), Refusal> {
+    let doc: Value = serde_json::from_slice(payload)
+        .map_err(|e| Refusal::Malformed(format!("the signed statement is not JSON ({e})")))?;
+    let text = |k: &str| doc.get(k).and_then(Value::as_str);
+    if !text("_type").is_some_and(|t| STATEMENT_TYPES.contains(&t)) {
+        return Err(Refusal::Malformed(format!(
+            "the signed statement's _type is {:?}, not an in-toto statement",
+            text("_type").map(shown)
+        )));
+    }
+    if text("predicateType") != Some(SIGN_PREDICATE) {
+        return Err(Refusal::Malformed(format!(
+            "the signed statement's predicateType is {:?}, not {SIGN_PREDICATE} (an attestation, not a signature)",
+            text("predicateType").map(shown)
+        )));
+    }
+    let named: Vec<&str> = doc
+        .get("subject")
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|s| s.pointer("/digest/sha256").and_then(Value::as_str))
+        .collect();
+    if named.contains(&digest.0.hex().as_str()) {
+        return Ok(());
+    }
+    Err(Refusal::OtherDigest(match named.first() {
+        Some(first) => format!("sha256:{}", shown(first)),
+        None => "no sha256 subject".into(),
+    }))
+}
+
+/// A message signature is over the image manifest itself, so its digest is `digest`.
+fn check_message(key: &VerifyKey, m: &MessageSignature, digest: &Digest) -> Result<(), Refusal> {
+    let sig = signature(&m.signature)?;
+    let named = match &m.message_digest {
+        Some(d) if d.algorithm == "SHA2_256" => decode(&d.digest, "message digest")?,
+        Some(d) => {
+            return Err(Refusal::Malformed(format!(
+                "the message digest's algorithm is {:?}, not SHA2_256",
+                shown(&d.algorithm)
+            )))
+        }
+        None => digest.0 .0.to_vec(),
+    };
+    key.key()
+        .verify_prehash(&named, &sig)
+        .map_err(|_| Refusal::WrongKey)?;
+    if named != digest.0 .0 {
+        return Err(Refusal::OtherDigest(format!(
+            "sha256:{}",
+            named.iter().map(|b| format!("{b:02x}")).collect::<String>()
+        )));
+    }
+    Ok(())
+}

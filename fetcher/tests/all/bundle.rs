@@ -1,0 +1,604 @@
+//! Cosign 3's storage, verified by key against a real `docker-registry`: Sigstore bundles
+//! (DSSE and message signature) and legacy simple-signing manifests, attached as OCI 1.1
+//! referrers and found through the referrers API (a front that serves it, see
+//! `referrers_front`) or the fallback tag `sha256-<hex>`, and the `.sig` tag. Every bundle and
+//! signature here is made by the test, with `openssl` and JSON written here, not by the
+//! fetcher; each case's verdict is also reached by a reference check (`openssl dgst -verify`
+//! over the same signed bytes, the subject read from the same statement), and the two agree.
+
+use std::path::Path;
+use std::process::Command;
+
+use base64::Engine;
+use serde_json::{json, Value};
+
+use crate::oci_registry::Registry;
+use crate::referrers_front::Front;
+use crate::signature::{key_pair, openssl};
+use crate::support::*;
+
+const BUNDLE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
+const IN_TOTO: &str = "application/vnd.in-toto+json";
+const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
+const EMPTY: &str = "application/vnd.oci.empty.v1+json";
+const LEGACY_TYPE: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
+const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
+const SIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
+
+fn b64(bytes: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// One HTTP/1.1 request on its own connection: (status, body).
+fn http(
+    host: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String, Vec<u8>) {
+    use std::io::{Read, Write};
+    let mut conn = std::net::TcpStream::connect(host).unwrap();
+    let mut head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
+        body.len()
+    );
+    for (n, v) in headers {
+        head.push_str(&format!("{n}: {v}\r\n"));
+    }
+    head.push_str("\r\n");
+    conn.write_all(head.as_bytes()).unwrap();
+    conn.write_all(body).unwrap();
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).unwrap();
+    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
+    let head = String::from_utf8_lossy(&answer[..split]).to_string();
+    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+    (status, head, answer[split + 4..].to_vec())
+}
+
+/// A blob pushed through the distribution API (POST, then PUT with its digest).
+fn put_blob(host: &str, repo: &str, bytes: &[u8]) -> String {
+    let digest = format!("sha256:{}", sha256_hex(bytes));
+    let (status, head, _) = http(
+        host,
+        "POST",
+        &format!("/v2/{repo}/blobs/uploads/"),
+        &[],
+        b"",
+    );
+    assert_eq!(status, 202, "{head}");
+    let location = head
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Location: ")
+                .or_else(|| l.strip_prefix("location: "))
+        })
+        .unwrap()
+        .trim()
+        .to_string();
+    let path = location
+        .split_once("://")
+        .map_or(location.clone(), |(_, rest)| {
+            rest[rest.find('/').unwrap()..].to_string()
+        });
+    let sep = if path.contains('?') { '&' } else { '?' };
+    let (status, head, _) = http(
+        host,
+        "PUT",
+        &format!("{path}{sep}digest={digest}"),
+        &[("Content-Type", "application/octet-stream")],
+        bytes,
+    );
+    assert_eq!(status, 201, "{head}");
+    digest
+}
+
+fn put_manifest(host: &str, repo: &str, reference: &str, media_type: &str, bytes: &[u8]) {
+    let (status, head, body) = http(
+        host,
+        "PUT",
+        &format!("/v2/{repo}/manifests/{reference}"),
+        &[("Content-Type", media_type)],
+        bytes,
+    );
+    assert_eq!(status, 201, "{head} {}", String::from_utf8_lossy(&body));
+}
+
+fn get_manifest(host: &str, repo: &str, reference: &str) -> Vec<u8> {
+    let (status, _, body) = http(
+        host,
+        "GET",
+        &format!("/v2/{repo}/manifests/{reference}"),
+        &[("Accept", &format!("{MANIFEST},{INDEX}"))],
+        b"",
+    );
+    assert_eq!(status, 200);
+    body
+}
+
+/// `openssl dgst -sha256 -sign`: the DER ECDSA signature of `bytes`.
+fn sign(dir: &Path, key: &Path, bytes: &[u8]) -> Vec<u8> {
+    let file = dir.join("to-sign");
+    std::fs::write(&file, bytes).unwrap();
+    openssl(&[
+        "dgst",
+        "-sha256",
+        "-sign",
+        key.to_str().unwrap(),
+        file.to_str().unwrap(),
+    ])
+}
+
+/// The reference check of one signature: `openssl dgst -sha256 -verify`.
+fn openssl_verifies(dir: &Path, public: &Path, bytes: &[u8], signature: &[u8]) -> bool {
+    let (file, sig) = (dir.join("to-verify"), dir.join("sig"));
+    std::fs::write(&file, bytes).unwrap();
+    std::fs::write(&sig, signature).unwrap();
+    Command::new("openssl")
+        .args([
+            "dgst",
+            "-sha256",
+            "-verify",
+            public.to_str().unwrap(),
+            "-signature",
+        ])
+        .args([&sig, &file])
+        .output()
+        .unwrap()
+        .status
+        .success()
+}
+
+/// DSSE's pre-authentication encoding, from the DSSE protocol text.
+fn pae(payload_type: &str, payload: &[u8]) -> Vec<u8> {
+    let mut out = format!(
+        "DSSEv1 {} {} {} ",
+        payload_type.len(),
+        payload_type,
+        payload.len()
+    )
+    .into_bytes();
+    out.extend_from_slice(payload);
+    out
+}
+
+/// The statement `cosign sign` (3.0.5 and later) signs for an image.
+fn statement(hex: &str, predicate_type: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"digest": {"sha256": hex}, "annotations": {}}],
+        "predicateType": predicate_type,
+        "predicate": {},
+    }))
+    .unwrap()
+}
+
+/// The bundle `cosign sign --key` writes: a DSSE envelope, the key named by its hint only.
+fn dsse_bundle(
+    envelope_payload: &[u8],
+    payload_type: &str,
+    signature: &[u8],
+    material: Value,
+) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "mediaType": BUNDLE,
+        "verificationMaterial": material,
+        "dsseEnvelope": {
+            "payload": b64(envelope_payload),
+            "payloadType": payload_type,
+            "signatures": [{"sig": b64(signature)}],
+        },
+    }))
+    .unwrap()
+}
+
+fn key_material() -> Value {
+    json!({"publicKey": {"hint": "aGludA=="}})
+}
+
+/// A message-signature bundle over the image manifest's bytes.
+fn message_bundle(manifest_sha256: &[u8], signature: &[u8]) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "mediaType": BUNDLE,
+        "verificationMaterial": key_material(),
+        "messageSignature": {
+            "messageDigest": {"algorithm": "SHA2_256", "digest": b64(manifest_sha256)},
+            "signature": b64(signature),
+        },
+    }))
+    .unwrap()
+}
+
+#[derive(Clone, Copy, PartialEq, Debug)]
+enum Store {
+    /// Listed by the referrers API (the front).
+    Api,
+    /// Listed in the fallback tag's index, written here.
+    Tag,
+}
+
+/// Attaches `blob` (a bundle, or a simple-signing payload with its signature annotation) to
+/// `subject` as cosign does: its referrer manifest, then the listing.
+struct Attach<'a> {
+    host: &'a str,
+    repo: &'a str,
+    subject: &'a str,
+    /// The artifact type the referrer's own manifest says.
+    manifest_type: &'a str,
+    /// The artifact type the fallback index lists (a listing may lie).
+    listed_type: &'a str,
+    layer_type: &'a str,
+    annotations: Value,
+}
+
+impl Attach<'_> {
+    fn push(&self, store: Store, blob: &[u8]) {
+        let subject_bytes = get_manifest(self.host, self.repo, self.subject);
+        let blob_digest = put_blob(self.host, self.repo, blob);
+        let config = put_blob(self.host, self.repo, b"{}");
+        let mut layer =
+            json!({"mediaType": self.layer_type, "digest": blob_digest, "size": blob.len()});
+        if !self.annotations.is_null() {
+            layer["annotations"] = self.annotations.clone();
+        }
+        let manifest = serde_json::to_vec(&json!({
+            "schemaVersion": 2,
+            "mediaType": MANIFEST,
+            "artifactType": self.manifest_type,
+            "config": {"mediaType": EMPTY, "digest": config, "size": 2},
+            "layers": [layer],
+            "subject": {"mediaType": MANIFEST, "digest": self.subject, "size": subject_bytes.len()},
+        }))
+        .unwrap();
+        let digest = format!("sha256:{}", sha256_hex(&manifest));
+        put_manifest(self.host, self.repo, &digest, MANIFEST, &manifest);
+        if store == Store::Tag {
+            let index = serde_json::to_vec(&json!({
+                "schemaVersion": 2,
+                "mediaType": INDEX,
+                "manifests": [{"mediaType": MANIFEST, "artifactType": self.listed_type, "digest": digest, "size": manifest.len()}],
+            }))
+            .unwrap();
+            let tag = format!("sha256-{}", self.subject.trim_start_matches("sha256:"));
+            put_manifest(self.host, self.repo, &tag, INDEX, &index);
+        }
+    }
+}
+
+/// What the fetcher says about pulling `repo:1` from `host` with `public`: the JSON on
+/// success, the error line otherwise.
+fn ours(host: &str, repo: &str, public: &Path) -> Result<Value, String> {
+    let url = format!("oci://{host}/{repo}:1");
+    let cache = tempfile::tempdir().unwrap();
+    let o = pull(
+        cache.path(),
+        &[&url, "--verify-key", public.to_str().unwrap(), "--json"],
+    );
+    match o.status.code() {
+        Some(0) => Ok(serde_json::from_slice(&o.stdout).unwrap()),
+        _ => {
+            assert_failed(&o, cache.path(), &url, "signature");
+            Err(stderr(&o))
+        }
+    }
+}
+
+#[test]
+fn cosign_3_bundles_and_legacy_signatures_verify_by_key_in_every_storage() {
+    let reg = Registry::start(false);
+    let front = Front::start(&reg.host);
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let (private, public) = key_pair(d, "signer");
+    let (other_private, _) = key_pair(d, "other");
+
+    // A case: the repository's signature made by `make`, stored as `store`; whether the
+    // fetcher and the reference take it, and the words of the fetcher's refusal.
+    type Make<'a> = Box<dyn Fn(&str, &[u8]) -> (Vec<u8>, bool) + 'a>;
+    let dsse = |key: &Path,
+                payload_type: &'static str,
+                predicate: &'static str,
+                tamper: bool,
+                other_digest: bool|
+     -> Make {
+        let key = key.to_path_buf();
+        let public = public.clone();
+        Box::new(move |digest: &str, _manifest: &[u8]| {
+            let hex = if other_digest {
+                "ab".repeat(32)
+            } else {
+                digest.trim_start_matches("sha256:").to_string()
+            };
+            let st = statement(&hex, predicate);
+            let sig = sign(d, &key, &pae(payload_type, &st));
+            let mut sent = st.clone();
+            if tamper {
+                sent = statement(&"cd".repeat(32), predicate);
+            }
+            // The reference: the signature over the PAE of what is sent, then the statement.
+            let signed = openssl_verifies(d, &public, &pae(payload_type, &sent), &sig);
+            let doc: Value = serde_json::from_slice(&sent).unwrap();
+            let names =
+                doc["subject"][0]["digest"]["sha256"] == digest.trim_start_matches("sha256:");
+            let reference = signed
+                && names
+                && payload_type == IN_TOTO
+                && doc["predicateType"] == SIGN_PREDICATE;
+            (
+                dsse_bundle(&sent, payload_type, &sig, key_material()),
+                reference,
+            )
+        })
+    };
+    let message: Make = Box::new(|_digest: &str, manifest: &[u8]| {
+        let sig = sign(d, &private, manifest);
+        let reference = openssl_verifies(d, &public, manifest, &sig);
+        let sha = hex::decode(sha256_hex(manifest)).unwrap();
+        (message_bundle(&sha, &sig), reference)
+    });
+    let keyless: Make = Box::new(|digest: &str, _| {
+        let st = statement(digest.trim_start_matches("sha256:"), SIGN_PREDICATE);
+        let sig = sign(d, &private, &pae(IN_TOTO, &st));
+        // Signed by the key, but the bundle says a certificate vouches for it: cosign
+        // verify --key refuses a certificate bundle, and so does the reference.
+        (
+            dsse_bundle(
+                &st,
+                IN_TOTO,
+                &sig,
+                json!({"certificate": {"rawBytes": "MAA="}}),
+            ),
+            false,
+        )
+    });
+
+    struct Case<'a> {
+        name: &'a str,
+        make: Make<'a>,
+        listed_type: &'a str,
+        manifest_type: &'a str,
+        words: &'a str,
+        format: &'a str,
+    }
+    let cases = vec![
+        Case {
+            name: "dsse",
+            make: dsse(&private, IN_TOTO, SIGN_PREDICATE, false, false),
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "",
+            format: "dsse-bundle",
+        },
+        Case {
+            name: "dsse-empty-listed",
+            make: dsse(&private, IN_TOTO, SIGN_PREDICATE, false, false),
+            listed_type: EMPTY,
+            manifest_type: BUNDLE,
+            words: "",
+            format: "dsse-bundle",
+        },
+        Case {
+            name: "message",
+            make: message,
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "",
+            format: "message-bundle",
+        },
+        Case {
+            name: "other-key",
+            make: dsse(&other_private, IN_TOTO, SIGN_PREDICATE, false, false),
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "signature wrong",
+            format: "",
+        },
+        Case {
+            name: "tampered",
+            make: dsse(&private, IN_TOTO, SIGN_PREDICATE, true, false),
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "signature wrong",
+            format: "",
+        },
+        Case {
+            name: "other-digest",
+            make: dsse(&private, IN_TOTO, SIGN_PREDICATE, false, true),
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "signature for another image",
+            format: "",
+        },
+        Case {
+            name: "attestation",
+            make: dsse(
+                &private,
+                IN_TOTO,
+                "https://slsa.dev/provenance/v1",
+                false,
+                false,
+            ),
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "predicateType",
+            format: "",
+        },
+        Case {
+            name: "payload-type",
+            make: dsse(&private, "text/plain", SIGN_PREDICATE, false, false),
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "payloadType",
+            format: "",
+        },
+        Case {
+            name: "keyless-material",
+            make: keyless,
+            listed_type: BUNDLE,
+            manifest_type: BUNDLE,
+            words: "certificate",
+            format: "",
+        },
+        Case {
+            name: "lying-type",
+            make: dsse(&private, IN_TOTO, SIGN_PREDICATE, false, false),
+            listed_type: BUNDLE,
+            manifest_type: LEGACY_TYPE,
+            words: "signature malformed",
+            format: "",
+        },
+    ];
+    for case in &cases {
+        for store in [Store::Api, Store::Tag] {
+            let repo: &'static str = Box::leak(
+                format!("bundle/{}-{store:?}", case.name)
+                    .to_lowercase()
+                    .into_boxed_str(),
+            );
+            let host = if store == Store::Api {
+                front.host.as_str()
+            } else {
+                reg.host.as_str()
+            };
+            let digest = reg.push_module(
+                &format!("{repo}:1"),
+                &module(repo),
+                &oci_client::secrets::RegistryAuth::Anonymous,
+            );
+            let manifest = get_manifest(&reg.host, repo, &digest);
+            let (blob, signed) = (case.make)(&digest, &manifest);
+            // A referrer is a bundle only when its manifest says so: one listed as a bundle
+            // whose manifest is a legacy signature's holds no signature either way.
+            let reference = signed && case.manifest_type == BUNDLE;
+            let subject: &'static str = Box::leak(digest.clone().into_boxed_str());
+            Attach {
+                host,
+                repo,
+                subject,
+                manifest_type: case.manifest_type,
+                listed_type: case.listed_type,
+                layer_type: BUNDLE,
+                annotations: Value::Null,
+            }
+            .push(store, &blob);
+            let verdict = ours(host, repo, &public);
+            let label = format!("{} via {store:?}", case.name);
+            assert_eq!(
+                verdict.is_ok(),
+                reference,
+                "{label}: ours {verdict:?}, the reference {reference}"
+            );
+            match verdict {
+                Ok(v) => {
+                    let signer = &v["signature"]["signers"][0];
+                    assert_eq!(signer["format"], case.format, "{label}: {v}");
+                    let storage = if store == Store::Api {
+                        "referrers-api"
+                    } else {
+                        "referrers-tag"
+                    };
+                    assert_eq!(signer["storage"], storage, "{label}: {v}");
+                    assert_eq!(v["signature"]["digest"], digest.as_str());
+                }
+                Err(e) => assert!(e.contains(case.words), "{label}: {e}"),
+            }
+        }
+    }
+
+    // Legacy simple-signing stored as a referrer (cosign 3 with --new-bundle-format=false
+    // --registry-referrers-mode=oci-1-1), in either listing, and under the .sig tag.
+    for store in [Store::Api, Store::Tag] {
+        let repo: &'static str = Box::leak(
+            format!("legacy/referrer-{store:?}")
+                .to_lowercase()
+                .into_boxed_str(),
+        );
+        let host = if store == Store::Api {
+            front.host.as_str()
+        } else {
+            reg.host.as_str()
+        };
+        let digest = reg.push_module(
+            &format!("{repo}:1"),
+            &module(repo),
+            &oci_client::secrets::RegistryAuth::Anonymous,
+        );
+        let payload = crate::signature::payload(&format!("{}/{repo}", reg.host), &digest);
+        let sig = sign(d, &private, &payload);
+        assert!(openssl_verifies(d, &public, &payload, &sig));
+        let subject: &'static str = Box::leak(digest.clone().into_boxed_str());
+        Attach {
+            host,
+            repo,
+            subject,
+            manifest_type: LEGACY_TYPE,
+            listed_type: LEGACY_TYPE,
+            layer_type: SIMPLE_SIGNING,
+            annotations: json!({"dev.cosignproject.cosign/signature": b64(&sig)}),
+        }
+        .push(store, &payload);
+        let v = ours(host, repo, &public).unwrap();
+        assert_eq!(
+            v["signature"]["signers"][0]["format"], "simple-signing",
+            "{v}"
+        );
+        let storage = if store == Store::Api {
+            "referrers-api"
+        } else {
+            "referrers-tag"
+        };
+        assert_eq!(v["signature"]["signers"][0]["storage"], storage, "{v}");
+    }
+}
+
+#[test]
+fn push_writes_a_cosign_3_bundle_by_default_and_the_legacy_format_on_request() {
+    let reg = Registry::start(false);
+    let front = Front::start(&reg.host);
+    let keys = tempfile::tempdir().unwrap();
+    let (private, public) = key_pair(keys.path(), "signer");
+    let filter = crate::push::filter_wasm();
+    for (host, format, storage) in [
+        (&reg.host, None, "referrers-tag"),
+        (&front.host, None, "referrers-api"),
+        (&reg.host, Some("simple-signing"), "signature-tag"),
+    ] {
+        let url = format!("oci://{host}/pushed/{}:1", storage);
+        let mut push = fetcher();
+        push.env("HOME", keys.path())
+            .args(["push", filter.to_str().unwrap(), &url, "--sign-key"])
+            .arg(&private);
+        if let Some(f) = format {
+            push.args(["--sign-format", f]);
+        }
+        let o = push.output().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+        front.clear();
+        let cache = tempfile::tempdir().unwrap();
+        let o = pull(
+            cache.path(),
+            &[&url, "--verify-key", public.to_str().unwrap(), "--json"],
+        );
+        assert_eq!(o.status.code(), Some(0), "{url}: {}", stderr(&o));
+        let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+        let signer = &v["signature"]["signers"][0];
+        assert_eq!(signer["storage"], storage, "{v}");
+        let expected = if format.is_some() {
+            "simple-signing"
+        } else {
+            "dsse-bundle"
+        };
+        assert_eq!(signer["format"], expected, "{v}");
+        if host == &front.host {
+            // The image's manifest and blob, then the listing, the referrer and its bundle.
+            let seen = front.requests("GET /v2/pushed/");
+            let signature_reads = seen
+                .iter()
+                .filter(|l| l.contains("/referrers/") || l.contains("sha256-"))
+                .count();
+            assert_eq!(signature_reads, 1, "{seen:#?}");
+        }
+    }
+}
