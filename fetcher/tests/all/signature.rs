@@ -24,7 +24,7 @@ fn openssl(args: &[&str]) -> Vec<u8> {
 }
 
 /// A P-256 key pair made by `openssl`: (private PKCS#8 PEM, public SPKI PEM).
-fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
+pub fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let private = dir.join(format!("{name}.pem"));
     let public = dir.join(format!("{name}.pub"));
     let (p, q) = (private.to_str().unwrap(), public.to_str().unwrap());
