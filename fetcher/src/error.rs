@@ -12,6 +12,13 @@ pub enum FetchError {
     NotWasm { reason: String },
     #[error("not an Envoy dynamic module for {platform} ({reason}); push a lib<name>.so built for that platform")]
     NotDynamicModule { platform: String, reason: String },
+    #[error("not loadable by Envoy {envoy_version}: {reason}")]
+    NotLoadable {
+        envoy_version: String,
+        reason: String,
+    },
+    #[error("unsigned dynamic module refused: a dynamic module runs unsandboxed inside Envoy, so without a verify key none is taken; set --verify-key (WASM_VERIFY_KEY) to its publisher's public key, or pass --allow-unsigned-dynamic-modules to take it unsigned")]
+    UnsignedDynamicModule,
     #[error("exceeds size limit of {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES)")]
     TooLarge { limit: u64 },
     #[error("unsupported scheme {scheme:?}: use file://, http:// or https://")]

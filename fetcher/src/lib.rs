@@ -57,11 +57,13 @@ pub mod serve;
 /// Envoy dynamic modules (native `lib<name>.so` files) through an OCI registry: `push --layout
 /// dynamic-module` writes an image index with a manifest per file, each for the `os/arch` its
 /// ELF header names, annotated with the Envoy minor versions the module loads on; `pull
-/// --envoy-version` picks the child for a platform and an Envoy version, checks the ELF header
-/// against that platform, and keeps the file as `<cache>/dynamic-modules/<sha256>/lib<name>.so`,
+/// --envoy-version` picks the child for a platform and an Envoy version, checks its signature
+/// and that this Envoy can load it (`load_check`, against `envoy_abi`), and keeps the file as `<cache>/dynamic-modules/<sha256>/lib<name>.so`,
 /// a directory Envoy's `ENVOY_DYNAMIC_MODULES_SEARCH_PATH` can name.
 pub mod dynamic_module {
     pub use crate::pull::dynamic_module::{pull, DynamicPulled};
+    pub use crate::store::envoy_abi::{self, EnvoyAbi};
+    pub use crate::store::load_check;
     pub use crate::store::shared_object as elf;
     pub use crate::store::shared_object::{
         module_name, parse_envoy_version, CONFIG, ENVOY_VERSIONS, LAYER, TITLE,

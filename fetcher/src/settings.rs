@@ -47,6 +47,9 @@ pub struct Settings {
     /// `WASM_REGISTRY_CONFIG_DIR` or `--registry-config-dir`: containerd's hosts directory
     /// (`DIR/<host>/hosts.toml`), the mirrors to pull through (`crate::oci::hosts`).
     pub registry_config_dir: Option<std::path::PathBuf>,
+    /// `--allow-unsigned-dynamic-modules`: without a verify key, a dynamic module is taken
+    /// unsigned. Off, a dynamic module is refused unless a verify key checks its signature.
+    pub allow_unsigned_dynamic_modules: bool,
 }
 
 impl Settings {
@@ -108,6 +111,7 @@ impl Default for Settings {
             image_volume_root: None,
             copy_image_volumes: false,
             registry_config_dir: None,
+            allow_unsigned_dynamic_modules: false,
         }
     }
 }

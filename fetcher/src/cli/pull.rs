@@ -39,9 +39,14 @@ pub struct PullArgs {
     /// Pull an Envoy dynamic module (pushed with --layout dynamic-module) for this Envoy
     /// minor version (e.g. 1.40); prints the directory to name in
     /// ENVOY_DYNAMIC_MODULES_SEARCH_PATH, which holds lib<name>.so (--json: also the file's
-    /// path, for `rewrite --module`).
-    #[arg(long, value_parser = wasm_fetcher::dynamic_module::parse_envoy_version, conflicts_with_all = ["verify_key", "pull_policy", "resource_version"])]
+    /// path, for `rewrite --module`). The module must be signed by --verify-key and loadable
+    /// by that Envoy (its ELF structure and dynamic-module ABI).
+    #[arg(long, value_parser = wasm_fetcher::dynamic_module::parse_envoy_version, conflicts_with_all = ["pull_policy", "resource_version"])]
     envoy_version: Option<String>,
+    /// Take an unsigned dynamic module when no verify key is set (a dynamic module runs
+    /// unsandboxed inside Envoy: without a key and without this flag it is refused).
+    #[arg(long, requires = "envoy_version")]
+    allow_unsigned_dynamic_modules: bool,
     /// Bound on the whole pull (waiting for another process's pull of the same source
     /// included), Go duration syntax; must be more than 0.
     #[arg(long, default_value = "30s", value_parser = settings::parse_timeout)]
@@ -83,6 +88,7 @@ impl PullOptions {
     pub fn from_args(args: PullArgs, progress: wasm_fetcher::Progress) -> anyhow::Result<Self> {
         let mut settings = Settings::from_env()?;
         settings.allow_foreign_layers = args.allow_foreign_layers;
+        settings.allow_unsigned_dynamic_modules = args.allow_unsigned_dynamic_modules;
         if let Some(key) = &args.verify_key {
             settings.verify_key = Some(VerifyKey::read(key, "--verify-key")?);
         }

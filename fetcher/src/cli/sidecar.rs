@@ -132,6 +132,10 @@ pub struct ConvertArgs {
     /// The os/arch of those dynamic modules [default: this host's].
     #[arg(long, requires = "envoy_version")]
     platform: Option<String>,
+    /// Take unsigned dynamic modules when no verify key is set (a dynamic module runs
+    /// unsandboxed inside Envoy: without a key and without this flag it is refused).
+    #[arg(long)]
+    allow_unsigned_dynamic_modules: bool,
     #[command(flatten)]
     fetching: Fetching,
 }
@@ -321,7 +325,8 @@ pub fn convert(args: ConvertArgs) -> anyhow::Result<()> {
     if remote.is_empty() && native.is_empty() && json == looks_like_json(&text) {
         return emit(args.output.as_deref(), text.as_bytes());
     }
-    let (cache, settings) = args.fetching.open()?;
+    let (cache, mut settings) = args.fetching.open()?;
+    settings.allow_unsigned_dynamic_modules = args.allow_unsigned_dynamic_modules;
     let rt = runtime()?;
     let outcome = rt.block_on(async {
         let converted = convert::convert(&mut doc, &cache, &settings, args.fetching.timeout)

@@ -222,14 +222,29 @@ impl Registry {
     }
 
     /// Fetches the manifest (and, for an index, the chosen child's); returns the connection
-    /// for the layer download. A pull with `--registry-config-dir` goes through the mirrors
-    /// of the registry's hosts.toml in order, each failure that another host could mend
-    /// ([`hosts::falls_through`]) moving on to the next, and the server last.
+    /// for the layer download.
     pub async fn resolve(
         &self,
         r: &OciRef,
         platform: Option<&str>,
     ) -> Result<(Distribution, Resolved), FetchError> {
+        self.on_hosts(r, |d| self.resolve_on(d, r, platform)).await
+    }
+
+    /// Runs `resolve` (the manifest reads of a pull) on the first host that answers it: with
+    /// `--registry-config-dir`, the mirrors of the registry's hosts.toml in order, each failure
+    /// that another host could mend ([`hosts::falls_through`]) moving on to the next, and the
+    /// server last; without, the registry itself. Every pull of an image goes through here,
+    /// whatever it picks from the manifests.
+    pub async fn on_hosts<T, F, Fut>(
+        &self,
+        r: &OciRef,
+        resolve: F,
+    ) -> Result<(Distribution, T), FetchError>
+    where
+        F: Fn(Distribution) -> Fut,
+        Fut: std::future::Future<Output = Result<(Distribution, T), FetchError>>,
+    {
         let hosts = match (&self.settings.registry_config_dir, self.access) {
             (Some(dir), Access::Pull) => {
                 hosts::load(dir, &self.registry, r.digest.is_some(), &self.settings)?
@@ -238,7 +253,7 @@ impl Registry {
         };
         for mirror in &hosts.mirrors {
             let attempt = match self.connect_to(mirror).await {
-                Ok(d) => self.resolve_on(d, r, platform).await,
+                Ok(d) => resolve(d).await,
                 Err(e) => Err(e),
             };
             match attempt {
@@ -253,7 +268,7 @@ impl Registry {
             Some(server) => self.connect_to(server).await?,
             None => self.connect().await?,
         };
-        self.resolve_on(d, r, platform).await
+        resolve(d).await
     }
 
     async fn resolve_on(

@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::digest::{parse_digest, Digest, Sha256};
 use crate::error::FetchError;
+use crate::keys::VerifyKey;
 use crate::oci::distribution::Distribution;
 use crate::oci::manifest::{accept_manifests, parse_manifest, ImageDigests};
 use crate::oci::registry::{Registry, Resolved};
@@ -17,8 +18,11 @@ use crate::pull::PullRequest;
 use crate::reference::oci::OciRef;
 use crate::reference::Source;
 use crate::settings::Settings;
+use crate::shown::shown;
 use crate::store::cache::Cache;
 use crate::store::cache::DynamicModuleFile;
+use crate::store::envoy_abi::EnvoyAbi;
+use crate::store::load_check::{self, Refused};
 use crate::store::shared_object::{self as elf, module_name, ENVOY_VERSIONS, LAYER, TITLE};
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -40,7 +44,8 @@ pub struct DynamicPulled {
 
 /// The module for `envoy_version` on `req.platform` (default this host's). A pin
 /// (`req.sha256`) may name the index, the chosen manifest or the module itself. Nothing is
-/// cached unless every check passes.
+/// cached unless every check passes: the signature ([`keys`]), every digest from the pin to
+/// the blob, and whether that Envoy can load the module ([`load_check`]).
 pub async fn pull(
     req: &PullRequest,
     envoy_version: &str,
@@ -58,17 +63,30 @@ pub async fn pull(
             })
         }
     };
+    // Both refusals come before anything is fetched.
+    let abi = EnvoyAbi::of(envoy_version).map_err(|reason| FetchError::NotLoadable {
+        envoy_version: shown(envoy_version),
+        reason,
+    })?;
+    let keys = keys(req, settings)?;
     let platform = req.platform.clone().unwrap_or_else(elf::host_platform);
     let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry).await?;
     let registry = Registry::new(&r, creds, settings);
-    let d = registry.connect().await?;
+    let (d, chosen) = registry
+        .on_hosts(&r, |d| choose(d, &r, &platform, envoy_version, req.sha256))
+        .await?;
     let Chosen {
         manifest,
         layer,
         index_digest,
         manifest_digest,
         sha256,
-    } = choose(&d, &r, &platform, envoy_version, req.sha256).await?;
+    } = chosen;
+    let image = ImageDigests {
+        manifest: manifest_digest,
+        index: Some(index_digest),
+    };
+    crate::oci::cosign::verify(&d, &image, &keys).await?;
     let file_name = layer
         .annotations
         .as_ref()
@@ -106,19 +124,57 @@ pub async fn pull(
         };
         record(cache, entry).map(|()| pulled(from_cache))
     };
-    if read_bounded(&path, settings.max_size).is_ok_and(|b| Sha256::of(&b) == sha256) {
-        return done(true);
+    // A module cached for one Envoy is checked again for this one.
+    if let Ok(cached) = read_bounded(&path, settings.max_size) {
+        if Sha256::of(&cached) == sha256 {
+            loadable(&cached, &platform, &abi)?;
+            return done(true);
+        }
     }
     let resolved = Resolved {
         manifest,
-        digests: ImageDigests {
-            manifest: manifest_digest,
-            index: Some(index_digest),
-        },
+        digests: image,
     };
-    let module = download(&registry, &d, cache, &resolved, &path, &platform, settings).await?;
+    let staging = cache.staging(settings.max_size)?;
+    let mut staging = registry.download(&d, cache, &resolved, staging).await?;
+    let module = read_all(staging.reopen()?, settings.max_size, &path)?;
+    loadable(&module, &platform, &abi)?;
     write_module(&dir, &path, &module)?;
     done(false)
+}
+
+/// The keys every dynamic module must be signed by: the verify key of the settings and the
+/// request's. Without one, a module is refused unless the operator opted out by name
+/// (`--allow-unsigned-dynamic-modules`): it runs unsandboxed inside Envoy.
+fn keys(req: &PullRequest, settings: &Settings) -> Result<Vec<VerifyKey>, FetchError> {
+    let keys: Vec<VerifyKey> = settings
+        .verify_key
+        .iter()
+        .chain(req.verify_key.iter())
+        .cloned()
+        .collect();
+    if keys.is_empty() && !settings.allow_unsigned_dynamic_modules {
+        return Err(FetchError::UnsignedDynamicModule);
+    }
+    Ok(keys)
+}
+
+/// The module is one the target Envoy can load on `platform`.
+fn loadable(module: &[u8], platform: &str, abi: &EnvoyAbi) -> Result<(), FetchError> {
+    let found = load_check::check(module, abi).map_err(|refused| match refused {
+        Refused::Malformed(reason) => not_module(platform, reason),
+        Refused::Abi(reason) => FetchError::NotLoadable {
+            envoy_version: abi.envoy_version.clone(),
+            reason,
+        },
+    })?;
+    if found.platform != platform {
+        return Err(not_module(
+            platform,
+            format!("built for {}", found.platform),
+        ));
+    }
+    Ok(())
 }
 
 /// What the index and the child manifest for `platform` and `envoy_version` name, with every
@@ -132,12 +188,12 @@ struct Chosen {
 }
 
 async fn choose(
-    d: &Distribution,
+    d: Distribution,
     r: &OciRef,
     platform: &str,
     envoy_version: &str,
     pin: Option<Sha256>,
-) -> Result<Chosen, FetchError> {
+) -> Result<(Distribution, Chosen), FetchError> {
     let reference = match (r.digest, &r.tag) {
         (Some(digest), _) => Digest(digest).to_string(),
         (None, Some(tag)) => tag.clone(),
@@ -171,34 +227,14 @@ async fn choose(
             });
         }
     }
-    Ok(Chosen {
+    let chosen = Chosen {
         manifest,
         layer,
         index_digest,
         manifest_digest,
         sha256,
-    })
-}
-
-/// The module's bytes from the registry, checked to be a shared object for `platform`.
-async fn download(
-    registry: &Registry,
-    d: &Distribution,
-    cache: &Cache,
-    resolved: &Resolved,
-    path: &Path,
-    platform: &str,
-    settings: &Settings,
-) -> Result<Vec<u8>, FetchError> {
-    let staging = cache.staging(settings.max_size)?;
-    let mut staging = registry.download(d, cache, resolved, staging).await?;
-    let tmp = staging.reopen()?;
-    let module = read_all(tmp, settings.max_size, path)?;
-    let found = elf::platform(&module).map_err(|reason| not_module(platform, reason))?;
-    if found != platform {
-        return Err(not_module(platform, format!("built for {found}")));
-    }
-    Ok(module)
+    };
+    Ok((d, chosen))
 }
 
 /// Writes the module whole into its own directory of the cache, readable by an Envoy running

@@ -45,7 +45,9 @@ impl FetchResult {
     pub fn of_error(e: &FetchError, oci: bool) -> Self {
         match e {
             FetchError::ChecksumMismatch { .. } => Self::ChecksumMismatched,
-            FetchError::NotWasm { .. } | FetchError::NotDynamicModule { .. } => Self::FetchFailure,
+            FetchError::NotWasm { .. }
+            | FetchError::NotDynamicModule { .. }
+            | FetchError::NotLoadable { .. } => Self::FetchFailure,
             FetchError::Unauthorized { .. }
             | FetchError::NotFound { .. }
             | FetchError::Registry { .. }

@@ -23,13 +23,13 @@ use crate::push::push_json;
 use crate::real_envoy::{http_get, validate, Envoy};
 use crate::support::*;
 
-fn shared_object() -> PathBuf {
+pub fn shared_object() -> PathBuf {
     let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release/libwasm_filter.so");
     assert!(p.is_file(), "{} is missing: run `make build`", p.display());
     p
 }
 
-fn host_platform() -> &'static str {
+pub fn host_platform() -> &'static str {
     match std::env::consts::ARCH {
         "aarch64" => "linux/arm64",
         _ => "linux/amd64",
@@ -38,7 +38,7 @@ fn host_platform() -> &'static str {
 
 /// The other architecture: its platform, its ELF machine, and the filter's `.so` built for it
 /// by `make module-cross`.
-fn cross_shared_object() -> (&'static str, u16, PathBuf) {
+pub fn cross_shared_object() -> (&'static str, u16, PathBuf) {
     let (platform, machine, target) = match host_platform() {
         "linux/amd64" => ("linux/arm64", 183, "aarch64-unknown-linux-gnu"),
         _ => ("linux/amd64", 62, "x86_64-unknown-linux-gnu"),
@@ -53,6 +53,14 @@ fn cross_shared_object() -> (&'static str, u16, PathBuf) {
         p.display()
     );
     (platform, machine, p)
+}
+
+/// `pull` of a dynamic module taken unsigned: these tests are about what is pulled, the
+/// signature's are in `dynamic_module_trust`.
+pub fn pull_unsigned(cache: &Path, args: &[&str]) -> std::process::Output {
+    let mut all = args.to_vec();
+    all.push("--allow-unsigned-dynamic-modules");
+    pull(cache, &all)
 }
 
 /// `e_machine` of an ELF file.
@@ -114,10 +122,15 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
             vec!["--platform", host_platform(), "--envoy-version", "1.39"],
             "Envoy 1.39",
         ),
+        // Listed in the index, but this fetcher cannot check a module against its ABI.
+        (
+            vec!["--platform", host_platform(), "--envoy-version", "1.41"],
+            "not loadable by Envoy 1.41: this wasm-fetcher has no dynamic-module ABI table for Envoy 1.41 (it knows 1.40)",
+        ),
     ] {
         let mut all = vec![url.as_str()];
         all.extend(args);
-        let o = pull(cache.path(), &all);
+        let o = pull_unsigned(cache.path(), &all);
         assert_failed(&o, cache.path(), &url, words);
     }
 
@@ -126,7 +139,7 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
         .unwrap()
         .trim_start_matches("sha256:")
         .to_string();
-    let o = pull(
+    let o = pull_unsigned(
         cache.path(),
         &[
             &url,
@@ -154,7 +167,7 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
         elf_machine(&std::fs::read(&path).unwrap()),
         elf_machine(&module)
     );
-    let again = pull(cache.path(), &[&url, "--envoy-version", "1.41", "--json"]);
+    let again = pull_unsigned(cache.path(), &[&url, "--envoy-version", "1.40", "--json"]);
     let again: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
     assert_eq!(
         (again["from_cache"].as_bool(), again["dir"].clone()),
@@ -163,14 +176,14 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
     // The other platform's child, by --platform, into a cache of its own (so `ls` below
     // sees the host's alone): the bytes pushed, its ELF machine the platform's.
     let cross_cache = tempfile::tempdir().unwrap();
-    let o = pull(
+    let o = pull_unsigned(
         cross_cache.path(),
         &[
             &url,
             "--platform",
             cross_platform,
             "--envoy-version",
-            "1.41",
+            "1.40",
             "--json",
         ],
     );
@@ -224,6 +237,7 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
             .arg(&converted)
             .arg("--cache-dir")
             .arg(cache.path())
+            .arg("--allow-unsigned-dynamic-modules")
             .args(extra)
             .output()
             .unwrap()
@@ -283,7 +297,7 @@ fn a_pushed_dynamic_module_is_pulled_by_platform_and_envoy_version_and_loads_in_
 /// Puts `filters/<repo_tag>` in the registry: an image index naming one module for
 /// `platform`, whose body is `body` as is. `push` refuses such bodies; a registry someone
 /// else fills may still serve them.
-fn serve_index(reg: &Registry, repo_tag: &str, platform: &str, body: Vec<u8>) {
+pub fn serve_index(reg: &Registry, repo_tag: &str, platform: &str, body: Vec<u8>) {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let client = Client::new(ClientConfig {
         protocol: ClientProtocol::Http,
@@ -339,7 +353,7 @@ fn a_registry_serving_a_non_elf_body_or_an_elf_for_another_platform_is_refused_a
     ] {
         serve_index(&reg, repo_tag, host_platform(), body);
         let url = format!("oci://{}/filters/{repo_tag}", reg.host);
-        let o = pull(cache.path(), &[&url, "--envoy-version", "1.40"]);
+        let o = pull_unsigned(cache.path(), &[&url, "--envoy-version", "1.40"]);
         assert_failed(&o, cache.path(), &url, words);
         assert!(
             stderr(&o).contains("not an Envoy dynamic module"),
@@ -394,7 +408,7 @@ fn a_file_that_is_not_an_elf_shared_object_or_not_for_the_platform_given_is_refu
     let (status, tags) = http_get(&reg.host, "/v2/filters/fake/tags/list").unwrap();
     assert_eq!(status, 404, "{tags}");
     assert!(tags.contains("NAME_UNKNOWN"), "{tags}");
-    let o = pull(home.path(), &[&url, "--envoy-version", "1.40"]);
+    let o = pull_unsigned(home.path(), &[&url, "--envoy-version", "1.40"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
         stderr(&o).contains(&format!(

@@ -11,6 +11,7 @@ mod cred_helper;
 mod deadline;
 mod deploy;
 mod dynamic_module;
+mod dynamic_module_trust;
 mod hostile_registry;
 mod image;
 mod image_volume;
