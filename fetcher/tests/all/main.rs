@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod cache_integrity;
+mod containerd;
 mod cred_helper;
 mod deadline;
 mod deploy;
