@@ -27,6 +27,7 @@ mod push_refused;
 mod real_envoy;
 mod registry;
 mod rewrite;
+mod serve_events;
 mod serve_hostile;
 mod serve_lifecycle;
 mod serve_reload;
