@@ -387,12 +387,10 @@ impl Work {
             }
             let shared = shared.clone();
             let key = path.clone();
-            let handle = self
-                .tasks
-                .spawn(async move {
-                    convert(&shared, &path, generation).await;
-                    shared.converted.notify_one();
-                });
+            let handle = self.tasks.spawn(async move {
+                convert(&shared, &path, generation).await;
+                shared.converted.notify_one();
+            });
             self.running.insert(key, handle);
         }
         while self.tasks.try_join_next().is_some() {}
