@@ -163,6 +163,7 @@ module-cross: test-tools
 ## against this list): a real OCI registry, skopeo, htpasswd, curl, openssl, and the other
 ## architecture's linker for module-cross. Envoy, Go and the Wasm target come from their own targets.
 TEST_APT := docker-registry:docker-registry skopeo:skopeo htpasswd:apache2-utils curl:curl \
+  containerd:containerd ctr:containerd \
   openssl:openssl $(CROSS_LINKER):$(CROSS_APT)
 test-tools:
 	@$(call apt_install,$(TEST_APT))

@@ -37,9 +37,14 @@ pub struct ServeArgs {
     /// namespace NS reads DIR/NS/NAME/.dockerconfigjson.
     #[arg(long)]
     pub pull_secrets: Option<PathBuf>,
-    /// How often the plugins directory is checked, Go duration syntax.
+    /// How often the plugins directory is scanned when it gives no file events (inotify
+    /// unavailable or exhausted), Go duration syntax.
     #[arg(long, default_value = "200ms", value_parser = parse_timeout)]
     pub poll_interval: Duration,
+    /// How often it is scanned while file events come: the fallback for changes events miss
+    /// (NFS, some overlayfs and FUSE mounts).
+    #[arg(long, default_value = "10s", value_parser = parse_timeout)]
+    pub rescan_interval: Duration,
     /// How often the modules in use are checked on disk (SIGHUP checks at once).
     #[arg(long, default_value = "60s", value_parser = parse_timeout)]
     pub verify_interval: Duration,
@@ -134,6 +139,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     options.render.pull_policy = args.pull_policy;
     options.render.pull_secrets = args.pull_secrets.clone();
     options.poll = args.poll_interval;
+    options.rescan = args.rescan_interval;
     options.verify_every = args.verify_interval;
     options.backoff.deadline = args.pull_timeout;
     options.metrics_prefix = args.metrics_prefix.clone();

@@ -36,7 +36,7 @@ use crate::store::lifecycle::Lease;
 use crate::{Cache, Settings};
 use metrics::{ConversionResult, Metrics};
 use state::{Claim, Source, State};
-use watch::{Change, Content, Watcher};
+use watch::{Change, Content, Events, Watcher};
 
 /// How `serve` runs; the CLI fills it from flags and the environment.
 #[derive(Debug, Clone)]
@@ -46,8 +46,11 @@ pub struct Options {
     pub cache: Cache,
     pub settings: Settings,
     pub render: render::Options,
-    /// How often the plugins directory is checked.
+    /// How often the plugins directory is scanned when no file events come (none could be
+    /// watched).
     pub poll: Duration,
+    /// How often it is scanned while file events come: the fallback for changes events miss.
+    pub rescan: Duration,
     /// How often the modules in use are checked on disk (a SIGHUP checks at once, re-hashing).
     pub verify_every: Duration,
     pub backoff: retry::Backoff,
@@ -71,6 +74,7 @@ impl Options {
             settings,
             render: render::Options::default(),
             poll: Duration::from_millis(200),
+            rescan: Duration::from_secs(10),
             verify_every: Duration::from_secs(60),
             backoff: retry::Backoff::default(),
             metrics_prefix: String::new(),
@@ -118,6 +122,9 @@ struct Shared {
     lease_writes: Mutex<()>,
     /// One permit per pull that may run now.
     pulls: tokio::sync::Semaphore,
+    /// Rung as each conversion ends: the loop then converts what it queued again and sweeps
+    /// leftovers, without waiting for a scan.
+    converted: tokio::sync::Notify,
 }
 
 impl Shared {
@@ -201,6 +208,13 @@ pub async fn run(
     dir::check_ecds_dir(&options.ecds_dir)?;
     let _dir_lock = dir::lock_ecds_dir(&options.ecds_dir)?;
     let mut watcher = Watcher::new(&options.plugins, options.max_plugin_bytes);
+    let events = match Events::watch(&options.plugins) {
+        Ok(events) => Some(events),
+        Err(e) => {
+            tracing::warn!(dir = %options.plugins.display(), error = %e, every = ?options.poll, "no file events for the plugins directory; scanning it on a timer");
+            None
+        }
+    };
     let shared = start(options)?;
     let endpoint = listener.map(|l| tokio::spawn(http::serve(l, shared.clone())));
     let mut work = Work {
@@ -208,7 +222,11 @@ pub async fn run(
         running: BTreeMap::new(),
     };
     let opts = &shared.options;
-    let mut poll = tokio::time::interval(opts.poll);
+    let mut poll = tokio::time::interval(if events.is_some() {
+        opts.rescan
+    } else {
+        opts.poll
+    });
     let mut verify = tokio::time::interval(opts.verify_every);
     let mut purge = tokio::time::interval(opts.settings.purge_interval);
     for t in [&mut poll, &mut verify, &mut purge] {
@@ -219,7 +237,7 @@ pub async fn run(
     purge.tick().await;
     let outcome = loop {
         let again: Vec<PathBuf> = tokio::select! {
-            _ = poll.tick() => match watcher.poll() {
+            _ = next_scan(&mut poll, events.as_ref()) => match watcher.poll() {
                 Ok(changes) => work.take_changes(&shared, changes),
                 Err(source) if !shared.state().scanned => {
                     break Err(ServeError::Plugins { path: opts.plugins.clone(), source });
@@ -230,6 +248,7 @@ pub async fn run(
                     Vec::new()
                 }
             },
+            () = shared.converted.notified() => Vec::new(),
             _ = verify.tick() => upkeep::needing_refresh(&shared, false),
             _ = purge.tick() => {
                 let shared = shared.clone();
@@ -253,6 +272,19 @@ pub async fn run(
     outcome
 }
 
+/// Returns when the plugins directory is to be scanned: at a file event, or at the timer.
+async fn next_scan(timer: &mut tokio::time::Interval, events: Option<&Events>) {
+    match events {
+        Some(events) => tokio::select! {
+            _ = timer.tick() => {}
+            () = events.changed() => timer.reset(),
+        },
+        None => {
+            timer.tick().await;
+        }
+    }
+}
+
 /// What `run` starts with: the temp files of killed writers gone, the lease taken, and the
 /// ECDS files a previous run left read back as what is served.
 fn start(options: Options) -> Result<Arc<Shared>, ServeError> {
@@ -274,6 +306,7 @@ fn start(options: Options) -> Result<Arc<Shared>, ServeError> {
         purge_gate: tokio::sync::RwLock::new(()),
         lease_writes: Mutex::default(),
         pulls,
+        converted: tokio::sync::Notify::new(),
     });
     shared.refresh_cache_entries();
     {
@@ -354,9 +387,10 @@ impl Work {
             }
             let shared = shared.clone();
             let key = path.clone();
-            let handle = self
-                .tasks
-                .spawn(async move { convert(&shared, &path, generation).await });
+            let handle = self.tasks.spawn(async move {
+                convert(&shared, &path, generation).await;
+                shared.converted.notify_one();
+            });
             self.running.insert(key, handle);
         }
         while self.tasks.try_join_next().is_some() {}

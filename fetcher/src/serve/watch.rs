@@ -1,13 +1,75 @@
-//! Watching the plugins directory by polling. A stat of each file every period is cheap (50
-//! files at 4 Hz is a few hundred syscalls a second), sees every way a file is replaced
-//! (editors' rename-over, a Kubernetes ConfigMap's `..data` symlink swap, NFS, overlayfs)
-//! without the per-filesystem gaps of inotify, and needs no new dependency. A file whose stat
-//! changed is read again; only a change of content is a new version.
+//! Watching the plugins directory: file events (inotify, through the `notify` crate) say when
+//! to look, and a scan (a stat of each file) says what changed. An event wakes a scan within
+//! milliseconds and costs nothing while nothing changes; a scan on a timer stays as the
+//! fallback, for what events miss (NFS, some overlayfs and FUSE mounts, the directory itself
+//! replaced) and for a platform or a full inotify table that gives none. The scan sees every
+//! way a file is replaced (editors' rename-over, a Kubernetes ConfigMap's `..data` symlink
+//! swap, which is a rename in the directory itself, so one watch of the directory covers it). A
+//! file whose stat changed is read again; only a change of content is a new version.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
+
+/// File events on the plugins directory, as wake-ups: [`Events::changed`] returns once
+/// something in the directory may have changed, and the writer looks to have finished.
+pub struct Events {
+    /// Kept for its thread and its watch; dropping it ends both.
+    _watcher: notify::RecommendedWatcher,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl std::fmt::Debug for Events {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Events")
+    }
+}
+
+/// How long the directory must stay quiet after an event before the scan: a file written in
+/// place (truncated, then written) is read whole, not half. Renames, as ConfigMaps and editors
+/// replace files, are one event and pay this once.
+const SETTLE: Duration = Duration::from_millis(10);
+/// Bound on the settling: a directory written to without pause is still scanned this often.
+const SETTLE_AT_MOST: Duration = Duration::from_millis(100);
+
+impl Events {
+    /// Watches `dir` (not its subdirectories: a ConfigMap's swap renames `..data` in `dir`).
+    /// Opening a file is no change: `serve`'s own reads wake nothing.
+    pub fn watch(dir: &Path) -> Result<Self, notify::Error> {
+        use notify::Watcher as _;
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let waker = wake.clone();
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // An error (the kernel's queue overflowed) may hide a change: scan.
+                if event.is_ok_and(|e| e.kind.is_access()) {
+                    return;
+                }
+                waker.notify_one();
+            })?;
+        watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
+        Ok(Self {
+            _watcher: watcher,
+            wake,
+        })
+    }
+
+    /// Returns after the next event, once the directory has been quiet for [`SETTLE`] (or
+    /// [`SETTLE_AT_MOST`] passed). Cancel-safe: an event that arrives meanwhile is kept.
+    pub async fn changed(&self) {
+        self.wake.notified().await;
+        let deadline = tokio::time::Instant::now() + SETTLE_AT_MOST;
+        while tokio::time::Instant::now() < deadline {
+            let quiet = tokio::time::timeout(SETTLE, self.wake.notified()).await;
+            if quiet.is_err() {
+                break;
+            }
+        }
+    }
+}
 
 /// One plugin file's content as last read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,6 +308,40 @@ mod tests {
             "{second:?}"
         );
         assert_eq!(w.poll().unwrap(), vec![]);
+    }
+
+    /// The events of a ConfigMap update (a new timestamped directory, the `..data` link
+    /// renamed over) wake a waiter, and a scan then sees the new content; reading files wakes
+    /// nothing.
+    #[tokio::test]
+    async fn a_configmap_swap_wakes_the_watch_and_reads_wake_nothing() {
+        use std::os::unix::fs::symlink;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("..2026_1")).unwrap();
+        std::fs::write(d.join("..2026_1/p.yaml"), "one").unwrap();
+        symlink("..2026_1", d.join("..data")).unwrap();
+        symlink("..data/p.yaml", d.join("p.yaml")).unwrap();
+        std::fs::write(d.join("plain.yaml"), "plain").unwrap();
+        let events = Events::watch(d).unwrap();
+        let mut w = Watcher::new(d, u64::MAX);
+        assert_eq!(w.poll().unwrap().len(), 2);
+        let quiet = tokio::time::timeout(Duration::from_millis(300), events.changed()).await;
+        assert!(quiet.is_err(), "reading the plugin files woke the watch");
+
+        std::fs::create_dir(d.join("..2026_2")).unwrap();
+        std::fs::write(d.join("..2026_2/p.yaml"), "two").unwrap();
+        symlink("..2026_2", d.join("..data_tmp")).unwrap();
+        std::fs::rename(d.join("..data_tmp"), d.join("..data")).unwrap();
+        std::fs::remove_dir_all(d.join("..2026_1")).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), events.changed())
+            .await
+            .expect("no event for a ConfigMap swap");
+        let changes = w.poll().unwrap();
+        assert!(
+            matches!(&changes[..], [Change::Updated(p, Content::Text { text, .. })] if p.ends_with("p.yaml") && text == "two"),
+            "{changes:?}"
+        );
     }
 
     /// A link to a file outside the plugins directory is not read: its content appears in no

@@ -1,14 +1,14 @@
 //! Modules as image volumes, as the kubelet delivers them: `push --layout compat` to a loopback
 //! `docker-registry`, `render --image-volumes` plans the pod (checked field by field against
-//! the Kubernetes API's types), skopeo copies the pinned reference and its layers are unpacked
-//! where the pod mounts them, then `serve --image-volume-root` names the mounted module and
-//! real Envoy runs it. A pin the mounted module does not match gets the plugin's fallback.
+//! the Kubernetes API's types), containerd pulls the pinned reference and mounts it where the
+//! pod mounts it (what the kubelet asks of CRI), then `serve --image-volume-root` names the
+//! mounted module and real Envoy runs it. A pin the mounted module does not match gets the plugin's fallback.
 
 use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::image::{blob, tagged, unpack};
+use crate::containerd::{kubelet_mounts, Containerd};
 use crate::oci_registry::Registry;
 use crate::push::{filter_wasm, push_json};
 use crate::real_envoy::Envoy;
@@ -75,20 +75,6 @@ struct VolumeMount {
     name: String,
     mount_path: String,
     read_only: bool,
-}
-
-/// What the kubelet does for an image volume: pull `reference` (skopeo, into an OCI layout at
-/// `layout`) and unpack its layers at `mount_path`.
-pub fn kubelet_mounts(reference: &str, layout: &Path, mount_path: &Path) {
-    let o = std::process::Command::new("skopeo")
-        .args(["copy", "--quiet", "--src-tls-verify=false"])
-        .arg(format!("docker://{reference}"))
-        .arg(format!("oci:{}:v", layout.display()))
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "skopeo: {}", stderr(&o));
-    std::fs::create_dir_all(mount_path).unwrap();
-    unpack(layout, &blob(layout, &tagged(layout, "v")), mount_path);
 }
 
 /// The module path the ECDS file at `path` names.
@@ -192,13 +178,12 @@ fn a_compat_image_mounted_as_the_kubelet_would_is_served_to_real_envoy_uncached(
         module_path.display().to_string()
     );
 
-    // The kubelet: pull the reference the pod pins, unpack its layers at the mount path.
-    kubelet_mounts(
-        &volume.image.reference,
-        &d.tmp.path().join("layout"),
-        &mount_path,
-    );
+    // The kubelet: containerd pulls the reference the pod pins and mounts it read-only.
+    let containerd = Containerd::start();
+    kubelet_mounts(&containerd, &volume.image.reference, &mount_path);
     assert_eq!(std::fs::read(&module_path).unwrap(), module);
+    let write = std::fs::write(mount_path.join("other.wasm"), b"x");
+    assert!(write.is_err(), "the image volume is writable");
 
     // The node: serve reads the mount in place; Envoy runs the module from it.
     let serve = d.serve_ready(&[], &["--image-volume-root", root.to_str().unwrap()]);

@@ -1,13 +1,14 @@
 //! The node-path design of image volumes: a per-node DaemonSet pod mounts the modules' images
 //! and `serve --copy-image-volumes` copies each into the node directory (cache and ECDS files,
 //! a hostPath) that an Envoy in its own pod reads. A module change rolls the DaemonSet pod,
-//! never Envoy: done here as the kubelet does it (skopeo and unpack per pod), with one Envoy
-//! process throughout.
+//! never Envoy: done here as the kubelet does it (containerd pulls and mounts each pod's image
+//! volume, and releases it when the pod goes), with one Envoy process throughout.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::image_volume::{ecds_module, kubelet_mounts};
+use crate::containerd::{kubelet_mounts, Containerd};
+use crate::image_volume::ecds_module;
 use crate::oci_registry::Registry;
 use crate::push::{filter_wasm, push_json};
 use crate::real_envoy::Envoy;
@@ -62,15 +63,16 @@ fn a_module_change_rolls_the_fetcher_pod_and_the_same_envoy_serves_the_new_modul
 
     // One DaemonSet pod: the kubelet mounts its image volume, serve copies the module into the
     // node directory.
+    let containerd = Containerd::start();
     let pod = |version: usize| {
         let (url, reference) = &images[version - 1];
         let root = d.tmp.path().join(format!("pod-{version}/images"));
         let source = wasm_fetcher::reference::Source::parse(url).unwrap();
         let mount = wasm_fetcher::image_volume::Mount::of(&source, &root).unwrap();
-        kubelet_mounts(
-            reference,
-            &d.tmp.path().join(format!("layout-{version}")),
-            &mount.dir,
+        kubelet_mounts(&containerd, reference, &mount.dir);
+        assert_eq!(
+            std::fs::read(mount.dir.join("plugin.wasm")).unwrap().len(),
+            [&v1, &v2][version - 1].len()
         );
         let serve = d.serve_ready(
             &[],
@@ -103,6 +105,12 @@ fn a_module_change_rolls_the_fetcher_pod_and_the_same_envoy_serves_the_new_modul
 
     // The roll: the old pod goes, and with it its image volume; Envoy keeps serving the copy.
     assert!(serve.stop().success());
+    let mount = wasm_fetcher::image_volume::Mount::of(
+        &wasm_fetcher::reference::Source::parse(&images[0].0).unwrap(),
+        &root,
+    )
+    .unwrap();
+    containerd.unmount(&mount.dir);
     std::fs::remove_dir_all(root.parent().unwrap()).unwrap();
     says("v1");
     write_plugin(&d.plugins.join("node.yaml"), &plugin(2));

@@ -7,6 +7,7 @@
 
 mod bundle;
 mod cache_integrity;
+mod containerd;
 mod cred_helper;
 mod deadline;
 mod deploy;
@@ -29,6 +30,7 @@ mod real_envoy;
 mod referrers_front;
 mod registry;
 mod rewrite;
+mod serve_events;
 mod serve_hostile;
 mod serve_lifecycle;
 mod serve_reload;
