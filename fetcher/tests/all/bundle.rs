@@ -599,6 +599,27 @@ fn push_writes_a_cosign_3_bundle_by_default_and_the_legacy_format_on_request() {
                 .filter(|l| l.contains("/referrers/") || l.contains("sha256-"))
                 .count();
             assert_eq!(signature_reads, 1, "{seen:#?}");
+            // Warm: the index remembers what verified the module with this key, and nothing
+            // is asked of the registry.
+            front.clear();
+            let o = pull(
+                cache.path(),
+                &[&url, "--verify-key", public.to_str().unwrap(), "--json"],
+            );
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            let warm: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(warm["from_cache"], true);
+            assert_eq!(warm["signature"], v["signature"]);
+            assert_eq!(front.requests(""), Vec::<String>::new());
+            // Another key is not answered from that memory: the registry says no.
+            let (_, other) = key_pair(keys.path(), "other");
+            let o = pull(
+                cache.path(),
+                &[&url, "--verify-key", other.to_str().unwrap()],
+            );
+            assert_eq!(o.status.code(), Some(1));
+            assert!(stderr(&o).contains("signature wrong"), "{}", stderr(&o));
+            assert!(!front.requests("GET /v2/pushed/").is_empty());
         }
     }
 }
