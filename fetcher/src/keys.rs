@@ -85,6 +85,11 @@ impl VerifyKey {
             .unwrap_or_default()
     }
 
+    /// `sha256:` and the full hex of [`Self::spki_sha256`]: how the index remembers the key.
+    pub fn spki_id(&self) -> String {
+        format!("sha256:{}", crate::digest::Sha256(self.spki_sha256()).hex())
+    }
+
     /// The key as PEM (SPKI).
     pub fn to_pem(&self) -> String {
         self.key

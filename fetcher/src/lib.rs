@@ -39,6 +39,7 @@ mod progress;
 pub mod regular_file;
 pub mod settings;
 pub mod shown;
+mod signed;
 
 pub mod reference;
 
@@ -74,6 +75,7 @@ pub use digest::{Digest, Sha256};
 pub use error::FetchError;
 pub use guard::{Refusal, Rule};
 pub use keys::{SignKey, VerifyKey};
+pub use oci::cosign::verify_bundle;
 pub use progress::{Event as ProgressEvent, Progress};
 pub use pull::pin::PinMatch;
 pub use pull::policy::PullPolicy;

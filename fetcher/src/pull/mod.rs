@@ -74,9 +74,11 @@ struct Pull<'a> {
     policy: PullPolicy,
     /// The resource whose version `Always` compares.
     resource: String,
-    /// A verify key applies: the cache alone cannot answer, since whether a cached module is
-    /// signed is known only at the registry.
+    /// A verify key applies: the cache answers only for a module the index remembers as
+    /// verified with every one of `keys`.
     verified: bool,
+    /// The verify keys' full ids (`VerifyKey::spki_id`).
+    keys: Vec<String>,
 }
 
 impl<'a> Pull<'a> {
@@ -85,7 +87,13 @@ impl<'a> Pull<'a> {
         let key = source.key();
         let pins = Pins::new(req.sha256, &source);
         let policy = policy::effective(req.policy, &source, pins.any());
-        let verified = req.verify_key.is_some() || settings.verify_key.is_some();
+        let keys: Vec<String> = settings
+            .verify_key
+            .iter()
+            .chain(req.verify_key.iter())
+            .map(crate::keys::VerifyKey::spki_id)
+            .collect();
+        let verified = !keys.is_empty();
         if verified {
             policy::check_signable(&source, policy)?;
         }
@@ -102,15 +110,17 @@ impl<'a> Pull<'a> {
             policy,
             resource,
             verified,
+            keys,
         })
     }
 
     /// What the cache alone can answer, under the policy.
     fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
-        if self.verified {
-            return None;
-        }
         let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
+            let signature = match self.verified {
+                true => Some(idx.modules.get(&sha)?.signed_by(&self.keys)?.clone()),
+                false => None,
+            };
             let path = idx.intact(cache, &sha, pin.is_some())?;
             Some(Pulled {
                 path,
@@ -119,7 +129,7 @@ impl<'a> Pull<'a> {
                 manifest_digest: idx.modules.get(&sha).and_then(|m| m.manifest_digest),
                 pin,
                 from_cache: true,
-                signature: None,
+                signature,
             })
         };
         if self.pins.any() {
@@ -376,6 +386,9 @@ fn record_now(index: &IndexFile, r: &Recorded, pulled: Pulled) -> Result<Pulled,
         }
         if r.index_digest.is_some() {
             entry.index_digest = r.index_digest;
+        }
+        if let Some(v) = &pulled.signature {
+            entry.signed(v);
         }
         idx.sources.insert(
             r.key.to_string(),

@@ -231,6 +231,7 @@ mod tests {
             last_used: 0,
             image_volume_copy: false,
             dynamic_module: None,
+            signatures: vec![],
         };
         idx.modules.insert(sha(1), entry(Some(2), Some(3)));
         let plain = oci("oci://r/a:1");

@@ -66,6 +66,10 @@ pub struct ModuleEntry {
     /// Set for an Envoy dynamic module; a Wasm module otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dynamic_module: Option<crate::store::cache::DynamicModuleFile>,
+    /// The cosign signatures its image verified with (one per signed digest), so that a later
+    /// pull with the same keys is answered here without asking the registry.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub signatures: Vec<crate::signed::Verified>,
 }
 
 impl ModuleEntry {
@@ -81,7 +85,29 @@ impl ModuleEntry {
             last_used: now,
             image_volume_copy: false,
             dynamic_module: None,
+            signatures: vec![],
         }
+    }
+
+    /// Remembers what verified its image.
+    pub fn signed(&mut self, verified: &crate::signed::Verified) {
+        match self
+            .signatures
+            .iter_mut()
+            .find(|v| v.digest == verified.digest)
+        {
+            Some(known) => known.merge(verified),
+            None => self.signatures.push(verified.clone()),
+        }
+    }
+
+    /// What verified its image (its manifest's or its index's digest) with every key in
+    /// `keys`, if that is remembered.
+    pub fn signed_by(&self, keys: &[String]) -> Option<&crate::signed::Verified> {
+        self.signatures.iter().find(|v| {
+            (Some(v.digest) == self.manifest_digest || Some(v.digest) == self.index_digest)
+                && v.covers(keys)
+        })
     }
 
     /// A pull just verified the file (downloaded it, or found it intact): remember it as it
@@ -301,6 +327,7 @@ impl IndexFile {
                     last_used: mtime,
                     image_volume_copy: false,
                     dynamic_module: f.dynamic_module,
+                    signatures: vec![],
                 };
                 (f.sha256, entry)
             })
@@ -368,6 +395,7 @@ mod tests {
             last_used,
             image_volume_copy: false,
             dynamic_module: None,
+            signatures: vec![],
         };
         let source = |sha| SourceEntry {
             sha256: sha,

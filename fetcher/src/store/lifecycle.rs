@@ -293,6 +293,7 @@ mod tests {
                             last_used,
                             image_volume_copy: false,
                             dynamic_module: None,
+                            signatures: vec![],
                         },
                     );
                     shas.push(sha);

@@ -17,11 +17,11 @@ use crate::referrers_front::Front;
 use crate::signature::{key_pair, openssl};
 use crate::support::*;
 
-const BUNDLE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
+pub(crate) const BUNDLE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
 const IN_TOTO: &str = "application/vnd.in-toto+json";
-const INDEX: &str = "application/vnd.oci.image.index.v1+json";
+pub(crate) const INDEX: &str = "application/vnd.oci.image.index.v1+json";
 const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-const EMPTY: &str = "application/vnd.oci.empty.v1+json";
+pub(crate) const EMPTY: &str = "application/vnd.oci.empty.v1+json";
 const LEGACY_TYPE: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
 const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
 const SIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
@@ -599,6 +599,27 @@ fn push_writes_a_cosign_3_bundle_by_default_and_the_legacy_format_on_request() {
                 .filter(|l| l.contains("/referrers/") || l.contains("sha256-"))
                 .count();
             assert_eq!(signature_reads, 1, "{seen:#?}");
+            // Warm: the index remembers what verified the module with this key, and nothing
+            // is asked of the registry.
+            front.clear();
+            let o = pull(
+                cache.path(),
+                &[&url, "--verify-key", public.to_str().unwrap(), "--json"],
+            );
+            assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+            let warm: Value = serde_json::from_slice(&o.stdout).unwrap();
+            assert_eq!(warm["from_cache"], true);
+            assert_eq!(warm["signature"], v["signature"]);
+            assert_eq!(front.requests(""), Vec::<String>::new());
+            // Another key is not answered from that memory: the registry says no.
+            let (_, other) = key_pair(keys.path(), "other");
+            let o = pull(
+                cache.path(),
+                &[&url, "--verify-key", other.to_str().unwrap()],
+            );
+            assert_eq!(o.status.code(), Some(1));
+            assert!(stderr(&o).contains("signature wrong"), "{}", stderr(&o));
+            assert!(!front.requests("GET /v2/pushed/").is_empty());
         }
     }
 }

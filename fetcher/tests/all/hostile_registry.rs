@@ -310,3 +310,75 @@ fn a_plain_http_realm_on_an_unlisted_host_gets_no_credentials() {
         stderr(&o)
     );
 }
+
+/// A registry that lies about referrers: every bound is checked before the bytes are read,
+/// and each refusal has its own words, with nothing cached.
+#[test]
+fn referrer_listings_and_bundles_past_their_bounds_are_refused_before_they_are_read() {
+    use crate::bundle::{BUNDLE, EMPTY, INDEX};
+    use crate::signature::key_pair;
+    let dir = tempfile::tempdir().unwrap();
+    let (_, public) = key_pair(dir.path(), "k");
+    let module_bytes = module("hostile-referrers");
+    let image = manifest(vec![layer("application/wasm", &module_bytes)]);
+    let digest = format!("sha256:{}", sha256_hex(&image));
+    let referrers = format!("/v2/a/m/referrers/{digest}");
+    let pull_fails = |routes: Vec<(String, Behaviour)>, words: &str| {
+        let server = serve(&registry_routes(image.clone(), routes));
+        let url = format!("oci://{}/a/m:1", server.host());
+        let cache = tempfile::tempdir().unwrap();
+        let o = pull(
+            cache.path(),
+            &[&url, "--verify-key", public.to_str().unwrap()],
+        );
+        assert_failed(&o, cache.path(), &url, words);
+        server
+    };
+
+    // A listing over 1 MiB.
+    let huge = vec![b' '; (1 << 20) + 1];
+    pull_fails(
+        vec![(referrers.clone(), Behaviour::Ok(huge))],
+        "referrers listing is 1048577 bytes, over the limit of 1048576",
+    );
+
+    // A referrer whose bundle declares 300 KiB: refused from the descriptor, never fetched.
+    let bundle_path = format!("/v2/a/m/blobs/sha256:{}", "ab".repeat(32));
+    let referrer = serde_json::to_vec(&json!({
+        "schemaVersion": 2, "mediaType": MANIFEST, "artifactType": BUNDLE,
+        "config": {"mediaType": EMPTY, "digest": format!("sha256:{}", sha256_hex(b"{}")), "size": 2},
+        "layers": [{"mediaType": BUNDLE, "digest": format!("sha256:{}", "ab".repeat(32)), "size": 300 << 10}],
+        "subject": {"mediaType": MANIFEST, "digest": digest, "size": image.len()},
+    }))
+    .unwrap();
+    let referrer_digest = format!("sha256:{}", sha256_hex(&referrer));
+    let listing = serde_json::to_vec(&json!({
+        "schemaVersion": 2, "mediaType": INDEX,
+        "manifests": [{"mediaType": MANIFEST, "artifactType": BUNDLE, "digest": referrer_digest, "size": referrer.len()}],
+    }))
+    .unwrap();
+    let server = pull_fails(
+        vec![
+            (referrers.clone(), Behaviour::Ok(listing.clone())),
+            (
+                format!("/v2/a/m/manifests/{referrer_digest}"),
+                Behaviour::Ok(referrer.clone()),
+            ),
+            (bundle_path.clone(), Behaviour::Ok(vec![b'{'; 300 << 10])),
+        ],
+        "the bundle is 307200 bytes, over the limit of 262144",
+    );
+    assert_eq!(server.hits(&bundle_path), 0, "the bundle was not read");
+
+    // A listed referrer whose manifest is not what the listing's digest names.
+    pull_fails(
+        vec![
+            (referrers, Behaviour::Ok(listing)),
+            (
+                format!("/v2/a/m/manifests/{referrer_digest}"),
+                Behaviour::Ok(b"{\"schemaVersion\":2}".to_vec()),
+            ),
+        ],
+        "signature malformed",
+    );
+}

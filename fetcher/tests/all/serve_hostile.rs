@@ -15,7 +15,7 @@ fn deeply_nested_yaml_is_refused_while_probes_keep_answering() {
     write_plugin(&d.plugins.join("deep.yaml"), &deep);
     let serve = d.serve(&[], &[]);
     wait_for("the refusal in the log", Duration::from_secs(10), || {
-        serve.log().contains("not yet closed")
+        serve.log().contains("nests more than 512 flow collections")
     });
     for _ in 0..5 {
         assert_eq!(get(&serve.addr, "/healthz").map(|(s, _)| s), Ok(200));

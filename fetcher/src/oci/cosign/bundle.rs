@@ -261,3 +261,90 @@ fn check_message(key: &VerifyKey, m: &MessageSignature, digest: &Digest) -> Resu
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::keys::SignKey;
+
+    fn b64(b: &[u8]) -> String {
+        base64::engine::general_purpose::STANDARD.encode(b)
+    }
+
+    fn digest(n: u8) -> Digest {
+        Digest(crate::digest::Sha256([n; 32]))
+    }
+
+    fn dsse(key: &SignKey, statement: &[u8], material: Value) -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!({
+            "mediaType": super::super::referrers::BUNDLE_V03,
+            "verificationMaterial": material,
+            "dsseEnvelope": {"payload": b64(statement), "payloadType": IN_TOTO,
+                             "signatures": [{"sig": key.sign(&pae(IN_TOTO, statement))}]},
+        }))
+        .unwrap()
+    }
+
+    fn key_material() -> Value {
+        serde_json::json!({"publicKey": {"hint": ""}})
+    }
+
+    #[test]
+    fn pae_is_the_dsse_protocols() {
+        assert_eq!(
+            pae("http://example.com/HelloWorld", b"hello world"),
+            b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
+        );
+    }
+
+    #[test]
+    fn a_dsse_bundle_verifies_with_its_key_for_its_digest_only() {
+        let key = SignKey::from_scalar(&[3; 32]);
+        let public = key.verify_key().unwrap();
+        let bundle = dsse(&key, &statement(&digest(1)), key_material());
+        assert_eq!(
+            verify(&public, &digest(1), "r", &bundle),
+            Ok(Format::DsseBundle)
+        );
+        let e = verify(&public, &digest(2), "r", &bundle).unwrap_err();
+        assert!(matches!(e, SignatureError::OtherDigest { .. }), "{e}");
+        let other = SignKey::from_scalar(&[4; 32]).verify_key().unwrap();
+        let e = verify(&other, &digest(1), "r", &bundle).unwrap_err();
+        assert!(matches!(e, SignatureError::WrongKey { .. }), "{e}");
+        let keyless = dsse(
+            &key,
+            &statement(&digest(1)),
+            serde_json::json!({"certificate": {"rawBytes": ""}}),
+        );
+        let e = verify(&public, &digest(1), "r", &keyless).unwrap_err();
+        assert!(e.to_string().contains("keyless"), "{e}");
+    }
+
+    #[test]
+    fn an_attestation_is_not_a_signature_and_a_message_signature_is() {
+        let key = SignKey::from_scalar(&[5; 32]);
+        let public = key.verify_key().unwrap();
+        let mut st: Value = serde_json::from_slice(&statement(&digest(1))).unwrap();
+        st["predicateType"] = "https://slsa.dev/provenance/v1".into();
+        let bundle = dsse(&key, &serde_json::to_vec(&st).unwrap(), key_material());
+        let e = verify(&public, &digest(1), "r", &bundle).unwrap_err();
+        assert!(e.to_string().contains("predicateType"), "{e}");
+
+        use p256::ecdsa::signature::hazmat::PrehashSigner;
+        let signing = p256::ecdsa::SigningKey::from_slice(&[5; 32]).unwrap();
+        let sig: Signature = signing.sign_prehash(&digest(1).0 .0).unwrap();
+        let message = serde_json::to_vec(&serde_json::json!({
+            "mediaType": super::super::referrers::BUNDLE_V03,
+            "verificationMaterial": key_material(),
+            "messageSignature": {"messageDigest": {"algorithm": "SHA2_256", "digest": b64(&[1; 32])},
+                                 "signature": b64(sig.to_der().as_bytes())},
+        }))
+        .unwrap();
+        assert_eq!(
+            verify(&public, &digest(1), "r", &message),
+            Ok(Format::MessageBundle)
+        );
+        let e = verify(&public, &digest(2), "r", &message).unwrap_err();
+        assert!(matches!(e, SignatureError::OtherDigest { .. }), "{e}");
+    }
+}

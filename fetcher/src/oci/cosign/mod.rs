@@ -25,47 +25,16 @@ use crate::keys::VerifyKey;
 use crate::oci::distribution::Distribution;
 use crate::oci::manifest::ImageDigests;
 
-/// Where a signature was found.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Storage {
-    /// Listed by the registry's referrers API.
-    ReferrersApi,
-    /// Listed by the referrers fallback tag `sha256-<hex>`.
-    ReferrersTag,
-    /// The legacy signature tag `sha256-<hex>.sig`.
-    SignatureTag,
-}
+pub use crate::signed::{Format, Signer, Storage, Verified};
 
-/// What was signed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Format {
-    /// A bundle with a DSSE envelope around an in-toto statement (cosign 3's default).
-    DsseBundle,
-    /// A bundle with a signature over the image manifest's digest.
-    MessageBundle,
-    /// The simple-signing payload (cosign 2's default).
-    SimpleSigning,
-}
-
-/// One key's signature, as it was found and checked.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Signer {
-    /// The key, as messages name it (`sha256:` and 16 hex of its SPKI).
-    pub key: String,
-    pub storage: Storage,
-    pub format: Format,
-    /// The referrer manifest or signature tag that held it.
-    pub at: String,
-}
-
-/// An image whose signatures verified: the digest they sign (the manifest's, or the index's
-/// that holds it) and one signature per key.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Verified {
-    pub digest: Digest,
-    pub signers: Vec<Signer>,
+/// Checks one Sigstore bundle by key, as a pull checks each bundle it finds: the CPU side of a
+/// verification, without the registry (what `make bench` times).
+pub fn verify_bundle(
+    key: &VerifyKey,
+    digest: &Digest,
+    bundle: &[u8],
+) -> Result<Format, SignatureError> {
+    bundle::verify(key, digest, "the bundle", bundle)
 }
 
 /// Checks that the image `image` resolved to is signed by every key in `keys`, and says what
@@ -131,7 +100,7 @@ async fn check_digest(
             match outcome {
                 Ok(format) => {
                     signers.push(Signer {
-                        key: key.id().to_string(),
+                        key: key.spki_id(),
                         storage,
                         format,
                         at: at.clone(),
@@ -149,7 +118,7 @@ async fn check_digest(
             }
             match legacy::check(key, digest, at, entries) {
                 Ok(()) => signers.push(Signer {
-                    key: key.id().to_string(),
+                    key: key.spki_id(),
                     storage,
                     format: Format::SimpleSigning,
                     at: at.clone(),
@@ -169,7 +138,7 @@ async fn check_digest(
             Some(entries) => match legacy::check(key, digest, &tag, entries) {
                 Ok(()) => {
                     signers.push(Signer {
-                        key: key.id().to_string(),
+                        key: key.spki_id(),
                         storage: Storage::SignatureTag,
                         format: Format::SimpleSigning,
                         at: tag.clone(),
@@ -198,5 +167,5 @@ async fn check_digest(
 }
 
 fn signed_by(signers: &[Signer], key: &VerifyKey) -> bool {
-    signers.iter().any(|s| s.key == key.id())
+    signers.iter().any(|s| s.key == key.spki_id())
 }

@@ -32,7 +32,22 @@ pub async fn fetch(
         .chain(req.verify_key.iter())
         .cloned()
         .collect();
-    let signature = crate::oci::cosign::verify(&connection, &image, &keys).await?;
+    let ids: Vec<String> = keys.iter().map(crate::keys::VerifyKey::spki_id).collect();
+    // A manifest verified before with these keys is not checked at the registry again.
+    let remembered = match keys.is_empty() {
+        true => None,
+        false => target
+            .index
+            .load()?
+            .modules
+            .values()
+            .filter(|m| m.manifest_digest == Some(image.manifest))
+            .find_map(|m| m.signed_by(&ids).cloned()),
+    };
+    let signature = match remembered {
+        Some(v) => Some(v),
+        None => crate::oci::cosign::verify(&connection, &image, &keys).await?,
+    };
     let unchanged = target
         .index
         .load()?
