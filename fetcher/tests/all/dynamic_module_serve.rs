@@ -119,8 +119,22 @@ fn serve_swaps_a_signed_dynamic_module_under_load_without_a_restart_or_a_failed_
     let plugin = d.plugins.join("native.yaml");
     let first = dynamic_module(&urls[0], "v1");
     write_plugin(&plugin, &first);
-    let serve = d.serve(&[], &["--envoy-version", "1.40", "--verify-key", &public]);
     let ecds_file = d.ecds.join("test.native.yaml");
+    // Without a key or the opt-out, the module is refused: the failure policy's deny-all
+    // filter stands in.
+    let unsigned = d.serve_ready(&[], &["--envoy-version", "1.40"]);
+    let text = std::fs::read_to_string(&ecds_file).unwrap();
+    assert!(
+        text.contains("rbac") && !text.contains("dynamic_module_config"),
+        "{text}"
+    );
+    assert!(
+        unsigned.log().contains("unsigned dynamic module refused"),
+        "{}",
+        unsigned.log()
+    );
+    drop(unsigned);
+    let serve = d.serve(&[], &["--envoy-version", "1.40", "--verify-key", &public]);
     let start = Instant::now();
     while !std::fs::read_to_string(&ecds_file).is_ok_and(|t| t.contains("dynamic_module_config")) {
         assert!(
