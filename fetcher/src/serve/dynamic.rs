@@ -134,8 +134,9 @@ pub async fn envoy_version(target: &Target, settings: &Settings) -> Result<Strin
 /// `MAJOR.MINOR` of the version an Envoy admin's `/server_info` reports
 /// (`<commit>/1.40.0/Clean/RELEASE/BoringSSL`).
 async fn server_info_version(addr: &str, settings: &Settings) -> Result<String, FetchError> {
-    let bad = |message: String| FetchError::Registry {
-        message: format!("Envoy admin {}: {message}", crate::shown::shown(addr)),
+    let bad = |reason: String| FetchError::EnvoyAdmin {
+        addr: crate::shown::shown(addr),
+        reason,
     };
     let deadline = crate::net::Deadline::Total(settings.http_timeout);
     let client = crate::net::client(settings, false, deadline)?;
@@ -147,7 +148,9 @@ async fn server_info_version(addr: &str, settings: &Settings) -> Result<String, 
     if !resp.status().is_success() {
         return Err(bad(format!("/server_info answered {}", resp.status())));
     }
-    let body = crate::net::read_limited(resp, 1 << 20, "server_info").await?;
+    let body = crate::net::read_limited(resp, 1 << 20, "server_info")
+        .await
+        .map_err(|e| bad(e.to_string()))?;
     let info: Value = serde_json::from_slice(&body)
         .map_err(|e| bad(format!("/server_info is not JSON ({e})")))?;
     let version = info["version"].as_str().unwrap_or_default();
