@@ -22,7 +22,7 @@ use wasm_common::envoy_types::url;
 
 use crate::envoy::fallback::{Fallback, FilterType};
 use crate::envoy::render::{self, EcdsResource, Outcome};
-use crate::envoy::wasmplugin::{DocumentError, WasmPlugin};
+use crate::envoy::wasmplugin::{DocumentError, Invalid, WasmPlugin};
 use crate::error::FetchError;
 use crate::pull::dynamic_module::DynamicPulled;
 use crate::{Cache, PullRequest, Settings, Sha256};
@@ -74,15 +74,24 @@ pub fn parse(text: &str) -> Result<Resources, DocumentError> {
         let mut doc = doc;
         let kind_ok = doc.get("kind").and_then(Value::as_str) == Some(KIND)
             && doc.get("apiVersion").and_then(Value::as_str) == Some(API_VERSION);
-        if kind_ok {
-            if let Some(top) = doc.as_object_mut() {
-                // The spec is a WasmPlugin's: the same parser reads it.
-                top.insert(
-                    "apiVersion".into(),
-                    Value::String("extensions.istio.io/v1alpha1".into()),
-                );
-                top.insert("kind".into(), Value::String("WasmPlugin".into()));
-            }
+        if !kind_ok {
+            return Err(DocumentError::Invalid {
+                index: i + 1,
+                error: Invalid {
+                    field: "kind".into(),
+                    message: format!(
+                        "a file of DynamicModule resources holds only those (apiVersion: {API_VERSION}, kind: {KIND})"
+                    ),
+                },
+            });
+        }
+        if let Some(top) = doc.as_object_mut() {
+            // The spec is a WasmPlugin's: the same parser reads it.
+            top.insert(
+                "apiVersion".into(),
+                Value::String("extensions.istio.io/v1alpha1".into()),
+            );
+            top.insert("kind".into(), Value::String("WasmPlugin".into()));
         }
         let plugin = WasmPlugin::from_value(&doc).map_err(|error| DocumentError::Invalid {
             index: i + 1,
@@ -287,8 +296,14 @@ mod tests {
         assert!(matches!(parse(wasm).unwrap(), Resources::Wasm(_)));
         // A WasmPlugin after a DynamicModule is refused, naming the document.
         let mixed = format!("{text}---\n{wasm}");
-        let e = parse(&mixed).err().unwrap().to_string();
-        assert!(e.contains("2"), "{e}");
+        let e = parse(&mixed)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("2") && e.contains("kind: a file of DynamicModule"),
+            "{e}"
+        );
     }
 
     #[test]
