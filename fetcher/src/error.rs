@@ -17,6 +17,8 @@ pub enum FetchError {
         envoy_version: String,
         reason: String,
     },
+    #[error("Envoy admin {addr}: {reason}; check --envoy-admin names the admin address (HOST:PORT) of the Envoy served")]
+    EnvoyAdmin { addr: String, reason: String },
     #[error("unsigned dynamic module refused: a dynamic module runs unsandboxed inside Envoy, so without a verify key none is taken; set --verify-key (WASM_VERIFY_KEY) to its publisher's public key, or pass --allow-unsigned-dynamic-modules to take it unsigned")]
     UnsignedDynamicModule,
     #[error("exceeds size limit of {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES)")]

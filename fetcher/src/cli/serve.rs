@@ -88,6 +88,18 @@ pub struct ServeArgs {
     /// [default: $WASM_REGISTRY_CONFIG_DIR].
     #[arg(long, value_name = "DIR")]
     pub registry_config_dir: Option<PathBuf>,
+    /// The Envoy minor version (e.g. 1.40) that DynamicModule resources are pulled and checked
+    /// for (docs/dynamic-module.md).
+    #[arg(long, value_parser = wasm_fetcher::dynamic_module::parse_envoy_version, conflicts_with = "envoy_admin")]
+    pub envoy_version: Option<String>,
+    /// The admin address (HOST:PORT) of the Envoy served: DynamicModule resources are pulled
+    /// and checked for the version its /server_info reports, asked at each conversion.
+    #[arg(long, value_name = "HOST:PORT")]
+    pub envoy_admin: Option<String>,
+    /// Take unsigned dynamic modules when no verify key is set (a dynamic module runs
+    /// unsandboxed inside Envoy: without a key and without this flag it is refused).
+    #[arg(long)]
+    pub allow_unsigned_dynamic_modules: bool,
 }
 
 /// Who may read the ECDS files `serve` and `render` write (they hold `pluginConfig` and
@@ -134,6 +146,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(dir) = &args.registry_config_dir {
         settings.registry_config_dir = Some(dir.clone());
     }
+    settings.allow_unsigned_dynamic_modules = args.allow_unsigned_dynamic_modules;
     let cache = Cache::open(&args.cache_dir.clone().unwrap_or_else(Cache::default_dir))?;
     let mut options = serve::Options::new(&args.plugins, &args.ecds_dir, cache, settings);
     options.render.pull_policy = args.pull_policy;
@@ -146,6 +159,11 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     options.max_plugin_bytes = args.max_plugin_bytes;
     options.max_concurrent_pulls = args.max_concurrent_pulls as usize;
     options.ecds_mode = args.ecds_mode.file_mode();
+    options.dynamic_target = match (&args.envoy_version, &args.envoy_admin) {
+        (Some(v), _) => Some(serve::dynamic::Target::Version(v.clone())),
+        (None, Some(admin)) => Some(serve::dynamic::Target::Admin(admin.clone())),
+        (None, None) => None,
+    };
     // One thread: the work is waiting on files and sockets. Hashing and index writes go to a
     // few blocking threads (each would keep its own malloc arena: 50 plugins pulled at once
     // must not leave 50 of them resident).

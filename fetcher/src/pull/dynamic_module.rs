@@ -138,6 +138,14 @@ pub async fn pull(
     let staging = cache.staging(settings.max_size)?;
     let mut staging = registry.download(&d, cache, &resolved, staging).await?;
     let module = read_all(staging.reopen()?, settings.max_size, &path)?;
+    // The bytes are the layer's digest, which the manifest named, which the index named.
+    let actual = Sha256::of(&module);
+    if actual != sha256 {
+        return Err(FetchError::ChecksumMismatch {
+            expected: sha256.hex(),
+            actual: actual.hex(),
+        });
+    }
     loadable(&module, &platform, &abi)?;
     write_module(&dir, &path, &module)?;
     done(false)

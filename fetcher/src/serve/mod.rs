@@ -13,6 +13,7 @@
 
 mod apply;
 mod dir;
+pub mod dynamic;
 pub mod http;
 pub mod metrics;
 pub mod retry;
@@ -30,7 +31,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 
 use crate::envoy::render::{self, Outcome};
-use crate::envoy::wasmplugin::WasmPlugin;
 use crate::error::FetchError;
 use crate::store::lifecycle::Lease;
 use crate::{Cache, Settings};
@@ -63,6 +63,8 @@ pub struct Options {
     /// Who may read the ECDS files (see docs/security.md): the owner's group by default, as
     /// they hold `pluginConfig` and `vmConfig.env` values verbatim.
     pub ecds_mode: wasm_common::fs::Mode,
+    /// The Envoy `DynamicModule` resources are pulled and checked for (`dynamic`).
+    pub dynamic_target: Option<dynamic::Target>,
 }
 
 impl Options {
@@ -81,6 +83,7 @@ impl Options {
             max_plugin_bytes: 64 << 20,
             max_concurrent_pulls: 8,
             ecds_mode: wasm_common::fs::Mode::GroupReadable,
+            dynamic_target: None,
         }
     }
 }
@@ -410,7 +413,7 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         Content::Unreadable(reason) => Err(reason),
         // Off the runtime's one thread, which also answers the kubelet's probes.
         Content::Text { text, .. } => {
-            match tokio::task::spawn_blocking(move || WasmPlugin::parse_all(&text)).await {
+            match tokio::task::spawn_blocking(move || dynamic::parse(&text)).await {
                 Ok(parsed) => {
                     parsed.map_err(|e| format!("{}: {}", path.display(), crate::error::chain(&e)))
                 }
@@ -420,7 +423,7 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
     };
     let plugins = match plugins {
         Ok(p) => {
-            let claims: Vec<Claim> = p.iter().map(Claim::of).collect();
+            let claims: Vec<Claim> = p.plugins().iter().map(Claim::of).collect();
             let mut state = shared.state();
             match state.sources.get_mut(path) {
                 Some(s) if s.generation == generation => {
@@ -446,9 +449,11 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
             return;
         }
     };
+    let native = matches!(plugins, dynamic::Resources::Dynamic(_));
+    let plugins = plugins.plugins();
     let mut resources = Vec::with_capacity(plugins.len());
     let mut seen = BTreeSet::new();
-    for plugin in &plugins {
+    for plugin in plugins {
         // Only the owner of a name pulls for it, and within a file only the first document.
         let file = render::file_name(plugin);
         if !seen.insert(file.clone()) || shared.state().owner(&file) != Some(path) {
@@ -458,6 +463,12 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         let Ok(_turn) = shared.pulls.acquire().await else {
             return;
         };
+        if native {
+            let target = opts.dynamic_target.as_ref();
+            let made = dynamic::resource(plugin, &request, target, &opts.cache, &opts.settings);
+            resources.push(made.await);
+            continue;
+        }
         let pulled = retry::pull(
             &request,
             &opts.cache,
@@ -510,7 +521,9 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
 /// a fallback and for a module read in place from an image volume, which no purge touches.
 fn cached_module(cache: &Cache, outcome: &Outcome) -> Option<crate::Sha256> {
     match outcome {
-        Outcome::Module { sha256, path } => (*path == cache.module_path(sha256)).then_some(*sha256),
+        Outcome::Module { sha256, path } => (*path == cache.module_path(sha256)
+            || dynamic::is_cached(cache, sha256, path))
+        .then_some(*sha256),
         Outcome::Fallback { .. } => None,
     }
 }

@@ -24,6 +24,12 @@ pub(super) fn needing_refresh(shared: &Shared, rehash: bool) -> Vec<PathBuf> {
             s.applied.as_ref().is_some_and(|files| {
                 files.values().any(|r| match &r.outcome {
                     Outcome::Fallback { .. } => true,
+                    // A dynamic module is checked where it lies: its file is never rewritten.
+                    Outcome::Module { sha256: sha, path }
+                        if super::dynamic::is_cached(cache, sha, path) =>
+                    {
+                        !path.is_file()
+                    }
                     Outcome::Module { sha256: sha, .. } => {
                         let verify = if rehash {
                             crate::store::cache::Verify::Hash

@@ -176,6 +176,13 @@ impl Cache {
         p.is_file().then_some(p)
     }
 
+    /// Whether the cache holds the dynamic module with this digest (its directory, with its
+    /// one `lib<name>.so`).
+    pub fn holds_dynamic_module(&self, sha: &Sha256) -> bool {
+        std::fs::read_dir(self.dynamic_modules_dir().join(sha.hex()))
+            .is_ok_and(|mut entries| entries.any(|e| e.is_ok_and(|e| e.path().is_file())))
+    }
+
     /// The cached module with this digest if present and intact (see [`Verify`]). A file that
     /// no longer matches its name is not served: it is downloaded again (or refused under
     /// `Never`) instead of handed to Envoy.

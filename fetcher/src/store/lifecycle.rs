@@ -200,7 +200,7 @@ impl Lease {
         let _purging = purge_lock(&self.cache)?;
         Ok(modules
             .iter()
-            .filter(|sha| self.cache.lookup(sha).is_none())
+            .filter(|sha| self.cache.lookup(sha).is_none() && !self.cache.holds_dynamic_module(sha))
             .copied()
             .collect())
     }

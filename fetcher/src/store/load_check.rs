@@ -206,10 +206,9 @@ fn abi_versions(bytes: &[u8]) -> BTreeSet<String> {
             .position(|b| !(b.is_ascii_digit() || *b == b'.'));
         let Some(end) = end else { continue };
         let body = &rest[..end];
-        let parts = body.split(|b| *b == b'.');
-        let ok = rest.get(end) == Some(&0)
-            && body.split(|b| *b == b'.').count() == 3
-            && parts.clone().all(|p| !p.is_empty());
+        let parts: Vec<&[u8]> = body.split(|b| *b == b'.').collect();
+        let ok =
+            rest.get(end) == Some(&0) && parts.len() == 3 && parts.iter().all(|p| !p.is_empty());
         if ok && out.len() < 64 {
             out.insert(format!("v{}", String::from_utf8_lossy(body)));
         }

@@ -12,6 +12,8 @@ mod cred_helper;
 mod deadline;
 mod deploy;
 mod dynamic_module;
+mod dynamic_module_registry;
+mod dynamic_module_serve;
 mod dynamic_module_trust;
 mod hostile_registry;
 mod image;

@@ -157,6 +157,14 @@ impl Envoy {
         self.child.id()
     }
 
+    /// `host:port` of the admin API.
+    pub fn admin_address(&self) -> String {
+        std::fs::read_to_string(&self.admin_path)
+            .unwrap_or_default()
+            .trim()
+            .to_string()
+    }
+
     fn admin(&self, path: &str) -> Option<String> {
         let address = std::fs::read_to_string(&self.admin_path).ok()?;
         let (_, text) = http_get(address.trim(), path).ok()?;
