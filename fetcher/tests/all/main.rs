@@ -12,6 +12,7 @@ mod deadline;
 mod deploy;
 mod dynamic_module;
 mod hostile_registry;
+mod hosts_referee;
 mod image;
 mod image_volume;
 mod image_volume_node;
