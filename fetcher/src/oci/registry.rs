@@ -283,7 +283,7 @@ impl Registry {
         &self,
         hosts: &Hosts,
         r: &OciRef,
-    ) -> Result<crate::Sha256, FetchError> {
+    ) -> Result<crate::digest::Sha256, FetchError> {
         let tag = r.tag.clone().unwrap_or_else(|| "latest".to_string());
         let accepted = media::accept_manifests();
         for mirror in hosts
