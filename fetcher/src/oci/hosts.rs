@@ -33,6 +33,25 @@ pub struct Endpoint {
     pub ca: Vec<PathBuf>,
     /// The registry itself (the reference's host): the only endpoint its credentials go to.
     pub upstream: bool,
+    /// `capabilities`: what this host may be asked, as containerd asks it.
+    pub may: May,
+}
+
+/// What a host may be asked (`capabilities`; `push` is no pull's business).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum May {
+    /// `pull` and `resolve`: a tag, and the manifests and blobs.
+    PullAndResolve,
+    /// `pull` alone: content by digest only; a tag is resolved at another host first.
+    Pull,
+    /// `resolve` alone: asked nothing by a pull (see `Registry::resolve`).
+    Resolve,
+}
+
+impl May {
+    pub fn pull(self) -> bool {
+        matches!(self, May::PullAndResolve | May::Pull)
+    }
 }
 
 /// What a pull tries: the mirrors, then the server. `server` is `None` when hosts.toml names
@@ -70,14 +89,8 @@ enum OneOrMany {
 }
 
 /// The hosts to pull `registry`'s image from, from the hosts.toml under `dir` that names it
-/// (or `_default`); none when neither exists. `by_digest`: the reference is pinned, so a
-/// host that may only `pull` (not `resolve` tags) can serve it.
-pub fn load(
-    dir: &Path,
-    registry: &str,
-    by_digest: bool,
-    settings: &Settings,
-) -> Result<Hosts, FetchError> {
+/// (or `_default`); none when neither exists.
+pub fn load(dir: &Path, registry: &str, settings: &Settings) -> Result<Hosts, FetchError> {
     if !is_host_port(registry) {
         return Err(FetchError::BadUrl {
             reason: format!(
@@ -97,7 +110,7 @@ pub fn load(
         fallback
     };
     let bytes = crate::regular_file::read_input(&path, "hosts.toml", HOSTS_TOML_LIMIT)?;
-    parse(&bytes, &path, registry, by_digest, settings)
+    parse(&bytes, &path, registry, settings)
 }
 
 /// Whether `registry` is a `host[:port]` that names one directory below the hosts directory:
@@ -155,7 +168,6 @@ pub fn parse(
     bytes: &[u8],
     path: &Path,
     registry: &str,
-    by_digest: bool,
     settings: &Settings,
 ) -> Result<Hosts, FetchError> {
     let text = std::str::from_utf8(bytes).map_err(|_| bad(path, "not UTF-8 text".into()))?;
@@ -183,6 +195,13 @@ pub fn parse(
             Some(OneOrMany::One(p)) => vec![base.join(p)],
             Some(OneOrMany::Many(ps)) => ps.into_iter().map(|p| base.join(p)).collect(),
         };
+        let may = match (has("pull"), has("resolve")) {
+            (true, true) => May::PullAndResolve,
+            (true, false) => May::Pull,
+            (false, true) => May::Resolve,
+            // `push` alone: a pull never asks it.
+            (false, false) => continue,
+        };
         let endpoint = endpoint(
             &url,
             entry.override_path,
@@ -192,9 +211,7 @@ pub fn parse(
             settings,
         )
         .map_err(|reason| bad(path, format!("[host.{url:?}]: {reason}")))?;
-        if has("pull") && (has("resolve") || by_digest) {
-            mirrors.push(endpoint);
-        }
+        mirrors.push(Endpoint { may, ..endpoint });
     }
     let server = file
         .server
@@ -245,6 +262,7 @@ fn endpoint(
     };
     Ok(Endpoint {
         upstream: host == registry,
+        may: May::PullAndResolve,
         host,
         scheme,
         root,
@@ -271,12 +289,14 @@ pub fn falls_through(e: &FetchError) -> bool {
     )
 }
 
-/// A `host[:port]` as a query value: `[`, `]` of an IPv6 literal percent-encoded, the rest as
-/// it is (letters, digits, `.`, `-`, `_`, `:`).
+/// A `host[:port]` as a query value, encoded as containerd encodes it (Go's `url.Values`):
+/// letters, digits, `.`, `-`, `_`, `~` as they are, everything else (the port's `:`, an IPv6
+/// literal's brackets) percent-encoded, so a mirror that compares `ns` byte for byte sees
+/// the same value from both.
 pub fn ns_value(ns: &str) -> String {
     ns.chars()
         .map(|c| match c {
-            c if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':') => c.to_string(),
+            c if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '~') => c.to_string(),
             c => {
                 let mut buf = [0u8; 4];
                 c.encode_utf8(&mut buf)
@@ -347,13 +367,12 @@ mod tests {
             text.as_bytes(),
             Path::new("/etc/mirrors/reg.example/hosts.toml"),
             "reg.example",
-            false,
             &Settings::default(),
         )
     }
 
     #[test]
-    fn hosts_keep_file_order_and_only_pull_resolve_hosts_serve_a_tag() {
+    fn hosts_keep_file_order_with_what_each_may_be_asked() {
         let h = parsed(
             r#"
 server = "https://reg.example"
@@ -372,7 +391,20 @@ server = "https://reg.example"
         )
         .unwrap();
         let hosts: Vec<_> = h.mirrors.iter().map(|m| m.host.as_str()).collect();
-        assert_eq!(hosts, ["z.mirror", "127.0.0.1:5001", "a.mirror"]);
+        assert_eq!(
+            hosts,
+            ["z.mirror", "127.0.0.1:5001", "a.mirror", "blobs.only"]
+        );
+        let may: Vec<May> = h.mirrors.iter().map(|m| m.may).collect();
+        assert_eq!(
+            may,
+            [
+                May::PullAndResolve,
+                May::PullAndResolve,
+                May::PullAndResolve,
+                May::Pull
+            ]
+        );
         assert_eq!(h.mirrors[0].root, "/cache/v2");
         assert_eq!(
             h.mirrors[0].ca,
@@ -385,19 +417,6 @@ server = "https://reg.example"
         let server = h.server.unwrap();
         assert!(server.upstream);
         assert_eq!(server.root, "/v2");
-    }
-
-    #[test]
-    fn a_pull_only_host_serves_a_digest() {
-        let h = parse(
-            b"[host.\"https://blobs.only\"]\ncapabilities = [\"pull\"]\n",
-            Path::new("hosts.toml"),
-            "reg.example",
-            true,
-            &Settings::default(),
-        )
-        .unwrap();
-        assert_eq!(h.mirrors.len(), 1);
     }
 
     #[test]
@@ -429,7 +448,6 @@ server = "https://reg.example"
             b"[host.\"http://m.example\"]\n",
             Path::new("hosts.toml"),
             "reg.example",
-            false,
             &s,
         )
         .unwrap();

@@ -228,32 +228,52 @@ impl Registry {
         r: &OciRef,
         platform: Option<&str>,
     ) -> Result<(Distribution, Resolved), FetchError> {
-        self.on_hosts(r, |d| self.resolve_on(d, r, platform)).await
+        self.on_hosts(
+            r,
+            |d, r| async move { self.resolve_on(d, &r, platform).await },
+        )
+        .await
     }
 
     /// Runs `resolve` (the manifest reads of a pull) on the first host that answers it: with
     /// `--registry-config-dir`, the mirrors of the registry's hosts.toml in order, each failure
     /// that another host could mend ([`hosts::falls_through`]) moving on to the next, and the
     /// server last; without, the registry itself. Every pull of an image goes through here,
-    /// whatever it picks from the manifests.
+    /// whatever it picks from the manifests. As containerd does, a tag is resolved only at a
+    /// host that may `pull` and `resolve`, and content comes only from one that may `pull`:
+    /// with a pull-only host listed, the first host that may do both and answers names the
+    /// digest, and `resolve` is given the reference pinned to it. A resolve-only host is asked
+    /// nothing (containerd resolves only at hosts that may do both, and would fetch no content
+    /// from one that may not pull).
     pub async fn on_hosts<T, F, Fut>(
         &self,
         r: &OciRef,
         resolve: F,
     ) -> Result<(Distribution, T), FetchError>
     where
-        F: Fn(Distribution) -> Fut,
+        F: Fn(Distribution, OciRef) -> Fut,
         Fut: std::future::Future<Output = Result<(Distribution, T), FetchError>>,
     {
         let hosts = match (&self.settings.registry_config_dir, self.access) {
-            (Some(dir), Access::Pull) => {
-                hosts::load(dir, &self.registry, r.digest.is_some(), &self.settings)?
-            }
+            (Some(dir), Access::Pull) => hosts::load(dir, &self.registry, &self.settings)?,
             _ => Hosts::default(),
         };
-        for mirror in &hosts.mirrors {
+        // A host that may pull but not resolve: the tag first, at the hosts that may do both;
+        // then its image by digest, from the hosts that may pull.
+        let split = r.digest.is_none() && hosts.mirrors.iter().any(|m| m.may == hosts::May::Pull);
+        let pinned;
+        let r = if split {
+            pinned = OciRef {
+                digest: Some(self.digest_at_resolvers(&hosts, r).await?),
+                ..r.clone()
+            };
+            &pinned
+        } else {
+            r
+        };
+        for mirror in hosts.mirrors.iter().filter(|m| m.may.pull()) {
             let attempt = match self.connect_to(mirror).await {
-                Ok(d) => resolve(d).await,
+                Ok(d) => resolve(d, r.clone()).await,
                 Err(e) => Err(e),
             };
             match attempt {
@@ -264,11 +284,46 @@ impl Registry {
                 Err(e) => return Err(e),
             }
         }
-        let d = match &hosts.server {
-            Some(server) => self.connect_to(server).await?,
-            None => self.connect().await?,
-        };
-        resolve(d).await
+        let d = self.connect_server(&hosts).await?;
+        resolve(d, r.clone()).await
+    }
+
+    /// The server of `hosts`, or the registry as without a hosts.toml.
+    async fn connect_server(&self, hosts: &Hosts) -> Result<Distribution, FetchError> {
+        match &hosts.server {
+            Some(server) => self.connect_to(server).await,
+            None => self.connect().await,
+        }
+    }
+
+    /// The digest `r`'s tag names, asked of the hosts that may `pull` and `resolve`, in order,
+    /// then the server.
+    async fn digest_at_resolvers(
+        &self,
+        hosts: &Hosts,
+        r: &OciRef,
+    ) -> Result<crate::digest::Sha256, FetchError> {
+        let tag = r.tag.clone().unwrap_or_else(|| "latest".to_string());
+        let accepted = media::accept_manifests();
+        for mirror in hosts
+            .mirrors
+            .iter()
+            .filter(|m| m.may == hosts::May::PullAndResolve)
+        {
+            let attempt = match self.connect_to(mirror).await {
+                Ok(d) => d.manifest(&tag, &accepted).await,
+                Err(e) => Err(e),
+            };
+            match attempt {
+                Ok((_, digest)) => return Ok(digest.0),
+                Err(e) if hosts::falls_through(&e) => {
+                    tracing::warn!(mirror = %mirror.host, "trying the next host after: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let d = self.connect_server(hosts).await?;
+        Ok(d.manifest(&tag, &accepted).await?.1 .0)
     }
 
     async fn resolve_on(

@@ -73,7 +73,10 @@ pub async fn pull(
     let creds = crate::oci::auth::credentials(req.pull_secret.as_deref(), &r.registry).await?;
     let registry = Registry::new(&r, creds, settings);
     let (d, chosen) = registry
-        .on_hosts(&r, |d| choose(d, &r, &platform, envoy_version, req.sha256))
+        .on_hosts(&r, |d, r| {
+            let platform = &platform;
+            async move { choose(d, &r, platform, envoy_version, req.sha256).await }
+        })
         .await?;
     let Chosen {
         manifest,

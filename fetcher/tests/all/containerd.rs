@@ -26,7 +26,9 @@ pub struct Containerd {
 
 impl Containerd {
     /// Starts containerd with a generated config: no CRI plugin (`ctr` speaks its own API), no
-    /// `opt` plugin (it would write `/opt/containerd`), everything under a temporary directory.
+    /// `opt` plugin (it would write `/opt/containerd`), content isolated by namespace (a pull in
+    /// a new namespace fetches every blob again, so each is counted at the registries),
+    /// everything under a temporary directory.
     pub fn start() -> Self {
         // SAFETY: geteuid reads the process's effective user id; it cannot fail.
         let root = unsafe { libc::geteuid() } == 0;
@@ -37,7 +39,7 @@ impl Containerd {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         let config = format!(
-            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.internal.v1.opt\"]\n[grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
+            "version = 2\nroot = \"{root}\"\nstate = \"{state}\"\ndisabled_plugins = [\"io.containerd.grpc.v1.cri\", \"io.containerd.internal.v1.opt\"]\n[plugins.\"io.containerd.metadata.v1.bolt\"]\n  content_sharing_policy = \"isolated\"\n[grpc]\n  address = \"{sock}\"\n[ttrpc]\n  address = \"{sock}.ttrpc\"\n",
             root = d.join("root").display(),
             state = d.join("state").display(),
             sock = d.join("c.sock").display(),
@@ -87,10 +89,15 @@ impl Containerd {
 
     /// `ctr` on this containerd's socket, in the kubelet's namespace.
     pub fn ctr(&self, args: &[&str]) -> Output {
+        self.ctr_in(NAMESPACE, args)
+    }
+
+    /// `ctr` on this containerd's socket, in `namespace`.
+    pub fn ctr_in(&self, namespace: &str, args: &[&str]) -> Output {
         let mut cmd = Command::new("ctr");
         cmd.arg("--address")
             .arg(self.dir.path().join("c.sock"))
-            .args(["--namespace", NAMESPACE, "--timeout", "60s"])
+            .args(["--namespace", namespace, "--timeout", "60s"])
             .args(args)
             .stdin(Stdio::null());
         crate::support::run_within(&mut cmd, Duration::from_secs(90)).0
@@ -99,6 +106,17 @@ impl Containerd {
     /// `ctr images pull --hosts-dir HOSTS REFERENCE`, unpacked into the snapshotter: what the
     /// kubelet's pull of an image volume does, mirrors and credentials read from `hosts`.
     pub fn pull(&self, reference: &str, hosts: &Path, extra: &[&str]) -> Output {
+        self.pull_in(NAMESPACE, reference, hosts, extra)
+    }
+
+    /// [`Self::pull`] in `namespace`: a fresh one fetches every blob again.
+    pub fn pull_in(
+        &self,
+        namespace: &str,
+        reference: &str,
+        hosts: &Path,
+        extra: &[&str],
+    ) -> Output {
         let hosts = hosts.to_str().unwrap();
         let mut args = vec![
             "images",
@@ -110,7 +128,7 @@ impl Containerd {
         ];
         args.extend_from_slice(extra);
         args.push(reference);
-        self.ctr(&args)
+        self.ctr_in(namespace, &args)
     }
 
     /// Mounts the pulled image `reference` read-only at `target` (created), as the kubelet

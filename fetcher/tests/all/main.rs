@@ -16,6 +16,7 @@ mod dynamic_module_registry;
 mod dynamic_module_serve;
 mod dynamic_module_trust;
 mod hostile_registry;
+mod hosts_referee;
 mod image;
 mod image_volume;
 mod image_volume_node;

@@ -383,7 +383,8 @@ fn mirror_requests_carry_the_upstream_as_ns_and_upstream_requests_do_not() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(std::fs::read(stdout_json_path(&o)).unwrap(), module);
-    let ns = format!("?ns={}", upstream.host);
+    // Encoded as containerd encodes it (Go's url.Values): the port's colon as %3A.
+    let ns = format!("?ns={}", upstream.host.replace(':', "%3A"));
     assert_eq!(
         mirror.requests("GET", &format!("/v2/mods/m/manifests/v1{ns}")),
         1
