@@ -154,20 +154,21 @@ pub async fn pull(
     done(false)
 }
 
-/// The keys every dynamic module must be signed by: the verify key of the settings and the
-/// request's. Without one, a module is refused unless the operator opted out by name
-/// (`--allow-unsigned-dynamic-modules`): it runs unsandboxed inside Envoy.
+/// The keys every dynamic module must be signed by: the operator's verify key (the
+/// settings') and the request's. Without the operator's, a module is refused unless the
+/// operator opted out by name (`--allow-unsigned-dynamic-modules`): it runs unsandboxed inside
+/// Envoy, so a key that came with the resource (its `verificationKey`, chosen by whoever
+/// wrote it) adds a check but never stands in for the operator's.
 fn keys(req: &PullRequest, settings: &Settings) -> Result<Vec<VerifyKey>, FetchError> {
-    let keys: Vec<VerifyKey> = settings
+    if settings.verify_key.is_none() && !settings.allow_unsigned_dynamic_modules {
+        return Err(FetchError::UnsignedDynamicModule);
+    }
+    Ok(settings
         .verify_key
         .iter()
         .chain(req.verify_key.iter())
         .cloned()
-        .collect();
-    if keys.is_empty() && !settings.allow_unsigned_dynamic_modules {
-        return Err(FetchError::UnsignedDynamicModule);
-    }
-    Ok(keys)
+        .collect())
 }
 
 /// The module is one the target Envoy can load on `platform`.
@@ -410,6 +411,31 @@ mod tests {
         assert!(e.contains("Envoy 1.41 on linux/amd64"), "{e}");
         let e = pick(&index, "linux/s390x", "1.40").unwrap_err().to_string();
         assert!(e.contains("platform linux/s390x"), "{e}");
+    }
+
+    /// A key that came with the resource never stands in for the operator's: whoever wrote
+    /// the resource could sign a module with it.
+    #[test]
+    fn only_the_operators_key_or_the_opt_out_admits_a_dynamic_module() {
+        let key = |n: u8| {
+            crate::keys::SignKey::from_scalar(&[n; 32])
+                .verify_key()
+                .unwrap()
+        };
+        let own = PullRequest {
+            verify_key: Some(key(1)),
+            ..Default::default()
+        };
+        let mut settings = Settings::default();
+        assert!(matches!(
+            keys(&own, &settings),
+            Err(FetchError::UnsignedDynamicModule)
+        ));
+        settings.verify_key = Some(key(2));
+        assert_eq!(keys(&own, &settings).unwrap().len(), 2);
+        settings.verify_key = None;
+        settings.allow_unsigned_dynamic_modules = true;
+        assert_eq!(keys(&PullRequest::default(), &settings).unwrap().len(), 0);
     }
 
     /// A child named by a path or a tag never reaches a URL.

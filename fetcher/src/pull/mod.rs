@@ -117,8 +117,17 @@ impl<'a> Pull<'a> {
     /// What the cache alone can answer, under the policy.
     fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
         let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
+            // Only what verified this source's image: the module may be shared with
+            // another image, verified or not.
             let signature = match self.verified {
-                true => Some(idx.modules.get(&sha)?.signed_by(&self.keys)?.clone()),
+                true => {
+                    let entry = idx.modules.get(&sha)?;
+                    let ours = idx.sources.get(&self.key)?.manifest_digest;
+                    if ours.is_none() || ours != entry.manifest_digest {
+                        return None;
+                    }
+                    Some(entry.signed_by(&self.keys)?.clone())
+                }
                 false => None,
             };
             let path = idx.intact(cache, &sha, pin.is_some())?;
@@ -381,10 +390,10 @@ fn record_now(index: &IndexFile, r: &Recorded, pulled: Pulled) -> Result<Pulled,
         // Set here, not only for a new entry: a missing index is rebuilt from the module
         // files, the one just copied included, before this update sees it.
         entry.image_volume_copy |= r.image_volume_copy;
+        // The image this pull resolved to, index included or not: a signature remembered for
+        // an index answers only while the manifest it led to is the module's.
         if pulled.manifest_digest.is_some() {
             entry.manifest_digest = pulled.manifest_digest;
-        }
-        if r.index_digest.is_some() {
             entry.index_digest = r.index_digest;
         }
         if let Some(v) = &pulled.signature {

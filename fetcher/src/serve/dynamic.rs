@@ -180,13 +180,15 @@ fn minor_of(server_version: &str) -> Option<String> {
 }
 
 /// Pulls `p`'s module for `target` and renders its ECDS resource: the dynamic-module filter
-/// naming the cached file, or the failure policy's substitute when it cannot be had.
+/// naming the cached file, or the failure policy's substitute when it cannot be had within
+/// `deadline` (a registry that trickles holds no pull slot past it).
 pub async fn resource(
     p: &WasmPlugin,
     request: &PullRequest,
     target: Option<&Target>,
     cache: &Cache,
     settings: &Settings,
+    deadline: std::time::Duration,
 ) -> EcdsResource {
     let pulled = match target {
         None => Err(FetchError::NotLoadable {
@@ -194,7 +196,17 @@ pub async fn resource(
             reason: "serve has no Envoy to check a dynamic module against: pass --envoy-version or --envoy-admin".into(),
         }),
         Some(target) => match envoy_version(target, settings).await {
-            Ok(v) => crate::pull::dynamic_module::pull(request, &v, cache, settings).await,
+            Ok(v) => {
+                let pull = crate::pull::dynamic_module::pull(request, &v, cache, settings);
+                tokio::time::timeout(deadline, pull)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(FetchError::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!("timed out after {deadline:?}"),
+                        )))
+                    })
+            }
             Err(e) => Err(e),
         },
     };

@@ -218,6 +218,9 @@ pub async fn run(
             None
         }
     };
+    if events.is_some() {
+        tracing::info!(dir = %options.plugins.display(), rescan = ?options.rescan, "watching the plugins directory for file events; scanning it on a timer too (--rescan-interval)");
+    }
     let shared = start(options)?;
     let endpoint = listener.map(|l| tokio::spawn(http::serve(l, shared.clone())));
     let mut work = Work {
@@ -278,10 +281,13 @@ pub async fn run(
 /// Returns when the plugins directory is to be scanned: at a file event, or at the timer.
 async fn next_scan(timer: &mut tokio::time::Interval, events: Option<&Events>) {
     match events {
-        Some(events) => tokio::select! {
-            _ = timer.tick() => {}
-            () = events.changed() => timer.reset(),
-        },
+        Some(events) => {
+            tokio::select! {
+                _ = timer.tick() => {}
+                () = events.changed() => timer.reset(),
+            }
+            events.keep_watching();
+        }
         None => {
             timer.tick().await;
         }
@@ -465,7 +471,15 @@ async fn convert(shared: &Arc<Shared>, path: &Path, generation: u64) {
         };
         if native {
             let target = opts.dynamic_target.as_ref();
-            let made = dynamic::resource(plugin, &request, target, &opts.cache, &opts.settings);
+            let deadline = opts.backoff.deadline;
+            let made = dynamic::resource(
+                plugin,
+                &request,
+                target,
+                &opts.cache,
+                &opts.settings,
+                deadline,
+            );
             resources.push(made.await);
             continue;
         }

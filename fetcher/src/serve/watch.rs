@@ -9,6 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,9 +18,15 @@ use sha2::{Digest, Sha256};
 /// File events on the plugins directory, as wake-ups: [`Events::changed`] returns once
 /// something in the directory may have changed, and the writer looks to have finished.
 pub struct Events {
-    /// Kept for its thread and its watch; dropping it ends both.
-    _watcher: notify::RecommendedWatcher,
+    dir: PathBuf,
+    /// The watcher (kept for its thread and its watch; dropping it ends both) and the
+    /// directory it watches, by device and inode: a directory replaced is watched again.
+    watching: std::sync::Mutex<(notify::RecommendedWatcher, Option<(u64, u64)>)>,
     wake: Arc<tokio::sync::Notify>,
+    /// An event came that no finished [`Events::changed`] has answered yet: set by the
+    /// watcher's thread, cleared only as `changed` returns, so a wait dropped half-way (another
+    /// branch of the caller's `select!` won) loses nothing.
+    pending: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for Events {
@@ -35,37 +42,86 @@ const SETTLE: Duration = Duration::from_millis(10);
 /// Bound on the settling: a directory written to without pause is still scanned this often.
 const SETTLE_AT_MOST: Duration = Duration::from_millis(100);
 
+/// The directory's device and inode (following a symlink to it).
+fn identity(dir: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(dir).ok().map(|m| (m.dev(), m.ino()))
+}
+
 impl Events {
     /// Watches `dir` (not its subdirectories: a ConfigMap's swap renames `..data` in `dir`).
     /// Opening a file is no change: `serve`'s own reads wake nothing.
     pub fn watch(dir: &Path) -> Result<Self, notify::Error> {
         use notify::Watcher as _;
         let wake = Arc::new(tokio::sync::Notify::new());
-        let waker = wake.clone();
+        let pending = Arc::new(AtomicBool::new(false));
+        let (waker, flag) = (wake.clone(), pending.clone());
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                // An error (the kernel's queue overflowed) may hide a change: scan.
-                if event.is_ok_and(|e| e.kind.is_access()) {
+                // An error (the kernel's queue overflowed) may hide a change: scan. A file
+                // closed after writing is a change (a write through mmap gives no other event).
+                use notify::event::{AccessKind, AccessMode, EventKind};
+                let closed_written = EventKind::Access(AccessKind::Close(AccessMode::Write));
+                if event.is_ok_and(|e| e.kind.is_access() && e.kind != closed_written) {
                     return;
                 }
+                flag.store(true, Ordering::Release);
                 waker.notify_one();
             })?;
+        let id = identity(dir);
         watcher.watch(dir, notify::RecursiveMode::NonRecursive)?;
         Ok(Self {
-            _watcher: watcher,
+            dir: dir.to_path_buf(),
+            watching: std::sync::Mutex::new((watcher, id)),
             wake,
+            pending,
         })
     }
 
     /// Returns after the next event, once the directory has been quiet for [`SETTLE`] (or
-    /// [`SETTLE_AT_MOST`] passed). Cancel-safe: an event that arrives meanwhile is kept.
+    /// [`SETTLE_AT_MOST`] passed). Cancel-safe: an event that came before or meanwhile is
+    /// answered by the next call if this one is dropped.
     pub async fn changed(&self) {
-        self.wake.notified().await;
+        if !self.pending.load(Ordering::Acquire) {
+            self.wake.notified().await;
+        }
         let deadline = tokio::time::Instant::now() + SETTLE_AT_MOST;
         while tokio::time::Instant::now() < deadline {
             let quiet = tokio::time::timeout(SETTLE, self.wake.notified()).await;
             if quiet.is_err() {
                 break;
+            }
+        }
+        self.pending.store(false, Ordering::Release);
+    }
+
+    /// Watches the directory again when it is not the one watched (removed and made again,
+    /// or a symlink to it swapped): its watch went with the old one. Called before each scan;
+    /// `false` when the directory cannot be watched now (the timer's scans go on).
+    pub fn keep_watching(&self) -> bool {
+        use notify::Watcher as _;
+        let now = identity(&self.dir);
+        let mut watching = self.watching.lock().unwrap_or_else(|p| p.into_inner());
+        if now.is_some() && now == watching.1 {
+            return true;
+        }
+        let (watcher, id) = &mut *watching;
+        let _ = watcher.unwatch(&self.dir);
+        match (
+            now,
+            watcher.watch(&self.dir, notify::RecursiveMode::NonRecursive),
+        ) {
+            (Some(_), Ok(())) => {
+                tracing::info!(dir = %self.dir.display(), "the plugins directory was replaced; watching the new one");
+                *id = now;
+                true
+            }
+            (_, result) => {
+                if let Err(e) = result {
+                    tracing::debug!(dir = %self.dir.display(), error = %e, "cannot watch the plugins directory now");
+                }
+                *id = None;
+                false
             }
         }
     }

@@ -59,7 +59,18 @@ pub fn check(bytes: &[u8], abi: &EnvoyAbi) -> Result<Loadable, Refused> {
         let Ok(name) = symbol.name() else { continue };
         if symbol.is_undefined() {
             if name.starts_with(CALLBACK_PREFIX) {
+                // The rule the string scan keeps, so a crafted symbol table cannot grow the
+                // set or a message without bound.
+                if name.len() > MAX_NAME || !name.bytes().all(is_word) {
+                    return Err(Refused::Malformed(format!(
+                        "an imported symbol starting {CALLBACK_PREFIX} is over {MAX_NAME} bytes \
+                         or not letters, digits and underscores: corrupt"
+                    )));
+                }
                 named.insert(name.to_string());
+                if named.len() > abi.callbacks.len() + MAX_UNKNOWN {
+                    return Err(too_many(abi));
+                }
             }
         } else if name == PROGRAM_INIT && symbol.kind() == object::SymbolKind::Text {
             exported = true;
@@ -71,7 +82,10 @@ pub fn check(bytes: &[u8], abi: &EnvoyAbi) -> Result<Loadable, Refused> {
              an Envoy dynamic-module SDK as a cdylib"
         )));
     }
-    named.extend(looked_up(bytes));
+    named.extend(looked_up(bytes, abi.callbacks.len() + MAX_UNKNOWN + 1));
+    if named.len() > abi.callbacks.len() + MAX_UNKNOWN {
+        return Err(too_many(abi));
+    }
     let missing: Vec<String> = named.iter().filter(|n| !abi.exports(n)).cloned().collect();
     if !missing.is_empty() {
         return Err(Refused::Abi(format!(
@@ -103,6 +117,21 @@ pub fn check(bytes: &[u8], abi: &EnvoyAbi) -> Result<Loadable, Refused> {
         abi_version: abi.abi_version.clone(),
         callbacks: named.len(),
     })
+}
+
+/// A callback name is at most this long (Envoy's longest is under 100 bytes).
+const MAX_NAME: usize = 200;
+
+/// Callback names beyond the target Envoy's that a module may name before it is refused
+/// without listing them: enough for any real module built for a newer Envoy.
+const MAX_UNKNOWN: usize = 64;
+
+fn too_many(abi: &EnvoyAbi) -> Refused {
+    Refused::Abi(format!(
+        "it names more than {} callbacks Envoy {} does not export: built for another Envoy, \
+         or corrupt",
+        MAX_UNKNOWN, abi.envoy_version
+    ))
 }
 
 /// Callback names (word characters only, at most 200 each) as one part of a message: the
@@ -172,16 +201,22 @@ fn positions<'a>(hay: &'a [u8], needle: &'a [u8]) -> impl Iterator<Item = usize>
 
 /// The callbacks named by NUL-terminated strings (what a module that binds its callbacks
 /// with `dlsym` when loaded carries instead of undefined symbols).
-fn looked_up(bytes: &[u8]) -> BTreeSet<String> {
+fn looked_up(bytes: &[u8], limit: usize) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for start in positions(bytes, CALLBACK_PREFIX.as_bytes()) {
         if start > 0 && is_word(bytes[start - 1]) {
             continue;
         }
         let rest = &bytes[start..];
-        let end = rest.iter().position(|b| !is_word(*b)).unwrap_or(rest.len());
-        if rest.get(end) == Some(&0) && end > CALLBACK_PREFIX.len() && end <= 200 {
+        // Read no further than a name can be long, so a run of prefixes costs linear time.
+        let Some(end) = rest.iter().take(MAX_NAME + 1).position(|b| !is_word(*b)) else {
+            continue;
+        };
+        if rest.get(end) == Some(&0) && end > CALLBACK_PREFIX.len() {
             out.insert(String::from_utf8_lossy(&rest[..end]).into_owned());
+            if out.len() >= limit {
+                break;
+            }
         }
     }
     out
@@ -225,13 +260,21 @@ mod tests {
         let bytes = b"\0envoy_dynamic_module_callback_a\0xenvoy_dynamic_module_callback_b\0\
                       envoy_dynamic_module_callback_c and\0v0.2.0\0xv0.1.0\0v1.2\0v0.3.0";
         assert_eq!(
-            looked_up(bytes).into_iter().collect::<Vec<_>>(),
+            looked_up(bytes, usize::MAX).into_iter().collect::<Vec<_>>(),
             ["envoy_dynamic_module_callback_a"]
         );
         assert_eq!(
             abi_versions(bytes).into_iter().collect::<Vec<_>>(),
             ["v0.2.0"]
         );
+        // A name past 200 bytes is no name, and the scan reads no further than that.
+        let mut run = CALLBACK_PREFIX.repeat(100_000).into_bytes();
+        run.push(0);
+        assert!(looked_up(&run, usize::MAX).is_empty());
+        let many: Vec<u8> = (0..1000)
+            .flat_map(|i| format!("{CALLBACK_PREFIX}n{i}\0").into_bytes())
+            .collect();
+        assert_eq!(looked_up(&many, 10).len(), 10);
     }
 
     #[test]

@@ -398,7 +398,8 @@ fn capabilities_side_by_side_with_containerd() {
 fn a_dot_dot_registry_is_refused_by_both() {
     let r = Referee::start(&[]);
     let hosts = r.hosts(&[("_default", format!("server = \"{}\"\n", http(&r.upstream)))]);
-    std::fs::write(hosts.join("hosts.toml"), "not = [toml").unwrap();
+    // Where `DIR/../hosts.toml` would lead: a trap that a read would report.
+    std::fs::write(hosts.parent().unwrap().join("hosts.toml"), "not = [toml").unwrap();
     let o = r.containerd.pull_in("dotdot", "../mods/m:v1", &hosts, &[]);
     assert!(!o.status.success());
     let o = pull(
@@ -411,4 +412,5 @@ fn a_dot_dot_registry_is_refused_by_both() {
     );
     assert!(!o.status.success());
     assert!(!stderr(&o).contains("not valid TOML"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("invalid registry"), "{}", stderr(&o));
 }
