@@ -47,6 +47,9 @@ pub struct Settings {
     /// `WASM_REGISTRY_CONFIG_DIR` or `--registry-config-dir`: containerd's hosts directory
     /// (`DIR/<host>/hosts.toml`), the mirrors to pull through (`crate::oci::hosts`).
     pub registry_config_dir: Option<std::path::PathBuf>,
+    /// `serve --recheck-credentials`: a cached `oci://` module is handed over only once the
+    /// registry accepted the asking plugin's credentials for it (`crate::pull::recheck`).
+    pub recheck_credentials: bool,
 }
 
 impl Settings {
@@ -108,6 +111,7 @@ impl Default for Settings {
             image_volume_root: None,
             copy_image_volumes: false,
             registry_config_dir: None,
+            recheck_credentials: false,
         }
     }
 }

@@ -26,6 +26,7 @@ mod pull_http;
 mod push;
 mod push_refused;
 mod real_envoy;
+mod recheck;
 mod registry;
 mod rewrite;
 mod serve_events;
