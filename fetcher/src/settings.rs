@@ -50,6 +50,9 @@ pub struct Settings {
     /// `--allow-unsigned-dynamic-modules`: without a verify key, a dynamic module is taken
     /// unsigned. Off, a dynamic module is refused unless a verify key checks its signature.
     pub allow_unsigned_dynamic_modules: bool,
+    /// `serve --recheck-credentials`: a cached `oci://` module is handed over only once the
+    /// registry accepted the asking plugin's credentials for it (`crate::pull::recheck`).
+    pub recheck_credentials: bool,
 }
 
 impl Settings {
@@ -112,6 +115,7 @@ impl Default for Settings {
             copy_image_volumes: false,
             registry_config_dir: None,
             allow_unsigned_dynamic_modules: false,
+            recheck_credentials: false,
         }
     }
 }

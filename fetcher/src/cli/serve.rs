@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// (NFS, some overlayfs and FUSE mounts).
     #[arg(long, default_value = "10s", value_parser = parse_timeout)]
     pub rescan_interval: Duration,
+    /// Hand a cached `oci://` module to a plugin only once the registry accepted that plugin's
+    /// own credentials for it (KEP-2535; a node-wide cache serving many namespaces).
+    #[arg(long)]
+    pub recheck_credentials: bool,
     /// How often the modules in use are checked on disk (SIGHUP checks at once).
     #[arg(long, default_value = "60s", value_parser = parse_timeout)]
     pub verify_interval: Duration,
@@ -147,6 +151,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
         settings.registry_config_dir = Some(dir.clone());
     }
     settings.allow_unsigned_dynamic_modules = args.allow_unsigned_dynamic_modules;
+    settings.recheck_credentials = args.recheck_credentials;
     let cache = Cache::open(&args.cache_dir.clone().unwrap_or_else(Cache::default_dir))?;
     let mut options = serve::Options::new(&args.plugins, &args.ecds_dir, cache, settings);
     options.render.pull_policy = args.pull_policy;

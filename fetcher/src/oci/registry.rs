@@ -288,6 +288,14 @@ impl Registry {
         resolve(d, r.clone()).await
     }
 
+    /// Whether these credentials may pull the manifest `reference` (a digest or a tag) at the
+    /// registry itself, never a mirror (`crate::pull::recheck`).
+    pub async fn may_pull(&self, reference: &str) -> Result<(), FetchError> {
+        let d = self.connect().await?;
+        d.manifest(reference, &media::accept_manifests()).await?;
+        Ok(())
+    }
+
     /// The server of `hosts`, or the registry as without a hosts.toml.
     async fn connect_server(&self, hosts: &Hosts) -> Result<Distribution, FetchError> {
         match &hosts.server {

@@ -8,6 +8,7 @@
 pub mod dynamic_module;
 pub(crate) mod pin;
 pub(crate) mod policy;
+pub mod recheck;
 pub(crate) mod source;
 
 use std::collections::HashMap;
@@ -196,6 +197,7 @@ pub async fn pull(
     let index = IndexFile::new(cache);
     let idx = index.load()?;
     if let Some(p) = pull.cached(&idx, cache) {
+        recheck_hit(&pull, &p, settings).await?;
         // A hit that would change nothing but a recent last-use time skips the locked index
         // rewrite: that keeps a warm lookup to a read and a stat.
         if pull.already_recorded(&idx, &p) {
@@ -219,6 +221,7 @@ pub async fn pull(
     let _lock = lock_source(cache, &pull.key).await?;
     if pull.policy != PullPolicy::Always || req.resource_version.is_some() {
         if let Some(p) = pull.cached(&index.load()?, cache) {
+            recheck_hit(&pull, &p, settings).await?;
             return record(&index, &pull, p, None, false).await;
         }
     }
@@ -252,6 +255,23 @@ pub async fn pull(
         signature,
     };
     record(&index, &pull, pulled, image.and_then(|i| i.index), false).await
+}
+
+/// With `Settings::recheck_credentials`, a cached `oci://` module only for credentials the
+/// registry accepts for it (`recheck`); every other hit as it is.
+async fn recheck_hit(pull: &Pull<'_>, p: &Pulled, settings: &Settings) -> Result<(), FetchError> {
+    match &pull.source {
+        Source::Oci(r) if settings.recheck_credentials => {
+            recheck::check(
+                r,
+                p.manifest_digest,
+                pull.req.pull_secret.as_deref(),
+                settings,
+            )
+            .await
+        }
+        _ => Ok(()),
+    }
 }
 
 /// An `oci://` source the kubelet mounted as an image volume: read in place, or with

@@ -31,6 +31,7 @@ mod push;
 mod push_refused;
 mod real_envoy;
 mod referrers_front;
+mod recheck;
 mod registry;
 mod rewrite;
 mod serve_events;
