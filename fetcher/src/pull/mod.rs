@@ -116,9 +116,16 @@ impl<'a> Pull<'a> {
 
     /// What the cache alone can answer, under the policy.
     fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
+        // A verified pull is answered only for the image this source last resolved to: the
+        // same module bytes in another image do not make this image signed.
+        let resolved = idx.sources.get(&self.key).and_then(|s| s.manifest_digest);
         let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
             let signature = match self.verified {
-                true => Some(idx.modules.get(&sha)?.signed_by(&self.keys)?.clone()),
+                true => {
+                    let m = idx.modules.get(&sha)?;
+                    (resolved.is_some() && m.manifest_digest == resolved).then_some(())?;
+                    Some(m.signed_by(&self.keys)?.clone())
+                }
                 false => None,
             };
             let path = idx.intact(cache, &sha, pin.is_some())?;
