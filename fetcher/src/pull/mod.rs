@@ -117,17 +117,15 @@ impl<'a> Pull<'a> {
 
     /// What the cache alone can answer, under the policy.
     fn cached(&self, idx: &Index, cache: &Cache) -> Option<Pulled> {
+        // A verified pull is answered only for the image this source last resolved to: the
+        // same module bytes in another image do not make this image signed.
+        let resolved = idx.sources.get(&self.key).and_then(|s| s.manifest_digest);
         let hit = |sha: Sha256, pin: Option<PinMatch>| -> Option<Pulled> {
-            // Only what verified this source's image: the module may be shared with
-            // another image, verified or not.
             let signature = match self.verified {
                 true => {
-                    let entry = idx.modules.get(&sha)?;
-                    let ours = idx.sources.get(&self.key)?.manifest_digest;
-                    if ours.is_none() || ours != entry.manifest_digest {
-                        return None;
-                    }
-                    Some(entry.signed_by(&self.keys)?.clone())
+                    let m = idx.modules.get(&sha)?;
+                    (resolved.is_some() && m.manifest_digest == resolved).then_some(())?;
+                    Some(m.signed_by(&self.keys)?.clone())
                 }
                 false => None,
             };

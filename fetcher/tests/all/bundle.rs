@@ -623,3 +623,36 @@ fn push_writes_a_cosign_3_bundle_by_default_and_the_legacy_format_on_request() {
         }
     }
 }
+
+/// The index remembers which image verified, not which bytes: the same module in an unsigned
+/// image is refused with the key even when the signed one is cached.
+#[test]
+fn a_remembered_signature_covers_its_image_not_the_same_bytes_elsewhere() {
+    let reg = Registry::start(false);
+    let keys = tempfile::tempdir().unwrap();
+    let (private, public) = key_pair(keys.path(), "signer");
+    let filter = crate::push::filter_wasm();
+    let bytes = std::fs::read(&filter).unwrap();
+    let anonymous = oci_client::secrets::RegistryAuth::Anonymous;
+    reg.push_module("same/unsigned:1", &bytes, &anonymous);
+    let (signed, unsigned) = (
+        format!("oci://{}/same/signed:1", reg.host),
+        format!("oci://{}/same/unsigned:1", reg.host),
+    );
+    let cache = tempfile::tempdir().unwrap();
+    let o = pull(cache.path(), &[&unsigned]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = fetcher()
+        .env("HOME", keys.path())
+        .args(["push", filter.to_str().unwrap(), &signed, "--sign-key"])
+        .arg(&private)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let key = public.to_str().unwrap();
+    let o = pull(cache.path(), &[&signed, "--verify-key", key]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let o = pull(cache.path(), &[&unsigned, "--verify-key", key]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(stderr(&o).contains("signature missing"), "{}", stderr(&o));
+}
