@@ -250,7 +250,8 @@ async fn choose(
 }
 
 /// Writes the module whole into its own directory of the cache, readable by an Envoy running
-/// as another user.
+/// as another user, and on disk before its name is: an ECDS file written after it must never
+/// name a file a crash left short (Envoy dies mapping one).
 fn write_module(dir: &Path, path: &Path, module: &[u8]) -> Result<(), FetchError> {
     let io = |e: std::io::Error| FetchError::Cache {
         path: dir.to_path_buf(),
@@ -263,7 +264,7 @@ fn write_module(dir: &Path, path: &Path, module: &[u8]) -> Result<(), FetchError
         path,
         module,
         wasm_common::fs::Mode::WorldReadable,
-        false,
+        true,
     )
     .map_err(io)
 }

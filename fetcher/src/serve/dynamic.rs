@@ -161,7 +161,7 @@ async fn server_info_version(addr: &str, settings: &Settings) -> Result<String, 
         .await
         .map_err(|e| bad(e.to_string()))?;
     let info: Value = serde_json::from_slice(&body)
-        .map_err(|e| bad(format!("/server_info is not JSON ({e})")))?;
+        .map_err(|e| bad(format!("/server_info is not JSON ({})", crate::shown::shown(&e.to_string()))))?;
     let version = info["version"].as_str().unwrap_or_default();
     minor_of(version).ok_or_else(|| {
         bad(format!(

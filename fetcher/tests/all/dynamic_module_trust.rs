@@ -144,7 +144,7 @@ fn every_module_the_fetcher_refuses_envoy_would_crash_on_refuse_or_load_with_a_w
         (
             "truncated",
             module[..64 << 10].to_vec(),
-            "not an Envoy dynamic module for".into(),
+            "truncated or corrupt".into(),
             // SIGBUS: Envoy maps the file's segments and touches pages past its end.
             EnvoyDid::Crashed(7),
         ),

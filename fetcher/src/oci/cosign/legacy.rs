@@ -116,7 +116,7 @@ fn check_entry(
 /// `critical.image.docker-manifest-digest` of a simple-signing payload of cosign's type.
 pub fn signed_digest(payload: &[u8]) -> Result<String, String> {
     let doc: Value = serde_json::from_slice(payload)
-        .map_err(|e| format!("the signed payload is not JSON ({e})"))?;
+        .map_err(|e| format!("the signed payload is not JSON ({})", shown(&e.to_string())))?;
     let critical = doc
         .get("critical")
         .ok_or("the signed payload has no \"critical\" section")?;
@@ -163,7 +163,7 @@ pub(super) async fn read_entries(
         Err(e) => return Err(e),
     };
     let manifest = crate::oci::manifest::parse_manifest(&bytes)
-        .map_err(|e| malformed(format!("not an image manifest ({e})")))?;
+        .map_err(|e| malformed(format!("not an image manifest ({})", shown(&e.to_string()))))?;
     if manifest.layers.len() > LAYERS_LIMIT {
         return Err(SignatureError::Oversized {
             tag: tag.to_string(),
