@@ -130,6 +130,13 @@ fn build(
             builder = builder.add_root_certificate(cert);
         }
     }
+    if let Some(pem) = &settings.client_identity {
+        let identity = reqwest::Identity::from_pem(pem).map_err(|e| FetchError::Network {
+            attempts: 0,
+            message: format!("the client certificate is not a PEM certificate and key: {e}"),
+        })?;
+        builder = builder.identity(identity);
+    }
     builder.build().map_err(|e| FetchError::Network {
         attempts: 0,
         message: format!("cannot build HTTP client: {e}"),

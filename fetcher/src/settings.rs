@@ -53,6 +53,9 @@ pub struct Settings {
     /// `serve --recheck-credentials`: a cached `oci://` module is handed over only once the
     /// registry accepted the asking plugin's credentials for it (`crate::pull::recheck`).
     pub recheck_credentials: bool,
+    /// A client certificate and its key (PEM) presented on TLS: a hosts.toml host's `client`,
+    /// set for that host alone (`crate::oci::hosts::settings_for`).
+    pub client_identity: Option<Vec<u8>>,
 }
 
 impl Settings {
@@ -116,6 +119,7 @@ impl Default for Settings {
             registry_config_dir: None,
             allow_unsigned_dynamic_modules: false,
             recheck_credentials: false,
+            client_identity: None,
         }
     }
 }

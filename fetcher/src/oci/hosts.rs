@@ -31,6 +31,8 @@ pub struct Endpoint {
     pub skip_verify: bool,
     /// `ca`: PEM files trusted for this host only, resolved against the file's directory.
     pub ca: Vec<PathBuf>,
+    /// `client`: the certificate and key files (PEM) presented to this host only.
+    pub client: Option<(PathBuf, PathBuf)>,
     /// The registry itself (the reference's host): the only endpoint its credentials go to.
     pub upstream: bool,
     /// `capabilities`: what this host may be asked, as containerd asks it.
@@ -77,8 +79,26 @@ struct HostEntry {
     #[serde(default)]
     skip_verify: bool,
     ca: Option<OneOrMany>,
+    client: Option<ClientFiles>,
     #[serde(default)]
     override_path: bool,
+}
+
+/// `client`, as containerd reads it: one PEM file holding the certificate and its key, a list
+/// of such files, or a list of `[certificate, key]` pairs (an empty key: the key is in the
+/// certificate's file).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ClientFiles {
+    One(String),
+    Many(Vec<ClientFile>),
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ClientFile {
+    Combined(String),
+    Pair(Vec<String>),
 }
 
 #[derive(Deserialize)]
@@ -195,6 +215,8 @@ pub fn parse(
             Some(OneOrMany::One(p)) => vec![base.join(p)],
             Some(OneOrMany::Many(ps)) => ps.into_iter().map(|p| base.join(p)).collect(),
         };
+        let client = client_files(entry.client, base)
+            .map_err(|reason| bad(path, format!("[host.{url:?}]: client: {reason}")))?;
         let may = match (has("pull"), has("resolve")) {
             (true, true) => May::PullAndResolve,
             (true, false) => May::Pull,
@@ -211,7 +233,11 @@ pub fn parse(
             settings,
         )
         .map_err(|reason| bad(path, format!("[host.{url:?}]: {reason}")))?;
-        mirrors.push(Endpoint { may, ..endpoint });
+        mirrors.push(Endpoint {
+            may,
+            client,
+            ..endpoint
+        });
     }
     let server = file
         .server
@@ -268,7 +294,38 @@ fn endpoint(
         root,
         skip_verify,
         ca,
+        client: None,
     })
+}
+
+/// The certificate file and the key file (the same file when the key is in it) a host's
+/// `client` names, resolved against the hosts.toml's directory. One client certificate per
+/// host: rustls presents one, where Go's TLS would pick among several by the server's CAs.
+fn client_files(
+    client: Option<ClientFiles>,
+    base: &Path,
+) -> Result<Option<(PathBuf, PathBuf)>, String> {
+    let mut pairs = match client {
+        None => return Ok(None),
+        Some(ClientFiles::One(p)) => vec![(p.clone(), p)],
+        Some(ClientFiles::Many(files)) => files
+            .into_iter()
+            .map(|f| match f {
+                ClientFile::Combined(p) => Ok((p.clone(), p)),
+                ClientFile::Pair(pair) => match <[String; 2]>::try_from(pair) {
+                    Ok([cert, key]) if key.is_empty() => Ok((cert.clone(), cert)),
+                    Ok([cert, key]) => Ok((cert, key)),
+                    Err(_) => Err("a pair is [certificate, key]".to_string()),
+                },
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    };
+    if pairs.len() > 1 {
+        return Err("more than one client certificate: give the one this host accepts".into());
+    }
+    Ok(pairs
+        .pop()
+        .map(|(cert, key)| (base.join(cert), base.join(key))))
 }
 
 /// Whether a host's failure sends the pull on to the next host, as containerd does: it could
@@ -308,9 +365,23 @@ pub fn ns_value(ns: &str) -> String {
         .collect()
 }
 
-/// The settings to reach `e` with: its own `ca` files trusted beside the others.
+/// The settings to reach `e` with: its own `ca` files trusted beside the others, and its
+/// `client` certificate presented (to it alone).
 pub fn settings_for(e: &Endpoint, settings: &Settings) -> Result<Settings, FetchError> {
     let mut s = settings.clone();
+    s.client_identity = None;
+    if let Some((cert, key)) = &e.client {
+        let mut pem = crate::regular_file::read_input(cert, "hosts.toml client", CA_LIMIT)?;
+        if key != cert {
+            pem.push(b'\n');
+            pem.extend(crate::regular_file::read_input(
+                key,
+                "hosts.toml client key",
+                CA_LIMIT,
+            )?);
+        }
+        s.client_identity = Some(pem);
+    }
     for path in &e.ca {
         let pem = crate::regular_file::read_input(path, "hosts.toml ca", CA_LIMIT)?;
         s.add_ca_pem(pem).map_err(|reason| FetchError::Read {
@@ -369,6 +440,31 @@ mod tests {
             "reg.example",
             &Settings::default(),
         )
+    }
+
+    #[test]
+    fn a_client_certificate_is_one_file_or_one_pair_beside_the_file() {
+        let client = |value: &str| {
+            parsed(&format!(
+                "[host.\"https://m.example\"]\n  client = {value}\n"
+            ))
+            .map(|h| h.mirrors[0].client.clone())
+        };
+        let dir = Path::new("/etc/mirrors/reg.example");
+        let both = |c: &str, k: &str| Some((dir.join(c), dir.join(k)));
+        assert_eq!(client("\"c.pem\"").unwrap(), both("c.pem", "c.pem"));
+        assert_eq!(client("[\"c.pem\"]").unwrap(), both("c.pem", "c.pem"));
+        assert_eq!(
+            client("[[\"c.pem\", \"/k/c.key\"]]").unwrap(),
+            Some((dir.join("c.pem"), PathBuf::from("/k/c.key")))
+        );
+        assert_eq!(
+            client("[[\"c.pem\", \"\"]]").unwrap(),
+            both("c.pem", "c.pem")
+        );
+        for bad in ["[[\"a\", \"b\", \"c\"]]", "[\"a.pem\", \"b.pem\"]", "3"] {
+            assert!(client(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

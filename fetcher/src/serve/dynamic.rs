@@ -160,8 +160,12 @@ async fn server_info_version(addr: &str, settings: &Settings) -> Result<String, 
     let body = crate::net::read_limited(resp, 1 << 20, "server_info")
         .await
         .map_err(|e| bad(e.to_string()))?;
-    let info: Value = serde_json::from_slice(&body)
-        .map_err(|e| bad(format!("/server_info is not JSON ({})", crate::shown::shown(&e.to_string()))))?;
+    let info: Value = serde_json::from_slice(&body).map_err(|e| {
+        bad(format!(
+            "/server_info is not JSON ({})",
+            crate::shown::shown(&e.to_string())
+        ))
+    })?;
     let version = info["version"].as_str().unwrap_or_default();
     minor_of(version).ok_or_else(|| {
         bad(format!(

@@ -48,13 +48,26 @@ impl Referee {
     /// The upstream and one mirror per element of `mirrors` (its options), each holding the
     /// image (pushed by `wasm-fetcher push --layout compat`, so all hold the same digest).
     fn start(mirrors: &[Options]) -> Self {
+        Self::start_with(|_| mirrors.to_vec())
+    }
+
+    /// [`Referee::start`] with the mirrors' options made knowing the upstream (a pull-through
+    /// mirror names it).
+    fn start_with(mirrors: impl FnOnce(&Registry) -> Vec<Options>) -> Self {
         let tmp = tempfile::tempdir().unwrap();
         let upstream = Registry::start(false);
-        let mirrors: Vec<Registry> = mirrors
+        let options = mirrors(&upstream);
+        let mirrors: Vec<Registry> = options
             .iter()
             .map(|o| Registry::start_with(o.clone()))
             .collect();
-        for reg in std::iter::once(&upstream).chain(&mirrors) {
+        // A mirror serving the upstream's storage holds what is pushed there.
+        let pushed = mirrors
+            .iter()
+            .zip(&options)
+            .filter(|(_, o)| o.storage.is_none())
+            .map(|(m, _)| m);
+        for reg in std::iter::once(&upstream).chain(pushed) {
             let o = push(
                 tmp.path(),
                 &[
@@ -322,6 +335,43 @@ fn tls_mirror_ca_and_skip_verify_agree_with_containerd() {
     assert_eq!(r.agree(&with("  ca = \"mirror-ca.pem\"")), [false, true]);
     assert_eq!(r.agree(&with("  skip_verify = true")), [false, true]);
     assert_eq!(r.agree(&with("")), [true, false]);
+}
+
+/// `client`: a mirror that takes only a client certificate its CA signed. With the
+/// certificate and key named (a `[certificate, key]` pair, relative to the file), both pull
+/// through it; without, its TLS handshake fails and both go on to the server.
+#[test]
+fn a_client_certificate_agrees_with_containerd() {
+    let r = Referee::start_with(|up| {
+        vec![Options {
+            tls: true,
+            client_certificates: true,
+            storage: Some(up.storage()),
+            ..Default::default()
+        }]
+    });
+    let (up, m) = (&r.upstream, &r.mirrors[0]);
+    let https = format!("https://{}", m.host);
+    let with = |extra: &str| {
+        let hosts = r.hosts(&[(
+            &up.host,
+            format!("server = \"{}\"\n{}", http(up), host_entry(&https, extra)),
+        )]);
+        let dir = hosts.join(&up.host);
+        let (cert, key) = m.client_files();
+        std::fs::copy(m.ca_file(), dir.join("mirror-ca.pem")).unwrap();
+        std::fs::copy(cert, dir.join("node.pem")).unwrap();
+        std::fs::copy(key, dir.join("node.key")).unwrap();
+        hosts
+    };
+    let ca = "  ca = \"mirror-ca.pem\"\n";
+    assert_eq!(
+        r.agree(&with(&format!(
+            "{ca}  client = [[\"node.pem\", \"node.key\"]]"
+        ))),
+        [false, true]
+    );
+    assert_eq!(r.agree(&with(ca)), [true, false]);
 }
 
 /// `capabilities`: a host that may only `pull` is never asked for the tag (the server

@@ -27,6 +27,12 @@ pub struct Options {
     pub proxy_remote: Option<String>,
     /// Served under this path (`http: prefix`): the API at `PREFIX/v2/`.
     pub prefix: Option<&'static str>,
+    /// With `tls`: TLS only for a client certificate the registry's CA signed
+    /// (`Registry::client_files`).
+    pub client_certificates: bool,
+    /// Serve another registry's storage (`Registry::storage`) instead of its own: the same
+    /// images without pushing them again.
+    pub storage: Option<PathBuf>,
 }
 
 pub struct Registry {
@@ -110,6 +116,30 @@ pub fn make_certs(dir: &Path) {
         .arg(p("server.pem")));
 }
 
+/// A client certificate signed by `make_certs`'s CA: `client.pem` and `client.key`.
+fn make_client_certificate(dir: &Path) {
+    let p = |n: &str| dir.join(n);
+    run(Command::new("openssl")
+        .args([
+            "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=node", "-keyout",
+        ])
+        .arg(p("client.key"))
+        .arg("-out")
+        .arg(p("client.csr")));
+    std::fs::write(p("client.cnf"), "extendedKeyUsage=clientAuth\n").unwrap();
+    run(Command::new("openssl")
+        .args(["x509", "-req", "-days", "1", "-CAcreateserial", "-in"])
+        .arg(p("client.csr"))
+        .arg("-CA")
+        .arg(p("ca.pem"))
+        .arg("-CAkey")
+        .arg(p("ca.key"))
+        .arg("-extfile")
+        .arg(p("client.cnf"))
+        .arg("-out")
+        .arg(p("client.pem")));
+}
+
 impl Registry {
     pub fn start(htpasswd: bool) -> Self {
         Self::start_with(Options {
@@ -127,6 +157,9 @@ impl Registry {
         if options.tls || options.token_realm.is_some() {
             make_certs(dir.path());
         }
+        if options.client_certificates {
+            make_client_certificate(dir.path());
+        }
         if options.htpasswd {
             let out = Command::new("htpasswd")
                 .args(["-Bbn", "user", "pass"])
@@ -138,11 +171,19 @@ impl Registry {
             let port = free_port();
             let mut config = format!(
                 "version: 0.1\nlog: {{level: info, accesslog: {{disabled: false}}}}\nstorage: {{filesystem: {{rootdirectory: {}}}, delete: {{enabled: true}}}}\n",
-                dir.path().join("data").display()
+                options
+                    .storage
+                    .clone()
+                    .unwrap_or_else(|| dir.path().join("data"))
+                    .display()
             );
             if options.tls {
+                let clientcas = match options.client_certificates {
+                    true => format!(", clientcas: [{}]", dir.path().join("ca.pem").display()),
+                    false => String::new(),
+                };
                 config.push_str(&format!(
-                    "http: {{addr: 127.0.0.1:{port}, tls: {{certificate: {}, key: {}}}}}\n",
+                    "http: {{addr: 127.0.0.1:{port}, tls: {{certificate: {}, key: {}{clientcas}}}}}\n",
                     dir.path().join("server.pem").display(),
                     dir.path().join("server.key").display()
                 ));
@@ -214,6 +255,19 @@ impl Registry {
     /// The CA that signed a TLS registry's certificate (PEM).
     pub fn ca_file(&self) -> PathBuf {
         self.dir.path().join("ca.pem")
+    }
+
+    /// Where it keeps its images (`Options::storage` for another registry).
+    pub fn storage(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// The client certificate and key a registry started with `client_certificates` takes.
+    pub fn client_files(&self) -> (PathBuf, PathBuf) {
+        (
+            self.dir.path().join("client.pem"),
+            self.dir.path().join("client.key"),
+        )
     }
 
     /// How many requests so far were `METHOD` on a path starting with `prefix` (the access log

@@ -99,8 +99,12 @@ pub(super) fn verify(
         tag: at.to_string(),
         reason,
     };
-    let bundle: Bundle = serde_json::from_slice(bytes)
-        .map_err(|e| malformed(format!("the bundle is not Sigstore bundle JSON ({})", shown(&e.to_string()))))?;
+    let bundle: Bundle = serde_json::from_slice(bytes).map_err(|e| {
+        malformed(format!(
+            "the bundle is not Sigstore bundle JSON ({})",
+            shown(&e.to_string())
+        ))
+    })?;
     if !super::referrers::BUNDLE_TYPES.contains(&bundle.media_type.as_str()) {
         return Err(malformed(format!(
             "the bundle's mediaType is {:?}, not a Sigstore bundle v0.3",
@@ -205,8 +209,12 @@ fn check_envelope(key: &VerifyKey, e: &Envelope) -> Result<Vec<u8>, Refusal> {
 
 /// A verified statement must be `cosign sign`'s and name `digest` among its subjects.
 fn check_statement(payload: &[u8], digest: &Digest) -> Result<(), Refusal> {
-    let doc: Value = serde_json::from_slice(payload)
-        .map_err(|e| Refusal::Malformed(format!("the signed statement is not JSON ({})", shown(&e.to_string()))))?;
+    let doc: Value = serde_json::from_slice(payload).map_err(|e| {
+        Refusal::Malformed(format!(
+            "the signed statement is not JSON ({})",
+            shown(&e.to_string())
+        ))
+    })?;
     let text = |k: &str| doc.get(k).and_then(Value::as_str);
     if !text("_type").is_some_and(|t| STATEMENT_TYPES.contains(&t)) {
         return Err(Refusal::Malformed(format!(
