@@ -125,15 +125,28 @@ pub struct EcdsResource {
 
 /// The resource for `p`, given how its pull went.
 pub fn resource(p: &WasmPlugin, pulled: Result<&Pulled, &FetchError>) -> EcdsResource {
+    let kind = FilterType::from(p.plugin_type);
+    let module = pulled.map(|m| (wasm_config(p, kind, &m.path), m.path.as_path(), m.sha256));
+    resource_for(p, resource_name(p), module)
+}
+
+/// The resource `name` for `p`: the filter `typed_config` loading the cached module at `path`
+/// when it could be had, else the failure policy's stand-in, with the error. One shape for
+/// every kind of module (Wasm here, Envoy dynamic modules in `crate::serve`).
+pub fn resource_for(
+    p: &WasmPlugin,
+    name: String,
+    module: Result<(Value, &Path, Sha256), &FetchError>,
+) -> EcdsResource {
     let filter_type = FilterType::from(p.plugin_type);
-    let (typed_config, outcome, version) = match pulled {
-        Ok(m) => (
-            wasm_config(p, filter_type, &m.path),
+    let (typed_config, outcome, version) = match module {
+        Ok((typed_config, path, sha256)) => (
+            typed_config,
             Outcome::Module {
-                path: m.path.clone(),
-                sha256: m.sha256,
+                path: path.to_path_buf(),
+                sha256,
             },
-            format!("{}-{}", short(p.version()), short(&m.sha256.to_string())),
+            format!("{}-{}", short(p.version()), short(&sha256.to_string())),
         ),
         Err(e) => {
             let fallback = Fallback::for_policy(p.fail_strategy.opens());
@@ -147,7 +160,6 @@ pub fn resource(p: &WasmPlugin, pulled: Result<&Pulled, &FetchError>) -> EcdsRes
             )
         }
     };
-    let name = resource_name(p);
     let document = json!({
         "version_info": version,
         "resources": [{

@@ -237,9 +237,7 @@ pub async fn push(req: &PushRequest, settings: &Settings) -> Result<Pushed, Push
             Outcome::Unchanged
         } else {
             for blob in &image.blobs {
-                if !upload::has_blob(&d, &blob.digest).await? {
-                    upload::put_blob(&d, blob, &req.progress).await?;
-                }
+                upload::ensure_blob(&d, blob, &req.progress).await?;
             }
             for (digest, child) in &image.children {
                 upload::put_manifest(&d, digest, child, digest).await?;

@@ -43,7 +43,6 @@ pub async fn sign_bundle(
     subject: &Subject<'_>,
     key: &SignKey,
 ) -> Result<(), super::PushError> {
-    use super::layout::Blob;
     use super::upload;
     let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
     let payload = statement(subject.digest);
@@ -81,16 +80,7 @@ pub async fn sign_bundle(
     }))
     .unwrap_or_default();
     let manifest_digest = Digest(crate::digest::Sha256::of(&manifest)).to_string();
-    for (bytes, digest) in [(bundle, bundle_digest), (config, config_digest)] {
-        let blob = Blob {
-            digest: digest.to_string(),
-            bytes: bytes.into(),
-            is_module: false,
-        };
-        if !upload::has_blob(d, &blob.digest).await? {
-            upload::put_blob(d, &blob, &Default::default()).await?;
-        }
-    }
+    put_blobs(d, [(bundle, bundle_digest), (config, config_digest)]).await?;
     upload::put_manifest(d, &manifest_digest, &manifest, &manifest_digest).await?;
     let (storage, _) = crate::oci::cosign::referrers::list(d, subject.digest).await?;
     if storage == Storage::ReferrersApi {
@@ -135,7 +125,6 @@ pub async fn sign(
     digest: &Digest,
     key: &SignKey,
 ) -> Result<(), super::PushError> {
-    use super::layout::Blob;
     use super::upload;
     let tag = signature_tag(digest);
     let reference = format!("{}/{}", d.registry(), d.repository());
@@ -178,17 +167,25 @@ pub async fn sign(
     }))
     .unwrap_or_default();
     let manifest_digest = Digest(crate::digest::Sha256::of(&manifest)).to_string();
-    for (bytes, digest) in [(payload, payload_digest), (config, config_digest)] {
-        let blob = Blob {
+    put_blobs(d, [(payload, payload_digest), (config, config_digest)]).await?;
+    upload::put_manifest(d, &tag, &manifest, &manifest_digest).await
+}
+
+/// Uploads a signature's blobs (its payload or bundle, and its config) the repository does
+/// not hold yet.
+async fn put_blobs(
+    d: &Distribution,
+    blobs: [(Vec<u8>, Digest); 2],
+) -> Result<(), super::PushError> {
+    for (bytes, digest) in blobs {
+        let blob = super::layout::Blob {
             digest: digest.to_string(),
             bytes: bytes.into(),
             is_module: false,
         };
-        if !upload::has_blob(d, &blob.digest).await? {
-            upload::put_blob(d, &blob, &Default::default()).await?;
-        }
+        super::upload::ensure_blob(d, &blob, &Default::default()).await?;
     }
-    upload::put_manifest(d, &tag, &manifest, &manifest_digest).await
+    Ok(())
 }
 
 /// The layers of the signature manifest already under `tag`, kept as they are.

@@ -39,6 +39,18 @@ pub async fn has_blob(d: &Distribution, digest: &str) -> Result<bool, PushError>
     }
 }
 
+/// Uploads `blob` unless the repository already holds it.
+pub async fn ensure_blob(
+    d: &Distribution,
+    blob: &Blob,
+    progress: &Progress,
+) -> Result<(), PushError> {
+    if !has_blob(d, &blob.digest).await? {
+        put_blob(d, blob, progress).await?;
+    }
+    Ok(())
+}
+
 /// Uploads one blob; the module's upload reports to `progress`.
 pub async fn put_blob(d: &Distribution, blob: &Blob, progress: &Progress) -> Result<(), PushError> {
     let open = format!("{}/blobs/uploads/", d.repository());

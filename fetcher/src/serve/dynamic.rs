@@ -20,8 +20,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 use wasm_common::envoy_types::url;
 
-use crate::envoy::fallback::{Fallback, FilterType};
-use crate::envoy::render::{self, EcdsResource, Outcome};
+use crate::envoy::fallback::FilterType;
+use crate::envoy::render::{self, EcdsResource};
 use crate::envoy::wasmplugin::{DocumentError, Invalid, WasmPlugin};
 use crate::error::FetchError;
 use crate::pull::dynamic_module::DynamicPulled;
@@ -221,46 +221,9 @@ pub async fn resource(
 }
 
 fn render_resource(p: &WasmPlugin, pulled: Result<&DynamicPulled, &FetchError>) -> EcdsResource {
-    let filter_type = FilterType::from(p.plugin_type);
-    let short = |s: &str| s.chars().take(12).collect::<String>();
-    let (typed_config, outcome, version) = match pulled {
-        Ok(m) => (
-            filter_config(p, filter_type, m),
-            Outcome::Module {
-                path: m.path.clone(),
-                sha256: m.sha256,
-            },
-            format!("{}-{}", short(p.version()), short(&m.sha256.hex())),
-        ),
-        Err(e) => {
-            let fallback = Fallback::for_policy(p.fail_strategy.opens());
-            (
-                fallback.config(filter_type),
-                Outcome::Fallback {
-                    fallback,
-                    error: crate::reference::redact_for_display(&crate::error::chain(e)),
-                },
-                format!("{}-{}", short(p.version()), fallback.stat_prefix()),
-            )
-        }
-    };
-    let name = resource_name(p);
-    let document = json!({
-        "version_info": version,
-        "resources": [{
-            "@type": url::TYPED_EXTENSION_CONFIG,
-            "name": name,
-            "typed_config": typed_config,
-        }],
-    });
-    EcdsResource {
-        name,
-        file_name: render::file_name(p),
-        version,
-        filter_type,
-        outcome,
-        document,
-    }
+    let kind = FilterType::from(p.plugin_type);
+    let module = pulled.map(|m| (filter_config(p, kind, m), m.path.as_path(), m.sha256));
+    render::resource_for(p, resource_name(p), module)
 }
 
 /// Envoy's dynamic-module filter for `p`, loading the cached file.

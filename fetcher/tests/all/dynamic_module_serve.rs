@@ -30,38 +30,7 @@ fn bootstrap(dir: &Path, ecds: &Path, text: &str, upstream: &str) -> std::path::
         wasm_fetcher::serve::dynamic::Resources::Wasm(_) => panic!("not a DynamicModule"),
     };
     let entry = wasm_fetcher::serve::dynamic::filter_entry(&plugins[0], ecds);
-    let (host, port) = upstream.split_once(':').unwrap();
-    let doc = serde_json::json!({
-        "node": {"id": "sidecar", "cluster": "sidecar"},
-        "static_resources": {
-            "listeners": [{
-                "name": "main",
-                "address": {"socket_address": {"address": "127.0.0.1", "port_value": 0}},
-                "filter_chains": [{"filters": [{
-                    "name": "envoy.filters.network.http_connection_manager",
-                    "typed_config": {
-                        "@type": "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager",
-                        "stat_prefix": "main",
-                        "route_config": {"virtual_hosts": [{"name": "all", "domains": ["*"],
-                            "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "backend"}}]}]},
-                        "http_filters": [entry, {
-                            "name": "envoy.filters.http.router",
-                            "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
-                        }],
-                    }
-                }]}]
-            }],
-            "clusters": [{
-                "name": "backend", "connect_timeout": "5s", "type": "STATIC",
-                "load_assignment": {"cluster_name": "backend", "endpoints": [{"lb_endpoints": [{
-                    "endpoint": {"address": {"socket_address": {"address": host, "port_value": port.parse::<u16>().unwrap()}}}
-                }]}]}
-            }]
-        }
-    });
-    let file = dir.join("bootstrap.json");
-    std::fs::write(&file, doc.to_string()).unwrap();
-    file
+    filters_bootstrap(dir, vec![entry], upstream)
 }
 
 /// One request's answer: its status and `x-served-by`, or why there was none.

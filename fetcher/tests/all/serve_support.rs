@@ -244,11 +244,21 @@ pub fn write_plugin(path: &Path, text: &str) {
 pub fn ecds_bootstrap(dir: &Path, ecds: &Path, plugin_texts: &[&str], upstream: &str) -> PathBuf {
     use wasm_fetcher::envoy::render::filter_entry;
     use wasm_fetcher::envoy::wasmplugin::WasmPlugin;
-    let mut filters: Vec<serde_json::Value> = plugin_texts
+    let filters: Vec<serde_json::Value> = plugin_texts
         .iter()
         .flat_map(|t| WasmPlugin::parse_all(t).unwrap())
         .map(|p| filter_entry(&p, ecds))
         .collect();
+    filters_bootstrap(dir, filters, upstream)
+}
+
+/// An Envoy bootstrap (written into `dir`) with one HTTP listener, `main`, whose filters are
+/// `filters` and the router to `upstream` (`host:port`).
+pub fn filters_bootstrap(
+    dir: &Path,
+    mut filters: Vec<serde_json::Value>,
+    upstream: &str,
+) -> PathBuf {
     filters.push(serde_json::json!({
         "name": "envoy.filters.http.router",
         "typed_config": {"@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"}
