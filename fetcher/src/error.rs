@@ -19,7 +19,7 @@ pub enum FetchError {
     },
     #[error("Envoy admin {addr}: {reason}; check --envoy-admin names the admin address (HOST:PORT) of the Envoy served")]
     EnvoyAdmin { addr: String, reason: String },
-    #[error("unsigned dynamic module refused: a dynamic module runs unsandboxed inside Envoy, so without a verify key none is taken; set --verify-key (WASM_VERIFY_KEY) to its publisher's public key, or pass --allow-unsigned-dynamic-modules to take it unsigned")]
+    #[error("unsigned dynamic module refused: a dynamic module runs unsandboxed inside Envoy, so without the operator's verify key or keyless identity none is taken; set --verify-key (WASM_VERIFY_KEY) to its publisher's public key, or --trusted-root with --certificate-identity and --certificate-oidc-issuer to its publisher's identity, or pass --allow-unsigned-dynamic-modules to take it unsigned")]
     UnsignedDynamicModule,
     #[error("exceeds size limit of {limit} bytes (ISTIO_WASM_MAX_BINARY_SIZE_BYTES)")]
     TooLarge { limit: u64 },
@@ -183,6 +183,14 @@ pub enum SignatureError {
         tag: String,
         signed: String,
         digest: String,
+    },
+    #[error("signature untrusted: {tag}: {reason}; check that --trusted-root (WASM_TRUSTED_ROOT) is the trusted root of the Sigstore instance that signed it")]
+    Untrusted { tag: String, reason: String },
+    #[error("signature by another identity: {tag} is signed keyless by {found}, where the policy asks for {wanted}; check --certificate-identity and --certificate-oidc-issuer (or their -regexp forms, or the WasmPlugin's wasm-fetcher.dev/certificate-* annotations)")]
+    OtherIdentity {
+        tag: String,
+        found: String,
+        wanted: String,
     },
     #[error("signature cannot be checked: {url} is not oci://, and only an OCI registry holds a cosign signature; serve the module from a registry, or pin it by sha256 without a verify key")]
     NoLocation { url: String },

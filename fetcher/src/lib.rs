@@ -33,6 +33,7 @@ mod alloc_meter;
 mod digest;
 pub mod error;
 mod guard;
+pub mod keyless;
 mod keys;
 mod net;
 mod progress;
@@ -74,8 +75,9 @@ pub mod dynamic_module {
 pub use digest::{Digest, Sha256};
 pub use error::FetchError;
 pub use guard::{Refusal, Rule};
+pub use keyless::{Identity, Matcher, TrustedRoot};
 pub use keys::{SignKey, VerifyKey};
-pub use oci::cosign::verify_bundle;
+pub use oci::cosign::{verify_bundle, Requirement};
 pub use progress::{Event as ProgressEvent, Progress};
 pub use pull::pin::PinMatch;
 pub use pull::policy::PullPolicy;

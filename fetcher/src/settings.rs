@@ -37,6 +37,12 @@ pub struct Settings {
     /// `WASM_VERIFY_KEY` (a PEM public key file) or `--verify-key`: every module must carry a
     /// cosign signature by this key (`crate::oci::cosign`).
     pub verify_key: Option<crate::keys::VerifyKey>,
+    /// `WASM_TRUSTED_ROOT` or `--trusted-root`: the Sigstore trusted root keyless signatures
+    /// are checked against, the operator's and a WasmPlugin's identity alike.
+    pub trusted_root: Option<std::sync::Arc<crate::keyless::TrustedRoot>>,
+    /// `WASM_CERTIFICATE_IDENTITY` and `WASM_CERTIFICATE_OIDC_ISSUER` (or their `_REGEXP`
+    /// forms, or the flags): every module must carry a keyless signature by this identity.
+    pub verify_identity: Option<crate::keyless::Identity>,
     /// `WASM_IMAGE_VOLUME_ROOT` or `--image-volume-root`: `oci://` modules are the image
     /// volumes the kubelet mounted under this directory (`crate::pull::source::image_volume`), read
     /// in place (or copied, with `copy_image_volumes`); no registry is asked.
@@ -114,6 +120,8 @@ impl Default for Settings {
             allow_foreign_layers: false,
             cache_max_bytes: None,
             verify_key: None,
+            trusted_root: None,
+            verify_identity: None,
             image_volume_root: None,
             copy_image_volumes: false,
             registry_config_dir: None,
@@ -205,6 +213,30 @@ impl Settings {
         if let Some(v) = var("WASM_VERIFY_KEY").filter(|v| !v.is_empty()) {
             s.verify_key = Some(crate::keys::VerifyKey::read(v.as_ref(), "WASM_VERIFY_KEY")?);
         }
+        if let Some(v) = var("WASM_TRUSTED_ROOT") {
+            s.trusted_root = Some(std::sync::Arc::new(crate::keyless::TrustedRoot::read(
+                v.as_ref(),
+                "WASM_TRUSTED_ROOT",
+            )?));
+        }
+        let env = ENV_POLICY.map(var);
+        let names = crate::keyless::PolicyNames {
+            identity: env[0].as_deref(),
+            identity_regexp: env[1].as_deref(),
+            issuer: env[2].as_deref(),
+            issuer_regexp: env[3].as_deref(),
+        };
+        s.verify_identity = names
+            .identity(s.trusted_root.as_ref(), ENV_POLICY, "WASM_TRUSTED_ROOT")
+            .map_err(|reason| FetchError::Setting {
+                name: "WASM_CERTIFICATE_IDENTITY",
+                value: names
+                    .identity
+                    .or(names.identity_regexp)
+                    .unwrap_or("")
+                    .to_string(),
+                reason,
+            })?;
         if let Some(v) = var("WASM_IMAGE_VOLUME_ROOT") {
             s.image_volume_root = Some(v.into());
         }
@@ -214,6 +246,14 @@ impl Settings {
         Ok(s)
     }
 }
+
+/// The environment's names for cosign's four identity flags.
+const ENV_POLICY: [&str; 4] = [
+    "WASM_CERTIFICATE_IDENTITY",
+    "WASM_CERTIFICATE_IDENTITY_REGEXP",
+    "WASM_CERTIFICATE_OIDC_ISSUER",
+    "WASM_CERTIFICATE_OIDC_ISSUER_REGEXP",
+];
 
 fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())

@@ -28,15 +28,19 @@ pub enum Format {
     SimpleSigning,
 }
 
-/// One key's signature, as it was found and checked.
+/// One requirement's signature (a key's, or a keyless identity's), as it was found and checked.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Signer {
-    /// `sha256:` of the key's SPKI DER, in full: what a later pull compares its keys with.
+    /// `sha256:` of the key's SPKI DER in full, or a keyless policy's `identity:sha256:` id:
+    /// what a later pull compares its requirements with.
     pub key: String,
     pub storage: Storage,
     pub format: Format,
     /// The referrer manifest or signature tag that held it.
     pub at: String,
+    /// For a keyless signature, who its certificate names (subject and issuer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub identity: Option<String>,
 }
 
 /// An image whose signatures verified: the digest they sign (the manifest's, or the index's

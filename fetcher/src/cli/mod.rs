@@ -7,6 +7,7 @@ pub mod push;
 pub mod rewrite;
 pub mod serve;
 pub mod sidecar;
+pub mod trust;
 
 use std::future::Future;
 use std::process::ExitCode;

@@ -3,7 +3,6 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use wasm_fetcher::VerifyKey;
 use wasm_fetcher::{settings, Cache, PullPolicy, PullRequest, Settings, Sha256};
 
 use super::Failure;
@@ -62,11 +61,8 @@ pub struct PullArgs {
     /// layers) before asking the registry; those URLs pass the same address guard.
     #[arg(long)]
     allow_foreign_layers: bool,
-    /// A PEM public key (ECDSA P-256, as cosign.pub): every module must be an oci:// image
-    /// carrying a cosign signature by it, checked before anything is cached
-    /// [default: $WASM_VERIFY_KEY].
-    #[arg(long, value_name = "FILE")]
-    verify_key: Option<PathBuf>,
+    #[command(flatten)]
+    trust: super::trust::TrustArgs,
     /// Pull oci:// images through the registry mirrors of containerd's hosts directory:
     /// DIR/<registry>/hosts.toml (or DIR/_default/hosts.toml), at most 64 KiB
     /// [default: $WASM_REGISTRY_CONFIG_DIR].
@@ -89,9 +85,7 @@ impl PullOptions {
         let mut settings = Settings::from_env()?;
         settings.allow_foreign_layers = args.allow_foreign_layers;
         settings.allow_unsigned_dynamic_modules = args.allow_unsigned_dynamic_modules;
-        if let Some(key) = &args.verify_key {
-            settings.verify_key = Some(VerifyKey::read(key, "--verify-key")?);
-        }
+        args.trust.apply(&mut settings)?;
         if let Some(ca) = &args.ca_file {
             settings.add_ca_file(ca)?;
         }
@@ -109,6 +103,7 @@ impl PullOptions {
                 platform: args.platform,
                 pull_secret: args.pull_secret,
                 verify_key: None,
+                verify_identity: None,
                 progress,
             },
             cache,

@@ -71,11 +71,8 @@ pub struct ServeArgs {
     /// group (every user of the node may then read the values).
     #[arg(long, value_enum, default_value = "0640")]
     pub ecds_mode: EcdsMode,
-    /// A PEM public key (ECDSA P-256, as cosign.pub): every plugin's module must be an oci:// image
-    /// carrying a cosign signature by it, checked before anything is cached
-    /// [default: $WASM_VERIFY_KEY].
-    #[arg(long, value_name = "FILE")]
-    pub verify_key: Option<PathBuf>,
+    #[command(flatten)]
+    pub trust: super::trust::TrustArgs,
     /// Read oci:// modules from the image volumes the kubelet mounted under DIR
     /// (DIR/wasm-<hash>/plugin.wasm, as `render --image-volumes` plans them): checked in
     /// place, never cached nor purged [default: $WASM_IMAGE_VOLUME_ROOT].
@@ -134,9 +131,7 @@ pub fn run(args: ServeArgs) -> anyhow::Result<()> {
     if let Some(ca) = &args.ca_file {
         settings.add_ca_file(ca)?;
     }
-    if let Some(key) = &args.verify_key {
-        settings.verify_key = Some(wasm_fetcher::VerifyKey::read(key, "--verify-key")?);
-    }
+    args.trust.apply(&mut settings)?;
     if let Some(root) = &args.image_volume_root {
         settings.image_volume_root = Some(root.clone());
     }

@@ -24,11 +24,8 @@ pub struct Fetching {
     /// Extra trusted CA certificates for HTTPS sources and registries: a regular PEM file.
     #[arg(long)]
     ca_file: Option<PathBuf>,
-    /// A PEM public key (ECDSA P-256, as cosign.pub): every module must be an oci:// image
-    /// carrying a cosign signature by it, checked before anything is cached
-    /// [default: $WASM_VERIFY_KEY].
-    #[arg(long, value_name = "FILE")]
-    verify_key: Option<PathBuf>,
+    #[command(flatten)]
+    trust: super::trust::TrustArgs,
     /// Read oci:// modules from the image volumes the kubelet mounted under DIR (one per
     /// reference, DIR/wasm-<hash>/plugin.wasm), checked in place and never cached
     /// [default: $WASM_IMAGE_VOLUME_ROOT].
@@ -47,9 +44,7 @@ impl Fetching {
         if let Some(ca) = &self.ca_file {
             settings.add_ca_file(ca)?;
         }
-        if let Some(key) = &self.verify_key {
-            settings.verify_key = Some(wasm_fetcher::VerifyKey::read(key, "--verify-key")?);
-        }
+        self.trust.apply(&mut settings)?;
         if let Some(root) = &self.image_volume_root {
             settings.image_volume_root = Some(root.clone());
         }

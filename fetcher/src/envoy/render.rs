@@ -72,6 +72,7 @@ pub fn plan(p: &WasmPlugin, options: &Options) -> PullRequest {
         resource_version: Some(p.version().to_string()),
         pull_secret,
         verify_key: p.verify_key.clone(),
+        verify_identity: p.verify_identity.clone(),
         ..Default::default()
     }
 }

@@ -10,7 +10,7 @@ use serde_json::Value;
 
 use crate::digest::{parse_digest, Digest, Sha256};
 use crate::error::FetchError;
-use crate::keys::VerifyKey;
+use crate::oci::cosign::Requirement;
 use crate::oci::distribution::Distribution;
 use crate::oci::manifest::{accept_manifests, parse_manifest, ImageDigests};
 use crate::oci::registry::{Registry, Resolved};
@@ -154,21 +154,17 @@ pub async fn pull(
     done(false)
 }
 
-/// The keys every dynamic module must be signed by: the operator's verify key (the
-/// settings') and the request's. Without the operator's, a module is refused unless the
-/// operator opted out by name (`--allow-unsigned-dynamic-modules`): it runs unsandboxed inside
-/// Envoy, so a key that came with the resource (its `verificationKey`, chosen by whoever
-/// wrote it) adds a check but never stands in for the operator's.
-fn keys(req: &PullRequest, settings: &Settings) -> Result<Vec<VerifyKey>, FetchError> {
-    if settings.verify_key.is_none() && !settings.allow_unsigned_dynamic_modules {
+/// What every dynamic module's signature must meet: the operator's verify key or keyless
+/// identity (the settings'), and the request's. Without the operator's, a module is refused
+/// unless the operator opted out by name (`--allow-unsigned-dynamic-modules`): it runs
+/// unsandboxed inside Envoy, so a key or identity that came with the resource (chosen by
+/// whoever wrote it) adds a check but never stands in for the operator's.
+fn keys(req: &PullRequest, settings: &Settings) -> Result<Vec<Requirement>, FetchError> {
+    let operators = settings.verify_key.is_some() || settings.verify_identity.is_some();
+    if !operators && !settings.allow_unsigned_dynamic_modules {
         return Err(FetchError::UnsignedDynamicModule);
     }
-    Ok(settings
-        .verify_key
-        .iter()
-        .chain(req.verify_key.iter())
-        .cloned()
-        .collect())
+    req.requirements(settings)
 }
 
 /// The module is one the target Envoy can load on `platform`.

@@ -17,6 +17,7 @@ use std::sync::{Arc, LazyLock, Mutex};
 
 use crate::digest::{Digest, Sha256};
 use crate::error::FetchError;
+use crate::oci::cosign::Requirement;
 use crate::progress::Progress;
 use crate::reference::{self, Source};
 use crate::settings::Settings;
@@ -46,8 +47,43 @@ pub struct PullRequest {
     /// (a plugin's own); with either, only an `oci://` module is accepted, and only after its
     /// signature is checked at the registry.
     pub verify_key: Option<crate::keys::VerifyKey>,
+    /// An identity the module's keyless signature must name, beside
+    /// `Settings::verify_identity` (a plugin's own), checked under `Settings::trusted_root`.
+    pub verify_identity: Option<crate::keyless::IdentityPolicy>,
     /// Where download progress goes (the CLI draws a bar on a terminal).
     pub progress: Progress,
+}
+
+impl PullRequest {
+    /// What the module's signature must meet: the operator's key and identity (the
+    /// settings'), then the request's own (a plugin's), whose identity is checked under the
+    /// operator's trusted root.
+    pub fn requirements(&self, settings: &Settings) -> Result<Vec<Requirement>, FetchError> {
+        let mut out: Vec<Requirement> = settings
+            .verify_key
+            .iter()
+            .chain(self.verify_key.iter())
+            .cloned()
+            .map(Requirement::Key)
+            .collect();
+        out.extend(settings.verify_identity.clone().map(Requirement::Identity));
+        if let Some(policy) = &self.verify_identity {
+            let root = settings
+                .trusted_root
+                .clone()
+                .ok_or_else(|| FetchError::Setting {
+                    name: "WASM_TRUSTED_ROOT",
+                    value: String::new(),
+                    reason: format!(
+                        "{}, where {} names a keyless identity",
+                        crate::keyless::no_root("--trusted-root (WASM_TRUSTED_ROOT)"),
+                        self.resource.as_deref().unwrap_or(&self.url)
+                    ),
+                })?;
+            out.push(Requirement::Identity(policy.under(root)));
+        }
+        Ok(out)
+    }
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -88,11 +124,10 @@ impl<'a> Pull<'a> {
         let key = source.key();
         let pins = Pins::new(req.sha256, &source);
         let policy = policy::effective(req.policy, &source, pins.any());
-        let keys: Vec<String> = settings
-            .verify_key
+        let keys: Vec<String> = req
+            .requirements(settings)?
             .iter()
-            .chain(req.verify_key.iter())
-            .map(crate::keys::VerifyKey::spki_id)
+            .map(Requirement::id)
             .collect();
         let verified = !keys.is_empty();
         if verified {

@@ -83,6 +83,44 @@ pub(super) fn metadata(top: &Map<String, Value>) -> Result<Metadata, Invalid> {
     })
 }
 
+/// The annotations that name the keyless identity a plugin's module must be signed by
+/// (Istio's WasmPlugin has `verificationKey` for a key, and no field for an identity).
+pub const IDENTITY_ANNOTATIONS: [&str; 4] = [
+    "wasm-fetcher.dev/certificate-identity",
+    "wasm-fetcher.dev/certificate-identity-regexp",
+    "wasm-fetcher.dev/certificate-oidc-issuer",
+    "wasm-fetcher.dev/certificate-oidc-issuer-regexp",
+];
+
+/// The keyless identity `metadata.annotations` names, if any.
+pub(super) fn identity_policy(
+    top: &Map<String, Value>,
+) -> Result<Option<crate::keyless::IdentityPolicy>, Invalid> {
+    let annotations = top
+        .get("metadata")
+        .and_then(|m| m.get("annotations"))
+        .and_then(Value::as_object);
+    let Some(annotations) = annotations else {
+        return Ok(None);
+    };
+    let mut values: [Option<String>; 4] = Default::default();
+    for (slot, key) in values.iter_mut().zip(IDENTITY_ANNOTATIONS) {
+        *slot = string(
+            annotations.get(key),
+            &format!("metadata.annotations[{key}]"),
+        )?;
+    }
+    let names = crate::keyless::PolicyNames {
+        identity: values[0].as_deref(),
+        identity_regexp: values[1].as_deref(),
+        issuer: values[2].as_deref(),
+        issuer_regexp: values[3].as_deref(),
+    };
+    names
+        .policy(IDENTITY_ANNOTATIONS)
+        .map_err(|e| invalid("metadata.annotations", e))
+}
+
 /// `spec`: an object holding only the fields a WasmPlugin has.
 pub(super) fn spec_object(top: &Map<String, Value>) -> Result<&Map<String, Value>, Invalid> {
     let spec = match top.get("spec") {

@@ -51,6 +51,10 @@ pub struct WasmPlugin {
     pub env: Vec<EnvVar>,
     /// `spec.verificationKey`: the module must carry a cosign signature by this key.
     pub verify_key: Option<crate::VerifyKey>,
+    /// `metadata.annotations["wasm-fetcher.dev/certificate-identity"]` and its siblings: the
+    /// module must carry a keyless signature by this identity, under the operator's trusted
+    /// root.
+    pub verify_identity: Option<crate::keyless::IdentityPolicy>,
 }
 
 /// Where in the filter chain a plugin goes (Istio: before its own authn, authz, stats
@@ -195,6 +199,7 @@ impl WasmPlugin {
             ),
             _ => None,
         };
+        let verify_identity = identity_policy(top)?;
         Ok(WasmPlugin {
             name,
             namespace,
@@ -212,6 +217,7 @@ impl WasmPlugin {
             fail_strategy,
             env,
             verify_key,
+            verify_identity,
         })
     }
 

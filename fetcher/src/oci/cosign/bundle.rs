@@ -9,12 +9,13 @@
 use base64::Engine;
 use p256::ecdsa::signature::hazmat::PrehashVerifier;
 use p256::ecdsa::signature::Verifier;
-use p256::ecdsa::Signature;
+use p256::ecdsa::{Signature, VerifyingKey};
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Format, SignatureError};
+use super::{keyless, Format, Requirement, SignatureError};
 use crate::digest::Digest;
+use crate::keyless::Identity;
 use crate::keys::VerifyKey;
 use crate::shown::shown;
 
@@ -88,13 +89,44 @@ pub fn statement(digest: &Digest) -> Vec<u8> {
     .unwrap_or_default()
 }
 
-/// Checks that `bytes`, a bundle from referrer `at`, is `key`'s signature of `digest`.
+/// What a bundle holds beside its signature: a key's hint, or a certificate and its log entry.
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Material {
+    public_key: Option<Value>,
+    certificate: Option<RawBytes>,
+    x509_certificate_chain: Option<Chain>,
+    #[serde(default)]
+    tlog_entries: Vec<Value>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawBytes {
+    raw_bytes: String,
+}
+
+#[derive(Deserialize)]
+struct Chain {
+    certificates: Vec<RawBytes>,
+}
+
+/// What verified in one bundle.
+#[derive(Debug)]
+pub(super) struct Checked {
+    pub format: Format,
+    /// For a keyless signature, who the certificate names.
+    pub identity: Option<String>,
+}
+
+/// Checks that `bytes`, a bundle from referrer `at`, is a signature of `digest` that meets
+/// `requirement`.
 pub(super) fn verify(
-    key: &VerifyKey,
+    requirement: &Requirement,
     digest: &Digest,
     at: &str,
     bytes: &[u8],
-) -> Result<Format, SignatureError> {
+) -> Result<Checked, SignatureError> {
     let malformed = |reason: String| SignatureError::Malformed {
         tag: at.to_string(),
         reason,
@@ -111,50 +143,177 @@ pub(super) fn verify(
             shown(&bundle.media_type)
         )));
     }
-    let material = &bundle.verification_material;
-    if material.get("publicKey").is_none() {
-        let kind = ["certificate", "x509CertificateChain"]
-            .into_iter()
-            .find(|k| material.get(k).is_some());
-        return Err(malformed(match kind {
-            Some(k) => format!("the bundle carries a {k} (signed keyless), not a key's signature"),
-            None => "the bundle names no verification material".into(),
-        }));
+    let material: Material =
+        serde_json::from_value(bundle.verification_material.clone()).map_err(|e| {
+            malformed(format!(
+                "the bundle's verificationMaterial does not parse ({})",
+                shown(&e.to_string())
+            ))
+        })?;
+    let outcome = match requirement {
+        Requirement::Key(key) => by_key(key, &bundle, &material, digest),
+        Requirement::Identity(policy) => by_identity(policy, &bundle, &material, digest),
+    };
+    outcome.map_err(|e| e.into_error(at, requirement, digest))
+}
+
+fn by_key(
+    key: &VerifyKey,
+    bundle: &Bundle,
+    material: &Material,
+    digest: &Digest,
+) -> Result<Checked, Refusal> {
+    if material.public_key.is_none() {
+        let kind = match (&material.certificate, &material.x509_certificate_chain) {
+            (Some(_), _) => {
+                "the bundle carries a certificate (signed keyless), not a key's signature"
+            }
+            (None, Some(_)) => {
+                "the bundle carries a x509CertificateChain (signed keyless), not a key's signature"
+            }
+            (None, None) => "the bundle names no verification material",
+        };
+        return Err(Refusal::Malformed(kind.into()));
     }
-    match (&bundle.dsse_envelope, &bundle.message_signature) {
+    let format = match (&bundle.dsse_envelope, &bundle.message_signature) {
         (Some(envelope), None) => {
-            let payload =
-                check_envelope(key, envelope).map_err(|e| e.into_error(at, key, digest))?;
-            check_statement(&payload, digest).map_err(|e| e.into_error(at, key, digest))?;
-            Ok(Format::DsseBundle)
+            let (payload, _) = check_envelope(key.key(), envelope)?;
+            check_statement(&payload, digest)?;
+            Format::DsseBundle
         }
         (None, Some(message)) => {
-            check_message(key, message, digest).map_err(|e| e.into_error(at, key, digest))?;
-            Ok(Format::MessageBundle)
+            check_message(key.key(), message, digest)?;
+            Format::MessageBundle
         }
-        _ => Err(malformed(
-            "the bundle holds neither exactly one DSSE envelope nor one message signature".into(),
-        )),
+        _ => return Err(neither()),
+    };
+    Ok(Checked {
+        format,
+        identity: None,
+    })
+}
+
+fn neither() -> Refusal {
+    Refusal::Malformed(
+        "the bundle holds neither exactly one DSSE envelope nor one message signature".into(),
+    )
+}
+
+/// The leaf (a v0.3 bundle's `certificate`, or the first of an older bundle's chain; any
+/// other certificate a bundle ships is ignored: the chain comes from the trusted root), its
+/// signature, then what `keyless::check` adds.
+fn by_identity(
+    policy: &Identity,
+    bundle: &Bundle,
+    material: &Material,
+    digest: &Digest,
+) -> Result<Checked, Refusal> {
+    let leaf_b64 = match (&material.certificate, &material.x509_certificate_chain) {
+        (Some(c), _) => &c.raw_bytes,
+        (None, Some(chain)) => match chain.certificates.first() {
+            Some(c) => &c.raw_bytes,
+            None => return Err(Refusal::Malformed("the bundle's certificate chain is empty".into())),
+        },
+        (None, None) => {
+            return Err(Refusal::Malformed(match material.public_key {
+                Some(_) => "the bundle was signed with a key (publicKey), not keyless: verify it with --verify-key".into(),
+                None => "the bundle names no verification material".into(),
+            }))
+        }
+    };
+    let leaf_der = decode(leaf_b64, "certificate")?;
+    let leaf = keyless::Leaf::parse(&leaf_der).map_err(Refusal::Malformed)?;
+    let leaf_key = leaf.key().map_err(Refusal::Malformed)?;
+    let [entry] = material.tlog_entries.as_slice() else {
+        return Err(Refusal::Untrusted(format!(
+            "the bundle has {} transparency log entries, where keyless needs exactly one",
+            material.tlog_entries.len()
+        )));
+    };
+    let entry: keyless::TlogEntry = serde_json::from_value(entry.clone()).map_err(|e| {
+        Refusal::Malformed(format!(
+            "the bundle's transparency log entry does not parse ({})",
+            shown(&e.to_string())
+        ))
+    })?;
+    let (format, checked) = match (&bundle.dsse_envelope, &bundle.message_signature) {
+        (Some(envelope), None) => {
+            let (payload, signature) = check_envelope(&leaf_key, envelope)?;
+            check_statement(&payload, digest)?;
+            let recorded = keyless::Recorded::Dsse {
+                payload_sha256: crate::digest::Sha256::of(&payload).0,
+                signature: &signature,
+            };
+            (
+                Format::DsseBundle,
+                keyless::check(policy, &leaf, &leaf_der, &entry, &recorded),
+            )
+        }
+        (None, Some(message)) => {
+            let signature = check_message(&leaf_key, message, digest)?;
+            let recorded = keyless::Recorded::Hashed {
+                sha256: digest.0 .0,
+                signature: &signature,
+            };
+            (
+                Format::MessageBundle,
+                keyless::check(policy, &leaf, &leaf_der, &entry, &recorded),
+            )
+        }
+        _ => return Err(neither()),
+    };
+    match checked {
+        Ok(who) => Ok(Checked {
+            format,
+            identity: Some(who),
+        }),
+        Err(keyless::Refused::Untrusted(why)) => Err(Refusal::Untrusted(why)),
+        Err(keyless::Refused::OtherIdentity(who)) => Err(Refusal::OtherIdentity(who)),
     }
 }
 
 /// Why one check failed, before it is worded for its referrer.
-enum Refusal {
+pub(super) enum Refusal {
     Malformed(String),
     WrongKey,
     OtherDigest(String),
+    Untrusted(String),
+    OtherIdentity(String),
 }
 
 impl Refusal {
-    fn into_error(self, at: &str, key: &VerifyKey, digest: &Digest) -> SignatureError {
+    pub(super) fn into_error(
+        self,
+        at: &str,
+        requirement: &Requirement,
+        digest: &Digest,
+    ) -> SignatureError {
         match self {
             Refusal::Malformed(reason) => SignatureError::Malformed {
                 tag: at.to_string(),
                 reason,
             },
-            Refusal::WrongKey => SignatureError::WrongKey {
+            Refusal::WrongKey => match requirement {
+                Requirement::Key(key) => SignatureError::WrongKey {
+                    tag: at.to_string(),
+                    key: key.id().to_string(),
+                },
+                Requirement::Identity(_) => SignatureError::Untrusted {
+                    tag: at.to_string(),
+                    reason: "the signature does not verify with its certificate's key: what it signs was altered".into(),
+                },
+            },
+            Refusal::Untrusted(reason) => SignatureError::Untrusted {
                 tag: at.to_string(),
-                key: key.id().to_string(),
+                reason,
+            },
+            Refusal::OtherIdentity(found) => SignatureError::OtherIdentity {
+                tag: at.to_string(),
+                found,
+                wanted: match requirement {
+                    Requirement::Identity(policy) => policy.to_string(),
+                    Requirement::Key(key) => key.id().to_string(),
+                },
             },
             Refusal::OtherDigest(signed) => SignatureError::OtherDigest {
                 tag: at.to_string(),
@@ -176,9 +335,8 @@ fn decode(text: &str, what: &str) -> Result<Vec<u8>, Refusal> {
         .map_err(|e| Refusal::Malformed(format!("the {what} is not base64 ({e})")))
 }
 
-fn signature(text: &str) -> Result<Signature, Refusal> {
-    let der = decode(text, "signature")?;
-    let s = Signature::from_der(&der).map_err(|_| {
+fn signature(der: &[u8]) -> Result<Signature, Refusal> {
+    let s = Signature::from_der(der).map_err(|_| {
         Refusal::Malformed("the signature is not a DER ECDSA P-256 signature".into())
     })?;
     // Go's ecdsa (cosign) and OpenSSL accept either s; RustCrypto only the low one.
@@ -186,7 +344,7 @@ fn signature(text: &str) -> Result<Signature, Refusal> {
 }
 
 /// The envelope's one signature over its PAE, then its payload (only once it verified).
-fn check_envelope(key: &VerifyKey, e: &Envelope) -> Result<Vec<u8>, Refusal> {
+fn check_envelope(key: &VerifyingKey, e: &Envelope) -> Result<(Vec<u8>, Vec<u8>), Refusal> {
     if e.payload_type != IN_TOTO {
         return Err(Refusal::Malformed(format!(
             "the envelope's payloadType is {:?}, not {IN_TOTO}",
@@ -199,12 +357,12 @@ fn check_envelope(key: &VerifyKey, e: &Envelope) -> Result<Vec<u8>, Refusal> {
             e.signatures.len()
         )));
     };
-    let sig = signature(&one.sig)?;
+    let raw = decode(&one.sig, "signature")?;
+    let sig = signature(&raw)?;
     let payload = decode(&e.payload, "envelope's payload")?;
-    key.key()
-        .verify(&pae(&e.payload_type, &payload), &sig)
+    key.verify(&pae(&e.payload_type, &payload), &sig)
         .map_err(|_| Refusal::WrongKey)?;
-    Ok(payload)
+    Ok((payload, raw))
 }
 
 /// A verified statement must be `cosign sign`'s and name `digest` among its subjects.
@@ -246,8 +404,14 @@ fn check_statement(payload: &[u8], digest: &Digest) -> Result<(), Refusal> {
 }
 
 /// A message signature is over the image manifest itself, so its digest is `digest`.
-fn check_message(key: &VerifyKey, m: &MessageSignature, digest: &Digest) -> Result<(), Refusal> {
-    let sig = signature(&m.signature)?;
+/// Returns the signature as given.
+fn check_message(
+    key: &VerifyingKey,
+    m: &MessageSignature,
+    digest: &Digest,
+) -> Result<Vec<u8>, Refusal> {
+    let raw = decode(&m.signature, "signature")?;
+    let sig = signature(&raw)?;
     let named = match &m.message_digest {
         Some(d) if d.algorithm == "SHA2_256" => decode(&d.digest, "message digest")?,
         Some(d) => {
@@ -258,8 +422,7 @@ fn check_message(key: &VerifyKey, m: &MessageSignature, digest: &Digest) -> Resu
         }
         None => digest.0 .0.to_vec(),
     };
-    key.key()
-        .verify_prehash(&named, &sig)
+    key.verify_prehash(&named, &sig)
         .map_err(|_| Refusal::WrongKey)?;
     if named != digest.0 .0 {
         return Err(Refusal::OtherDigest(format!(
@@ -267,7 +430,7 @@ fn check_message(key: &VerifyKey, m: &MessageSignature, digest: &Digest) -> Resu
             named.iter().map(|b| format!("{b:02x}")).collect::<String>()
         )));
     }
-    Ok(())
+    Ok(raw)
 }
 
 #[cfg(test)]
@@ -311,20 +474,20 @@ mod tests {
         let public = key.verify_key().unwrap();
         let bundle = dsse(&key, &statement(&digest(1)), key_material());
         assert_eq!(
-            verify(&public, &digest(1), "r", &bundle),
+            verify(&Requirement::Key(public.clone()), &digest(1), "r", &bundle).map(|c| c.format),
             Ok(Format::DsseBundle)
         );
-        let e = verify(&public, &digest(2), "r", &bundle).unwrap_err();
+        let e = verify(&Requirement::Key(public.clone()), &digest(2), "r", &bundle).unwrap_err();
         assert!(matches!(e, SignatureError::OtherDigest { .. }), "{e}");
         let other = SignKey::from_scalar(&[4; 32]).verify_key().unwrap();
-        let e = verify(&other, &digest(1), "r", &bundle).unwrap_err();
+        let e = verify(&Requirement::Key(other.clone()), &digest(1), "r", &bundle).unwrap_err();
         assert!(matches!(e, SignatureError::WrongKey { .. }), "{e}");
         let keyless = dsse(
             &key,
             &statement(&digest(1)),
             serde_json::json!({"certificate": {"rawBytes": ""}}),
         );
-        let e = verify(&public, &digest(1), "r", &keyless).unwrap_err();
+        let e = verify(&Requirement::Key(public.clone()), &digest(1), "r", &keyless).unwrap_err();
         assert!(e.to_string().contains("keyless"), "{e}");
     }
 
@@ -335,7 +498,7 @@ mod tests {
         let mut st: Value = serde_json::from_slice(&statement(&digest(1))).unwrap();
         st["predicateType"] = "https://slsa.dev/provenance/v1".into();
         let bundle = dsse(&key, &serde_json::to_vec(&st).unwrap(), key_material());
-        let e = verify(&public, &digest(1), "r", &bundle).unwrap_err();
+        let e = verify(&Requirement::Key(public.clone()), &digest(1), "r", &bundle).unwrap_err();
         assert!(e.to_string().contains("predicateType"), "{e}");
 
         use p256::ecdsa::signature::hazmat::PrehashSigner;
@@ -349,10 +512,10 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(
-            verify(&public, &digest(1), "r", &message),
+            verify(&Requirement::Key(public.clone()), &digest(1), "r", &message).map(|c| c.format),
             Ok(Format::MessageBundle)
         );
-        let e = verify(&public, &digest(2), "r", &message).unwrap_err();
+        let e = verify(&Requirement::Key(public.clone()), &digest(2), "r", &message).unwrap_err();
         assert!(matches!(e, SignatureError::OtherDigest { .. }), "{e}");
     }
 }

@@ -11,9 +11,11 @@ use p256::ecdsa::signature::Verifier;
 use p256::ecdsa::Signature;
 use serde_json::Value;
 
-use super::SignatureError;
+use super::bundle::Refusal;
+use super::{keyless, Requirement, SignatureError};
 use crate::digest::{parse_digest, Digest};
 use crate::error::FetchError;
+use crate::keyless::Identity;
 use crate::keys::VerifyKey;
 use crate::net;
 use crate::oci::distribution::Distribution;
@@ -51,28 +53,46 @@ pub fn payload(reference: &str, digest: &Digest) -> Vec<u8> {
     .unwrap_or_default()
 }
 
+/// The layer annotation that holds a keyless signature's certificate (PEM).
+pub const CERTIFICATE_ANNOTATION: &str = "dev.sigstore.cosign/certificate";
+/// The layer annotation that holds a keyless signature's Rekor entry (cosign's JSON).
+pub const REKOR_ANNOTATION: &str = "dev.sigstore.cosign/bundle";
+/// A certificate's PEM, or a Rekor entry (a certificate and a signature in base64 twice
+/// over), is a few KiB.
+pub const KEYLESS_ANNOTATION_LIMIT: usize = 64 << 10;
+
 /// One layer of a signature manifest, read and parsed as far as it could be.
 pub(super) struct Entry {
     payload: Vec<u8>,
     signature: Signature,
+    /// The signature's DER as given, which a log entry records.
+    raw_signature: Vec<u8>,
+    certificate: Option<String>,
+    rekor: Option<String>,
 }
 
-/// Whether one of `entries` is `key`'s signature of `digest`; if none is, the first entry's
-/// reason (a signature manifest usually holds one).
+/// Whether one of `entries` is a signature of `digest` that meets `requirement` (and, for a
+/// keyless one, who signed); if none is, the first entry's reason (a signature manifest
+/// usually holds one).
 pub(super) fn check(
-    key: &VerifyKey,
+    requirement: &Requirement,
     digest: &Digest,
     tag: &str,
     entries: &[Result<Entry, SignatureError>],
-) -> Result<(), SignatureError> {
+) -> Result<Option<String>, SignatureError> {
     let mut first = None;
     for entry in entries {
         let outcome = entry
             .as_ref()
             .map_err(Clone::clone)
-            .and_then(|e| check_entry(key, digest, tag, e));
+            .and_then(|e| match requirement {
+                Requirement::Key(key) => check_entry(key, digest, tag, e).map(|()| None),
+                Requirement::Identity(policy) => check_keyless(policy, digest, e)
+                    .map(Some)
+                    .map_err(|r| r.into_error(tag, requirement, digest)),
+            });
         match outcome {
-            Ok(()) => return Ok(()),
+            Ok(who) => return Ok(who),
             Err(e) => {
                 first.get_or_insert(e);
             }
@@ -111,6 +131,46 @@ fn check_entry(
         });
     }
     Ok(())
+}
+
+/// A keyless layer (cosign 2's): the signature with its certificate's key, the payload's
+/// digest, then the Rekor entry the layer carries and what `keyless::check` adds.
+fn check_keyless(policy: &Identity, digest: &Digest, entry: &Entry) -> Result<String, Refusal> {
+    let pem = entry.certificate.as_deref().ok_or_else(|| {
+        Refusal::Malformed(format!(
+            "the layer carries no {CERTIFICATE_ANNOTATION}: it was signed with a key, not keyless; verify it with --verify-key"
+        ))
+    })?;
+    let der = x509_cert::der::pem::decode_vec(pem.as_bytes())
+        .map(|(_, der)| der)
+        .map_err(|_| {
+            Refusal::Malformed(format!(
+                "the {CERTIFICATE_ANNOTATION} annotation is not PEM"
+            ))
+        })?;
+    let leaf = keyless::Leaf::parse(&der).map_err(Refusal::Malformed)?;
+    let key = leaf.key().map_err(Refusal::Malformed)?;
+    let signature = entry.signature.normalize_s().unwrap_or(entry.signature);
+    key.verify(&entry.payload, &signature)
+        .map_err(|_| Refusal::WrongKey)?;
+    let signed = signed_digest(&entry.payload).map_err(Refusal::Malformed)?;
+    if signed != digest.to_string() {
+        return Err(Refusal::OtherDigest(shown(&signed)));
+    }
+    let rekor = entry.rekor.as_deref().ok_or_else(|| {
+        Refusal::Untrusted(format!(
+            "the layer carries no transparency log entry ({REKOR_ANNOTATION})"
+        ))
+    })?;
+    let log_entry = keyless::TlogEntry::from_legacy(rekor).map_err(Refusal::Untrusted)?;
+    let recorded = keyless::Recorded::Hashed {
+        sha256: crate::digest::Sha256::of(&entry.payload).0,
+        signature: &entry.raw_signature,
+    };
+    keyless::check(policy, &leaf, &der, &log_entry, &recorded).map_err(|r| match r {
+        keyless::Refused::Untrusted(why) => Refusal::Untrusted(why),
+        keyless::Refused::OtherIdentity(who) => Refusal::OtherIdentity(who),
+    })
 }
 
 /// `critical.image.docker-manifest-digest` of a simple-signing payload of cosign's type.
@@ -230,6 +290,23 @@ async fn read_entry(
             )))
         }
     };
+    let annotation = |name: &'static str| -> Result<Option<String>, SignatureError> {
+        match layer.annotations.as_ref().and_then(|a| a.get(name)) {
+            Some(text) if text.len() > KEYLESS_ANNOTATION_LIMIT => Err(oversized(
+                name,
+                text.len() as u64,
+                KEYLESS_ANNOTATION_LIMIT as u64,
+            )),
+            other => Ok(other.cloned()),
+        }
+    };
+    let (certificate, rekor) = match (
+        annotation(CERTIFICATE_ANNOTATION),
+        annotation(REKOR_ANNOTATION),
+    ) {
+        (Ok(c), Ok(r)) => (c, r),
+        (Err(e), _) | (_, Err(e)) => return Ok(Err(e)),
+    };
     let size = u64::try_from(layer.size).unwrap_or(u64::MAX);
     if size > PAYLOAD_LIMIT {
         return Ok(Err(oversized("signed payload", size, PAYLOAD_LIMIT)));
@@ -261,7 +338,13 @@ async fn read_entry(
             "the payload does not match its digest {blob_digest}"
         ))));
     }
-    Ok(Ok(Entry { payload, signature }))
+    Ok(Ok(Entry {
+        payload,
+        signature,
+        raw_signature: der,
+        certificate,
+        rekor,
+    }))
 }
 
 #[cfg(test)]
@@ -284,6 +367,9 @@ mod tests {
         Entry {
             payload: payload.to_vec(),
             signature: Signature::from_der(&der).unwrap(),
+            raw_signature: der,
+            certificate: None,
+            rekor: None,
         }
     }
 
@@ -302,10 +388,7 @@ mod tests {
         ));
         let mut tampered = good.payload.clone();
         tampered[10] ^= 1;
-        let tampered = Entry {
-            payload: tampered,
-            signature: good.signature,
-        };
+        let tampered = entry(&tampered, &signer.sign(&payload));
         assert!(matches!(
             check_entry(&public, &digest(1), "t", &tampered),
             Err(SignatureError::WrongKey { .. })
@@ -325,6 +408,9 @@ mod tests {
         let e = Entry {
             payload,
             signature: high,
+            raw_signature: high.to_der().as_bytes().to_vec(),
+            certificate: None,
+            rekor: None,
         };
         assert_eq!(
             check_entry(&signer.verify_key().unwrap(), &digest(3), "t", &e),

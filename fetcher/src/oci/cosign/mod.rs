@@ -13,6 +13,7 @@
 pub use crate::error::SignatureError;
 
 mod bundle;
+mod keyless;
 mod legacy;
 pub mod referrers;
 
@@ -21,45 +22,65 @@ pub use legacy::{payload, signature_tag, LAYERS_LIMIT, SIGNATURE_ANNOTATION, SIM
 
 use crate::digest::Digest;
 use crate::error::FetchError;
+use crate::keyless::Identity;
 use crate::keys::VerifyKey;
 use crate::oci::distribution::Distribution;
 use crate::oci::manifest::ImageDigests;
 
 pub use crate::signed::{Format, Signer, Storage, Verified};
 
-/// Checks one Sigstore bundle by key, as a pull checks each bundle it finds: the CPU side of a
+/// What a module's signature must meet: a key's, or a keyless identity's under a trusted root.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Requirement {
+    Key(VerifyKey),
+    Identity(Identity),
+}
+
+impl Requirement {
+    /// How the index and `--json` name it: a key's full SPKI id, or the policy's id.
+    pub fn id(&self) -> String {
+        match self {
+            Requirement::Key(k) => k.spki_id(),
+            Requirement::Identity(i) => i.id().to_string(),
+        }
+    }
+}
+
+/// Checks one Sigstore bundle, as a pull checks each bundle it finds: the CPU side of a
 /// verification, without the registry (what `make bench` times).
 pub fn verify_bundle(
-    key: &VerifyKey,
+    requirement: &Requirement,
     digest: &Digest,
     bundle: &[u8],
 ) -> Result<Format, SignatureError> {
-    bundle::verify(key, digest, "the bundle", bundle)
+    bundle::verify(requirement, digest, "the bundle", bundle).map(|c| c.format)
 }
 
-/// Checks that the image `image` resolved to is signed by every key in `keys`, and says what
-/// verified (`None` when `keys` is empty: nothing is read then). The manifest's signature,
-/// or (for an image chosen from an index) the index's, which covers the manifest by its
-/// digest. A caller that only needs the check can discard the outcome (`verify(..).await?;`).
+/// Checks that the image `image` resolved to is signed as every requirement asks, and says
+/// what verified (`None` when `trust` is empty: nothing is read then). The manifest's
+/// signature, or (for an image chosen from an index) the index's, which covers the manifest
+/// by its digest. A caller that only needs the check can discard the outcome
+/// (`verify(..).await?;`).
 pub async fn verify(
     d: &Distribution,
     image: &ImageDigests,
-    keys: &[VerifyKey],
+    trust: &[Requirement],
 ) -> Result<Option<Verified>, FetchError> {
-    if keys.is_empty() {
+    if trust.is_empty() {
         return Ok(None);
     }
-    let first = check_digest(d, &image.manifest, keys).await;
+    let first = check_digest(d, &image.manifest, trust).await;
     let verified = match (first, image.index) {
         (Err(FetchError::Signature(SignatureError::Missing { .. })), Some(index)) => {
-            check_digest(d, &index, keys).await
+            check_digest(d, &index, trust).await
         }
         (outcome, _) => outcome,
     }?;
     for s in &verified.signers {
         tracing::info!(
             digest = %verified.digest,
-            key = %s.key,
+            by = %s.key,
+            identity = s.identity.as_deref().unwrap_or(""),
             storage = ?s.storage,
             format = ?s.format,
             at = %s.at,
@@ -72,7 +93,7 @@ pub async fn verify(
 async fn check_digest(
     d: &Distribution,
     digest: &Digest,
-    keys: &[VerifyKey],
+    trust: &[Requirement],
 ) -> Result<Verified, FetchError> {
     let (storage, candidates) = referrers::list(d, digest).await?;
     let mut bundles = Vec::with_capacity(candidates.len());
@@ -89,22 +110,26 @@ async fn check_digest(
     }
     let tag = signature_tag(digest);
     let mut legacy_entries = None;
-    let mut signers = Vec::with_capacity(keys.len());
-    for key in keys {
+    let mut signers = Vec::with_capacity(trust.len());
+    for requirement in trust {
+        let id = requirement.id();
+        let signer = |storage, format, at: &str, identity| Signer {
+            key: id.clone(),
+            storage,
+            format,
+            at: at.to_string(),
+            identity,
+        };
         let mut first = None;
+        let mut found = None;
         for (at, bundle) in &bundles {
             let outcome = bundle
                 .as_ref()
                 .map_err(Clone::clone)
-                .and_then(|b| bundle::verify(key, digest, at, b));
+                .and_then(|b| bundle::verify(requirement, digest, at, b));
             match outcome {
-                Ok(format) => {
-                    signers.push(Signer {
-                        key: key.spki_id(),
-                        storage,
-                        format,
-                        at: at.clone(),
-                    });
+                Ok(c) => {
+                    found = Some(signer(storage, c.format, at, c.identity));
                     break;
                 }
                 Err(e) => {
@@ -113,36 +138,32 @@ async fn check_digest(
             }
         }
         for (at, entries) in &legacy_referrers {
-            if signed_by(&signers, key) {
+            if found.is_some() {
                 break;
             }
-            match legacy::check(key, digest, at, entries) {
-                Ok(()) => signers.push(Signer {
-                    key: key.spki_id(),
-                    storage,
-                    format: Format::SimpleSigning,
-                    at: at.clone(),
-                }),
+            match legacy::check(requirement, digest, at, entries) {
+                Ok(identity) => found = Some(signer(storage, Format::SimpleSigning, at, identity)),
                 Err(e) => {
                     first.get_or_insert(e);
                 }
             }
         }
-        if signed_by(&signers, key) {
+        if let Some(s) = found {
+            signers.push(s);
             continue;
         }
         if legacy_entries.is_none() {
             legacy_entries = Some(legacy::read_entries(d, &tag).await?);
         }
         let refusal = match legacy_entries.as_ref().and_then(Option::as_ref) {
-            Some(entries) => match legacy::check(key, digest, &tag, entries) {
-                Ok(()) => {
-                    signers.push(Signer {
-                        key: key.spki_id(),
-                        storage: Storage::SignatureTag,
-                        format: Format::SimpleSigning,
-                        at: tag.clone(),
-                    });
+            Some(entries) => match legacy::check(requirement, digest, &tag, entries) {
+                Ok(identity) => {
+                    signers.push(signer(
+                        Storage::SignatureTag,
+                        Format::SimpleSigning,
+                        &tag,
+                        identity,
+                    ));
                     continue;
                 }
                 // A bundle's reason first: it is what cosign 3 wrote.
@@ -164,8 +185,4 @@ async fn check_digest(
         digest: *digest,
         signers,
     })
-}
-
-fn signed_by(signers: &[Signer], key: &VerifyKey) -> bool {
-    signers.iter().any(|s| s.key == key.spki_id())
 }

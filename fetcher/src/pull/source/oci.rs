@@ -3,6 +3,7 @@
 //! holds the module the manifest names.
 
 use crate::error::FetchError;
+use crate::oci::cosign::Requirement;
 use crate::oci::registry::Registry;
 use crate::pull::pin::Pins;
 use crate::pull::source::{Body, Fetched, Target};
@@ -25,14 +26,8 @@ pub async fn fetch(
     let image = resolved.digests;
     let pin = pins.check(Some(&image))?;
     pin.check_declared(resolved.module_sha256()?)?;
-    let keys: Vec<_> = target
-        .settings
-        .verify_key
-        .iter()
-        .chain(req.verify_key.iter())
-        .cloned()
-        .collect();
-    let ids: Vec<String> = keys.iter().map(crate::keys::VerifyKey::spki_id).collect();
+    let keys = req.requirements(target.settings)?;
+    let ids: Vec<String> = keys.iter().map(Requirement::id).collect();
     // A manifest verified before with these keys is not checked at the registry again.
     let remembered = match keys.is_empty() {
         true => None,
