@@ -131,7 +131,7 @@ test: test-tools build filter module-cross envoy go
 	$(CARGO) test --release --workspace
 
 ## bench: every benchmark (docs/performance.md says what each measures).
-bench: bench-tools build filter envoy
+bench: bench-tools build filter envoy sigstore
 	$(CARGO) bench --workspace
 
 build:

@@ -184,7 +184,7 @@ pub enum SignatureError {
         signed: String,
         digest: String,
     },
-    #[error("signature untrusted: {tag}: {reason}; check that --trusted-root (WASM_TRUSTED_ROOT) is the trusted root of the Sigstore instance that signed it")]
+    #[error("signature untrusted: {tag}: {reason}; the module is refused: sign it again, or, if it was signed through another Sigstore instance, give that instance's trusted root (--trusted-root, WASM_TRUSTED_ROOT)")]
     Untrusted { tag: String, reason: String },
     #[error("signature by another identity: {tag} is signed keyless by {found}, where the policy asks for {wanted}; check --certificate-identity and --certificate-oidc-issuer (or their -regexp forms, or the WasmPlugin's wasm-fetcher.dev/certificate-* annotations)")]
     OtherIdentity {

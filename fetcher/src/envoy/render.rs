@@ -560,4 +560,42 @@ mod tests {
         let unset = WasmPlugin::from_value(&doc("")).unwrap();
         assert_eq!(plan(&unset, &Default::default()).verify_key, None);
     }
+
+    #[test]
+    fn a_wasmplugins_identity_annotations_reach_its_pull_and_half_an_identity_is_refused() {
+        let doc = |annotations: serde_json::Value| {
+            serde_json::json!({
+                "apiVersion": "extensions.istio.io/v1alpha1", "kind": "WasmPlugin",
+                "metadata": {"name": "p", "annotations": annotations},
+                "spec": {"url": "oci://r.example/f:1"},
+            })
+        };
+        let p = WasmPlugin::from_value(&doc(serde_json::json!({
+            "wasm-fetcher.dev/certificate-identity-regexp": "https://github.com/org/.*",
+            "wasm-fetcher.dev/certificate-oidc-issuer": "https://token.actions.githubusercontent.com",
+            "unrelated": "x",
+        })))
+        .unwrap();
+        let policy = plan(&p, &Default::default()).verify_identity.unwrap();
+        assert!(policy
+            .subject
+            .matches("https://github.com/org/repo/.github/workflows/r.yml@refs/heads/main"));
+        assert!(!policy.subject.matches("https://github.com/other/repo"));
+        assert!(policy
+            .issuer
+            .matches("https://token.actions.githubusercontent.com"));
+        let e = WasmPlugin::from_value(&doc(serde_json::json!({
+            "wasm-fetcher.dev/certificate-identity": "me@example.com",
+        })))
+        .unwrap_err();
+        assert_eq!(e.field, "metadata.annotations");
+        assert!(
+            e.message
+                .contains("wasm-fetcher.dev/certificate-oidc-issuer"),
+            "{}",
+            e.message
+        );
+        let none = WasmPlugin::from_value(&doc(serde_json::json!({"a": "b"}))).unwrap();
+        assert!(plan(&none, &Default::default()).verify_identity.is_none());
+    }
 }
