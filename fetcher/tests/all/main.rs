@@ -5,6 +5,7 @@
 // failed run, which is what it should be. The workspace denies them in library code only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod attach;
 mod bundle;
 mod cache_integrity;
 mod containerd;
@@ -20,6 +21,7 @@ mod hosts_referee;
 mod image;
 mod image_volume;
 mod image_volume_node;
+mod keyless;
 mod layers;
 mod library;
 mod mirrors;
