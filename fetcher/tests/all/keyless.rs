@@ -634,3 +634,92 @@ fn a_warm_keyless_pull_asks_the_registry_nothing_and_names_the_identity() {
     );
     assert!(!front.requests("GET /v2/warm/").is_empty());
 }
+
+/// Per WasmPlugin: `serve --trusted-root` checks each plugin's image against the identity and
+/// issuer its annotations name (exact or by regular expression); a plugin whose annotations
+/// name another identity gets no module, and the log says why.
+#[test]
+fn serve_checks_each_wasmplugin_against_its_annotated_identity() {
+    let reg = Registry::start(false);
+    let front = Front::start(&reg.host);
+    let sigstore = PrivateSigstore::init();
+    let anonymous = oci_client::secrets::RegistryAuth::Anonymous;
+    let digest = reg.push_module("served/keyless:1", &module("served"), &anonymous);
+    let signed = sigstore.sign_all(&digest, &format!("{}/served/keyless", reg.host));
+    attach(
+        &front.host,
+        "served/keyless",
+        &digest,
+        Combo::DsseApi,
+        false,
+        &signed.join("dsse-good.json"),
+    );
+    let url = format!("oci://{}/served/keyless:1", front.host);
+    let plugin = |name: &str, annotations: &[(&str, &str)]| {
+        let lines: String = annotations
+            .iter()
+            .map(|(k, v)| format!("    wasm-fetcher.dev/{k}: '{v}'\n"))
+            .collect();
+        format!(
+            "apiVersion: extensions.istio.io/v1alpha1\nkind: WasmPlugin\nmetadata:\n  name: {name}\n  namespace: test\n  annotations:\n{lines}spec:\n  url: {url}\n"
+        )
+    };
+    let d = crate::serve_support::dirs();
+    for (name, annotations) in [
+        (
+            "exact",
+            [
+                ("certificate-identity", IDENTITY),
+                ("certificate-oidc-issuer", ISSUER),
+            ],
+        ),
+        (
+            "regexp",
+            [
+                ("certificate-identity-regexp", r".*@example\.com"),
+                ("certificate-oidc-issuer-regexp", r"https://issuer\..*"),
+            ],
+        ),
+        (
+            "other",
+            [
+                ("certificate-identity", "other@example.com"),
+                ("certificate-oidc-issuer", ISSUER),
+            ],
+        ),
+    ] {
+        crate::serve_support::write_plugin(
+            &d.plugins.join(format!("{name}.yaml")),
+            &plugin(name, &annotations),
+        );
+    }
+    let root = sigstore.trusted_root();
+    let serve = d.serve(&[], &["--trusted-root", root.to_str().unwrap()]);
+    crate::serve_support::wait_for(
+        "every plugin converted",
+        std::time::Duration::from_secs(30),
+        || {
+            ["success", "fetch_failure"]
+                .iter()
+                .map(|r| serve.metric(&format!("wasm_config_conversion_count{{result=\"{r}\"}}")))
+                .sum::<u64>()
+                == 3
+        },
+    );
+    let cached = d.cache.display().to_string();
+    let ecds = |name: &str| std::fs::read_to_string(d.ecds.join(format!("test.{name}.yaml")));
+    for name in ["exact", "regexp"] {
+        let text = ecds(name).unwrap_or_default();
+        assert!(text.contains(&cached), "{name}: {text}\n{}", serve.log());
+    }
+    assert!(
+        !ecds("other").unwrap_or_default().contains(&cached),
+        "{}",
+        serve.log()
+    );
+    assert!(
+        serve.log().contains(refusal_words("other-identity")),
+        "{}",
+        serve.log()
+    );
+}
