@@ -27,6 +27,7 @@ mod library;
 mod mirrors;
 mod net_guard;
 mod oci_registry;
+mod private_sigstore;
 mod pull_file;
 mod pull_http;
 mod push;
