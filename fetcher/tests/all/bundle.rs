@@ -12,110 +12,17 @@ use std::process::Command;
 use base64::Engine;
 use serde_json::{json, Value};
 
+use crate::attach::{get_manifest, Attach, Store, BUNDLE, EMPTY, LEGACY_TYPE, SIMPLE_SIGNING};
 use crate::oci_registry::Registry;
 use crate::referrers_front::Front;
 use crate::signature::{key_pair, openssl};
 use crate::support::*;
 
-pub(crate) const BUNDLE: &str = "application/vnd.dev.sigstore.bundle.v0.3+json";
 const IN_TOTO: &str = "application/vnd.in-toto+json";
-pub(crate) const INDEX: &str = "application/vnd.oci.image.index.v1+json";
-const MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-pub(crate) const EMPTY: &str = "application/vnd.oci.empty.v1+json";
-const LEGACY_TYPE: &str = "application/vnd.dev.cosign.artifact.sig.v1+json";
-const SIMPLE_SIGNING: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
 const SIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
 
 fn b64(bytes: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(bytes)
-}
-
-/// One HTTP/1.1 request on its own connection: (status, body).
-fn http(
-    host: &str,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: &[u8],
-) -> (u16, String, Vec<u8>) {
-    use std::io::{Read, Write};
-    let mut conn = std::net::TcpStream::connect(host).unwrap();
-    let mut head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n",
-        body.len()
-    );
-    for (n, v) in headers {
-        head.push_str(&format!("{n}: {v}\r\n"));
-    }
-    head.push_str("\r\n");
-    conn.write_all(head.as_bytes()).unwrap();
-    conn.write_all(body).unwrap();
-    let mut answer = Vec::new();
-    conn.read_to_end(&mut answer).unwrap();
-    let split = answer.windows(4).position(|w| w == b"\r\n\r\n").unwrap();
-    let head = String::from_utf8_lossy(&answer[..split]).to_string();
-    let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
-    (status, head, answer[split + 4..].to_vec())
-}
-
-/// A blob pushed through the distribution API (POST, then PUT with its digest).
-fn put_blob(host: &str, repo: &str, bytes: &[u8]) -> String {
-    let digest = format!("sha256:{}", sha256_hex(bytes));
-    let (status, head, _) = http(
-        host,
-        "POST",
-        &format!("/v2/{repo}/blobs/uploads/"),
-        &[],
-        b"",
-    );
-    assert_eq!(status, 202, "{head}");
-    let location = head
-        .lines()
-        .find_map(|l| {
-            l.strip_prefix("Location: ")
-                .or_else(|| l.strip_prefix("location: "))
-        })
-        .unwrap()
-        .trim()
-        .to_string();
-    let path = location
-        .split_once("://")
-        .map_or(location.clone(), |(_, rest)| {
-            rest[rest.find('/').unwrap()..].to_string()
-        });
-    let sep = if path.contains('?') { '&' } else { '?' };
-    let (status, head, _) = http(
-        host,
-        "PUT",
-        &format!("{path}{sep}digest={digest}"),
-        &[("Content-Type", "application/octet-stream")],
-        bytes,
-    );
-    assert_eq!(status, 201, "{head}");
-    digest
-}
-
-fn put_manifest(host: &str, repo: &str, reference: &str, media_type: &str, bytes: &[u8]) {
-    let (status, head, body) = http(
-        host,
-        "PUT",
-        &format!("/v2/{repo}/manifests/{reference}"),
-        &[("Content-Type", media_type)],
-        bytes,
-    );
-    assert_eq!(status, 201, "{head} {}", String::from_utf8_lossy(&body));
-}
-
-fn get_manifest(host: &str, repo: &str, reference: &str) -> Vec<u8> {
-    let (status, _, body) = http(
-        host,
-        "GET",
-        &format!("/v2/{repo}/manifests/{reference}"),
-        &[("Accept", &format!("{MANIFEST},{INDEX}"))],
-        b"",
-    );
-    assert_eq!(status, 200);
-    body
 }
 
 /// `openssl dgst -sha256 -sign`: the DER ECDSA signature of `bytes`.
@@ -209,62 +116,6 @@ fn message_bundle(manifest_sha256: &[u8], signature: &[u8]) -> Vec<u8> {
         },
     }))
     .unwrap()
-}
-
-#[derive(Clone, Copy, PartialEq, Debug)]
-enum Store {
-    /// Listed by the referrers API (the front).
-    Api,
-    /// Listed in the fallback tag's index, written here.
-    Tag,
-}
-
-/// Attaches `blob` (a bundle, or a simple-signing payload with its signature annotation) to
-/// `subject` as cosign does: its referrer manifest, then the listing.
-struct Attach<'a> {
-    host: &'a str,
-    repo: &'a str,
-    subject: &'a str,
-    /// The artifact type the referrer's own manifest says.
-    manifest_type: &'a str,
-    /// The artifact type the fallback index lists (a listing may lie).
-    listed_type: &'a str,
-    layer_type: &'a str,
-    annotations: Value,
-}
-
-impl Attach<'_> {
-    fn push(&self, store: Store, blob: &[u8]) {
-        let subject_bytes = get_manifest(self.host, self.repo, self.subject);
-        let blob_digest = put_blob(self.host, self.repo, blob);
-        let config = put_blob(self.host, self.repo, b"{}");
-        let mut layer =
-            json!({"mediaType": self.layer_type, "digest": blob_digest, "size": blob.len()});
-        if !self.annotations.is_null() {
-            layer["annotations"] = self.annotations.clone();
-        }
-        let manifest = serde_json::to_vec(&json!({
-            "schemaVersion": 2,
-            "mediaType": MANIFEST,
-            "artifactType": self.manifest_type,
-            "config": {"mediaType": EMPTY, "digest": config, "size": 2},
-            "layers": [layer],
-            "subject": {"mediaType": MANIFEST, "digest": self.subject, "size": subject_bytes.len()},
-        }))
-        .unwrap();
-        let digest = format!("sha256:{}", sha256_hex(&manifest));
-        put_manifest(self.host, self.repo, &digest, MANIFEST, &manifest);
-        if store == Store::Tag {
-            let index = serde_json::to_vec(&json!({
-                "schemaVersion": 2,
-                "mediaType": INDEX,
-                "manifests": [{"mediaType": MANIFEST, "artifactType": self.listed_type, "digest": digest, "size": manifest.len()}],
-            }))
-            .unwrap();
-            let tag = format!("sha256-{}", self.subject.trim_start_matches("sha256:"));
-            put_manifest(self.host, self.repo, &tag, INDEX, &index);
-        }
-    }
 }
 
 /// What the fetcher says about pulling `repo:1` from `host` with `public`: the JSON on

@@ -315,7 +315,7 @@ fn a_plain_http_realm_on_an_unlisted_host_gets_no_credentials() {
 /// and each refusal has its own words, with nothing cached.
 #[test]
 fn referrer_listings_and_bundles_past_their_bounds_are_refused_before_they_are_read() {
-    use crate::bundle::{BUNDLE, EMPTY, INDEX};
+    use crate::attach::{BUNDLE, EMPTY, INDEX};
     use crate::signature::key_pair;
     let dir = tempfile::tempdir().unwrap();
     let (_, public) = key_pair(dir.path(), "k");

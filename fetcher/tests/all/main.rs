@@ -5,6 +5,7 @@
 // failed run, which is what it should be. The workspace denies them in library code only.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod attach;
 mod bundle;
 mod cache_integrity;
 mod containerd;
@@ -20,11 +21,13 @@ mod hosts_referee;
 mod image;
 mod image_volume;
 mod image_volume_node;
+mod keyless;
 mod layers;
 mod library;
 mod mirrors;
 mod net_guard;
 mod oci_registry;
+mod private_sigstore;
 mod pull_file;
 mod pull_http;
 mod push;
