@@ -485,8 +485,9 @@ fn a_warm_keyless_pull_asks_the_registry_nothing_and_names_the_identity() {
     assert_eq!(signer["storage"], "referrers-api", "{cold}");
     assert_eq!(signer["format"], "dsse-bundle", "{cold}");
     let key = signer["key"].as_str().unwrap_or_default();
+    let who = signer["identity"].as_str().unwrap_or_default();
     assert!(
-        key.starts_with("identity:") && key.contains(IDENTITY),
+        key.starts_with("identity:sha256:") && who.contains(IDENTITY) && who.contains(ISSUER),
         "{cold}"
     );
     // The listing is the one request a signature adds before its referrer and bundle.
