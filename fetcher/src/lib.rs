@@ -19,7 +19,7 @@
 //!
 //! | wing | what it holds |
 //! |---|---|
-//! | the ground floor (one file each) | `error`, `shown` (quoting others' text), `digest` (sha256 pins, the Wasm header), `regular_file` (bounded reads), `keys`, `guard` (the address guard), `net` (the HTTP client), `settings`, `progress` |
+//! | the ground floor (one file each) | `error`, `shown` (quoting others' text), `digest` (sha256 pins, the Wasm header), `regular_file` (bounded reads), `keys`, `keyless` (a trusted root and an identity policy), `guard` (the address guard), `net` (the HTTP client), `settings`, `progress` |
 //! | `reference/` | what a module URL or an image reference names |
 //! | `store/` | the cache, its index, expiry and leases, unboxing, the shared-object checks |
 //! | `oci/` | the registry: manifests, the distribution API, credentials, mirrors, cosign |

@@ -433,6 +433,25 @@ mod tests {
         settings.verify_key = None;
         settings.allow_unsigned_dynamic_modules = true;
         assert_eq!(keys(&PullRequest::default(), &settings).unwrap().len(), 0);
+        // An identity the resource names is the resource's, like its key; the operator's
+        // identity is the operator's.
+        settings.allow_unsigned_dynamic_modules = false;
+        let policy = crate::keyless::IdentityPolicy {
+            subject: crate::keyless::Matcher::Exact("me@example.com".into()),
+            issuer: crate::keyless::Matcher::Exact("https://issuer.example".into()),
+        };
+        let named = PullRequest {
+            verify_identity: Some(policy.clone()),
+            ..Default::default()
+        };
+        assert!(matches!(
+            keys(&named, &settings),
+            Err(FetchError::UnsignedDynamicModule)
+        ));
+        let root = std::sync::Arc::new(test_root());
+        settings.verify_identity = Some(policy.under(root.clone()));
+        settings.trusted_root = Some(root);
+        assert_eq!(keys(&named, &settings).unwrap().len(), 2);
     }
 
     /// A child named by a path or a tag never reaches a URL.
@@ -478,5 +497,29 @@ mod tests {
                 "{e}"
             );
         }
+    }
+
+    /// The smallest trusted root that loads: one log, one CT log, one CA.
+    fn test_root() -> crate::keyless::TrustedRoot {
+        use base64::Engine;
+        use p256::pkcs8::EncodePublicKey;
+        let b64 = |b: &[u8]| base64::engine::general_purpose::STANDARD.encode(b);
+        let spki = p256::ecdsa::SigningKey::from_slice(&[7; 32])
+            .unwrap()
+            .verifying_key()
+            .to_public_key_der()
+            .unwrap();
+        let log = serde_json::json!({
+            "publicKey": {"rawBytes": b64(spki.as_bytes())},
+            "logId": {"keyId": b64(&[0; 32])},
+        });
+        // A self-signed P-256 certificate (openssl req -x509), only parsed here.
+        let ca = include_str!("../../../testdata/sigstore/test-ca.der.b64").trim();
+        let root = serde_json::json!({
+            "mediaType": crate::keyless::TRUSTED_ROOT_MEDIA_TYPE,
+            "tlogs": [log], "ctlogs": [log],
+            "certificateAuthorities": [{"certChain": {"certificates": [{"rawBytes": ca}]}}],
+        });
+        crate::keyless::TrustedRoot::from_json(root.to_string().as_bytes()).unwrap()
     }
 }
