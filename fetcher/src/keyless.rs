@@ -359,13 +359,46 @@ impl Matcher {
     ) -> Result<Self, String> {
         match (exact, pattern) {
             (Some(e), None) if !e.is_empty() => Ok(Self::Exact(e.to_string())),
-            (None, Some(p)) => regex::RegexBuilder::new(&format!("^(?:{p})$"))
-                .size_limit(PATTERN_SIZE_LIMIT)
-                .build()
-                .map(Self::Pattern)
-                .map_err(|e| format!("{} is not a regular expression ({e})", names.1)),
+            (None, Some(p)) => {
+                // The pattern must stand alone before it is anchored: `a)|(?:.*` would
+                // otherwise close the anchoring group and match anything.
+                let build = |p: &str| {
+                    regex::RegexBuilder::new(p)
+                        .size_limit(PATTERN_SIZE_LIMIT)
+                        .build()
+                        .map_err(|e| {
+                            format!(
+                                "{} is not a regular expression ({})",
+                                names.1,
+                                shown(&e.to_string())
+                            )
+                        })
+                };
+                build(p)?;
+                build(&format!("^(?:{p})$")).map(Self::Pattern)
+            }
             (Some(_), Some(_)) => Err(format!("give {} or {}, not both", names.0, names.1)),
             _ => Err(format!("{} or {} is needed", names.0, names.1)),
+        }
+    }
+
+    fn kind(&self) -> &'static str {
+        match self {
+            Self::Exact(_) => "exact",
+            Self::Pattern(_) => "pattern",
+        }
+    }
+
+    /// The value, or the pattern as given (without its anchors).
+    fn text(&self) -> &str {
+        match self {
+            Self::Exact(e) => e,
+            Self::Pattern(p) => {
+                let s = p.as_str();
+                s.strip_prefix("^(?:")
+                    .and_then(|s| s.strip_suffix(")$"))
+                    .unwrap_or(s)
+            }
         }
     }
 
@@ -380,15 +413,8 @@ impl Matcher {
 impl std::fmt::Display for Matcher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Self::Exact(e) => write!(f, "{e:?}"),
-            Self::Pattern(p) => {
-                let s = p.as_str();
-                let inner = s
-                    .strip_prefix("^(?:")
-                    .and_then(|s| s.strip_suffix(")$"))
-                    .unwrap_or(s);
-                write!(f, "/{inner}/")
-            }
+            Self::Exact(e) => write!(f, "{:?}", shown(e)),
+            Self::Pattern(_) => write!(f, "/{}/", shown(self.text())),
         }
     }
 }
@@ -405,7 +431,15 @@ pub struct Identity {
 
 impl Identity {
     pub fn new(root: Arc<TrustedRoot>, subject: Matcher, issuer: Matcher) -> Self {
-        let described = format!("{}\0{subject}\0{issuer}", root.digest.hex());
+        // A JSON array, so no text inside a matcher can move a separator.
+        let described = serde_json::json!([
+            root.digest.hex(),
+            subject.kind(),
+            subject.text(),
+            issuer.kind(),
+            issuer.text(),
+        ])
+        .to_string();
         let id = format!("identity:sha256:{}", Sha256::of(described.as_bytes()).hex());
         Self {
             root,
@@ -476,20 +510,6 @@ impl PolicyNames<'_> {
             issuer: Matcher::from_pair(self.issuer, self.issuer_regexp, (names[2], names[3]))?,
         }))
     }
-
-    /// [`Self::policy`] under `root`, which it needs.
-    pub fn identity(
-        &self,
-        root: Option<&Arc<TrustedRoot>>,
-        names: [&str; 4],
-        root_name: &str,
-    ) -> Result<Option<Identity>, String> {
-        let Some(policy) = self.policy(names)? else {
-            return Ok(None);
-        };
-        let root = root.ok_or_else(|| no_root(root_name))?;
-        Ok(Some(policy.under(root.clone())))
-    }
 }
 
 /// Why an identity without a trusted root cannot be checked.
@@ -534,6 +554,11 @@ mod tests {
         assert!(e.contains("--a or --b is needed"), "{e}");
         let e = Matcher::from_pair(None, Some("("), ("--a", "--b")).unwrap_err();
         assert!(e.contains("--b is not a regular expression"), "{e}");
+        // A pattern that would close the anchoring group is not one on its own.
+        let e = Matcher::from_pair(None, Some("https://a/.*)|(?:.*"), ("--a", "--b")).unwrap_err();
+        assert!(e.contains("--b is not a regular expression"), "{e}");
+        let e = Matcher::from_pair(None, Some("x\n\u{1b}[31m("), ("--a", "--b")).unwrap_err();
+        assert!(!e.contains('\u{1b}') && !e.contains('\n'), "{e:?}");
     }
 
     #[test]

@@ -42,7 +42,9 @@ pub struct Settings {
     pub trusted_root: Option<std::sync::Arc<crate::keyless::TrustedRoot>>,
     /// `WASM_CERTIFICATE_IDENTITY` and `WASM_CERTIFICATE_OIDC_ISSUER` (or their `_REGEXP`
     /// forms, or the flags): every module must carry a keyless signature by this identity.
-    pub verify_identity: Option<crate::keyless::Identity>,
+    /// Checked under `trusted_root`, which a pull attaches: the root may come from a flag
+    /// after the environment named the identity.
+    pub verify_identity: Option<crate::keyless::IdentityPolicy>,
     /// `WASM_IMAGE_VOLUME_ROOT` or `--image-volume-root`: `oci://` modules are the image
     /// volumes the kubelet mounted under this directory (`crate::pull::source::image_volume`), read
     /// in place (or copied, with `copy_image_volumes`); no registry is asked.
@@ -227,7 +229,7 @@ impl Settings {
             issuer_regexp: env[3].as_deref(),
         };
         s.verify_identity = names
-            .identity(s.trusted_root.as_ref(), ENV_POLICY, "WASM_TRUSTED_ROOT")
+            .policy(ENV_POLICY)
             .map_err(|reason| FetchError::Setting {
                 name: "WASM_CERTIFICATE_IDENTITY",
                 value: names

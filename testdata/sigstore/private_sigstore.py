@@ -353,15 +353,16 @@ class LogEntry:
     set: bytes | None
     proof: dict
 
-    def bundle_json(self, kind: str, with_set: bool) -> dict:
+    def bundle_json(self, kind: str, with_set: bool, with_proof: bool = True) -> dict:
         entry = {
             "logIndex": str(self.log_index),
             "logId": {"keyId": b64(self.log_id)},
             "kindVersion": {"kind": kind, "version": "0.0.1"},
             "integratedTime": str(self.integrated_time),
-            "inclusionProof": self.proof,
             "canonicalizedBody": b64(self.body),
         }
+        if with_proof:
+            entry["inclusionProof"] = self.proof
         if with_set:
             entry["inclusionPromise"] = {"signedEntryTimestamp": b64(self.set)}
         return entry
@@ -454,6 +455,7 @@ class Plan:
     rekor: str | None = "trusted"    # which Rekor logs the entry (None: no log entry)
     set_by: str | None = "trusted"   # which Rekor key signs the SET (None: proof only)
     forge_proof: bool = False
+    no_proof: bool = False
     other_digest: bool = False
     tamper: bool = False
     not_before: float = 0.0
@@ -516,6 +518,11 @@ def forged_proof(plan: Plan) -> None:
     plan.forge_proof = True
 
 
+def no_proof(plan: Plan) -> None:
+    """SET only, no inclusion proof: a v0.3 bundle must carry one (bundles only)."""
+    plan.no_proof = True
+
+
 def no_set(plan: Plan) -> None:
     """Inclusion proof only, no SET: no verified time for the certificate (bundles only)."""
     plan.set_by = None
@@ -528,10 +535,10 @@ def untrusted_ca(plan: Plan) -> None:
 
 CASES = {f.__name__.replace("_", "-"): f for f in (
     good, expired_inside, expired_outside, tampered_payload, other_digest, no_sct, forged_sct,
-    no_tlog, forged_set, forged_proof, no_set, untrusted_ca,
+    no_tlog, forged_set, forged_proof, no_proof, no_set, untrusted_ca,
 )}
 # The legacy annotation carries a SET and no proof: these cases have nothing to change there.
-NOT_LEGACY = {"forged-proof", "no-set"}
+NOT_LEGACY = {"forged-proof", "no-proof", "no-set"}
 FORMATS = ("dsse", "message", "legacy")
 
 
@@ -564,7 +571,8 @@ class Signer:
         return log(body, int(plan.integrated), rekor_key, set_key, plan.forge_proof)
 
     def material(self, plan: Plan, cert, entry: LogEntry | None, kind: str) -> dict:
-        entries = [] if entry is None else [entry.bundle_json(kind, plan.set_by is not None)]
+        entries = [] if entry is None else [
+            entry.bundle_json(kind, plan.set_by is not None, not plan.no_proof)]
         return {"certificate": {"rawBytes": b64(cert.public_bytes(serialization.Encoding.DER))},
                 "tlogEntries": entries}
 

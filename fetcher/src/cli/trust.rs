@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use wasm_fetcher::keyless::{PolicyNames, TrustedRoot, FLAG_NAMES};
+use wasm_fetcher::keyless::{no_root, PolicyNames, TrustedRoot, FLAG_NAMES};
 use wasm_fetcher::{Settings, VerifyKey};
 
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -63,9 +63,10 @@ impl TrustArgs {
             issuer_regexp: self.certificate_oidc_issuer_regexp.as_deref(),
         };
         if names.any() {
-            settings.verify_identity = names
-                .identity(settings.trusted_root.as_ref(), FLAG_NAMES, "--trusted-root")
-                .map_err(anyhow::Error::msg)?;
+            settings.verify_identity = names.policy(FLAG_NAMES).map_err(anyhow::Error::msg)?;
+        }
+        if settings.verify_identity.is_some() && settings.trusted_root.is_none() {
+            anyhow::bail!(no_root("--trusted-root (WASM_TRUSTED_ROOT)"));
         }
         Ok(())
     }

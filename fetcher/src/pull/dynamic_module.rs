@@ -449,7 +449,7 @@ mod tests {
             Err(FetchError::UnsignedDynamicModule)
         ));
         let root = std::sync::Arc::new(test_root());
-        settings.verify_identity = Some(policy.under(root.clone()));
+        settings.verify_identity = Some(policy);
         settings.trusted_root = Some(root);
         assert_eq!(keys(&named, &settings).unwrap().len(), 2);
     }

@@ -56,8 +56,8 @@ pub struct PullRequest {
 
 impl PullRequest {
     /// What the module's signature must meet: the operator's key and identity (the
-    /// settings'), then the request's own (a plugin's), whose identity is checked under the
-    /// operator's trusted root.
+    /// settings'), then the request's own (a plugin's); every identity is checked under the
+    /// operator's trusted root as the settings hold it now.
     pub fn requirements(&self, settings: &Settings) -> Result<Vec<Requirement>, FetchError> {
         let mut out: Vec<Requirement> = settings
             .verify_key
@@ -66,8 +66,14 @@ impl PullRequest {
             .cloned()
             .map(Requirement::Key)
             .collect();
-        out.extend(settings.verify_identity.clone().map(Requirement::Identity));
-        if let Some(policy) = &self.verify_identity {
+        for (policy, whose) in [
+            (&settings.verify_identity, "the operator"),
+            (
+                &self.verify_identity,
+                self.resource.as_deref().unwrap_or(&self.url),
+            ),
+        ] {
+            let Some(policy) = policy else { continue };
             let root = settings
                 .trusted_root
                 .clone()
@@ -75,9 +81,8 @@ impl PullRequest {
                     name: "WASM_TRUSTED_ROOT",
                     value: String::new(),
                     reason: format!(
-                        "{}, where {} names a keyless identity",
+                        "{}, where {whose} names a keyless identity",
                         crate::keyless::no_root("--trusted-root (WASM_TRUSTED_ROOT)"),
-                        self.resource.as_deref().unwrap_or(&self.url)
                     ),
                 })?;
             out.push(Requirement::Identity(policy.under(root)));

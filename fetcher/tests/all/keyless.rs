@@ -123,7 +123,7 @@ fn refusal_words(case: &str) -> &'static str {
         "tampered-payload" => "signature",
         "other-digest" => "another image",
         "no-sct" | "forged-sct" => "SCT",
-        "no-tlog" | "forged-set" | "forged-proof" | "no-set" => "transparency log",
+        "no-tlog" | "forged-set" | "forged-proof" | "no-proof" | "no-set" => "transparency log",
         "other-identity" | "identity-regexp-substring" => "identity",
         "other-issuer" | "issuer-regexp-substring" => "issuer",
         "lying-type" => "signature",
@@ -147,7 +147,7 @@ struct Row {
 
 /// Every case of private_sigstore.py and whether it verifies; legacy annotations hold a SET
 /// and no inclusion proof, so the proof's cases are the bundles' only.
-const SIGNED: [(&str, bool, bool); 12] = [
+const SIGNED: [(&str, bool, bool); 13] = [
     ("good", true, true),
     ("expired-inside", true, true),
     ("expired-outside", false, true),
@@ -158,6 +158,7 @@ const SIGNED: [(&str, bool, bool); 12] = [
     ("no-tlog", false, true),
     ("forged-set", false, true),
     ("forged-proof", false, false),
+    ("no-proof", false, false),
     ("no-set", false, false),
     ("untrusted-ca", false, true),
 ];
@@ -519,6 +520,18 @@ fn a_warm_keyless_pull_asks_the_registry_nothing_and_names_the_identity() {
     let by_env: Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(by_env["signature"], cold["signature"], "{by_env}");
     assert_eq!(front.requests(""), Vec::<String>::new());
+    // A --trusted-root flag replaces the environment's root for the environment's identity.
+    let elsewhere = PrivateSigstore::init();
+    let other_root = elsewhere.trusted_root();
+    let moved = [
+        ("WASM_TRUSTED_ROOT", other_root.to_str().unwrap()),
+        env[1],
+        env[2],
+    ];
+    let flag = ["--trusted-root", root.to_str().unwrap(), &url];
+    assert_eq!(pull_env(cache.path(), &moved, &flag).status.code(), Some(0));
+    let o = pull_env(cache.path(), &moved, &[&url]);
+    assert!(stderr(&o).contains("signature untrusted"), "{}", stderr(&o));
 
     // Another identity: the registry is asked, and says no.
     let env = [

@@ -28,6 +28,7 @@ mod mirrors;
 mod net_guard;
 mod oci_registry;
 mod private_sigstore;
+mod public_good;
 mod pull_file;
 mod pull_http;
 mod push;

@@ -14,7 +14,7 @@ pub(crate) const IDENTITY: &str = "signer@example.com";
 pub(crate) const ISSUER: &str = "https://issuer.example";
 
 /// sigstore-python's interpreter, where `make sigstore` installs it (`SIGSTORE_PYTHON`).
-fn python() -> PathBuf {
+pub(crate) fn python() -> PathBuf {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
     let python = std::env::var_os("SIGSTORE_PYTHON")
         .map(PathBuf::from)
@@ -27,7 +27,7 @@ fn python() -> PathBuf {
     python
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../testdata/sigstore")
         .join(name)

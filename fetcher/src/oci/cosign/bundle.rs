@@ -95,7 +95,8 @@ pub fn statement(digest: &Digest) -> Vec<u8> {
 struct Material {
     public_key: Option<Value>,
     certificate: Option<RawBytes>,
-    x509_certificate_chain: Option<Chain>,
+    /// Older bundles' form, refused in v0.3: only its presence is read.
+    x509_certificate_chain: Option<Value>,
     #[serde(default)]
     tlog_entries: Vec<Value>,
 }
@@ -104,11 +105,6 @@ struct Material {
 #[serde(rename_all = "camelCase")]
 struct RawBytes {
     raw_bytes: String,
-}
-
-#[derive(Deserialize)]
-struct Chain {
-    certificates: Vec<RawBytes>,
 }
 
 /// What verified in one bundle.
@@ -199,8 +195,7 @@ fn neither() -> Refusal {
     )
 }
 
-/// The leaf (a v0.3 bundle's `certificate`, or the first of an older bundle's chain; any
-/// other certificate a bundle ships is ignored: the chain comes from the trusted root), its
+/// The leaf (a v0.3 bundle's `certificate`; the chain comes from the trusted root), its
 /// signature, then what `keyless::check` adds.
 fn by_identity(
     policy: &Identity,
@@ -209,11 +204,12 @@ fn by_identity(
     digest: &Digest,
 ) -> Result<Checked, Refusal> {
     let leaf_b64 = match (&material.certificate, &material.x509_certificate_chain) {
-        (Some(c), _) => &c.raw_bytes,
-        (None, Some(chain)) => match chain.certificates.first() {
-            Some(c) => &c.raw_bytes,
-            None => return Err(Refusal::Malformed("the bundle's certificate chain is empty".into())),
-        },
+        (Some(c), None) => &c.raw_bytes,
+        (_, Some(_)) => {
+            return Err(Refusal::Malformed(
+                "the bundle carries an x509CertificateChain, which a v0.3 bundle does not (its leaf is `certificate`; the chain comes from the trusted root)".into(),
+            ))
+        }
         (None, None) => {
             return Err(Refusal::Malformed(match material.public_key {
                 Some(_) => "the bundle was signed with a key (publicKey), not keyless: verify it with --verify-key".into(),

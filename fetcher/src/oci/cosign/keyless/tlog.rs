@@ -52,6 +52,14 @@ pub struct TlogEntry {
     inclusion_promise: Option<Promise>,
     inclusion_proof: Option<Proof>,
     canonicalized_body: String,
+    /// A bundle (v0.2 on) must carry an inclusion proof: without it, a log key that signed
+    /// an entry it never published would go unseen. cosign 2's annotation has only a SET.
+    #[serde(skip, default = "proof_required")]
+    proof_required: bool,
+}
+
+fn proof_required() -> bool {
+    true
 }
 
 #[derive(Deserialize)]
@@ -155,6 +163,7 @@ impl TlogEntry {
             }),
             inclusion_proof: None,
             canonicalized_body: b.payload.body,
+            proof_required: false,
         })
     }
 
@@ -199,8 +208,12 @@ impl TlogEntry {
         if self.inclusion_promise.is_none() && self.inclusion_proof.is_none() {
             return Err("the transparency log entry has neither a signed entry timestamp nor an inclusion proof".into());
         }
-        if let Some(proof) = &self.inclusion_proof {
-            check_proof(log, proof, &body)?;
+        match &self.inclusion_proof {
+            Some(proof) => check_proof(log, proof, &body)?,
+            None if self.proof_required => {
+                return Err("the transparency log entry has no inclusion proof, which a v0.3 bundle carries: without it the entry may never have been published".into())
+            }
+            None => {}
         }
         // The integrated time is the log's word only under its SET.
         let time = match (&self.inclusion_promise, self.integrated_time) {
