@@ -35,7 +35,7 @@ pub const SIGN_PREDICATE: &str = "https://sigstore.dev/cosign/sign/v1";
 struct Bundle {
     media_type: String,
     #[serde(default)]
-    verification_material: Value,
+    verification_material: Material,
     dsse_envelope: Option<Envelope>,
     message_signature: Option<MessageSignature>,
 }
@@ -90,7 +90,7 @@ pub fn statement(digest: &Digest) -> Vec<u8> {
 }
 
 /// What a bundle holds beside its signature: a key's hint, or a certificate and its log entry.
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 #[serde(rename_all = "camelCase")]
 struct Material {
     public_key: Option<Value>,
@@ -139,16 +139,10 @@ pub(super) fn verify(
             shown(&bundle.media_type)
         )));
     }
-    let material: Material =
-        serde_json::from_value(bundle.verification_material.clone()).map_err(|e| {
-            malformed(format!(
-                "the bundle's verificationMaterial does not parse ({})",
-                shown(&e.to_string())
-            ))
-        })?;
+    let material = &bundle.verification_material;
     let outcome = match requirement {
-        Requirement::Key(key) => by_key(key, &bundle, &material, digest),
-        Requirement::Identity(policy) => by_identity(policy, &bundle, &material, digest),
+        Requirement::Key(key) => by_key(key, &bundle, material, digest),
+        Requirement::Identity(policy) => by_identity(policy, &bundle, material, digest),
     };
     outcome.map_err(|e| e.into_error(at, requirement, digest))
 }
@@ -226,7 +220,7 @@ fn by_identity(
             material.tlog_entries.len()
         )));
     };
-    let entry: keyless::TlogEntry = serde_json::from_value(entry.clone()).map_err(|e| {
+    let entry = keyless::TlogEntry::deserialize(entry).map_err(|e| {
         Refusal::Malformed(format!(
             "the bundle's transparency log entry does not parse ({})",
             shown(&e.to_string())
@@ -258,14 +252,10 @@ fn by_identity(
         }
         _ => return Err(neither()),
     };
-    match checked {
-        Ok(who) => Ok(Checked {
-            format,
-            identity: Some(who),
-        }),
-        Err(keyless::Refused::Untrusted(why)) => Err(Refusal::Untrusted(why)),
-        Err(keyless::Refused::OtherIdentity(who)) => Err(Refusal::OtherIdentity(who)),
-    }
+    Ok(Checked {
+        format,
+        identity: Some(checked?),
+    })
 }
 
 /// Why one check failed, before it is worded for its referrer.
@@ -275,6 +265,15 @@ pub(super) enum Refusal {
     OtherDigest(String),
     Untrusted(String),
     OtherIdentity(String),
+}
+
+impl From<keyless::Refused> for Refusal {
+    fn from(r: keyless::Refused) -> Self {
+        match r {
+            keyless::Refused::Untrusted(why) => Refusal::Untrusted(why),
+            keyless::Refused::OtherIdentity(who) => Refusal::OtherIdentity(who),
+        }
+    }
 }
 
 impl Refusal {

@@ -8,7 +8,7 @@
 use base64::Engine;
 use oci_client::manifest::OciDescriptor;
 use p256::ecdsa::signature::Verifier;
-use p256::ecdsa::Signature;
+use p256::ecdsa::{Signature, VerifyingKey};
 use serde_json::Value;
 
 use super::bundle::Refusal;
@@ -16,7 +16,6 @@ use super::{keyless, Requirement, SignatureError};
 use crate::digest::{parse_digest, Digest};
 use crate::error::FetchError;
 use crate::keyless::Identity;
-use crate::keys::VerifyKey;
 use crate::net;
 use crate::oci::distribution::Distribution;
 use crate::shown::shown;
@@ -82,15 +81,13 @@ pub(super) fn check(
 ) -> Result<Option<String>, SignatureError> {
     let mut first = None;
     for entry in entries {
-        let outcome = entry
-            .as_ref()
-            .map_err(Clone::clone)
-            .and_then(|e| match requirement {
-                Requirement::Key(key) => check_entry(key, digest, tag, e).map(|()| None),
-                Requirement::Identity(policy) => check_keyless(policy, digest, e)
-                    .map(Some)
-                    .map_err(|r| r.into_error(tag, requirement, digest)),
-            });
+        let outcome = entry.as_ref().map_err(Clone::clone).and_then(|e| {
+            match requirement {
+                Requirement::Key(key) => signed_payload(key.key(), digest, e).map(|()| None),
+                Requirement::Identity(policy) => check_keyless(policy, digest, e).map(Some),
+            }
+            .map_err(|r| r.into_error(tag, requirement, digest))
+        });
         match outcome {
             Ok(who) => return Ok(who),
             Err(e) => {
@@ -105,30 +102,14 @@ pub(super) fn check(
 }
 
 /// The signature first, then the payload it covers: nothing unauthenticated is parsed.
-fn check_entry(
-    key: &VerifyKey,
-    digest: &Digest,
-    tag: &str,
-    entry: &Entry,
-) -> Result<(), SignatureError> {
+fn signed_payload(key: &VerifyingKey, digest: &Digest, entry: &Entry) -> Result<(), Refusal> {
     // Go's ecdsa (cosign) and OpenSSL accept either s; RustCrypto only the low one.
     let signature = entry.signature.normalize_s().unwrap_or(entry.signature);
-    if key.key().verify(&entry.payload, &signature).is_err() {
-        return Err(SignatureError::WrongKey {
-            tag: tag.to_string(),
-            key: key.id().to_string(),
-        });
-    }
-    let signed = signed_digest(&entry.payload).map_err(|reason| SignatureError::Malformed {
-        tag: tag.to_string(),
-        reason,
-    })?;
+    key.verify(&entry.payload, &signature)
+        .map_err(|_| Refusal::WrongKey)?;
+    let signed = signed_digest(&entry.payload).map_err(Refusal::Malformed)?;
     if signed != digest.to_string() {
-        return Err(SignatureError::OtherDigest {
-            tag: tag.to_string(),
-            signed: shown(&signed),
-            digest: digest.to_string(),
-        });
+        return Err(Refusal::OtherDigest(shown(&signed)));
     }
     Ok(())
 }
@@ -149,14 +130,7 @@ fn check_keyless(policy: &Identity, digest: &Digest, entry: &Entry) -> Result<St
             ))
         })?;
     let leaf = keyless::Leaf::parse(&der).map_err(Refusal::Malformed)?;
-    let key = leaf.key().map_err(Refusal::Malformed)?;
-    let signature = entry.signature.normalize_s().unwrap_or(entry.signature);
-    key.verify(&entry.payload, &signature)
-        .map_err(|_| Refusal::WrongKey)?;
-    let signed = signed_digest(&entry.payload).map_err(Refusal::Malformed)?;
-    if signed != digest.to_string() {
-        return Err(Refusal::OtherDigest(shown(&signed)));
-    }
+    signed_payload(&leaf.key().map_err(Refusal::Malformed)?, digest, entry)?;
     let rekor = entry.rekor.as_deref().ok_or_else(|| {
         Refusal::Untrusted(format!(
             "the layer carries no transparency log entry ({REKOR_ANNOTATION})"
@@ -167,10 +141,7 @@ fn check_keyless(policy: &Identity, digest: &Digest, entry: &Entry) -> Result<St
         sha256: crate::digest::Sha256::of(&entry.payload).0,
         signature: &entry.raw_signature,
     };
-    keyless::check(policy, &leaf, &der, &log_entry, &recorded).map_err(|r| match r {
-        keyless::Refused::Untrusted(why) => Refusal::Untrusted(why),
-        keyless::Refused::OtherIdentity(who) => Refusal::OtherIdentity(who),
-    })
+    Ok(keyless::check(policy, &leaf, &der, &log_entry, &recorded)?)
 }
 
 /// `critical.image.docker-manifest-digest` of a simple-signing payload of cosign's type.
@@ -350,10 +321,21 @@ async fn read_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::keys::SignKey;
+    use crate::keys::{SignKey, VerifyKey};
 
     fn key(n: u8) -> SignKey {
         SignKey::from_scalar(&[n; 32])
+    }
+
+    /// A key's layer, worded for `tag` as `check` words it.
+    fn check_entry(
+        key: &VerifyKey,
+        digest: &Digest,
+        tag: &str,
+        entry: &Entry,
+    ) -> Result<(), SignatureError> {
+        signed_payload(key.key(), digest, entry)
+            .map_err(|r| r.into_error(tag, &Requirement::Key(key.clone()), digest))
     }
 
     fn digest(n: u8) -> Digest {
